@@ -1,0 +1,53 @@
+"""durable_singleton: durable Django workflows that never overlap for one key.
+
+Public names only; see README.rst.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .admission import (
+    ADMITTED_TAG,
+    TRACKED_TAG,
+    singleton_admission_denial_patch,
+    singleton_admission_tags,
+    without_singleton_markers,
+)
+from .definitions import BaseWorkflow, Singleton, WorkflowOptions, step, workflow
+from .exceptions import SingletonQueueFullError
+
+if TYPE_CHECKING:
+    from .context import WorkflowCtx
+    from .engine import Engine, get_engine
+
+__all__ = [
+    "ADMITTED_TAG",
+    "TRACKED_TAG",
+    "BaseWorkflow",
+    "Engine",
+    "Singleton",
+    "SingletonQueueFullError",
+    "WorkflowCtx",
+    "WorkflowOptions",
+    "get_engine",
+    "singleton_admission_denial_patch",
+    "singleton_admission_tags",
+    "step",
+    "without_singleton_markers",
+    "workflow",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Engine and context import Django lazily; keep the package importable
+    # without configured settings.
+    if name in ("Engine", "get_engine"):
+        from . import engine
+
+        return getattr(engine, name)
+    if name == "WorkflowCtx":
+        from .context import WorkflowCtx
+
+        return WorkflowCtx
+    raise AttributeError(f"module 'durable_singleton' has no attribute {name!r}")

@@ -1,0 +1,22 @@
+"""App config: registers checks, connects receivers, discovers ``workflows`` modules."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
+
+
+class DurableSingletonConfig(AppConfig):
+    """durable_singleton's app config."""
+
+    name = "durable_singleton"
+    verbose_name = "Durable singleton workflows"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks, receivers, signals
+
+        checks.register()
+        signals.connect_log_receivers()
+        receivers.connect()
+        autodiscover_modules("workflows")

@@ -1,0 +1,153 @@
+"""The context a workflow body sees: memoized steps, sleeps, signals, blocking.
+
+A body is re-run from the top after every suspension and recovery; each
+``ctx`` call takes the next position, and a position already stored returns
+its stored result instead of running again (R4).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import InvalidInputError, LeaseLostError, RunCancelledError, SignalTimeoutError
+from .stores.base import RunRecord, StepRecord
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["WorkflowCtx", "Suspend", "to_json_value"]
+
+_SLEEP = "durable:sleep"
+_WAIT = "durable:wait"
+_SIGNAL = "durable:signal"
+
+
+def to_json_value(value: Any, what: str) -> Any:
+    """Return ``value`` as it reads back from JSON; raise :class:`InvalidInputError`."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class Suspend(BaseException):  # noqa: N818 - control flow, not an error
+    """Raised inside a body to park the run; caught by the engine.
+
+    A ``BaseException`` so a body's ``except Exception`` cannot swallow it.
+    """
+
+    status: str
+    wake_at: datetime | None
+    reason: str
+
+
+class WorkflowCtx:
+    """What a running body may do. Created by the engine for one turn."""
+
+    def __init__(self, engine: Engine, run: RunRecord, owner: str, steps: dict[int, StepRecord]) -> None:
+        self.engine = engine
+        self.run = run
+        self.owner = owner
+        self._steps = steps
+        self._position = 0
+
+    @property
+    def run_id(self) -> str:
+        """Return the id of the run this body executes."""
+        return self.run.run_id
+
+    def _next(self) -> tuple[int, StepRecord | None]:
+        position = self._position
+        self._position += 1
+        return position, self._steps.get(position)
+
+    def _boundary(self) -> None:
+        """Stop at a step boundary if the run was cancelled or taken over (D6, R5)."""
+        verdict = self.engine.store.check_boundary(
+            self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS, self.engine.now()
+        )
+        if verdict == "cancelled":
+            raise RunCancelledError(f"run {self.run.run_id!r} was cancelled")
+        if verdict != "ok":
+            raise LeaseLostError(f"run {self.run.run_id!r}: lease lost by {self.owner}")
+
+    def _record(self, position: int, name: str, result: Any, started_at: datetime) -> Any:
+        result = to_json_value(result, f"result of step {name!r}")
+        record = StepRecord(position, name, result, started_at, self.engine.now())
+        if not self.engine.store.save_step(self.run.run_id, self.owner, record):
+            self._boundary()  # raises: cancelled or fenced
+            raise LeaseLostError(f"run {self.run.run_id!r}: step {position} was stored by another executor")
+        self._steps[position] = record
+        return result
+
+    def step(self, name: str, input: Any = None) -> Any:
+        """Run step ``name`` once for this run and position; return its JSON result (R4).
+
+        Raises :class:`UnknownStepError` for an unregistered name,
+        :class:`RunCancelledError` if the run was cancelled, and
+        :class:`LeaseLostError` if another executor took the run over.
+        """
+        handler = self.engine.registry.get_step(name)
+        position, stored = self._next()
+        if stored is not None:
+            return stored.result
+        self._boundary()
+        started = self.engine.now()
+        return self._record(position, name, handler(to_json_value(input, f"input of step {name!r}")), started)
+
+    def sleep(self, seconds: float) -> None:
+        """Park the run for ``seconds``; a holder keeps its slot (D1, S6)."""
+        self.sleep_until(self.engine.now() + timedelta(seconds=seconds))
+
+    def sleep_until(self, when: datetime) -> None:
+        """Park the run until ``when`` (an aware datetime); a holder keeps its slot (D1)."""
+        position, stored = self._next()
+        if stored is None:
+            self._boundary()
+            self._record(position, _SLEEP, when.isoformat(), self.engine.now())
+            target = when
+        else:
+            target = datetime.fromisoformat(stored.result)
+        if self.engine.now() < target:
+            raise Suspend("suspended", target, "sleep")
+
+    def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
+        """Return the payload of the next signal ``name``, parking until it arrives (D2).
+
+        Signals sent before the wait are buffered, in order. ``timeout`` is in
+        seconds; when it passes, :class:`SignalTimeoutError` is raised here.
+        """
+        start_position, started = self._next()
+        if started is None:
+            self._boundary()
+            deadline = self.engine.now() + timedelta(seconds=timeout) if timeout is not None else None
+            started_rec = {"deadline": deadline.isoformat() if deadline else None}
+            self._record(start_position, _WAIT, started_rec, self.engine.now())
+        else:
+            started_rec = started.result
+        position, stored = self._next()
+        if stored is not None:
+            if stored.result.get("timeout"):
+                raise SignalTimeoutError(f"signal {name!r} did not arrive within {timeout} s")
+            return stored.result["payload"]
+        consumed = {s.result.get("seq") for s in self._steps.values() if s.name == _SIGNAL}
+        for signal in self.engine.store.load_signals(self.run.run_id):
+            if signal.name == name and signal.seq not in consumed:
+                self._record(position, _SIGNAL, {"seq": signal.seq, "payload": signal.payload}, self.engine.now())
+                return signal.payload
+        now = self.engine.now()
+        deadline = datetime.fromisoformat(started_rec["deadline"]) if started_rec.get("deadline") else None
+        if deadline is not None and now >= deadline:
+            self._record(position, _SIGNAL, {"timeout": True}, now)
+            raise SignalTimeoutError(f"signal {name!r} did not arrive within {timeout} s")
+        fallback = now + timedelta(seconds=self.engine.settings.SIGNAL_FALLBACK_SECONDS)
+        raise Suspend("suspended", min(deadline, fallback) if deadline else fallback, f"signal:{name}")
+
+    def block(self, reason: str, poll_seconds: float = 5.0) -> None:
+        """Park the run ``blocked`` with ``reason``; the tick re-drives it after
+        ``poll_seconds`` and the body runs again from the top (D3)."""
+        raise Suspend("blocked", self.engine.now() + timedelta(seconds=poll_seconds), reason or "blocked")

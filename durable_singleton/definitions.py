@@ -1,0 +1,350 @@
+"""Workflow and step declarations, and the registry that holds them.
+
+A workflow is declared once, by the :func:`workflow` decorator on a
+:class:`BaseWorkflow` subclass (or on a plain function), by a ``workflow``
+class attribute, or by :meth:`Engine.register`. Every declaration is checked
+when it is registered; an invalid one raises
+:class:`~durable_singleton.exceptions.InvalidWorkflowError` naming the
+workflow and the field (SPEC section 7).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from .exceptions import (
+    DuplicateWorkflowError,
+    InvalidWorkflowError,
+    UnknownStepError,
+    UnknownWorkflowError,
+)
+
+if TYPE_CHECKING:
+    from .context import WorkflowCtx
+    from .stores.base import RunRecord
+
+__all__ = [
+    "Singleton",
+    "WorkflowOptions",
+    "WorkflowDefinition",
+    "Registry",
+    "BaseWorkflow",
+    "registry",
+    "step",
+    "workflow",
+]
+
+NAME_MAX_LENGTH = 191
+VERSION_MAX_LENGTH = 64
+
+Body = Callable[["WorkflowCtx", Any], Any]
+StepHandler = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Singleton:
+    """Serialize a workflow's runs per key (SPEC section 2).
+
+    ``key``: callable taking the run input and returning a non-empty ``str``.
+    ``limit``: slots per key, an ``int`` >= 1 (default 1).
+    ``max_queue_depth``: waiters allowed beyond ``limit`` (``int`` >= 0), or
+    ``None`` for an unbounded queue (S15).
+    """
+
+    key: Callable[[Any], str]
+    limit: int = 1
+    max_queue_depth: int | None = None
+
+    @classmethod
+    def coerce(cls, workflow: str, value: Singleton | Mapping[str, Any] | None) -> Singleton | None:
+        """Return a validated :class:`Singleton` from an instance, a mapping or None.
+
+        Raises :class:`InvalidWorkflowError` naming ``workflow`` and the field.
+        """
+        if value is None:
+            return None
+        if isinstance(value, Mapping):
+            unknown = set(value) - {"key", "limit", "max_queue_depth"}
+            if unknown:
+                raise InvalidWorkflowError(workflow, "singleton", f"unknown fields {sorted(unknown)}")
+            if "key" not in value:
+                raise InvalidWorkflowError(workflow, "singleton.key", "is required")
+            value = cls(**value)
+        if not isinstance(value, cls):
+            raise InvalidWorkflowError(
+                workflow, "singleton", f"expected Singleton or a mapping, got {type(value).__name__}"
+            )
+        if not callable(value.key):
+            raise InvalidWorkflowError(workflow, "singleton.key", "must be callable (input -> str)")
+        if isinstance(value.limit, bool) or not isinstance(value.limit, int) or value.limit < 1:
+            raise InvalidWorkflowError(workflow, "singleton.limit", f"must be an int >= 1, got {value.limit!r}")
+        depth = value.max_queue_depth
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+            raise InvalidWorkflowError(
+                workflow, "singleton.max_queue_depth", f"must be an int >= 0 or None, got {depth!r}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class WorkflowOptions:
+    """Typed workflow options, accepted wherever a ``workflow = {...}`` mapping is.
+
+    ``timeout`` is the execution timeout in seconds (D5); ``steps`` optionally
+    lists the step names the body calls, checked at registration; ``queue``
+    is the Celery queue its turns are sent to (None: the default queue).
+    """
+
+    name: str
+    version: str = "1"
+    singleton: Singleton | Mapping[str, Any] | None = None
+    timeout: float | None = None
+    steps: tuple[str, ...] = ()
+    queue: str | None = None
+    on_dead: Callable[[RunRecord], None] | None = None
+
+
+@dataclass(frozen=True)
+class WorkflowDefinition:
+    """A registered workflow: its identity, its body and its options."""
+
+    name: str
+    version: str
+    body: Body | None
+    singleton: Singleton | None = None
+    timeout: float | None = None
+    steps: tuple[str, ...] = ()
+    queue: str | None = None
+    on_dead: Callable[[RunRecord], None] | None = None
+    origin: str = ""
+    remote: bool = False
+
+    @property
+    def label(self) -> str:
+        """Return ``name@version``."""
+        return f"{self.name}@{self.version}"
+
+
+def _origin(obj: object) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+@dataclass
+class Registry:
+    """Workflows by (name, version) and step handlers by name."""
+
+    workflows: dict[tuple[str, str], WorkflowDefinition] = field(default_factory=dict)
+    latest: dict[str, WorkflowDefinition] = field(default_factory=dict)
+    steps: dict[str, StepHandler] = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def add_step(self, name: str, handler: StepHandler) -> None:
+        """Register a step handler under ``name``.
+
+        Raises :class:`InvalidWorkflowError` for an empty name, a non-callable
+        handler, or a name taken by another handler.
+        """
+        if not isinstance(name, str) or not name:
+            raise InvalidWorkflowError(str(name), "step", "a step name must be a non-empty string")
+        if not callable(handler):
+            raise InvalidWorkflowError(name, "step", "a step handler must be callable")
+        with self._lock:
+            existing = self.steps.get(name)
+            if existing is not None and _origin(existing) != _origin(handler):
+                raise InvalidWorkflowError(name, "step", f"already registered by {_origin(existing)}")
+            self.steps[name] = handler
+
+    def get_step(self, name: str) -> StepHandler:
+        """Return the handler of step ``name``; raise :class:`UnknownStepError`."""
+        try:
+            return self.steps[name]
+        except KeyError:
+            raise UnknownStepError(f"no step named {name!r} is registered (use @step({name!r}))") from None
+
+    def add(
+        self,
+        name: str,
+        version: str,
+        body: Body | None,
+        *,
+        singleton: Singleton | Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        steps: Iterable[str] = (),
+        queue: str | None = None,
+        on_dead: Callable[[RunRecord], None] | None = None,
+        origin: str | None = None,
+        remote: bool = False,
+    ) -> WorkflowDefinition:
+        """Validate and register a workflow; return its definition.
+
+        Raises :class:`InvalidWorkflowError` (naming the workflow and field) or
+        :class:`DuplicateWorkflowError` if (name, version) is already taken by
+        another body. Registering the same body twice is a no-op.
+        """
+        if not isinstance(name, str) or not name or len(name) > NAME_MAX_LENGTH:
+            raise InvalidWorkflowError(str(name), "name", f"must be a non-empty str of at most {NAME_MAX_LENGTH}")
+        if not isinstance(version, str) or not version or len(version) > VERSION_MAX_LENGTH:
+            raise InvalidWorkflowError(name, "version", f"must be a non-empty str of at most {VERSION_MAX_LENGTH}")
+        if not remote and not callable(body):
+            raise InvalidWorkflowError(name, "body", "must be callable (ctx, input) -> output")
+        single = Singleton.coerce(name, singleton)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
+            raise InvalidWorkflowError(name, "timeout", f"must be a number of seconds > 0, got {timeout!r}")
+        step_names = tuple(steps)
+        for step_name in step_names:
+            if step_name not in self.steps:
+                raise InvalidWorkflowError(name, "steps", f"unknown step {step_name!r}")
+        if on_dead is not None and not callable(on_dead):
+            raise InvalidWorkflowError(name, "on_dead", "must be callable (run) -> None")
+        definition = WorkflowDefinition(
+            name=name,
+            version=version,
+            body=body,
+            singleton=single,
+            timeout=float(timeout) if timeout is not None else None,
+            steps=step_names,
+            queue=queue,
+            on_dead=on_dead,
+            origin=origin or _origin(body),
+            remote=remote,
+        )
+        with self._lock:
+            existing = self.workflows.get((name, version))
+            if existing is not None:
+                if existing.origin != definition.origin:
+                    raise DuplicateWorkflowError(
+                        name, "version", f"{version!r} is already registered by {existing.origin}"
+                    )
+            self.workflows[(name, version)] = definition
+            self.latest[name] = definition
+        return definition
+
+    def get(self, name: str, version: str | None = None) -> WorkflowDefinition:
+        """Return the definition of ``name`` (latest registered version by default).
+
+        Raises :class:`UnknownWorkflowError`.
+        """
+        with self._lock:
+            found = self.latest.get(name) if version is None else self.workflows.get((name, version))
+        if found is None:
+            raise UnknownWorkflowError(f"no workflow named {name!r}" + (f" version {version!r}" if version else ""))
+        return found
+
+
+#: The process-wide registry that the decorators fill and the default engine reads.
+registry = Registry()
+
+
+def step(name: str, *, registry: Registry = registry) -> Callable[[StepHandler], StepHandler]:
+    """Register the decorated function as step ``name`` (R4).
+
+    The handler takes the step input and returns a JSON-serializable result,
+    which is stored and returned on every replay instead of calling it again.
+    """
+
+    def decorate(handler: StepHandler) -> StepHandler:
+        registry.add_step(name, handler)
+        return handler
+
+    return decorate
+
+
+def _options_from(workflow_name: str, value: WorkflowOptions | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(value, WorkflowOptions):
+        return {
+            "name": value.name,
+            "version": value.version,
+            "singleton": value.singleton,
+            "timeout": value.timeout,
+            "steps": value.steps,
+            "queue": value.queue,
+            "on_dead": value.on_dead,
+        }
+    if isinstance(value, Mapping):
+        known = {"name", "version", "singleton", "timeout", "steps", "queue", "on_dead"}
+        unknown = set(value) - known
+        if unknown:
+            raise InvalidWorkflowError(workflow_name, "workflow", f"unknown options {sorted(unknown)}")
+        if "name" not in value:
+            raise InvalidWorkflowError(workflow_name, "name", "is required")
+        return {"version": "1", **value}
+    raise InvalidWorkflowError(workflow_name, "workflow", f"expected a mapping or WorkflowOptions, got {type(value).__name__}")
+
+
+W = TypeVar("W")
+
+
+def workflow(
+    name: str,
+    version: str = "1",
+    *,
+    singleton: Singleton | Mapping[str, Any] | None = None,
+    timeout: float | None = None,
+    steps: Iterable[str] = (),
+    queue: str | None = None,
+    on_dead: Callable[[RunRecord], None] | None = None,
+    registry: Registry = registry,
+) -> Callable[[W], W]:
+    """Register the decorated :class:`BaseWorkflow` subclass or function as a workflow.
+
+    A function body takes ``(ctx, input)``. Raises :class:`InvalidWorkflowError`
+    at decoration time for an invalid option.
+    """
+    options = WorkflowOptions(
+        name=name, version=version, singleton=singleton, timeout=timeout, steps=tuple(steps), queue=queue, on_dead=on_dead
+    )
+
+    def decorate(target: W) -> W:
+        if isinstance(target, type) and issubclass(target, BaseWorkflow):
+            target.workflow = options
+            target._register(registry)
+        else:
+            registry.add(body=target, **_options_from(name, options))  # type: ignore[arg-type]
+        return target
+
+    return decorate
+
+
+class BaseWorkflow:
+    """Base class of class-declared workflows; override :meth:`run`.
+
+    Declare options with the :func:`workflow` decorator or a ``workflow`` class
+    attribute (a mapping or :class:`WorkflowOptions`).
+    """
+
+    workflow: ClassVar[WorkflowOptions | Mapping[str, Any] | None] = None
+    definition: ClassVar[WorkflowDefinition]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.__dict__.get("workflow") is not None:
+            cls._register(registry)
+
+    @classmethod
+    def _register(cls, target: Registry) -> None:
+        options = _options_from(cls.__qualname__, cls.__dict__["workflow"])
+        cls.definition = target.add(body=cls._body, origin=_origin(cls), **options)
+
+    @classmethod
+    def _body(cls, ctx: WorkflowCtx, input: Any) -> Any:
+        return cls().run(ctx, input)
+
+    def run(self, ctx: WorkflowCtx, input: Any) -> Any:
+        """Run the workflow body; called again from the top after every suspension (R4)."""
+        raise NotImplementedError(f"{type(self).__qualname__}.run")
+
+    @classmethod
+    def start(
+        cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None
+    ) -> RunRecord:
+        """Start a run of this workflow; see :meth:`Engine.start`. Never blocks (S3)."""
+        from .engine import get_engine
+
+        return (engine or get_engine()).start(
+            cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version
+        )
+
+    dispatch = start

@@ -1,0 +1,573 @@
+"""The engine: starts runs, executes one turn at a time, gates singleton
+runs through the store's claim, pushes releases, and drives the tick.
+
+The engine knows the store protocol, not the ORM, and nothing of Celery: a
+dispatcher (see :mod:`durable_singleton.dispatch`) sends turns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import traceback
+import uuid
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from . import signals
+from .admission import (
+    ACTIVE_STATUSES,
+    RESERVED_TAGS,
+    compute_singleton_key,
+    retry_delay,
+)
+from .conf import Settings, get_settings
+from .context import Suspend, WorkflowCtx, to_json_value
+from .definitions import Registry, Singleton, WorkflowDefinition, registry
+from .exceptions import (
+    InvalidRunIdError,
+    LeaseLostError,
+    RunCancelledError,
+    RunNotFoundError,
+    SingletonFallbackWarning,
+    UnknownWorkflowError,
+    ValidationError,
+)
+from .stores.base import AdmissionResult, RunRecord
+
+__all__ = ["Engine", "Dispatcher", "TickReport", "get_engine", "RUN_ID_MAX_LENGTH"]
+
+logger = logging.getLogger("durable_singleton")
+
+RUN_ID_MAX_LENGTH = 191
+
+
+class Dispatcher(Protocol):
+    """Sends a run's next turn to a worker, after the current transaction commits."""
+
+    def dispatch(self, run_id: str, queue: str | None = None) -> None:
+        """Send one turn of ``run_id``; never raise for a lost send (the tick re-sends)."""
+        ...
+
+    def on_commit(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` after the current transaction commits (at once outside one)."""
+        ...
+
+
+@dataclass
+class TickReport:
+    """What one tick did: runs dispatched, timed out, and made due by the catch-up."""
+
+    dispatched: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
+    caught_up: list[str] = field(default_factory=list)
+
+
+def _owner_prefix() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _LeaseKeeper:
+    """Renews a turn's lease every ``every`` seconds while the body runs (R5)."""
+
+    def __init__(self, engine: Engine, run_id: str, owner: str) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.owner = owner
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"lease:{run_id}", daemon=True)
+
+    def __enter__(self) -> _LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        every = self.engine.settings.LEASE_RENEW_SECONDS
+        try:
+            while not self._stop.wait(every):
+                if not self.engine.store.renew_lease(
+                    self.run_id, self.owner, self.engine.settings.LEASE_SECONDS, self.engine.now()
+                ):
+                    self.lost = True
+                    return
+        finally:
+            self.engine.close_thread_resources()
+
+
+class Engine:
+    """Runs durable workflows over a store and a dispatcher.
+
+    ``store``: a :class:`~durable_singleton.stores.base.StateStore`.
+    ``dispatcher``: sends turns (Celery, the embedded worker, or manual).
+    ``namespace``/``scope_reads``: D10; admission stays global (S11).
+    ``settings``: a :class:`~durable_singleton.conf.Settings` (default: Django settings).
+    ``clock``: returns the current aware datetime.
+    """
+
+    def __init__(
+        self,
+        store: Any,
+        dispatcher: Dispatcher,
+        *,
+        registry: Registry = registry,
+        namespace: str | None = None,
+        scope_reads: bool | None = None,
+        settings: Settings | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        from django.utils import timezone
+
+        self.store = store
+        self.dispatcher = dispatcher
+        self.registry = registry
+        self.settings = settings or get_settings()
+        self.namespace = namespace if namespace is not None else self.settings.NAMESPACE
+        self.scope_reads = scope_reads if scope_reads is not None else self.settings.SCOPE_READS
+        self.now: Callable[[], datetime] = clock or timezone.now
+        self._warned_fallback = False
+        self._owner_prefix = _owner_prefix()
+
+    # -- declaring ---------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        version: str,
+        fn: Callable[[WorkflowCtx, Any], Any],
+        *,
+        singleton: Singleton | Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        steps: Iterable[str] = (),
+        queue: str | None = None,
+        on_dead: Callable[[RunRecord], None] | None = None,
+    ) -> WorkflowDefinition:
+        """Register plain function ``fn(ctx, input)`` as workflow ``name``@``version``.
+
+        Raises :class:`InvalidWorkflowError` naming the workflow and the field.
+        """
+        return self.registry.add(
+            name, version, fn, singleton=singleton, timeout=timeout, steps=steps, queue=queue, on_dead=on_dead
+        )
+
+    def register_remote(
+        self,
+        name: str,
+        version: str,
+        *,
+        queue: str,
+        singleton: Singleton | Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> WorkflowDefinition:
+        """Declare a workflow whose body runs in another service's Celery worker.
+
+        Turns are sent to Celery queue ``queue``, where a worker of the other
+        service (sharing the database, with the body registered under the same
+        name and version) executes them; admission is the same claim (S13).
+        """
+        return self.registry.add(
+            name, version, None, singleton=singleton, timeout=timeout, queue=queue, remote=True, origin=f"remote:{queue}"
+        )
+
+    # -- starting ----------------------------------------------------------
+    def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        tags: Iterable[str] = (),
+        version: str | None = None,
+        parent_run_id: str | None = None,
+    ) -> RunRecord:
+        """Create a run and dispatch its first turn after commit; never blocks (S3).
+
+        ``run_id``: a non-empty str of at most 191 characters, or None for a
+        generated one. If a run with that id exists it is returned and nothing
+        is created, before any other check (R3, S16).
+
+        Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
+        :class:`InvalidInputError`, :class:`SingletonKeyError`, or
+        :class:`SingletonQueueFullError` (S15); each writes nothing.
+        """
+        if run_id is not None:
+            self._check_run_id(run_id)
+            existing = self.store.get_run(run_id)
+            if existing is not None:
+                return existing
+        definition = self.registry.get(name, version)
+        input = to_json_value(input, "input")
+        user_tags = self._check_tags(tags)
+        key = None
+        single = definition.singleton
+        if single is not None:
+            key = compute_singleton_key(definition.name, single.key, input)
+        now = self.now()
+        record = RunRecord(
+            run_id=run_id or uuid.uuid4().hex,
+            workflow_name=definition.name,
+            workflow_version=definition.version,
+            namespace=self.namespace,
+            status="pending",
+            input=input,
+            created_at=now,
+            updated_at=now,
+            user_tags=tuple(user_tags),
+            singleton_key=key,
+            singleton_limit=single.limit if single else None,
+            tracked=single is not None,
+            wake_at=now + timedelta(seconds=self.settings.REDELIVERY_SECONDS),
+            deadline_at=now + timedelta(seconds=definition.timeout) if definition.timeout else None,
+            parent_run_id=parent_run_id,
+        )
+        cap = None
+        if single is not None and single.max_queue_depth is not None:
+            cap = single.limit + single.max_queue_depth
+        run, created = self.store.create_run(
+            record, cap=cap, cap_namespace=self.namespace if self.scope_reads else None
+        )
+        if created:
+            signals.run_created.send(sender=Engine, run=run)
+            self.dispatcher.dispatch(run.run_id, definition.queue)
+        return run
+
+    @staticmethod
+    def _check_run_id(run_id: object) -> None:
+        if not isinstance(run_id, str) or not run_id or len(run_id) > RUN_ID_MAX_LENGTH:
+            raise InvalidRunIdError(
+                f"run_id must be a non-empty str of at most {RUN_ID_MAX_LENGTH} characters, got {run_id!r:.80}"
+            )
+
+    @staticmethod
+    def _check_tags(tags: Iterable[str]) -> list[str]:
+        if isinstance(tags, str):
+            raise ValidationError("tags must be an iterable of str, not a str")
+        out = []
+        for tag in tags:
+            if not isinstance(tag, str) or not tag or len(tag) > 191:
+                raise ValidationError(f"each tag must be a non-empty str of at most 191 characters, got {tag!r:.80}")
+            if tag not in RESERVED_TAGS and tag not in out:
+                out.append(tag)
+        return out
+
+    def get(self, run_id: str) -> RunRecord:
+        """Return run ``run_id``; raise :class:`RunNotFoundError`.
+
+        With ``scope_reads`` on, a run of another namespace is not found (D10).
+        """
+        run = self.store.get_run(run_id)
+        if run is None or (self.scope_reads and run.namespace != self.namespace):
+            raise RunNotFoundError(f"no run {run_id!r}")
+        return run
+
+    # -- executing ---------------------------------------------------------
+    def execute(self, run_id: str) -> str:
+        """Execute one turn of ``run_id``: claim, gate, body until it finishes or parks.
+
+        Safe to call twice at once for the same run: one caller wins the
+        conditional claim, the others return ``"skipped"`` (R6). Returns one of
+        ``skipped``, ``parked``, ``gone``, ``suspended``, ``blocked``,
+        ``completed``, ``failed``, ``cancelled``, ``dead`` or ``fenced``.
+        """
+        owner = f"{self._owner_prefix}:{uuid.uuid4().hex[:12]}"
+        settings = self.settings
+        claim = self.store.claim_run(run_id, owner, settings.LEASE_SECONDS, self.now())
+        run = claim.run
+        if run is None:
+            return "skipped"
+        if run.cancel_requested:
+            return self._finish(run, owner, "cancelled", error={"code": "cancelled", "message": "cancelled"})
+        if claim.recovered and run.recoveries > settings.MAX_RECOVERIES:
+            return self._finish(
+                run, owner, "dead", error={"code": "max_recoveries", "message": f"lease expired {run.recoveries} times"}
+            )
+        try:
+            definition = self.registry.get(run.workflow_name, run.workflow_version)
+        except UnknownWorkflowError as exc:
+            return self._finish(run, owner, "failed", error={"code": "unknown_workflow", "message": str(exc)})
+        if definition.body is None:
+            # A remote workflow reached this worker: hand the turn back to its queue.
+            self.store.park(run_id, owner, "pending", self.now(), wake_at=self.now())
+            self.dispatcher.dispatch(run_id, definition.queue)
+            return "parked"
+        if run.singleton_key is not None and not run.admitted:
+            assert definition.singleton is not None or run.singleton_limit is not None
+            limit = definition.singleton.limit if definition.singleton else (run.singleton_limit or 1)
+            verdict = self._admit(run, owner, limit)
+            if verdict is AdmissionResult.PARKED:
+                signals.run_parked.send(sender=Engine, run=run, reason="singleton")
+                return "parked"
+            if verdict is AdmissionResult.GONE:
+                return "gone"
+            run = run.evolve(admitted=True)
+            signals.run_admitted.send(sender=Engine, run=run)
+        return self._run_body(definition, run, owner)
+
+    def _admit(self, run: RunRecord, owner: str, limit: int) -> AdmissionResult:
+        assert run.singleton_key is not None
+        claim = getattr(self.store, "try_admit_singleton", None)
+        if claim is not None:
+            return claim(run.run_id, owner, limit, self.now(), workflow_name=run.workflow_name, key=run.singleton_key)
+        return self._fallback_admit(run, owner, limit)
+
+    def _fallback_admit(self, run: RunRecord, owner: str, limit: int) -> AdmissionResult:
+        """Admission for a store without ``try_admit_singleton`` (S14): a read
+        followed by a decision, not a claim; it can briefly over-admit."""
+        if not self._warned_fallback:
+            self._warned_fallback = True
+            message = (
+                f"store {type(self.store).__name__} has no try_admit_singleton; singleton admission "
+                "falls back to a scan that can briefly over-admit"
+            )
+            logger.warning(message)
+            warnings.warn(message, SingletonFallbackWarning, stacklevel=3)
+        assert run.singleton_key is not None
+        key_runs = self.store.active_runs_for_key(run.workflow_name, run.singleton_key)
+        oldest = sorted((r for r in key_runs if r.status in ("running", "suspended")), key=lambda r: (r.created_at, r.run_id))
+        if any(r.run_id == run.run_id for r in oldest[:limit]):
+            return AdmissionResult.ADMITTED
+        wake = self.now() + timedelta(
+            seconds=retry_delay(self.settings.ADMISSION_RETRY_SECONDS, self.settings.ADMISSION_RETRY_JITTER_SECONDS)
+        )
+        if self.store.park(run.run_id, owner, "suspended", self.now(), wake_at=wake, reason="singleton"):
+            return AdmissionResult.PARKED
+        return AdmissionResult.GONE
+
+    def _run_body(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
+        assert definition.body is not None
+        ctx = WorkflowCtx(self, run, owner, self.store.load_steps(run.run_id))
+        try:
+            with _LeaseKeeper(self, run.run_id, owner):
+                output = definition.body(ctx, run.input)
+            output = to_json_value(output, "workflow output")
+        except Suspend as parked:
+            if not self.store.park(run.run_id, owner, parked.status, self.now(), wake_at=parked.wake_at, reason=parked.reason):
+                return "fenced"
+            signals.run_parked.send(sender=Engine, run=run, reason=parked.reason)
+            return parked.status
+        except LeaseLostError:
+            logger.warning("run %s: lease lost; this turn's writes are fenced", run.run_id)
+            return "fenced"
+        except RunCancelledError:
+            return self._finish(run, owner, "cancelled", error={"code": "cancelled", "message": "cancelled"})
+        except Exception as exc:  # the body may raise anything: it fails the run
+            error = {
+                "code": "exception",
+                "type": type(exc).__qualname__,
+                "message": str(exc),
+                "traceback": traceback.format_exc(limit=20),
+            }
+            return self._finish(run, owner, "failed", error=error)
+        return self._finish(run, owner, "completed", output=output)
+
+    def _finish(
+        self, run: RunRecord, owner: str | None, status: str, *, output: Any = None, error: Any = None
+    ) -> str:
+        """Settle ``run`` by compare-and-set, then push the release (R2, S7)."""
+        if not self.store.settle(run.run_id, owner, status, self.now(), output=output, error=error):
+            return "fenced"
+        final = run.evolve(status=status, output=output, error=error, admitted=False, tracked=False)
+        if status == "dead":
+            self._on_dead(final)
+        signals.run_finished.send(sender=Engine, run=final)
+        self.release(final)
+        return status
+
+    def _on_dead(self, run: RunRecord) -> None:
+        signals.run_dead.send(sender=Engine, run=run)
+        try:
+            definition = self.registry.get(run.workflow_name, run.workflow_version)
+        except UnknownWorkflowError:
+            return
+        if definition.on_dead is not None:
+            try:
+                definition.on_dead(run)
+            except Exception:  # a hook's failure must not undo the dead-letter
+                logger.exception("on_dead hook of %s failed for run %s", definition.label, run.run_id)
+
+    def release(self, run: RunRecord) -> list[str]:
+        """Push the release of a terminal singleton run (S7).
+
+        After the commit, make the oldest ``limit`` waiters of its key due and
+        dispatch them; each claims through the store. Returns their ids.
+        """
+        if run.singleton_key is None:
+            return []
+        key = run.singleton_key
+        try:
+            definition: WorkflowDefinition | None = self.registry.get(run.workflow_name)
+        except UnknownWorkflowError:
+            definition = None
+        limit = definition.singleton.limit if definition and definition.singleton else (run.singleton_limit or 1)
+        queue = definition.queue if definition else None
+        woken: list[str] = []
+
+        def push() -> None:
+            woken.extend(self.store.wake_singleton_waiters(run.workflow_name, key, limit, self.now()))
+            for run_id in woken:
+                self.dispatcher.dispatch(run_id, queue)
+
+        self.dispatcher.on_commit(push)
+        return woken
+
+    # -- operator actions ----------------------------------------------------
+    def cancel(self, run_id: str) -> RunRecord:
+        """Cancel a run (D6): pending, suspended and blocked runs at once; a
+        running body at its next step boundary. Releases the slot (S7).
+
+        Raises :class:`RunNotFoundError`. A terminal run is returned unchanged.
+        """
+        self.get(run_id)
+        run = self.store.request_cancel(run_id, self.now())
+        if run is None:
+            raise RunNotFoundError(f"no run {run_id!r}")
+        if run.status == "cancelled" and run.finished_at is not None:
+            signals.run_finished.send(sender=Engine, run=run)
+            self.release(run)
+        elif run.status == "running":
+            self.dispatcher.dispatch(run_id, self._queue_of(run))
+        return run
+
+    def retry(self, run_id: str) -> RunRecord:
+        """Send a failed or dead run back through admission with its stored key (D9).
+
+        Raises :class:`RunNotFoundError`, or :class:`ValidationError` if the
+        run is not failed or dead.
+        """
+        self.get(run_id)
+        run = self.store.reset_for_retry(run_id, self.now(), self.settings.REDELIVERY_SECONDS)
+        if run is None:
+            raise ValidationError(f"run {run_id!r} is not failed or dead; only those can be retried")
+        self.dispatcher.dispatch(run_id, self._queue_of(run))
+        return run
+
+    def wake(self, run_id: str) -> RunRecord:
+        """Make a parked run due now and dispatch its turn. Raises :class:`RunNotFoundError`."""
+        run = self.get(run_id)
+        if run.status in ("pending", "suspended", "blocked"):
+            self.dispatcher.dispatch(run_id, self._queue_of(run))
+        return run
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> RunRecord:
+        """Buffer signal ``name`` for an active run and wake it if it waits (D2).
+
+        Raises :class:`RunNotFoundError` if the run does not exist or is
+        terminal, and :class:`InvalidInputError` for a non-JSON payload.
+        """
+        payload = to_json_value(payload, "signal payload")
+        if not isinstance(name, str) or not name:
+            raise ValidationError("signal name must be a non-empty str")
+        run = self.store.add_signal(run_id, name, payload, self.now())
+        if run is None:
+            raise RunNotFoundError(f"no active run {run_id!r} to signal")
+        if run.status in ("suspended", "blocked") and run.park_reason.startswith("signal:"):
+            self.dispatcher.dispatch(run_id, self._queue_of(run))
+        return run
+
+    def signal_with_start(
+        self, name: str, input: Any, *, run_id: str, signal: str, payload: Any = None, tags: Iterable[str] = ()
+    ) -> RunRecord:
+        """Start (idempotent by ``run_id``), then signal the run (S18).
+
+        On a busy key the run queues like any other; the signal is buffered
+        and seen by the body only once admitted.
+        """
+        payload = to_json_value(payload, "signal payload")
+        run = self.start(name, input, run_id=run_id, tags=tags)
+        return self.signal(run.run_id, signal, payload)
+
+    def _queue_of(self, run: RunRecord) -> str | None:
+        try:
+            return self.registry.get(run.workflow_name).queue
+        except UnknownWorkflowError:
+            return None
+
+    # -- the tick ------------------------------------------------------------
+    def tick(self) -> TickReport:
+        """Run one tick (S8, S8a, D4, D5): settle overdue runs as cancelled with
+        code ``execution_timeout``, make due the oldest waiters of keys with a
+        free slot, and dispatch due runs and runs whose lease expired. Safe to
+        run on several machines at once."""
+        settings = self.settings
+        report = TickReport()
+        now = self.now()
+        for run_id in self.store.overdue_runs(now, settings.TICK_BATCH):
+            run = self.store.get_run(run_id)
+            if run is None or run.status not in ACTIVE_STATUSES:
+                continue
+            error = {"code": "execution_timeout", "message": "execution timeout passed"}
+            if self.store.settle(run_id, None, "cancelled", now, error=error):
+                report.timed_out.append(run_id)
+                final = run.evolve(status="cancelled", error=error, admitted=False, tracked=False)
+                signals.run_finished.send(sender=Engine, run=final)
+                self.release(final)
+        limits = {
+            d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None
+        }
+        if limits:
+            report.caught_up = self.store.singleton_catch_up(now, limits)
+        for run_id, workflow_name in self.store.due_runs(now, settings.REDELIVERY_SECONDS, settings.TICK_BATCH):
+            try:
+                queue = self.registry.get(workflow_name).queue
+            except UnknownWorkflowError:
+                queue = None
+            self.dispatcher.dispatch(run_id, queue)
+            report.dispatched.append(run_id)
+        return report
+
+    def close_thread_resources(self) -> None:
+        """Release per-thread resources (database connections) of a helper thread."""
+        closer = getattr(self.dispatcher, "close_thread_resources", None)
+        if closer is not None:
+            closer()
+
+
+_engines: dict[Settings, Engine] = {}
+_engines_lock = threading.Lock()
+
+
+def build_engine(settings: Settings) -> Engine:
+    """Build an engine from ``settings``: its store and its dispatcher."""
+    from .dispatch import build_dispatcher
+    from .exceptions import ConfigurationError
+
+    if settings.STORE == "django":
+        from .stores.django import DjangoStore
+
+        store: Any = DjangoStore(
+            settings.DATABASE,
+            claim_retries=settings.CLAIM_RETRIES,
+            admission_retry_seconds=settings.ADMISSION_RETRY_SECONDS,
+            admission_retry_jitter=settings.ADMISSION_RETRY_JITTER_SECONDS,
+            backlog_retry_seconds=settings.BACKLOG_RETRY_SECONDS,
+        )
+    elif settings.STORE == "memory":
+        from .stores.memory import MemoryStore
+
+        store = MemoryStore()
+        store.admission_retry_seconds = settings.ADMISSION_RETRY_SECONDS
+        store.admission_retry_jitter = settings.ADMISSION_RETRY_JITTER_SECONDS
+        store.backlog_retry_seconds = settings.BACKLOG_RETRY_SECONDS
+    else:
+        raise ConfigurationError(f"DURABLE_SINGLETON['STORE'] must be 'django' or 'memory', got {settings.STORE!r}")
+    engine = Engine(store, build_dispatcher(settings, store), settings=settings)
+    engine.dispatcher.bind(engine)
+    return engine
+
+
+def get_engine() -> Engine:
+    """Return the default engine for the current Django settings (built once per settings)."""
+    settings = get_settings()
+    with _engines_lock:
+        engine = _engines.get(settings)
+        if engine is None:
+            engine = _engines[settings] = build_engine(settings)
+        return engine

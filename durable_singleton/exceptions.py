@@ -1,0 +1,123 @@
+"""Typed exceptions raised by durable_singleton.
+
+Every invalid declaration or call raises a subclass of
+:class:`DurableSingletonError` and writes nothing (SPEC section 7).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DurableSingletonError",
+    "ConfigurationError",
+    "InvalidWorkflowError",
+    "DuplicateWorkflowError",
+    "UnknownWorkflowError",
+    "UnknownStepError",
+    "ValidationError",
+    "InvalidRunIdError",
+    "InvalidInputError",
+    "SingletonKeyError",
+    "SingletonQueueFullError",
+    "RunNotFoundError",
+    "LeaseLostError",
+    "RunCancelledError",
+    "SignalTimeoutError",
+    "ChildWorkflowError",
+    "SingletonFallbackWarning",
+]
+
+
+class DurableSingletonError(Exception):
+    """Base class of every error raised by durable_singleton."""
+
+
+class ConfigurationError(DurableSingletonError):
+    """The ``DURABLE_SINGLETON`` settings are invalid."""
+
+
+class InvalidWorkflowError(DurableSingletonError):
+    """A workflow declaration is invalid; the message names the workflow and the field."""
+
+    def __init__(self, workflow: str, field: str, problem: str) -> None:
+        self.workflow = workflow
+        self.field = field
+        super().__init__(f"workflow {workflow!r}: {field}: {problem}")
+
+
+class DuplicateWorkflowError(InvalidWorkflowError):
+    """A workflow name and version is registered twice with different bodies."""
+
+
+class UnknownWorkflowError(DurableSingletonError):
+    """No workflow with that name (and version) is registered."""
+
+
+class UnknownStepError(DurableSingletonError):
+    """``ctx.step`` named a step that no ``@step`` handler registered."""
+
+
+class ValidationError(DurableSingletonError):
+    """A call's argument is invalid; nothing was written."""
+
+
+class InvalidRunIdError(ValidationError):
+    """A run id is empty, not a string, or longer than the column allows (R1)."""
+
+
+class InvalidInputError(ValidationError):
+    """A run input (or signal payload, or step result) is not JSON-serializable."""
+
+
+class SingletonKeyError(ValidationError):
+    """A singleton key function raised, or returned something other than a
+    non-empty string within the key column length (S1)."""
+
+    def __init__(self, workflow: str, problem: str) -> None:
+        self.workflow = workflow
+        super().__init__(f"workflow {workflow!r}: singleton key: {problem}")
+
+
+class SingletonQueueFullError(DurableSingletonError):
+    """The key's backlog reached ``limit + max_queue_depth``; nothing was written (S15).
+
+    Attributes: ``workflow`` (str), ``key`` (str), ``max_queue_depth`` (int).
+    """
+
+    def __init__(self, workflow: str, key: str, max_queue_depth: int) -> None:
+        self.workflow = workflow
+        self.key = key
+        self.max_queue_depth = max_queue_depth
+        super().__init__(
+            f"singleton queue full for workflow {workflow!r}, key {key!r}: "
+            f"max_queue_depth={max_queue_depth} waiters already queued"
+        )
+
+
+class RunNotFoundError(DurableSingletonError):
+    """No run has that run id."""
+
+
+class LeaseLostError(DurableSingletonError):
+    """This process's lease on the run was taken over; its writes are fenced (R5)."""
+
+
+class RunCancelledError(DurableSingletonError):
+    """The run was cancelled; raised inside a body at its next step boundary (D6)."""
+
+
+class SignalTimeoutError(DurableSingletonError):
+    """``ctx.wait_for_signal`` timed out before the signal arrived (D2)."""
+
+
+class ChildWorkflowError(DurableSingletonError):
+    """A child run failed, was cancelled, or could not be started (D7, S16)."""
+
+    def __init__(self, child_run_id: str, status: str, error: object) -> None:
+        self.child_run_id = child_run_id
+        self.status = status
+        self.error = error
+        super().__init__(f"child run {child_run_id!r} ended {status}: {error}")
+
+
+class SingletonFallbackWarning(UserWarning):
+    """A store lacks ``try_admit_singleton``; admission falls back to a racy scan (S14)."""

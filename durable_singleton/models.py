@@ -1,0 +1,167 @@
+"""Django models: runs with their tags, memoized steps, buffered signals,
+and one small lock row per singleton key."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from .admission import KEY_MAX_LENGTH
+from .querysets import RunQuerySet
+
+__all__ = ["RunStatus", "SlotState", "Run", "Step", "Signal", "SingletonKey"]
+
+
+class RunStatus(models.TextChoices):
+    """Run statuses (R2): four active, four terminal."""
+
+    PENDING = "pending", _("pending")
+    RUNNING = "running", _("running")
+    SUSPENDED = "suspended", _("suspended")
+    BLOCKED = "blocked", _("blocked")
+    COMPLETED = "completed", _("completed")
+    FAILED = "failed", _("failed")
+    CANCELLED = "cancelled", _("cancelled")
+    DEAD = "dead", _("dead")
+
+
+class SlotState(models.TextChoices):
+    """Where an active singleton run stands in its key's queue (S5).
+
+    ``holder`` is the durable admitted marker; ``waiter`` is every tracked
+    active run without a slot, pending included. Terminal runs have no slot.
+    """
+
+    HOLDER = "holder", _("holder")
+    WAITER = "waiter", _("waiter")
+
+
+ACTIVE_Q = models.Q(status__in=("pending", "running", "suspended", "blocked"))
+
+
+class Run(models.Model):
+    """One run of a workflow (R1).
+
+    ``tags`` holds the caller's tags; the key tag and the reserved markers are
+    the columns ``singleton_key``, ``singleton_tracked`` and ``singleton_slot``
+    (``holder`` is the admitted marker), which the queue indexes serve (S5, S12).
+    """
+
+    run_id = models.CharField(_("run id"), max_length=191, primary_key=True)
+    workflow_name = models.CharField(_("workflow"), max_length=191)
+    workflow_version = models.CharField(_("version"), max_length=64)
+    namespace = models.CharField(_("namespace"), max_length=191, default="default")
+    status = models.CharField(_("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
+    input = models.JSONField(_("input"), null=True)
+    output = models.JSONField(_("output"), null=True, blank=True)
+    error = models.JSONField(_("error"), null=True, blank=True)
+    tags = models.JSONField(_("tags"), default=list, blank=True)
+    singleton_key = models.CharField(_("singleton key"), max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    singleton_limit = models.PositiveIntegerField(_("singleton limit"), null=True, blank=True)
+    singleton_slot = models.CharField(
+        _("slot"), max_length=6, choices=SlotState.choices, null=True, blank=True
+    )
+    singleton_tracked = models.BooleanField(_("tracked"), default=False)
+    created_at = models.DateTimeField(_("created at"))
+    updated_at = models.DateTimeField(_("updated at"))
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    wake_at = models.DateTimeField(_("wake at"), null=True, blank=True)
+    deadline_at = models.DateTimeField(_("deadline at"), null=True, blank=True)
+    lease_owner = models.CharField(_("lease owner"), max_length=191, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    recoveries = models.PositiveIntegerField(_("recoveries"), default=0)
+    parent_run_id = models.CharField(_("parent run id"), max_length=191, null=True, blank=True)
+    park_reason = models.CharField(_("park reason"), max_length=191, blank=True, default="")
+    cancel_requested = models.BooleanField(_("cancel requested"), default=False)
+
+    objects = RunQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("run")
+        verbose_name_plural = _("runs")
+        ordering = ["-created_at", "-run_id"]
+        indexes = [
+            # The queue: holders and waiters of one key in admission order (S5).
+            models.Index(
+                fields=["workflow_name", "singleton_key", "singleton_slot", "created_at", "run_id"],
+                name="ds_run_queue_idx",
+            ),
+            # Untracked active runs of an older release count as holders (S12).
+            models.Index(fields=["workflow_name", "singleton_key", "singleton_tracked", "status"], name="ds_run_legacy_idx"),
+            # The tick: due runs and expired leases (S8, D4).
+            models.Index(fields=["status", "wake_at"], name="ds_run_due_idx"),
+            models.Index(fields=["status", "lease_expires_at"], name="ds_run_lease_idx"),
+            models.Index(fields=["status", "deadline_at"], name="ds_run_deadline_idx"),
+            models.Index(fields=["namespace", "workflow_name", "status"], name="ds_run_ns_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(singleton_slot__isnull=True) | (ACTIVE_Q & models.Q(singleton_key__isnull=False)),
+                name="ds_run_slot_only_active",
+            ),
+            models.CheckConstraint(condition=~models.Q(run_id=""), name="ds_run_id_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.run_id} ({self.status})"
+
+
+class Step(models.Model):
+    """A memoized step result, one per run and position (R4)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="steps")
+    position = models.PositiveIntegerField(_("position"))
+    name = models.CharField(_("name"), max_length=191)
+    result = models.JSONField(_("result"), null=True)
+    started_at = models.DateTimeField(_("started at"))
+    finished_at = models.DateTimeField(_("finished at"))
+
+    class Meta:
+        verbose_name = _("step")
+        verbose_name_plural = _("steps")
+        ordering = ["run", "position"]
+        constraints = [models.UniqueConstraint(fields=["run", "position"], name="ds_step_run_position_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}#{self.position} {self.name}"
+
+
+class Signal(models.Model):
+    """A signal sent to a run, buffered in order until the body consumes it (D2)."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="signals")
+    name = models.CharField(_("name"), max_length=191)
+    payload = models.JSONField(_("payload"), null=True)
+    created_at = models.DateTimeField(_("created at"))
+
+    class Meta:
+        verbose_name = _("signal")
+        verbose_name_plural = _("signals")
+        ordering = ["run", "id"]
+
+    def __str__(self) -> str:
+        return f"{self.run_id} {self.name}"
+
+
+class SingletonKey(models.Model):
+    """One row per (workflow, key): the lock that serializes claims of the key.
+
+    Claims lock this row, never the runs of the key, so a claim costs the same
+    with 10 or 10,000 waiters (S5, S13).
+    """
+
+    workflow_name = models.CharField(_("workflow"), max_length=191)
+    key = models.CharField(_("key"), max_length=KEY_MAX_LENGTH)
+    limit = models.PositiveIntegerField(_("limit"), default=1)
+    max_queue_depth = models.PositiveIntegerField(_("max queue depth"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("singleton key")
+        verbose_name_plural = _("singleton keys")
+        constraints = [models.UniqueConstraint(fields=["workflow_name", "key"], name="ds_key_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.key}"

@@ -1,0 +1,26 @@
+"""Model signal receivers: deleting a run's row frees its slot (F12)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models.signals import post_delete
+
+__all__ = ["connect"]
+
+
+def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) -> None:
+    """Push the release of a deleted active singleton run after commit (S7, F12)."""
+    if instance.singleton_key is None or instance.status not in ("pending", "running", "suspended", "blocked"):
+        return
+    from .engine import get_engine
+    from .stores.django import _record
+
+    get_engine().release(_record(instance))
+
+
+def connect() -> None:
+    """Connect the receivers (idempotent)."""
+    from .models import Run
+
+    post_delete.connect(_release_deleted_run, sender=Run, dispatch_uid="durable_singleton.release_deleted_run")

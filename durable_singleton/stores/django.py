@@ -1,0 +1,527 @@
+"""The Django ORM store.
+
+Only this module takes locks. Each claim locks one small row per key
+(:class:`~durable_singleton.models.SingletonKey`) and reads the key's holders
+and the front of its queue through the ``ds_run_queue_idx`` index, so a claim
+costs the same with 10 or 10,000 waiters (S5, S13). On PostgreSQL and
+MySQL/MariaDB the lock is ``select_for_update``; on SQLite, which has no row
+locks, a no-op UPDATE of the key row takes the database write lock first.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from django.db import IntegrityError, OperationalError, connections, router, transaction
+from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+
+from ..admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES, retry_delay
+from ..exceptions import SingletonQueueFullError
+from ..models import Run, Signal, SingletonKey, Step
+from .base import AdmissionResult, ClaimResult, RunRecord, SignalRecord, StepRecord
+
+__all__ = ["DjangoStore", "is_transient_error"]
+
+T = TypeVar("T")
+
+_TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock not available
+_TRANSIENT_MYSQL_CODES = {1205, 1213}  # lock wait timeout, deadlock
+
+
+def is_transient_error(exc: BaseException) -> bool:
+    """Tell whether ``exc`` is a transient database error worth retrying (SPEC section 7).
+
+    Named errors only: serialization failure, deadlock, lock timeout, and
+    SQLite's "database is locked".
+    """
+    if not isinstance(exc, OperationalError):
+        return False
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if sqlstate in _TRANSIENT_SQLSTATES:
+        return True
+    args = getattr(cause, "args", None) or exc.args
+    if args and isinstance(args[0], int) and args[0] in _TRANSIENT_MYSQL_CODES:
+        return True
+    return "database is locked" in str(exc) or "database table is locked" in str(exc)
+
+
+def _record(row: Run) -> RunRecord:
+    return RunRecord(
+        run_id=row.run_id,
+        workflow_name=row.workflow_name,
+        workflow_version=row.workflow_version,
+        namespace=row.namespace,
+        status=row.status,
+        input=row.input,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        output=row.output,
+        error=row.error,
+        user_tags=tuple(row.tags or ()),
+        singleton_key=row.singleton_key,
+        singleton_limit=row.singleton_limit,
+        admitted=row.singleton_slot == "holder",
+        tracked=row.singleton_tracked,
+        wake_at=row.wake_at,
+        lease_owner=row.lease_owner,
+        lease_expires_at=row.lease_expires_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        attempts=row.attempts,
+        recoveries=row.recoveries,
+        parent_run_id=row.parent_run_id,
+        park_reason=row.park_reason,
+        cancel_requested=row.cancel_requested,
+        deadline_at=row.deadline_at,
+    )
+
+
+def _terminal_fields(status: str, now: datetime, output: Any, error: Any) -> dict[str, Any]:
+    # One write sets the terminal status and drops the markers (S12).
+    return {
+        "status": status,
+        "output": output,
+        "error": error,
+        "singleton_slot": None,
+        "singleton_tracked": False,
+        "lease_owner": None,
+        "lease_expires_at": None,
+        "wake_at": None,
+        "finished_at": now,
+        "updated_at": now,
+    }
+
+
+class DjangoStore:
+    """Runs in the database through the Django ORM.
+
+    ``using`` is the database alias; None asks the router (``db_for_write``).
+    """
+
+    def __init__(
+        self,
+        using: str | None = None,
+        *,
+        claim_retries: int = 5,
+        admission_retry_seconds: float = 1.0,
+        admission_retry_jitter: float = 0.25,
+        backlog_retry_seconds: float = 3600.0,
+    ) -> None:
+        self.using = using
+        self.claim_retries = claim_retries
+        self.admission_retry_seconds = admission_retry_seconds
+        self.admission_retry_jitter = admission_retry_jitter
+        self.backlog_retry_seconds = backlog_retry_seconds
+
+    @property
+    def db(self) -> str:
+        """Return the database alias writes go to."""
+        return self.using or router.db_for_write(Run)
+
+    def _runs(self) -> Any:
+        return Run.objects.using(self.db)
+
+    def _retrying(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (one transaction), retrying named transient errors a bounded number of times."""
+        for attempt in range(self.claim_retries + 1):
+            try:
+                return fn()
+            except OperationalError as exc:
+                if attempt >= self.claim_retries or not is_transient_error(exc):
+                    raise
+                time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
+
+    def _lock_key(self, workflow_name: str, key: str, limit: int | None) -> SingletonKey | None:
+        """Lock the key's row (creating it if missing); return it.
+
+        Must run inside a transaction. SQLite has no row locks: a no-op UPDATE
+        takes the database write lock before anything is read.
+        """
+        db = self.db
+        keys = SingletonKey.objects.using(db).filter(workflow_name=workflow_name, key=key)
+        for _ in range(2):
+            if connections[db].vendor == "sqlite":
+                if keys.update(limit=F("limit")):
+                    return keys.get()
+            else:
+                row = keys.select_for_update().first()
+                if row is not None:
+                    return row
+            SingletonKey.objects.using(db).bulk_create(
+                [SingletonKey(workflow_name=workflow_name, key=key, limit=limit or 1)], ignore_conflicts=True
+            )
+        return None
+
+    # -- runs --------------------------------------------------------------
+    def create_run(
+        self, run: RunRecord, *, cap: int | None, cap_namespace: str | None = None
+    ) -> tuple[RunRecord, bool]:
+        db = self.db
+
+        def create() -> tuple[RunRecord, bool]:
+            with transaction.atomic(using=db):
+                existing = self._runs().filter(pk=run.run_id).first()
+                if existing is not None:
+                    return _record(existing), False
+                if run.singleton_key is not None:
+                    key_row = self._lock_key(run.workflow_name, run.singleton_key, run.singleton_limit)
+                    if key_row is not None and run.singleton_limit and key_row.limit != run.singleton_limit:
+                        SingletonKey.objects.using(db).filter(pk=key_row.pk).update(limit=run.singleton_limit)
+                    if cap is not None:
+                        count = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace)
+                        if count >= cap:
+                            limit = run.singleton_limit or 1
+                            raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - limit)
+                self._runs().create(
+                    run_id=run.run_id,
+                    workflow_name=run.workflow_name,
+                    workflow_version=run.workflow_version,
+                    namespace=run.namespace,
+                    status=run.status,
+                    input=run.input,
+                    tags=list(run.user_tags),
+                    singleton_key=run.singleton_key,
+                    singleton_limit=run.singleton_limit,
+                    singleton_slot="waiter" if run.singleton_key is not None and run.tracked else None,
+                    singleton_tracked=run.tracked,
+                    created_at=run.created_at,
+                    updated_at=run.updated_at,
+                    wake_at=run.wake_at,
+                    deadline_at=run.deadline_at,
+                    parent_run_id=run.parent_run_id,
+                )
+                return run, True
+
+        try:
+            return self._retrying(create)
+        except IntegrityError:
+            # A racing start with the same run_id committed first (R3).
+            existing = self._runs().filter(pk=run.run_id).first()
+            if existing is None:
+                raise
+            return _record(existing), False
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        row = self._runs().filter(pk=run_id).first()
+        return _record(row) if row is not None else None
+
+    def delete_run(self, run_id: str) -> RunRecord | None:
+        """Delete a run with its steps and signals; return what was deleted."""
+        with transaction.atomic(using=self.db):
+            row = self._runs().select_for_update().filter(pk=run_id).first()
+            if row is None:
+                return None
+            row.delete()
+            return _record(row)
+
+    def claim_run(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> ClaimResult:
+        row = self._runs().filter(pk=run_id).first()
+        if row is None or row.status not in ACTIVE_STATUSES:
+            return ClaimResult(None)
+        recovered = False
+        if row.status == "running":
+            if row.lease_expires_at is not None and row.lease_expires_at > now:
+                return ClaimResult(None)
+            recovered = row.lease_owner is not None
+        changes: dict[str, Any] = {
+            "status": "running",
+            "lease_owner": owner,
+            "lease_expires_at": now + timedelta(seconds=lease_seconds),
+            "wake_at": None,
+            "attempts": row.attempts + 1,
+            "recoveries": row.recoveries + (1 if recovered else 0),
+            "updated_at": now,
+        }
+        if row.started_at is None:
+            changes["started_at"] = now
+        # Compare-and-set on (status, attempts): attempts grows with every
+        # claim, so exactly one of two racing callers wins (R6).
+        won = self._runs().filter(pk=run_id, status=row.status, attempts=row.attempts).update(**changes)
+        if not won:
+            return ClaimResult(None)
+        for name, value in changes.items():
+            setattr(row, name, value)
+        return ClaimResult(_record(row), recovered=recovered)
+
+    def renew_lease(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> bool:
+        """Extend the lease if ``owner`` still holds it on a running run (R5)."""
+        return bool(
+            self._runs()
+            .filter(pk=run_id, status="running", lease_owner=owner)
+            .update(lease_expires_at=now + timedelta(seconds=lease_seconds), updated_at=now)
+        )
+
+    def check_boundary(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> str:
+        """Renew the lease at a step boundary; return "ok", "cancelled" or "fenced" (R5, D6)."""
+        expires = now + timedelta(seconds=lease_seconds)
+        if self._runs().filter(pk=run_id, status="running", lease_owner=owner, cancel_requested=False).update(
+            lease_expires_at=expires, updated_at=now
+        ):
+            return "ok"
+        row = self._runs().filter(pk=run_id).values("status", "lease_owner", "cancel_requested").first()
+        if row is not None and row["status"] == "running" and row["lease_owner"] == owner:
+            return "cancelled"
+        return "fenced"
+
+    def update_fields(self, run_id: str, owner: str, now: datetime, **changes: Any) -> bool:
+        """Apply ``changes`` to a running run leased by ``owner``; False if fenced."""
+        return bool(
+            self._runs().filter(pk=run_id, status="running", lease_owner=owner).update(updated_at=now, **changes)
+        )
+
+    def settle(
+        self, run_id: str, owner: str | None, status: str, now: datetime, *, output: Any = None, error: Any = None
+    ) -> bool:
+        runs = self._runs().filter(pk=run_id, status__in=ACTIVE_STATUSES)
+        if owner is not None:
+            runs = runs.filter(status="running", lease_owner=owner)
+        return bool(runs.update(**_terminal_fields(status, now, output, error)))
+
+    def park(
+        self, run_id: str, owner: str, status: str, now: datetime, *, wake_at: datetime | None, reason: str = ""
+    ) -> bool:
+        return bool(
+            self._runs()
+            .filter(pk=run_id, status="running", lease_owner=owner)
+            .update(
+                status=status,
+                wake_at=wake_at,
+                park_reason=reason[:191],
+                lease_owner=None,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+        )
+
+    def request_cancel(self, run_id: str, now: datetime) -> RunRecord | None:
+        def cancel() -> RunRecord | None:
+            with transaction.atomic(using=self.db):
+                row = self._runs().select_for_update().filter(pk=run_id).first()
+                if row is None or row.status not in ACTIVE_STATUSES:
+                    return _record(row) if row is not None else None
+                if row.status == "running":
+                    changes: dict[str, Any] = {"cancel_requested": True, "updated_at": now}
+                else:
+                    changes = _terminal_fields(
+                        "cancelled", now, None, {"code": "cancelled", "message": "cancelled"}
+                    )
+                    changes["cancel_requested"] = True
+                self._runs().filter(pk=run_id).update(**changes)
+                for name, value in changes.items():
+                    setattr(row, name, value)
+                return _record(row)
+
+        return self._retrying(cancel)
+
+    def reset_for_retry(self, run_id: str, now: datetime, redelivery_seconds: float = 5.0) -> RunRecord | None:
+        """Put a failed or dead run back to ``pending``, through admission again,
+        with its stored key and no marker (D9)."""
+        row = self._runs().filter(pk=run_id, status__in=("failed", "dead")).first()
+        if row is None:
+            return None
+        changes = {
+            "status": "pending",
+            "error": None,
+            "output": None,
+            "singleton_slot": "waiter" if row.singleton_key is not None else None,
+            "singleton_tracked": row.singleton_key is not None,
+            "wake_at": now + timedelta(seconds=redelivery_seconds),
+            "recoveries": 0,
+            "finished_at": None,
+            "cancel_requested": False,
+            "updated_at": now,
+        }
+        if not self._runs().filter(pk=run_id, status=row.status).update(**changes):
+            return None
+        for name, value in changes.items():
+            setattr(row, name, value)
+        return _record(row)
+
+    # -- admission ---------------------------------------------------------
+    def try_admit_singleton(
+        self, run_id: str, owner: str, limit: int, now: datetime, *, workflow_name: str, key: str
+    ) -> AdmissionResult:
+        """Claim a slot for ``run_id`` or park it, atomically (S5, S9, S13).
+
+        In one transaction: lock the key row, then the run row; give up if the
+        run is no longer ours and running (a cancel is never undone); count the
+        holders; admit the run if it is among the oldest ``limit - holders``
+        waiters by (``created_at``, ``run_id``); otherwise park it
+        ``suspended`` with a retry ``wake_at`` and release the lease. The
+        first ``limit`` waiters retry after about 1 s; waiters further back
+        wait for the push and the tick's catch-up (S8a).
+        """
+
+        def claim() -> AdmissionResult:
+            with transaction.atomic(using=self.db):
+                self._lock_key(workflow_name, key, limit)
+                runs = self._runs()
+                row = (
+                    runs.select_for_update()
+                    .filter(pk=run_id)
+                    .values("status", "lease_owner", "singleton_slot")
+                    .first()
+                )
+                if row is None or row["status"] != "running" or row["lease_owner"] != owner:
+                    return AdmissionResult.GONE
+                if row["singleton_slot"] == "holder":
+                    return AdmissionResult.ADMITTED
+                queue = runs.for_key(workflow_name, key)
+                holders = queue.filter(singleton_slot="holder").count()
+                holders += queue.filter(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES).count()
+                free = limit - holders
+                front = list(queue.waiting().values_list("run_id", flat=True)[: max(free, limit)])
+                if run_id in front[: max(free, 0)]:
+                    runs.filter(pk=run_id).update(singleton_slot="holder", singleton_tracked=True, updated_at=now)
+                    return AdmissionResult.ADMITTED
+                seconds = self.admission_retry_seconds if run_id in front[:limit] else self.backlog_retry_seconds
+                runs.filter(pk=run_id).update(
+                    status="suspended",
+                    wake_at=now + timedelta(seconds=retry_delay(seconds, self.admission_retry_jitter)),
+                    lease_owner=None,
+                    lease_expires_at=None,
+                    park_reason="singleton",
+                    updated_at=now,
+                )
+                return AdmissionResult.PARKED
+
+        return self._retrying(claim)
+
+    def wake_singleton_waiters(self, workflow_name: str, key: str, limit: int, now: datetime) -> list[str]:
+        runs = self._runs()
+        front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:limit])
+        if front:
+            runs.filter(pk__in=front, status="suspended").update(wake_at=now)
+        return front
+
+    def singleton_catch_up(self, now: datetime, limits: dict[str, int]) -> list[str]:
+        runs = self._runs()
+        key_runs = runs.filter(workflow_name=OuterRef("workflow_name"), singleton_key=OuterRef("key"))
+        holders = (
+            key_runs.filter(singleton_slot="holder")
+            .order_by()
+            .values("singleton_key")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        keys = (
+            SingletonKey.objects.using(self.db)
+            .filter(workflow_name__in=list(limits))
+            .annotate(
+                holders=Coalesce(Subquery(holders), 0),
+                has_waiter=Exists(key_runs.filter(singleton_slot="waiter")),
+            )
+            .filter(has_waiter=True, holders__lt=F("limit"))
+            .values_list("workflow_name", "key", "limit", "holders")
+        )
+        woken: list[str] = []
+        for workflow_name, key, key_limit, holder_count in keys:
+            limit = limits.get(workflow_name, key_limit)
+            free = limit - holder_count
+            front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:free])
+            if front and runs.filter(pk__in=front, status="suspended").filter(
+                Q(wake_at__isnull=True) | Q(wake_at__gt=now)
+            ).update(wake_at=now):
+                woken.extend(front)
+        return woken
+
+    def due_runs(self, now: datetime, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        later = now + timedelta(seconds=redelivery_seconds)
+        db = self.db
+        skip_locked = connections[db].features.has_select_for_update_skip_locked
+
+        def take() -> list[str]:
+            with transaction.atomic(using=db):
+                runs = self._runs()
+                parked = runs.due(now).order_by("wake_at")
+                expired = runs.lease_expired(now).order_by("lease_expires_at")
+                if skip_locked:
+                    parked = parked.select_for_update(skip_locked=True)
+                    expired = expired.select_for_update(skip_locked=True)
+                due = list(parked.values_list("run_id", "workflow_name")[:batch])
+                due += list(expired.values_list("run_id", "workflow_name")[: max(batch - len(due), 0)])
+                if due:
+                    runs.filter(pk__in=[run_id for run_id, _ in due]).update(wake_at=later)
+                return due
+
+        return self._retrying(take)
+
+    def overdue_runs(self, now: datetime, batch: int) -> list[str]:
+        """Return active runs whose execution deadline passed (D5)."""
+        return list(
+            self._runs()
+            .filter(status__in=ACTIVE_STATUSES, deadline_at__lte=now)
+            .values_list("run_id", flat=True)[:batch]
+        )
+
+    # -- reads -------------------------------------------------------------
+    def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
+        rows = self._runs().for_key(workflow_name, key).filter(status__in=ACTIVE_STATUSES).order_by("created_at", "run_id")
+        return [_record(r) for r in rows]
+
+    def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
+        """Count the key's active runs, in ``namespace`` if given (S15)."""
+        runs = self._runs().for_key(workflow_name, key).filter(status__in=ACTIVE_STATUSES)
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        return runs.count()
+
+    def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
+        runs = self._runs().order_by("created_at", "run_id")
+        if workflow_name is not None:
+            runs = runs.filter(workflow_name=workflow_name)
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        return [_record(r) for r in runs]
+
+    # -- steps and signals -------------------------------------------------
+    def load_steps(self, run_id: str) -> dict[int, StepRecord]:
+        return {
+            s.position: StepRecord(s.position, s.name, s.result, s.started_at, s.finished_at)
+            for s in Step.objects.using(self.db).filter(run_id=run_id)
+        }
+
+    def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
+        try:
+            with transaction.atomic(using=self.db):
+                if not self._runs().filter(
+                    pk=run_id, status="running", lease_owner=owner, cancel_requested=False
+                ).update(updated_at=step.finished_at):
+                    return False
+                Step.objects.using(self.db).create(
+                    run_id=run_id,
+                    position=step.position,
+                    name=step.name,
+                    result=step.result,
+                    started_at=step.started_at,
+                    finished_at=step.finished_at,
+                )
+                return True
+        except IntegrityError:
+            return False
+
+    def add_signal(self, run_id: str, name: str, payload: Any, now: datetime) -> RunRecord | None:
+        """Buffer a signal for an active run and make a run waiting on it due (D2)."""
+        with transaction.atomic(using=self.db):
+            row = self._runs().select_for_update().filter(pk=run_id).first()
+            if row is None or row.status not in ACTIVE_STATUSES:
+                return None
+            Signal.objects.using(self.db).create(run_id=run_id, name=name, payload=payload, created_at=now)
+            if row.status in ("suspended", "blocked") and row.park_reason.startswith("signal:"):
+                self._runs().filter(pk=run_id).update(wake_at=now, updated_at=now)
+                row.wake_at = now
+            return _record(row)
+
+    def load_signals(self, run_id: str) -> list[SignalRecord]:
+        """Return the run's buffered signals in the order they were sent."""
+        return [
+            SignalRecord(s.pk, s.name, s.payload, s.created_at)
+            for s in Signal.objects.using(self.db).filter(run_id=run_id).order_by("pk")
+        ]

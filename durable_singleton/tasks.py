@@ -1,0 +1,53 @@
+"""Celery tasks: thin shells that call the engine.
+
+``execute_run`` runs one turn of a run and is safe to deliver twice (R6);
+``tick`` is the periodic beat task (S8).
+"""
+
+from __future__ import annotations
+
+from celery import shared_task
+from django.db import close_old_connections
+
+from .engine import get_engine
+
+__all__ = ["execute_run", "tick", "TICK_TASK", "EXECUTE_TASK", "beat_schedule"]
+
+EXECUTE_TASK = "durable_singleton.execute_run"
+TICK_TASK = "durable_singleton.tick"
+
+
+@shared_task(name=EXECUTE_TASK, ignore_result=True)
+def execute_run(run_id: str) -> str:
+    """Execute one turn of ``run_id``; returns the turn's outcome."""
+    close_old_connections()
+    try:
+        return get_engine().execute(run_id)
+    finally:
+        close_old_connections()
+
+
+@shared_task(name=TICK_TASK, ignore_result=True)
+def tick() -> int:
+    """Run one engine tick; return how many turns it dispatched."""
+    close_old_connections()
+    try:
+        return len(get_engine().tick().dispatched)
+    finally:
+        close_old_connections()
+
+
+def beat_schedule(seconds: float | None = None) -> dict[str, dict[str, object]]:
+    """Return the beat entry for the tick, every ``seconds`` (default: ``TICK_SECONDS``).
+
+    Add it to your Celery app: ``app.conf.beat_schedule.update(beat_schedule())``.
+    """
+    from .conf import get_settings
+
+    return {
+        "durable-singleton-tick": {
+            "task": TICK_TASK,
+            "schedule": seconds if seconds is not None else get_settings().TICK_SECONDS,
+            "options": {"expires": 5.0},
+        }
+    }

@@ -1,0 +1,16 @@
+"""The test project's Celery app, with the durable_singleton tick in its beat schedule."""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+app = Celery("testproject")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+app.conf.beat_schedule = {
+    "durable-singleton-tick": {"task": "durable_singleton.tick", "schedule": 1.0, "options": {"expires": 5.0}},
+}
