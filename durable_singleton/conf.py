@@ -30,7 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "ADMISSION_RETRY_JITTER_SECONDS": 0.25,
     # Retry for waiters further back: they wait for the push and the tick's
     # per-key catch-up instead of polling (S8a).
-    "BACKLOG_RETRY_SECONDS": 60.0,
+    "BACKLOG_RETRY_SECONDS": 3600.0,
     # A run whose turn was dispatched but not yet claimed is dispatched again
     # after this long (lost broker send, F4), in seconds.
     "REDELIVERY_SECONDS": 5.0,

@@ -129,7 +129,10 @@ class WorkflowDefinition:
 
 
 def _origin(obj: object) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+    """Name where ``obj`` was defined, so re-registering the same body is a no-op."""
+    code = getattr(obj, "__code__", None)
+    line = f":{code.co_firstlineno}" if code is not None else ""
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}{line}"
 
 
 @dataclass

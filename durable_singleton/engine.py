@@ -534,30 +534,34 @@ _engines: dict[Settings, Engine] = {}
 _engines_lock = threading.Lock()
 
 
-def build_engine(settings: Settings) -> Engine:
-    """Build an engine from ``settings``: its store and its dispatcher."""
-    from .dispatch import build_dispatcher
+def build_store(settings: Settings) -> Any:
+    """Return the store named by ``settings.STORE`` ("django" or "memory").
+
+    Raises :class:`~durable_singleton.exceptions.ConfigurationError`.
+    """
     from .exceptions import ConfigurationError
 
+    options = {
+        "admission_retry_seconds": settings.ADMISSION_RETRY_SECONDS,
+        "admission_retry_jitter": settings.ADMISSION_RETRY_JITTER_SECONDS,
+        "backlog_retry_seconds": settings.BACKLOG_RETRY_SECONDS,
+    }
     if settings.STORE == "django":
         from .stores.django import DjangoStore
 
-        store: Any = DjangoStore(
-            settings.DATABASE,
-            claim_retries=settings.CLAIM_RETRIES,
-            admission_retry_seconds=settings.ADMISSION_RETRY_SECONDS,
-            admission_retry_jitter=settings.ADMISSION_RETRY_JITTER_SECONDS,
-            backlog_retry_seconds=settings.BACKLOG_RETRY_SECONDS,
-        )
-    elif settings.STORE == "memory":
+        return DjangoStore(settings.DATABASE, claim_retries=settings.CLAIM_RETRIES, **options)
+    if settings.STORE == "memory":
         from .stores.memory import MemoryStore
 
-        store = MemoryStore()
-        store.admission_retry_seconds = settings.ADMISSION_RETRY_SECONDS
-        store.admission_retry_jitter = settings.ADMISSION_RETRY_JITTER_SECONDS
-        store.backlog_retry_seconds = settings.BACKLOG_RETRY_SECONDS
-    else:
-        raise ConfigurationError(f"DURABLE_SINGLETON['STORE'] must be 'django' or 'memory', got {settings.STORE!r}")
+        return MemoryStore(**options)
+    raise ConfigurationError(f"DURABLE_SINGLETON['STORE'] must be 'django' or 'memory', got {settings.STORE!r}")
+
+
+def build_engine(settings: Settings) -> Engine:
+    """Build an engine from ``settings``: its store and its dispatcher."""
+    from .dispatch import build_dispatcher
+
+    store = build_store(settings)
     engine = Engine(store, build_dispatcher(settings, store), settings=settings)
     engine.dispatcher.bind(engine)
     return engine

@@ -49,7 +49,9 @@ TEMPLATES = [
 WSGI_APPLICATION = "testproject.wsgi.application"
 
 DATABASES = {
-    "default": dj_database_url.config(default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=0),
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL") or f"sqlite:///{BASE_DIR / 'db.sqlite3'}", conn_max_age=0
+    ),
 }
 _engine = DATABASES["default"]["ENGINE"]
 if _engine.endswith("sqlite3"):

@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 DB_NAME = "durable"
@@ -106,10 +106,6 @@ class Service:
             self._stopped = True
             _terminate(self.process, self.stop_signal, timeout)
 
-    def log_tail(self, lines: int = 40) -> str:
-        """Return the last lines of the server's log."""
-        return _tail(self.log, lines)
-
 
 # --------------------------------------------------------------------------
 # Helpers
@@ -125,9 +121,7 @@ def _tail(path: Path, lines: int = 40) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _terminate(
-    process: subprocess.Popen[bytes], stop_signal: signal.Signals, timeout: float
-) -> None:
+def _terminate(process: subprocess.Popen[bytes], stop_signal: signal.Signals, timeout: float) -> None:
     """Send ``stop_signal``, wait, then SIGKILL the process's whole group.
 
     The process must lead its own process group (``start_new_session``).
@@ -138,8 +132,10 @@ def _terminate(
         try:
             process.wait(timeout)
         except subprocess.TimeoutExpired:
-            print(f"services: pid {process.pid} ignored {stop_signal.name} "
-                  f"for {timeout:.0f}s, killing it", file=sys.stderr)
+            print(
+                f"services: pid {process.pid} ignored {stop_signal.name} for {timeout:.0f}s, killing it",
+                file=sys.stderr,
+            )
     # Leftover children (e.g. PostgreSQL backends) are in the same group.
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
@@ -159,8 +155,7 @@ def _ensure_user(name: str) -> pwd.struct_passwd:
         return pwd.getpwnam(name)
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--user-group", "--no-create-home",
-             "--shell", "/usr/sbin/nologin", name],
+            ["useradd", "--system", "--user-group", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
             check=True,
         )
         return pwd.getpwnam(name)
@@ -204,26 +199,34 @@ def _run_logged(cmd: Sequence[str | os.PathLike[str]], log: Path, **kwargs: Any)
     with log.open("ab") as out:
         try:
             result = subprocess.run(
-                [os.fspath(c) for c in cmd], stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT, timeout=START_TIMEOUT,
-                check=False, **kwargs,
+                [os.fspath(c) for c in cmd],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=START_TIMEOUT,
+                check=False,
+                **kwargs,
             )
         except subprocess.TimeoutExpired:
             raise ServiceError(f"timed out: {cmd[0]}\n{_tail(log)}") from None
     if result.returncode != 0:
-        raise ServiceError(
-            f"{os.path.basename(cmd[0])} exited with {result.returncode}\n{_tail(log)}"
-        )
+        raise ServiceError(f"{os.path.basename(cmd[0])} exited with {result.returncode}\n{_tail(log)}")
 
 
-def _succeeds(cmd: Sequence[str | os.PathLike[str]], **kwargs: Any) -> bool:
+def _succeeds(cmd: Sequence[str | os.PathLike[str]]) -> bool:
     """Run a quick probe command; True if it exits 0."""
     try:
-        return subprocess.run(
-            [os.fspath(c) for c in cmd], stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            timeout=10, check=False, **kwargs,
-        ).returncode == 0
+        return (
+            subprocess.run(
+                [os.fspath(c) for c in cmd],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=10,
+                check=False,
+            ).returncode
+            == 0
+        )
     except subprocess.TimeoutExpired:
         return False
 
@@ -233,6 +236,7 @@ def _launch(
     build_cmd: Callable[[int], list[str]],
     log: Path,
     is_ready: Callable[[int], bool],
+    *,
     stop_signal: signal.Signals,
     popen_kwargs: dict[str, Any],
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -251,17 +255,24 @@ def _launch(
         log_size = log.stat().st_size if log.exists() else 0
         with log.open("ab") as out:
             process = subprocess.Popen(
-                build_cmd(port), stdin=subprocess.DEVNULL, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-                preexec_fn=_die_with_parent(stop_signal), **popen_kwargs,
+                build_cmd(port),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(stop_signal),
+                **popen_kwargs,
             )
         deadline = time.monotonic() + START_TIMEOUT
         while process.poll() is None and time.monotonic() < deadline:
             if is_ready(port):
                 return process, port
             time.sleep(POLL_INTERVAL)
-        reason = (f"did not become ready in {START_TIMEOUT:.0f}s"
-                  if process.poll() is None else f"exited with {process.returncode}")
+        reason = (
+            f"did not become ready in {START_TIMEOUT:.0f}s"
+            if process.poll() is None
+            else f"exited with {process.returncode}"
+        )
         _terminate(process, stop_signal, STOP_TIMEOUT)
         with log.open("rb") as f:
             f.seek(log_size)
@@ -295,10 +306,23 @@ def start_postgres(root: Path) -> Service:
         os.chown(pwfile, as_user["user"], as_user["group"])
     env = _server_env(base)
     _run_logged(
-        [PG_BIN / "initdb", "-D", data, "-U", DB_USER, f"--pwfile={pwfile}",
-         "--auth=scram-sha-256", "--encoding=UTF8", "--locale=C.UTF-8",
-         "--no-sync", "--no-instructions"],
-        log, cwd=base, env=env, **as_user,
+        [
+            PG_BIN / "initdb",
+            "-D",
+            data,
+            "-U",
+            DB_USER,
+            f"--pwfile={pwfile}",
+            "--auth=scram-sha-256",
+            "--encoding=UTF8",
+            "--locale=C.UTF-8",
+            "--no-sync",
+            "--no-instructions",
+        ],
+        log,
+        cwd=base,
+        env=env,
+        **as_user,
     )
     pwfile.unlink()
 
@@ -319,24 +343,42 @@ def start_postgres(root: Path) -> Service:
         return args
 
     def is_ready(port: int) -> bool:
-        return _succeeds([PG_BIN / "pg_isready", "-q", "-h", sockets,
-                          "-p", str(port), "-d", "postgres", "-U", DB_USER])
+        return _succeeds([PG_BIN / "pg_isready", "-q", "-h", sockets, "-p", str(port), "-d", "postgres", "-U", DB_USER])
 
-    process, port = _launch("postgres", command, log, is_ready, signal.SIGINT,
-                            {"cwd": base, "env": env, **as_user})
+    process, port = _launch(
+        "postgres",
+        command,
+        log,
+        is_ready,
+        stop_signal=signal.SIGINT,  # fast shutdown
+        popen_kwargs={"cwd": base, "env": env, **as_user},
+    )
     service = Service(
-        "postgres", f"postgres://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",
-        process, log, signal.SIGINT,  # SIGINT = fast shutdown
+        "postgres",
+        f"postgres://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",
+        process,
+        log,
+        signal.SIGINT,
     )
     psql_env = {**os.environ, "PGPASSWORD": password, "PGCONNECT_TIMEOUT": "10"}
-    psql = [PG_BIN / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1",
-            "-h", "127.0.0.1", "-p", str(port), "-U", DB_USER]
+    psql = [
+        str(PG_BIN / "psql"),
+        "-X",
+        "-q",
+        "-v",
+        "ON_ERROR_STOP=1",
+        "-h",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "-U",
+        DB_USER,
+    ]
     try:
-        _run_logged([*psql, "-d", "template1", "-c",
-                     "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"],
-                    log, env=psql_env)
-        _run_logged([*psql, "-d", "postgres", "-c", f"CREATE DATABASE {DB_NAME}"],
-                    log, env=psql_env)
+        _run_logged(
+            [*psql, "-d", "template1", "-c", "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"], log, env=psql_env
+        )
+        _run_logged([*psql, "-d", "postgres", "-c", f"CREATE DATABASE {DB_NAME}"], log, env=psql_env)
     except BaseException:
         service.stop()
         raise
@@ -360,47 +402,76 @@ def start_mariadb(root: Path) -> Service:
         os.chown(tmp, as_user["user"], as_user["group"])
     env = _server_env(base)
     _run_logged(
-        ["mariadb-install-db", "--no-defaults", f"--datadir={data}",
-         "--auth-root-authentication-method=normal", "--skip-test-db",
-         "--skip-name-resolve", f"--tmpdir={tmp}"],
-        log, cwd=base, env=env, **as_user,
+        [
+            "mariadb-install-db",
+            "--no-defaults",
+            f"--datadir={data}",
+            "--auth-root-authentication-method=normal",
+            "--skip-test-db",
+            "--skip-name-resolve",
+            f"--tmpdir={tmp}",
+        ],
+        log,
+        cwd=base,
+        env=env,
+        **as_user,
     )
 
     def command(port: int) -> list[str]:
         return [
-            shutil.which("mariadbd") or "/usr/sbin/mariadbd", "--no-defaults",
-            f"--datadir={data}", f"--port={port}", "--bind-address=127.0.0.1",
-            f"--socket={sock}", f"--pid-file={base / 'mariadbd.pid'}",
-            f"--tmpdir={tmp}", "--skip-name-resolve",
+            shutil.which("mariadbd") or "/usr/sbin/mariadbd",
+            "--no-defaults",
+            f"--datadir={data}",
+            f"--port={port}",
+            "--bind-address=127.0.0.1",
+            f"--socket={sock}",
+            f"--pid-file={base / 'mariadbd.pid'}",
+            f"--tmpdir={tmp}",
+            "--skip-name-resolve",
             "--character-set-server=utf8mb4",
-            "--innodb-flush-log-at-trx-commit=2", "--innodb-doublewrite=0",
+            "--innodb-flush-log-at-trx-commit=2",
+            "--innodb-doublewrite=0",
             "--max-connections=300",
         ]
 
     root_client = ["mariadb", "--no-defaults", f"--socket={sock}", "--user=root"]
 
-    def is_ready(port: int) -> bool:
+    def is_ready(_port: int) -> bool:
         return sock.exists() and _succeeds([*root_client, "-e", "SELECT 1"])
 
-    process, port = _launch("mariadb", command, log, is_ready, signal.SIGTERM,
-                            {"cwd": base, "env": env, **as_user})
+    process, port = _launch(
+        "mariadb", command, log, is_ready, stop_signal=signal.SIGTERM, popen_kwargs={"cwd": base, "env": env, **as_user}
+    )
     password = secrets.token_hex(16)
     service = Service(
-        "mariadb", f"mysql://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",
-        process, log,
+        "mariadb",
+        f"mysql://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",
+        process,
+        log,
     )
     accounts = [f"'{DB_USER}'@'{host}'" for host in ("%", "127.0.0.1", "localhost")]
-    setup = "".join(
-        f"CREATE USER {a} IDENTIFIED BY '{password}';"
-        f"GRANT ALL PRIVILEGES ON *.* TO {a} WITH GRANT OPTION;"
-        for a in accounts
-    ) + f"CREATE DATABASE {DB_NAME} CHARACTER SET utf8mb4;"
+    setup = (
+        "".join(
+            f"CREATE USER {a} IDENTIFIED BY '{password}';GRANT ALL PRIVILEGES ON *.* TO {a} WITH GRANT OPTION;"
+            for a in accounts
+        )
+        + f"CREATE DATABASE {DB_NAME} CHARACTER SET utf8mb4;"
+    )
     try:
         _run_logged([*root_client, "-e", setup], log)
         _run_logged(
-            ["mariadb", "--no-defaults", "--protocol=TCP", "--host=127.0.0.1",
-             f"--port={port}", f"--user={DB_USER}", f"--password={password}",
-             f"--database={DB_NAME}", "-e", "SELECT 1"],
+            [
+                "mariadb",
+                "--no-defaults",
+                "--protocol=TCP",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--user={DB_USER}",
+                f"--password={password}",
+                f"--database={DB_NAME}",
+                "-e",
+                "SELECT 1",
+            ],
             log,
         )
     except BaseException:
@@ -416,10 +487,25 @@ def start_redis(root: Path) -> Service:
     log, sock = base / "server.log", base / "redis.sock"
 
     def command(port: int) -> list[str]:
-        return ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
-                "--unixsocket", str(sock), "--unixsocketperm", "700",
-                "--save", "", "--appendonly", "no", "--dir", str(base),
-                "--daemonize", "no"]
+        return [
+            "redis-server",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--unixsocket",
+            str(sock),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(base),
+            "--daemonize",
+            "no",
+        ]
 
     def is_ready(_port: int) -> bool:
         try:
@@ -431,8 +517,14 @@ def start_redis(root: Path) -> Service:
         except OSError:
             return False
 
-    process, port = _launch("redis", command, log, is_ready, signal.SIGTERM,
-                            {"cwd": base, "env": _server_env(base)})
+    process, port = _launch(
+        "redis",
+        command,
+        log,
+        is_ready,
+        stop_signal=signal.SIGTERM,
+        popen_kwargs={"cwd": base, "env": _server_env(base)},
+    )
     return Service("redis", f"redis://127.0.0.1:{port}/0", process, log)
 
 
@@ -473,10 +565,13 @@ def services(
 
 def install() -> int:
     """apt-get install whichever of APT_PACKAGES is missing."""
+
     def installed(package: str) -> bool:
         result = subprocess.run(
             ["dpkg-query", "-W", "-f=${db:Status-Status}", package],
-            capture_output=True, text=True, check=False,
+            capture_output=True,
+            text=True,
+            check=False,
         )
         return result.returncode == 0 and result.stdout == "installed"
 
@@ -487,8 +582,7 @@ def install() -> int:
     print(f"services: installing {' '.join(missing)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update"], env=env, check=True)
-    subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *missing],
-                   env=env, check=True)
+    subprocess.run(["apt-get", "install", "-y", *missing], env=env, check=True)
     return 0
 
 
@@ -501,8 +595,7 @@ def _run_command(cmd: list[str], env: dict[str, str]) -> int:
     this process is killed outright.
     """
     try:
-        process = subprocess.Popen(cmd, env=env,
-                                   preexec_fn=_die_with_parent(signal.SIGTERM))
+        process = subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent(signal.SIGTERM))
     except OSError as exc:
         print(f"services: cannot run {cmd[0]}: {exc}", file=sys.stderr)
         return 127
@@ -531,8 +624,7 @@ def run(cmd: list[str], pg: bool, mysql: bool, redis: bool, base_dir: str | None
     started = time.monotonic()
     try:
         with services(pg=pg, mysql=mysql, redis=redis, base_dir=base_dir) as urls:
-            print(f"services: {', '.join(urls)} ready in "
-                  f"{time.monotonic() - started:.1f}s", file=sys.stderr)
+            print(f"services: {', '.join(urls)} ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
             try:
                 return _run_command(cmd, {**os.environ, **urls})
             finally:
@@ -553,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd: list[str] = []
     if "--" in argv:
         split = argv.index("--")
-        argv, cmd = argv[:split], argv[split + 1:]
+        argv, cmd = argv[:split], argv[split + 1 :]
     parser = argparse.ArgumentParser(
         prog="services.py",
         description="Throwaway PostgreSQL, MariaDB and Redis servers.",
@@ -561,7 +653,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("install", help="apt-get install the missing server packages")
     run_parser = sub.add_parser(
-        "run", usage="%(prog)s [--pg] [--mysql] [--redis] [--dir DIR] -- CMD [ARGS...]",
+        "run",
+        usage="%(prog)s [--pg] [--mysql] [--redis] [--dir DIR] -- CMD [ARGS...]",
         help="start services, run CMD with DS_*_URL set, stop services",
     )
     run_parser.add_argument("--pg", action="store_true", help="start PostgreSQL")
@@ -576,8 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir and not os.path.isdir(args.dir):
         run_parser.error(f"--dir {args.dir}: not a directory")
     everything = not (args.pg or args.mysql or args.redis)
-    return run(cmd, args.pg or everything, args.mysql or everything,
-               args.redis or everything, args.dir)
+    return run(cmd, args.pg or everything, args.mysql or everything, args.redis or everything, args.dir)
 
 
 if __name__ == "__main__":

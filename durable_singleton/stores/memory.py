@@ -28,15 +28,21 @@ T = TypeVar("T")
 class MemoryStore:
     """Runs, steps and signals in dictionaries guarded by one lock."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        admission_retry_seconds: float = 1.0,
+        admission_retry_jitter: float = 0.25,
+        backlog_retry_seconds: float = 3600.0,
+    ) -> None:
         self._lock = threading.RLock()
         self._runs: dict[str, RunRecord] = {}
         self._steps: dict[str, dict[int, StepRecord]] = {}
         self._signals: dict[str, list[SignalRecord]] = {}
         self._signal_seq = 0
-        self.admission_retry_seconds = 1.0
-        self.admission_retry_jitter = 0.25
-        self.backlog_retry_seconds = 3600.0
+        self.admission_retry_seconds = admission_retry_seconds
+        self.admission_retry_jitter = admission_retry_jitter
+        self.backlog_retry_seconds = backlog_retry_seconds
 
     @contextmanager
     def _critical(self) -> Iterator[None]:

@@ -1,0 +1,279 @@
+"""Singleton admission: S2, S4-S7, S11, S12, S14 and the public helpers."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from durable_singleton import (
+    ADMITTED_TAG,
+    TRACKED_TAG,
+    singleton_admission_denial_patch,
+    singleton_admission_tags,
+    without_singleton_markers,
+)
+from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine
+from durable_singleton.exceptions import SingletonFallbackWarning
+from durable_singleton.stores.memory import MemoryStore
+from durable_singleton.testing import make_engine
+
+from .conftest import Monitor
+from .helpers import audited
+
+
+def test_gate_runs_before_the_body_and_parks_a_younger_run(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S4, S5 step 3: a pending older run is a waiter ahead: the younger run is
+    marked running, checked and parked; nothing of its body ran."""
+    audited(registry, monitor)
+    engine.start("wf", {"k": "A"}, run_id="old")
+    engine.start("wf", {"k": "A"}, run_id="young")
+    assert engine.execute("young") == "parked"
+    young = engine.get("young")
+    assert young.status == "suspended" and young.lease_owner is None and young.attempts == 1
+    assert monitor.entered == []
+    assert engine.execute("old") == "completed"
+    assert engine.execute("young") == "completed"
+    assert monitor.entered == ["old", "young"]
+
+
+def test_front_waiter_retries_in_about_a_second_and_backlog_waits_for_push(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
+    """S5 step 5: the first waiter parks with wake_at = now + 1 s +/- 250 ms;
+    S8a: waiters behind the first `limit` positions get the long backlog retry."""
+    hold = threading.Event()
+    audited(registry, monitor, hold=hold)
+    for run_id in ("holder", "front", "back"):
+        engine.start("wf", {"k": "A"}, run_id=run_id)
+    t = threading.Thread(target=engine.execute, args=("holder",))
+    t.start()
+    try:
+        _wait_for(lambda: monitor.entered == ["holder"])
+        before = engine.now()
+        assert engine.execute("back") == "parked"
+        assert engine.execute("front") == "parked"
+        front, back = engine.get("front"), engine.get("back")
+        assert front.wake_at is not None and back.wake_at is not None
+        assert timedelta(milliseconds=740) <= front.wake_at - before <= timedelta(milliseconds=1300)
+        assert back.wake_at - before > timedelta(minutes=30)
+    finally:
+        hold.set()
+        t.join(10)
+    assert list(engine.dispatcher.queue)[-1] == "front", "the release pushed the front waiter"
+
+
+def test_holder_keeps_its_slot_against_a_run_with_same_timestamp_and_smaller_id(
+    make: Callable[..., Engine], registry: Registry, monitor: Monitor
+) -> None:
+    """S6: a later start never takes a slot from a holder, even with equal created_at and an id sorting first."""
+    frozen = datetime(2026, 1, 1, tzinfo=UTC)
+    engine = make(clock=lambda: frozen)
+    hold = threading.Event()
+    audited(registry, monitor, hold=hold)
+    engine.start("wf", {"k": "A"}, run_id="b-holder")
+    worker = threading.Thread(target=engine.execute, args=("b-holder",))
+    worker.start()
+    try:
+        _wait_for(lambda: monitor.entered == ["b-holder"])
+        engine.start("wf", {"k": "A"}, run_id="a-late")
+        assert engine.execute("a-late") == "parked"
+    finally:
+        hold.set()
+        worker.join(10)
+    assert engine.get("b-holder").status == "completed"
+
+
+def test_release_pushes_the_oldest_waiter(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S7: when a holder ends, the oldest `limit` gated waiters are made due and dispatched at once."""
+    audited(registry, monitor)
+    for n in range(4):
+        engine.start("wf", {"k": "A"}, run_id=f"r{n}")
+    engine.dispatcher.queue.clear()
+    for n in (3, 2, 1):
+        assert engine.execute(f"r{n}") == "parked"
+    assert engine.execute("r0") == "completed"
+    assert list(engine.dispatcher.queue) == ["r1"], "only the oldest waiter is pushed (limit 1)"
+    r1 = engine.get("r1")
+    assert r1.wake_at is not None and r1.wake_at <= engine.now()
+    engine.dispatcher.drain()
+    assert monitor.entered == ["r0", "r1", "r2", "r3"]
+    assert monitor.highest["A"] == 1
+
+
+def test_sleeping_holder_is_not_woken_by_a_release(engine: Engine, registry: Registry) -> None:
+    """S7, D1: a release wakes gated waiters, not holders that merely sleep."""
+
+    def sleeper(ctx, input):  # type: ignore[no-untyped-def]
+        ctx.sleep(3600)
+
+    registry.add("sleepy", "1", sleeper, singleton={"key": lambda i: i["k"], "limit": 2})
+    registry.add("quick", "1", lambda c, i: None, singleton={"key": lambda i: i["k"], "limit": 2})
+    engine.start("sleepy", {"k": "A"}, run_id="s1")
+    assert engine.execute("s1") == "suspended"
+    wake = engine.get("s1").wake_at
+    assert engine.get("s1").tags[-1] == ADMITTED_TAG, "a sleeping holder keeps its slot (S6)"
+    assert engine.release(engine.get("s1").evolve(status="completed")) == []
+    assert engine.get("s1").wake_at == wake
+
+
+def test_limit_two_admits_two_oldest(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S5: free slots = limit - holders go to the oldest waiters."""
+    hold = threading.Event()
+    audited(registry, monitor, limit=2, hold=hold)
+    for n in range(4):
+        engine.start("wf", {"k": "A"}, run_id=f"r{n}")
+    threads = [threading.Thread(target=engine.execute, args=(f"r{n}",)) for n in (0, 1)]
+    for t in threads:
+        t.start()
+    try:
+        _wait_for(lambda: len(monitor.entered) == 2)
+        assert engine.execute("r3") == "parked"
+        assert engine.execute("r2") == "parked"
+    finally:
+        hold.set()
+        for t in threads:
+            t.join(10)
+    engine.dispatcher.drain()
+    assert sorted(monitor.entered[:2]) == ["r0", "r1"] and monitor.entered[2:] == ["r2", "r3"]
+    assert monitor.highest["A"] == 2
+
+
+def test_key_never_reaches_across_workflows(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S2: admission looks only at runs of the same workflow with the same key."""
+    hold = threading.Event()
+    audited(registry, monitor, name="one", hold=hold)
+    audited(registry, monitor, name="two")
+    engine.start("one", {"k": "A"}, run_id="one-a")
+    t = threading.Thread(target=engine.execute, args=("one-a",))
+    t.start()
+    try:
+        _wait_for(lambda: monitor.entered == ["one-a"])
+        engine.start("two", {"k": "A"}, run_id="two-a")
+        assert engine.execute("two-a") == "completed"
+    finally:
+        hold.set()
+        t.join(10)
+
+
+def test_versions_share_the_key(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S2: all versions of a workflow share admission."""
+    hold = threading.Event()
+    audited(registry, monitor, hold=hold)
+    registry.add("wf", "2", lambda c, i: None, singleton={"key": lambda i: f"key:{i['k']}"})
+    engine.start("wf", {"k": "A"}, run_id="v1", version="1")
+    t = threading.Thread(target=engine.execute, args=("v1",))
+    t.start()
+    try:
+        _wait_for(lambda: monitor.entered == ["v1"])
+        engine.start("wf", {"k": "A"}, run_id="v2", version="2")
+        assert engine.execute("v2") == "parked"
+    finally:
+        hold.set()
+        t.join(10)
+
+
+def test_admission_is_global_across_namespaces(make: Callable[..., Engine], registry: Registry, monitor: Monitor) -> None:
+    """S11: engines scoped to different namespaces still share one slot per key."""
+    hold = threading.Event()
+    audited(registry, monitor, hold=hold)
+    acme, globex = make(), make()
+    acme.namespace, acme.scope_reads = "acme", True
+    globex.namespace, globex.scope_reads = "globex", True
+    acme.start("wf", {"k": "A"}, run_id="acme-1")
+    t = threading.Thread(target=acme.execute, args=("acme-1",))
+    t.start()
+    try:
+        _wait_for(lambda: monitor.entered == ["acme-1"])
+        globex.start("wf", {"k": "A"}, run_id="globex-1")
+        assert globex.execute("globex-1") == "parked"
+    finally:
+        hold.set()
+        t.join(10)
+
+
+def test_untracked_active_run_counts_as_holder(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S12: a running run with the key tag but no tracked marker (older release) holds a slot."""
+    audited(registry, monitor)
+    legacy = engine.start("wf", {"k": "A"}, run_id="legacy")
+    _make_legacy(engine, legacy.run_id)
+    engine.start("wf", {"k": "A"}, run_id="new")
+    assert engine.execute("new") == "parked"
+    engine.store.settle("legacy", None, "completed", engine.now())
+    assert engine.execute("new") == "completed"
+
+
+def _make_legacy(engine: Engine, run_id: str) -> None:
+    if isinstance(engine.store, MemoryStore):
+        run = engine.store.get_run(run_id)
+        assert run is not None
+        engine.store._runs[run_id] = run.evolve(status="running", tracked=False)
+    else:
+        from durable_singleton.models import Run
+
+        Run.objects.filter(pk=run_id).update(status="running", singleton_tracked=False, singleton_slot=None)
+    assert TRACKED_TAG not in engine.get(run_id).tags
+
+
+def test_terminal_write_drops_markers_and_frees_slot(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S12, R2: the terminal write removes the markers; a terminal run never changes again."""
+    audited(registry, monitor)
+    engine.start("wf", {"k": "A"}, run_id="r")
+    engine.execute("r")
+    run = engine.get("r")
+    assert run.status == "completed" and ADMITTED_TAG not in run.tags and TRACKED_TAG not in run.tags
+    assert not engine.store.settle("r", None, "failed", engine.now())
+    assert engine.execute("r") == "skipped"
+    assert engine.get("r").status == "completed"
+
+
+class ScanOnlyStore:
+    """A custom store without try_admit_singleton (S14): wraps the memory store."""
+
+    def __init__(self) -> None:
+        self._inner = MemoryStore()
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if name == "try_admit_singleton":
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+def test_store_without_claim_falls_back_with_one_warning(registry: Registry, monitor: Monitor) -> None:
+    """S14: the engine scans and decides, warning once per engine with a dedicated category."""
+    engine = make_engine(ScanOnlyStore(), registry=registry)
+    audited(registry, monitor)
+    engine.start("wf", {"k": "A"}, run_id="a")
+    engine.start("wf", {"k": "A"}, run_id="b")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert engine.execute("a") == "completed"
+        assert engine.execute("b") == "completed"
+    fallback = [w for w in caught if issubclass(w.category, SingletonFallbackWarning)]
+    assert len(fallback) == 1 and "try_admit_singleton" in str(fallback[0].message)
+
+
+def test_public_helpers() -> None:
+    """S14: helpers a custom store uses inside its own transaction."""
+    assert singleton_admission_tags(["x", "singleton:k"]) == ["x", "singleton:k", ADMITTED_TAG]
+    assert singleton_admission_tags(["x", ADMITTED_TAG]) == ["x", ADMITTED_TAG]
+    assert without_singleton_markers(["x", ADMITTED_TAG, TRACKED_TAG, "y"]) == ["x", "y"]
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    waits = []
+    for _ in range(200):
+        patch = singleton_admission_denial_patch(now)
+        assert patch["status"] == "suspended" and patch["lease_owner"] is None
+        waits.append((patch["wake_at"] - now).total_seconds())
+    assert 0.75 <= min(waits) < 0.85 and 1.15 < max(waits) <= 1.25, "1 s jittered uniformly by +/- 250 ms"
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = datetime.now() + timedelta(seconds=timeout)
+    while not condition():
+        if datetime.now() > deadline:
+            pytest.fail("condition not reached in time")
+        threading.Event().wait(0.01)
