@@ -16,22 +16,22 @@ from typing import Any
 from .exceptions import SingletonKeyError
 
 __all__ = [
-    "ADMITTED_TAG",
-    "TRACKED_TAG",
-    "RESERVED_TAGS",
-    "KEY_TAG_PREFIX",
-    "KEY_MAX_LENGTH",
     "ACTIVE_STATUSES",
+    "ADMITTED_TAG",
     "HOLDING_LEGACY_STATUSES",
+    "KEY_MAX_LENGTH",
+    "KEY_TAG_PREFIX",
+    "RESERVED_TAGS",
+    "TRACKED_TAG",
     "Candidate",
-    "key_tag",
     "compute_singleton_key",
-    "without_singleton_markers",
-    "singleton_admission_tags",
-    "singleton_admission_denial_patch",
-    "retry_delay",
-    "is_holder",
     "decide_admission",
+    "is_holder",
+    "key_tag",
+    "retry_delay",
+    "singleton_admission_denial_patch",
+    "singleton_admission_tags",
+    "without_singleton_markers",
 ]
 
 ADMITTED_TAG = "durable:singleton:admitted"
@@ -66,9 +66,7 @@ def compute_singleton_key(workflow: str, key_fn: Callable[[Any], object], input:
     if not key:
         raise SingletonKeyError(workflow, "key function returned an empty string")
     if len(key) > KEY_MAX_LENGTH:
-        raise SingletonKeyError(
-            workflow, f"key is {len(key)} characters long; at most {KEY_MAX_LENGTH} are allowed"
-        )
+        raise SingletonKeyError(workflow, f"key is {len(key)} characters long; at most {KEY_MAX_LENGTH} are allowed")
     return key
 
 
@@ -90,9 +88,7 @@ def retry_delay(
     return seconds + rng(-jitter, jitter)
 
 
-def singleton_admission_denial_patch(
-    now: datetime, *, seconds: float = 1.0, jitter: float = 0.25
-) -> dict[str, Any]:
+def singleton_admission_denial_patch(now: datetime, *, seconds: float = 1.0, jitter: float = 0.25) -> dict[str, Any]:
     """Return the field changes that park a denied run (S5 step 5).
 
     The run becomes ``suspended`` with ``wake_at`` = ``now`` + ``seconds``

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core import checks
 
-__all__ = ["register", "check_settings", "check_sqlite", "check_celery"]
+__all__ = ["check_celery", "check_settings", "check_sqlite", "register"]
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -20,10 +20,18 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
         return [checks.Error(str(exc), hint="Fix the DURABLE_SINGLETON setting.", id="durable_singleton.E001")]
     errors: list[checks.CheckMessage] = []
     if settings.STORE not in ("django", "memory"):
-        errors.append(checks.Error(f"STORE {settings.STORE!r} is unknown.", hint="Use 'django' or 'memory'.", id="durable_singleton.E002"))
+        errors.append(
+            checks.Error(
+                f"STORE {settings.STORE!r} is unknown.", hint="Use 'django' or 'memory'.", id="durable_singleton.E002"
+            )
+        )
     if settings.DISPATCH not in ("celery", "thread", "manual"):
         errors.append(
-            checks.Error(f"DISPATCH {settings.DISPATCH!r} is unknown.", hint="Use 'celery', 'thread' or 'manual'.", id="durable_singleton.E003")
+            checks.Error(
+                f"DISPATCH {settings.DISPATCH!r} is unknown.",
+                hint="Use 'celery', 'thread' or 'manual'.",
+                id="durable_singleton.E003",
+            )
         )
     if settings.LEASE_RENEW_SECONDS >= settings.LEASE_SECONDS:
         errors.append(

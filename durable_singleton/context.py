@@ -18,7 +18,7 @@ from .stores.base import RunRecord, StepRecord
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["WorkflowCtx", "Suspend", "to_json_value"]
+__all__ = ["Suspend", "WorkflowCtx", "to_json_value"]
 
 _SLEEP = "durable:sleep"
 _WAIT = "durable:wait"
@@ -34,7 +34,7 @@ def to_json_value(value: Any, what: str) -> Any:
 
 
 @dataclass(frozen=True)
-class Suspend(BaseException):  # noqa: N818 - control flow, not an error
+class Suspend(BaseException):
     """Raised inside a body to park the run; caught by the engine.
 
     A ``BaseException`` so a body's ``except Exception`` cannot swallow it.

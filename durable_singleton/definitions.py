@@ -27,11 +27,11 @@ if TYPE_CHECKING:
     from .stores.base import RunRecord
 
 __all__ = [
-    "Singleton",
-    "WorkflowOptions",
-    "WorkflowDefinition",
-    "Registry",
     "BaseWorkflow",
+    "Registry",
+    "Singleton",
+    "WorkflowDefinition",
+    "WorkflowOptions",
     "registry",
     "step",
     "workflow",
@@ -216,11 +216,10 @@ class Registry:
         )
         with self._lock:
             existing = self.workflows.get((name, version))
-            if existing is not None:
-                if existing.origin != definition.origin:
-                    raise DuplicateWorkflowError(
-                        name, "version", f"{version!r} is already registered by {existing.origin}"
-                    )
+            if existing is not None and existing.origin != definition.origin:
+                raise DuplicateWorkflowError(
+                    name, "version", f"{version!r} is already registered by {existing.origin}"
+                )
             self.workflows[(name, version)] = definition
             self.latest[name] = definition
         return definition
@@ -274,7 +273,9 @@ def _options_from(workflow_name: str, value: WorkflowOptions | Mapping[str, Any]
         if "name" not in value:
             raise InvalidWorkflowError(workflow_name, "name", "is required")
         return {"version": "1", **value}
-    raise InvalidWorkflowError(workflow_name, "workflow", f"expected a mapping or WorkflowOptions, got {type(value).__name__}")
+    raise InvalidWorkflowError(
+        workflow_name, "workflow", f"expected a mapping or WorkflowOptions, got {type(value).__name__}"
+    )
 
 
 W = TypeVar("W")
@@ -297,7 +298,13 @@ def workflow(
     at decoration time for an invalid option.
     """
     options = WorkflowOptions(
-        name=name, version=version, singleton=singleton, timeout=timeout, steps=tuple(steps), queue=queue, on_dead=on_dead
+        name=name,
+        version=version,
+        singleton=singleton,
+        timeout=timeout,
+        steps=tuple(steps),
+        queue=queue,
+        on_dead=on_dead,
     )
 
     def decorate(target: W) -> W:
@@ -340,9 +347,7 @@ class BaseWorkflow:
         raise NotImplementedError(f"{type(self).__qualname__}.run")
 
     @classmethod
-    def start(
-        cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None
-    ) -> RunRecord:
+    def start(cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None) -> RunRecord:
         """Start a run of this workflow; see :meth:`Engine.start`. Never blocks (S3)."""
         from .engine import get_engine
 

@@ -21,7 +21,7 @@ from .conf import Settings
 if TYPE_CHECKING:
     from .engine import Engine
 
-__all__ = ["CeleryDispatcher", "ThreadDispatcher", "ManualDispatcher", "build_dispatcher"]
+__all__ = ["CeleryDispatcher", "ManualDispatcher", "ThreadDispatcher", "build_dispatcher"]
 
 logger = logging.getLogger("durable_singleton")
 

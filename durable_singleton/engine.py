@@ -40,7 +40,7 @@ from .exceptions import (
 )
 from .stores.base import AdmissionResult, RunRecord
 
-__all__ = ["Engine", "Dispatcher", "TickReport", "get_engine", "RUN_ID_MAX_LENGTH"]
+__all__ = ["RUN_ID_MAX_LENGTH", "Dispatcher", "Engine", "TickReport", "get_engine"]
 
 logger = logging.getLogger("durable_singleton")
 
@@ -174,7 +174,14 @@ class Engine:
         name and version) executes them; admission is the same claim (S13).
         """
         return self.registry.add(
-            name, version, None, singleton=singleton, timeout=timeout, queue=queue, remote=True, origin=f"remote:{queue}"
+            name,
+            version,
+            None,
+            singleton=singleton,
+            timeout=timeout,
+            queue=queue,
+            remote=True,
+            origin=f"remote:{queue}",
         )
 
     # -- starting ----------------------------------------------------------
@@ -331,7 +338,9 @@ class Engine:
             warnings.warn(message, SingletonFallbackWarning, stacklevel=3)
         assert run.singleton_key is not None
         key_runs = self.store.active_runs_for_key(run.workflow_name, run.singleton_key)
-        oldest = sorted((r for r in key_runs if r.status in ("running", "suspended")), key=lambda r: (r.created_at, r.run_id))
+        oldest = sorted(
+            (r for r in key_runs if r.status in ("running", "suspended")), key=lambda r: (r.created_at, r.run_id)
+        )
         if any(r.run_id == run.run_id for r in oldest[:limit]):
             return AdmissionResult.ADMITTED
         wake = self.now() + timedelta(
@@ -349,7 +358,9 @@ class Engine:
                 output = definition.body(ctx, run.input)
             output = to_json_value(output, "workflow output")
         except Suspend as parked:
-            if not self.store.park(run.run_id, owner, parked.status, self.now(), wake_at=parked.wake_at, reason=parked.reason):
+            if not self.store.park(
+                run.run_id, owner, parked.status, self.now(), wake_at=parked.wake_at, reason=parked.reason
+            ):
                 return "fenced"
             signals.run_parked.send(sender=Engine, run=run, reason=parked.reason)
             return parked.status
@@ -368,9 +379,7 @@ class Engine:
             return self._finish(run, owner, "failed", error=error)
         return self._finish(run, owner, "completed", output=output)
 
-    def _finish(
-        self, run: RunRecord, owner: str | None, status: str, *, output: Any = None, error: Any = None
-    ) -> str:
+    def _finish(self, run: RunRecord, owner: str | None, status: str, *, output: Any = None, error: Any = None) -> str:
         """Settle ``run`` by compare-and-set, then push the release (R2, S7)."""
         if not self.store.settle(run.run_id, owner, status, self.now(), output=output, error=error):
             return "fenced"
@@ -509,9 +518,7 @@ class Engine:
                 final = run.evolve(status="cancelled", error=error, admitted=False, tracked=False)
                 signals.run_finished.send(sender=Engine, run=final)
                 self.release(final)
-        limits = {
-            d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None
-        }
+        limits = {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
         if limits:
             report.caught_up = self.store.singleton_catch_up(now, limits)
         for run_id, workflow_name in self.store.due_runs(now, settings.REDELIVERY_SECONDS, settings.TICK_BATCH):

@@ -7,23 +7,23 @@ Every invalid declaration or call raises a subclass of
 from __future__ import annotations
 
 __all__ = [
-    "DurableSingletonError",
+    "ChildWorkflowError",
     "ConfigurationError",
-    "InvalidWorkflowError",
     "DuplicateWorkflowError",
-    "UnknownWorkflowError",
-    "UnknownStepError",
-    "ValidationError",
-    "InvalidRunIdError",
+    "DurableSingletonError",
     "InvalidInputError",
-    "SingletonKeyError",
-    "SingletonQueueFullError",
-    "RunNotFoundError",
+    "InvalidRunIdError",
+    "InvalidWorkflowError",
     "LeaseLostError",
     "RunCancelledError",
+    "RunNotFoundError",
     "SignalTimeoutError",
-    "ChildWorkflowError",
     "SingletonFallbackWarning",
+    "SingletonKeyError",
+    "SingletonQueueFullError",
+    "UnknownStepError",
+    "UnknownWorkflowError",
+    "ValidationError",
 ]
 
 

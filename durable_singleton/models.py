@@ -9,7 +9,7 @@ from django.utils.translation import gettext_lazy as _
 from .admission import KEY_MAX_LENGTH
 from .querysets import RunQuerySet
 
-__all__ = ["RunStatus", "SlotState", "Run", "Step", "Signal", "SingletonKey"]
+__all__ = ["Run", "RunStatus", "Signal", "SingletonKey", "SlotState", "Step"]
 
 
 class RunStatus(models.TextChoices):
@@ -58,9 +58,7 @@ class Run(models.Model):
     tags = models.JSONField(_("tags"), default=list, blank=True)
     singleton_key = models.CharField(_("singleton key"), max_length=KEY_MAX_LENGTH, null=True, blank=True)
     singleton_limit = models.PositiveIntegerField(_("singleton limit"), null=True, blank=True)
-    singleton_slot = models.CharField(
-        _("slot"), max_length=6, choices=SlotState.choices, null=True, blank=True
-    )
+    singleton_slot = models.CharField(_("slot"), max_length=6, choices=SlotState.choices, null=True, blank=True)
     singleton_tracked = models.BooleanField(_("tracked"), default=False)
     created_at = models.DateTimeField(_("created at"))
     updated_at = models.DateTimeField(_("updated at"))
@@ -89,7 +87,9 @@ class Run(models.Model):
                 name="ds_run_queue_idx",
             ),
             # Untracked active runs of an older release count as holders (S12).
-            models.Index(fields=["workflow_name", "singleton_key", "singleton_tracked", "status"], name="ds_run_legacy_idx"),
+            models.Index(
+                fields=["workflow_name", "singleton_key", "singleton_tracked", "status"], name="ds_run_legacy_idx"
+            ),
             # The tick: due runs and expired leases (S8, D4).
             models.Index(fields=["status", "wake_at"], name="ds_run_due_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="ds_run_lease_idx"),

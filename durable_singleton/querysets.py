@@ -31,8 +31,7 @@ class RunQuerySet(_Base):
     def holders(self) -> RunQuerySet:
         """Active runs that hold a slot: admitted, or untracked legacy runs (S5, S12)."""
         return self.filter(
-            models.Q(singleton_slot="holder")
-            | models.Q(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
+            models.Q(singleton_slot="holder") | models.Q(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
         )
 
     def waiting(self) -> RunQuerySet:

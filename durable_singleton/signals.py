@@ -11,7 +11,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-__all__ = ["run_created", "run_admitted", "run_parked", "run_finished", "run_dead", "connect_log_receivers"]
+__all__ = ["connect_log_receivers", "run_admitted", "run_created", "run_dead", "run_finished", "run_parked"]
 
 logger = logging.getLogger("durable_singleton")
 

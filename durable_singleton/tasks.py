@@ -11,7 +11,7 @@ from django.db import close_old_connections
 
 from .engine import get_engine
 
-__all__ = ["execute_run", "tick", "TICK_TASK", "EXECUTE_TASK", "beat_schedule"]
+__all__ = ["EXECUTE_TASK", "TICK_TASK", "beat_schedule", "execute_run", "tick"]
 
 EXECUTE_TASK = "durable_singleton.execute_run"
 TICK_TASK = "durable_singleton.tick"

@@ -87,5 +87,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"durable_singleton": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
+    "loggers": {
+        "durable_singleton": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}
+    },
 }

@@ -40,5 +40,8 @@ def audited(
             monitor.exit(key)
 
     return registry.add(
-        name, "1", body, singleton=Singleton(key=lambda i: f"key:{i['k']}", limit=limit, max_queue_depth=max_queue_depth)
+        name,
+        "1",
+        body,
+        singleton=Singleton(key=lambda i: f"key:{i['k']}", limit=limit, max_queue_depth=max_queue_depth),
     )

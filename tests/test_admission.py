@@ -26,7 +26,9 @@ from .conftest import Monitor
 from .helpers import audited
 
 
-def test_gate_runs_before_the_body_and_parks_a_younger_run(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+def test_gate_runs_before_the_body_and_parks_a_younger_run(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
     """S4, S5 step 3: a pending older run is a waiter ahead: the younger run is
     marked running, checked and parked; nothing of its body ran."""
     audited(registry, monitor)
@@ -177,7 +179,9 @@ def test_versions_share_the_key(engine: Engine, registry: Registry, monitor: Mon
         t.join(10)
 
 
-def test_admission_is_global_across_namespaces(make: Callable[..., Engine], registry: Registry, monitor: Monitor) -> None:
+def test_admission_is_global_across_namespaces(
+    make: Callable[..., Engine], registry: Registry, monitor: Monitor
+) -> None:
     """S11: engines scoped to different namespaces still share one slot per key."""
     hold = threading.Event()
     audited(registry, monitor, hold=hold)

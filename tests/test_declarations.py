@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from durable_singleton import BaseWorkflow, Singleton, WorkflowOptions, step, workflow
-from durable_singleton.definitions import Registry, registry as global_registry
+from durable_singleton.definitions import Registry
+from durable_singleton.definitions import registry as global_registry
 from durable_singleton.exceptions import (
     DuplicateWorkflowError,
     InvalidWorkflowError,

@@ -57,9 +57,7 @@ def test_key_is_computed_once_and_tagged(engine: Engine, registry: Registry, mon
         (lambda i: "x" * 192, "192 characters"),
     ],
 )
-def test_bad_key_raises_and_writes_nothing(
-    engine: Engine, registry: Registry, key_fn: Callable, problem: str
-) -> None:
+def test_bad_key_raises_and_writes_nothing(engine: Engine, registry: Registry, key_fn: Callable, problem: str) -> None:
     """S1: a key function that raises or returns a non-string/empty/oversize key: clear error, no row."""
     registry.add("bad-key", "1", lambda c, i: None, singleton={"key": key_fn})
     with pytest.raises(SingletonKeyError, match=problem):
@@ -124,7 +122,9 @@ def test_queue_cap_rejects_and_recovers(engine: Engine, registry: Registry, moni
         engine.start("wf", {"k": "A"}, run_id="a4")
 
 
-def test_cap_counts_only_engine_namespace_when_scope_reads(make: Callable[..., Engine], registry: Registry, monitor: Monitor) -> None:
+def test_cap_counts_only_engine_namespace_when_scope_reads(
+    make: Callable[..., Engine], registry: Registry, monitor: Monitor
+) -> None:
     """S15: the cap's count is scoped to the engine's namespace when scope_reads is on."""
     audited(registry, monitor, limit=1, max_queue_depth=0)
     acme = make()

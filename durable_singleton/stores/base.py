@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ..admission import ADMITTED_TAG, TRACKED_TAG, key_tag
 
-__all__ = ["RunRecord", "StepRecord", "SignalRecord", "AdmissionResult", "StateStore", "TERMINAL_STATUSES"]
+__all__ = ["TERMINAL_STATUSES", "AdmissionResult", "RunRecord", "SignalRecord", "StateStore", "StepRecord"]
 
 TERMINAL_STATUSES = ("completed", "failed", "cancelled", "dead")
 
@@ -177,9 +177,7 @@ class StateStore(Protocol):
         """Store a step result if ``owner`` still leases the running run (R4, R5)."""
         ...
 
-    def wake_singleton_waiters(
-        self, workflow_name: str, key: str, limit: int, now: datetime
-    ) -> list[str]:
+    def wake_singleton_waiters(self, workflow_name: str, key: str, limit: int, now: datetime) -> list[str]:
         """Make the oldest ``limit`` waiters of the key due now; return their ids (S7)."""
         ...
 

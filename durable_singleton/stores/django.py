@@ -261,8 +261,10 @@ class DjangoStore:
     def check_boundary(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> str:
         """Renew the lease at a step boundary; return "ok", "cancelled" or "fenced" (R5, D6)."""
         expires = now + timedelta(seconds=lease_seconds)
-        if self._runs().filter(pk=run_id, status="running", lease_owner=owner, cancel_requested=False).update(
-            lease_expires_at=expires, updated_at=now
+        if (
+            self._runs()
+            .filter(pk=run_id, status="running", lease_owner=owner, cancel_requested=False)
+            .update(lease_expires_at=expires, updated_at=now)
         ):
             return "ok"
         row = self._runs().filter(pk=run_id).values("status", "lease_owner", "cancel_requested").first()
@@ -309,9 +311,7 @@ class DjangoStore:
                 if row.status == "running":
                     changes: dict[str, Any] = {"cancel_requested": True, "updated_at": now}
                 else:
-                    changes = _terminal_fields(
-                        "cancelled", now, None, {"code": "cancelled", "message": "cancelled"}
-                    )
+                    changes = _terminal_fields("cancelled", now, None, {"code": "cancelled", "message": "cancelled"})
                     changes["cancel_requested"] = True
                 self._runs().filter(pk=run_id).update(**changes)
                 for name, value in changes.items():
@@ -364,10 +364,7 @@ class DjangoStore:
                 self._lock_key(workflow_name, key, limit)
                 runs = self._runs()
                 row = (
-                    runs.select_for_update()
-                    .filter(pk=run_id)
-                    .values("status", "lease_owner", "singleton_slot")
-                    .first()
+                    runs.select_for_update().filter(pk=run_id).values("status", "lease_owner", "singleton_slot").first()
                 )
                 if row is None or row["status"] != "running" or row["lease_owner"] != owner:
                     return AdmissionResult.GONE
@@ -463,7 +460,9 @@ class DjangoStore:
 
     # -- reads -------------------------------------------------------------
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
-        rows = self._runs().for_key(workflow_name, key).filter(status__in=ACTIVE_STATUSES).order_by("created_at", "run_id")
+        rows = (
+            self._runs().for_key(workflow_name, key).filter(status__in=ACTIVE_STATUSES).order_by("created_at", "run_id")
+        )
         return [_record(r) for r in rows]
 
     def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
@@ -491,9 +490,11 @@ class DjangoStore:
     def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
         try:
             with transaction.atomic(using=self.db):
-                if not self._runs().filter(
-                    pk=run_id, status="running", lease_owner=owner, cancel_requested=False
-                ).update(updated_at=step.finished_at):
+                if (
+                    not self._runs()
+                    .filter(pk=run_id, status="running", lease_owner=owner, cancel_requested=False)
+                    .update(updated_at=step.finished_at)
+                ):
                     return False
                 Step.objects.using(self.db).create(
                     run_id=run_id,

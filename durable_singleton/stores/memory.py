@@ -319,9 +319,7 @@ class MemoryStore:
     def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
         """Count the key's active runs, in ``namespace`` if given (S15)."""
         with self._critical():
-            return sum(
-                1 for r in self._key_runs(workflow_name, key) if namespace is None or r.namespace == namespace
-            )
+            return sum(1 for r in self._key_runs(workflow_name, key) if namespace is None or r.namespace == namespace)
 
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         with self._critical():

@@ -22,7 +22,7 @@ from ..definitions import Registry, registry
 from ..dispatch import ManualDispatcher
 from ..engine import Engine, build_store
 
-__all__ = ["make_engine", "ManualDispatcher"]
+__all__ = ["ManualDispatcher", "make_engine"]
 
 
 def make_engine(

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Create .venv with Python 3.12 and install the project.
+#   tools/bootstrap.sh          the app, the test project and the demo
+#   tools/bootstrap.sh test     also the test, database and browser dependencies
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_python() {
+  local candidate
+  for candidate in "${PYTHON:-}" python3.12 /root/.pyenv/versions/3.12*/bin/python3.12 /usr/bin/python3.12 python3.13 python3; do
+    [ -n "$candidate" ] || continue
+    if PYENV_VERSION="$(ls /root/.pyenv/versions 2>/dev/null | grep '^3\.12' | tail -1)" "$candidate" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  echo "no Python >= 3.12 found; set PYTHON=/path/to/python3.12" >&2
+  return 1
+}
+
+if [ ! -x .venv/bin/python ]; then
+  py=$(find_python)
+  PYENV_VERSION="$(ls /root/.pyenv/versions 2>/dev/null | grep '^3\.12' | tail -1)" "$py" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING' || true
+stamp=".venv/.installed-${1:-base}-$(cat setup.cfg requirements/*.txt 2>/dev/null | cksum | cut -d' ' -f1)"
+if [ ! -f "$stamp" ]; then
+  if [ "${1:-base}" = "test" ]; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/test.txt -e . 2>&1 | grep -v '^WARNING' || true
+  else
+    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/base.txt -e . 2>&1 | grep -v '^WARNING' || true
+  fi
+  .venv/bin/python -c 'import django, celery, durable_singleton' && touch "$stamp"
+fi
