@@ -1,0 +1,100 @@
+"""``manage.py durable_queues``: the admin's queue table in the terminal, or as JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from ... import queues
+
+
+class Command(BaseCommand):
+    help = (
+        "Print every workflow and key with active runs: limit, holders, waiting, the oldest waiter's age, "
+        "the cap and how full it is (the admin's queue page)."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--workflow", help="Only this workflow (exact name).")
+        parser.add_argument("--key", dest="key_contains", help="Only keys containing this text.")
+        parser.add_argument(
+            "--only",
+            choices=[name for name in queues.FILTERS if name],
+            default="",
+            help="waiting: keys with waiters; full: keys at their cap; stalled: waiters and a free slot.",
+        )
+        parser.add_argument(
+            "--sort",
+            default="-waiting",
+            help=f"One of {', '.join(queues.SORTS)}; prefix - for descending (default: -waiting).",
+        )
+        parser.add_argument("--limit", type=int, default=50, help="Rows to print (default 50; 0: all).")
+        parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+        parser.add_argument("--database", default=None, help="Database alias (default: the router's choice).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["limit"] < 0:
+            raise CommandError("--limit must be >= 0")
+        try:
+            page = queues.queue_table(
+                workflow=options["workflow"],
+                key_contains=options["key_contains"],
+                only=options["only"],
+                sort=options["sort"],
+                limit=options["limit"] or None,
+                using=options["database"],
+            )
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+        now = timezone.now()
+        if options["json"]:
+            document = {
+                "as_of": now.isoformat(),
+                "keys": page.keys,
+                "holders": page.holders,
+                "waiting": page.waiting,
+                "rows": [row.as_dict(now) for row in page.rows],
+            }
+            self.stdout.write(json.dumps(document, indent=2))
+            return
+        self.stdout.write(self._table(page, now), ending="")
+
+    def _table(self, page: queues.QueuePage, now: Any) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(
+            title=f"{page.keys} keys with active runs, {page.holders} holding, {page.waiting} waiting",
+            caption=f"as of {now:%Y-%m-%d %H:%M:%S %Z}"
+            + (f"; first {len(page.rows)} rows" if len(page.rows) < page.keys else ""),
+        )
+        table.add_column("workflow")
+        table.add_column("key", overflow="fold")
+        table.add_column("limit", justify="right")
+        table.add_column("holders", justify="right")
+        table.add_column("waiting", justify="right")
+        table.add_column("oldest waiter", justify="right")
+        table.add_column("cap", justify="right")
+        table.add_column("full", justify="right")
+        for row in page.rows:
+            fullness = row.fullness
+            table.add_row(
+                row.workflow,
+                row.key,
+                str(row.limit),
+                str(row.holders),
+                str(row.waiting),
+                queues.format_age(row.oldest_wait_seconds(now)),
+                "—" if row.max_queue_depth is None else str(row.max_queue_depth),
+                "—" if fullness is None else f"{row.active}/{row.capacity} ({fullness:.0%})",
+            )
+        buffer = io.StringIO()
+        width = shutil.get_terminal_size((120, 24)).columns
+        Console(file=buffer, width=max(width, 80), color_system=None, highlight=False).print(table)
+        return buffer.getvalue()

@@ -1,0 +1,390 @@
+"""Read-only views of the per-key queues, for the admin and ``manage.py durable_queues``.
+
+Every figure comes from a bounded number of queries, whatever the number of
+keys and runs: the queue table is one grouped query (plus one for its totals),
+a key's page three. The order of a key's waiters is the claim's order,
+``Run.objects.for_key(...).waiting()`` by (``created_at``, ``run_id``) (S5),
+and its holders are ``holders()``: admitted runs and untracked runs of an
+older release (S12). Nothing here writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import (
+    Case,
+    Count,
+    F,
+    FloatField,
+    IntegerField,
+    Max,
+    Min,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Coalesce
+
+from .admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES
+from .definitions import Registry, registry
+from .models import Run, Step
+
+__all__ = [
+    "FILTERS",
+    "SORTS",
+    "KeyQueue",
+    "QueuePage",
+    "QueueRow",
+    "QueuedRun",
+    "format_age",
+    "holder_since",
+    "key_queue",
+    "queue_table",
+    "run_place",
+    "singleton_options",
+]
+
+#: Sort names accepted by :func:`queue_table` (prefix ``-`` for descending).
+SORTS = ("workflow", "key", "limit", "holders", "waiting", "oldest", "fullness", "active")
+#: Row filters accepted by :func:`queue_table`.
+FILTERS = {
+    "": "all keys with active runs",
+    "waiting": "keys with waiters",
+    "full": "keys whose queue is at its cap",
+    "stalled": "keys with waiters and a free slot",
+}
+
+_HOLDER_Q = Q(singleton_slot="holder") | Q(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
+_WAITER_Q = Q(singleton_slot="waiter")
+
+
+def format_age(seconds: float | None) -> str:
+    """Return ``seconds`` as a short age: ``4.2 s``, ``3 min 12 s``, ``2 h 5 min``, ``3 d 4 h``."""
+    if seconds is None:
+        return "—"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One workflow and key with active runs.
+
+    ``limit`` and ``max_queue_depth`` come from the registered definition (the
+    stored limit when the workflow is not registered here); ``capacity`` is
+    ``limit + max_queue_depth``, the number of active runs at which ``start``
+    refuses new ones (S15), or None for an unbounded queue.
+    """
+
+    workflow: str
+    key: str
+    limit: int
+    holders: int
+    waiting: int
+    active: int
+    oldest_waiter_at: datetime | None
+    max_queue_depth: int | None
+
+    @property
+    def capacity(self) -> int | None:
+        """Return ``limit + max_queue_depth``, or None without a cap."""
+        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
+
+    @property
+    def fullness(self) -> float | None:
+        """Return active runs / capacity (1.0 = starts are refused), or None without a cap."""
+        capacity = self.capacity
+        if capacity is None:
+            return None
+        return self.active / capacity if capacity else 1.0
+
+    @property
+    def free_slots(self) -> int:
+        """Return the slots no holder uses (never negative)."""
+        return max(self.limit - self.holders, 0)
+
+    def oldest_wait_seconds(self, now: datetime) -> float | None:
+        """Return how long the oldest waiter has waited at ``now``, in seconds."""
+        if self.oldest_waiter_at is None:
+            return None
+        return max((now - self.oldest_waiter_at).total_seconds(), 0.0)
+
+    def as_dict(self, now: datetime) -> dict[str, Any]:
+        """Return the row as JSON-ready values (times in ISO 8601, ages in seconds)."""
+        return {
+            "workflow": self.workflow,
+            "key": self.key,
+            "limit": self.limit,
+            "holders": self.holders,
+            "waiting": self.waiting,
+            "active": self.active,
+            "oldest_waiter_at": self.oldest_waiter_at.isoformat() if self.oldest_waiter_at else None,
+            "oldest_wait_seconds": self.oldest_wait_seconds(now),
+            "max_queue_depth": self.max_queue_depth,
+            "capacity": self.capacity,
+            "fullness": self.fullness,
+        }
+
+
+@dataclass(frozen=True)
+class QueuePage:
+    """A page of :class:`QueueRow` and the totals over every matching key."""
+
+    rows: list[QueueRow]
+    keys: int
+    holders: int
+    waiting: int
+
+
+def singleton_options(reg: Registry = registry) -> dict[str, tuple[int, int | None]]:
+    """Return ``{workflow: (limit, max_queue_depth)}`` of the latest registered versions."""
+    return {
+        name: (d.singleton.limit, d.singleton.max_queue_depth)
+        for name, d in list(reg.latest.items())
+        if d.singleton is not None
+    }
+
+
+def _by_workflow(options: dict[str, Any], default: Any, output_field: Any) -> Any:
+    whens = [When(workflow_name=name, then=Value(value)) for name, value in options.items()]
+    if not whens:
+        return default
+    return Case(*whens, default=default, output_field=output_field)
+
+
+def _grouped(options: dict[str, tuple[int, int | None]], using: str | None) -> QuerySet[Any]:
+    runs = Run.objects.using(using) if using else Run.objects.all()
+    limit = _by_workflow(
+        {name: lim for name, (lim, _depth) in options.items()},
+        Coalesce(Max("singleton_limit"), Value(1)),
+        IntegerField(),
+    )
+    capacity = _by_workflow(
+        {name: lim + depth for name, (lim, depth) in options.items() if depth is not None},
+        Value(None, output_field=IntegerField()),
+        IntegerField(),
+    )
+    return (
+        runs.filter(singleton_key__isnull=False, status__in=ACTIVE_STATUSES)
+        .order_by()
+        .values("workflow_name", "singleton_key")
+        .annotate(
+            holders=Count("pk", filter=_HOLDER_Q),
+            waiting=Count("pk", filter=_WAITER_Q),
+            active=Count("pk"),
+            oldest_waiter_at=Min("created_at", filter=_WAITER_Q),
+            limit=limit,
+            capacity=capacity,
+        )
+        .annotate(fullness=Cast(F("active"), FloatField()) / Cast(F("capacity"), FloatField()))
+    )
+
+
+def _order(sort: str) -> list[Any]:
+    descending = sort.startswith("-")
+    name = sort.lstrip("-")
+    if name not in SORTS:
+        raise ValueError(f"unknown sort {sort!r}; use one of {', '.join(SORTS)} (prefix - for descending)")
+    column = {"workflow": "workflow_name", "key": "singleton_key", "oldest": "oldest_waiter_at"}.get(name, name)
+    expression = F(column).desc(nulls_last=True) if descending else F(column).asc(nulls_last=True)
+    return [expression, "workflow_name", "singleton_key"]
+
+
+def queue_table(
+    *,
+    workflow: str | None = None,
+    key_contains: str | None = None,
+    only: str = "",
+    sort: str = "-waiting",
+    offset: int = 0,
+    limit: int | None = 100,
+    reg: Registry = registry,
+    using: str | None = None,
+) -> QueuePage:
+    """Return the queue table: every workflow and key with active runs, in two queries.
+
+    ``workflow``: exact workflow name; ``key_contains``: a substring of the
+    key; ``only``: one of :data:`FILTERS`; ``sort``: one of :data:`SORTS`,
+    ``-`` first for descending (``oldest`` sorts by the oldest waiter's
+    creation, so ``oldest`` puts the longest wait first). ``offset``/``limit``
+    page the rows (``limit=None``: all).
+
+    Raises ValueError for an unknown ``sort`` or ``only``.
+    """
+    if only not in FILTERS:
+        raise ValueError(f"unknown filter {only!r}; use one of {', '.join(repr(f) for f in FILTERS)}")
+    options = singleton_options(reg)
+    rows = _grouped(options, using)
+    if workflow:
+        rows = rows.filter(workflow_name=workflow)
+    if key_contains:
+        rows = rows.filter(singleton_key__contains=key_contains)
+    if only == "waiting":
+        rows = rows.filter(waiting__gt=0)
+    elif only == "full":
+        rows = rows.filter(fullness__gte=1.0)
+    elif only == "stalled":
+        rows = rows.filter(waiting__gt=0, holders__lt=F("limit"))
+    totals = _totals(rows)
+    ordered = rows.order_by(*_order(sort))
+    window = ordered[offset : offset + limit] if limit is not None else ordered[offset:]
+    page = [
+        QueueRow(
+            workflow=r["workflow_name"],
+            key=r["singleton_key"],
+            limit=r["limit"],
+            holders=r["holders"],
+            waiting=r["waiting"],
+            active=r["active"],
+            oldest_waiter_at=r["oldest_waiter_at"],
+            max_queue_depth=options.get(r["workflow_name"], (0, None))[1],
+        )
+        for r in window
+    ]
+    return QueuePage(page, *totals)
+
+
+def _totals(rows: QuerySet[Any]) -> tuple[int, int, int]:
+    totals = rows.aggregate(keys=Count("singleton_key"), holders_sum=Sum("holders"), waiting_sum=Sum("waiting"))
+    return totals["keys"] or 0, totals["holders_sum"] or 0, totals["waiting_sum"] or 0
+
+
+@dataclass(frozen=True)
+class QueuedRun:
+    """A holder or a waiter of a key, as its queue page shows it."""
+
+    run: Run
+    position: int | None
+    first_step_at: datetime | None
+
+    @property
+    def since(self) -> datetime | None:
+        """Return when a holder took its slot, as well as it is known (see :func:`holder_since`)."""
+        return holder_since(self.run, self.first_step_at)
+
+
+@dataclass(frozen=True)
+class KeyQueue:
+    """One key's queue: holders, a page of waiters in admission order, counts."""
+
+    workflow: str
+    key: str
+    limit: int
+    max_queue_depth: int | None
+    holders: list[QueuedRun]
+    waiters: list[QueuedRun]
+    waiting: int
+    offset: int
+
+    @property
+    def capacity(self) -> int | None:
+        """Return ``limit + max_queue_depth``, or None without a cap."""
+        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
+
+
+def _first_step_at() -> Subquery:
+    return Subquery(Step.objects.filter(run=OuterRef("pk")).order_by("position").values("started_at")[:1])
+
+
+def key_queue(
+    workflow: str,
+    key: str,
+    *,
+    offset: int = 0,
+    limit: int = 100,
+    reg: Registry = registry,
+    using: str | None = None,
+) -> KeyQueue:
+    """Return the queue of one workflow and key in three queries.
+
+    Holders are ``holders()`` in creation order (at most ``limit`` + 100 are
+    listed); waiters are ``waiting()``, exactly the claim's order (S5 step 3),
+    paged by ``offset``/``limit``, with their 1-based positions.
+    """
+    runs = (Run.objects.using(using) if using else Run.objects.all()).for_key(workflow, key)
+    options = singleton_options(reg).get(workflow)
+    holder_rows = list(runs.holders().annotate(first_step_at=_first_step_at()).order_by("created_at", "run_id")[:200])
+    waiting = runs.waiting()
+    total = waiting.count()
+    waiter_rows = list(waiting.annotate(first_step_at=_first_step_at())[offset : offset + limit])
+    if options is not None:
+        key_limit, depth = options
+    else:
+        stored = [r.singleton_limit for r in [*holder_rows, *waiter_rows] if r.singleton_limit]
+        key_limit, depth = (max(stored) if stored else 1), None
+    return KeyQueue(
+        workflow=workflow,
+        key=key,
+        limit=key_limit,
+        max_queue_depth=depth,
+        holders=[QueuedRun(r, None, r.first_step_at) for r in holder_rows],
+        waiters=[QueuedRun(r, offset + n + 1, r.first_step_at) for n, r in enumerate(waiter_rows)],
+        waiting=total,
+        offset=offset,
+    )
+
+
+def holder_since(run: Run, first_step_at: datetime | None) -> datetime | None:
+    """Return when ``run`` took its slot, as well as the stored columns tell.
+
+    No column records the admission itself. A run admitted on its first turn
+    (one attempt) took its slot at ``started_at``; otherwise the body's first
+    step started just after admission; with neither, None.
+    """
+    if run.attempts <= 1 and run.started_at is not None:
+        return run.started_at
+    return first_step_at
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a run stands in its key's queue (S5)."""
+
+    kind: str  # "none", "holder", "waiter", "legacy-pending", "terminal"
+    position: int | None = None
+    holders: tuple[str, ...] = ()
+    since: datetime | None = None
+
+
+def run_place(run: Run, *, using: str | None = None) -> Place:
+    """Return ``run``'s place: holder since when, or waiter at position N behind named holders.
+
+    At most three queries (first step, position, holders).
+    """
+    if run.singleton_key is None:
+        return Place("none")
+    if run.status not in ACTIVE_STATUSES:
+        return Place("terminal")
+    runs = (Run.objects.using(using) if using else Run.objects.all()).for_key(run.workflow_name, run.singleton_key)
+    is_legacy_holder = not run.singleton_tracked and run.status in HOLDING_LEGACY_STATUSES
+    if run.singleton_slot == "holder" or is_legacy_holder:
+        first = Step.objects.filter(run_id=run.pk).order_by("position").values_list("started_at", flat=True).first()
+        return Place("holder", since=holder_since(run, first))
+    holders = tuple(runs.holders().order_by("created_at", "run_id").values_list("run_id", flat=True)[:20])
+    if run.singleton_slot != "waiter":
+        return Place("legacy-pending", holders=holders)
+    waiting = runs.waiting()
+    ahead = waiting.filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id))
+    return Place("waiter", position=ahead.count() + 1, holders=holders)
+
+
+def iter_rows(page: QueuePage, now: datetime) -> Iterable[dict[str, Any]]:
+    """Yield the rows of ``page`` as JSON-ready dicts."""
+    for row in page.rows:
+        yield row.as_dict(now)
