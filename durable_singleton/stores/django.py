@@ -138,6 +138,14 @@ class DjangoStore:
                 time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
+    def _ensure_key(self, workflow_name: str, key: str, limit: int | None) -> None:
+        """Create the key's lock row if it does not exist, without locking an existing one."""
+        db = self.db
+        if not SingletonKey.objects.using(db).filter(workflow_name=workflow_name, key=key).exists():
+            SingletonKey.objects.using(db).bulk_create(
+                [SingletonKey(workflow_name=workflow_name, key=key, limit=limit or 1)], ignore_conflicts=True
+            )
+
     def _lock_key(self, workflow_name: str, key: str, limit: int | None) -> SingletonKey | None:
         """Lock the key's row (creating it if missing); return it.
 
@@ -154,9 +162,7 @@ class DjangoStore:
                 row = keys.select_for_update().first()
                 if row is not None:
                     return row
-            SingletonKey.objects.using(db).bulk_create(
-                [SingletonKey(workflow_name=workflow_name, key=key, limit=limit or 1)], ignore_conflicts=True
-            )
+            self._ensure_key(workflow_name, key, limit)
         return None
 
     # -- runs --------------------------------------------------------------
@@ -171,14 +177,15 @@ class DjangoStore:
                 if existing is not None:
                     return _record(existing), False
                 if run.singleton_key is not None:
-                    key_row = self._lock_key(run.workflow_name, run.singleton_key, run.singleton_limit)
-                    if key_row is not None and run.singleton_limit and key_row.limit != run.singleton_limit:
-                        SingletonKey.objects.using(db).filter(pk=key_row.pk).update(limit=run.singleton_limit)
                     if cap is not None:
+                        # The cap's count and the insert are serialized per key (S15, F5).
+                        self._lock_key(run.workflow_name, run.singleton_key, run.singleton_limit)
                         count = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace)
                         if count >= cap:
                             limit = run.singleton_limit or 1
                             raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - limit)
+                    else:
+                        self._ensure_key(run.workflow_name, run.singleton_key, run.singleton_limit)
                 self._runs().create(
                     run_id=run.run_id,
                     workflow_name=run.workflow_name,
@@ -241,14 +248,16 @@ class DjangoStore:
         }
         if row.started_at is None:
             changes["started_at"] = now
-        # Compare-and-set on (status, attempts): attempts grows with every
-        # claim, so exactly one of two racing callers wins (R6).
-        won = self._runs().filter(pk=run_id, status=row.status, attempts=row.attempts).update(**changes)
-        if not won:
+        if not self._write_claim(run_id, row.status, row.attempts, changes):
             return ClaimResult(None)
         for name, value in changes.items():
             setattr(row, name, value)
         return ClaimResult(_record(row), recovered=recovered)
+
+    def _write_claim(self, run_id: str, status: str, attempts: int, changes: dict[str, Any]) -> bool:
+        """Compare-and-set on (status, attempts): attempts grows with every
+        claim, so exactly one of two racing callers wins (R6)."""
+        return bool(self._runs().filter(pk=run_id, status=status, attempts=attempts).update(**changes))
 
     def renew_lease(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> bool:
         """Extend the lease if ``owner`` still holds it on a running run (R5)."""
@@ -361,7 +370,9 @@ class DjangoStore:
 
         def claim() -> AdmissionResult:
             with transaction.atomic(using=self.db):
-                self._lock_key(workflow_name, key, limit)
+                key_row = self._lock_key(workflow_name, key, limit)
+                if key_row is not None and key_row.limit != limit:
+                    SingletonKey.objects.using(self.db).filter(pk=key_row.pk).update(limit=limit)
                 runs = self._runs()
                 row = (
                     runs.select_for_update().filter(pk=run_id).values("status", "lease_owner", "singleton_slot").first()
