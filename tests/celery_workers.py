@@ -1,0 +1,227 @@
+"""Real Celery worker processes for tests.
+
+``celery_workers`` (a fixture) starts ``celery -A testproject worker``
+subprocesses on the test database and the test broker, waits until each logs
+that it is ready, and in teardown stops them by PID (SIGTERM, then SIGKILL of
+the worker's own process group). Each worker's log is kept in the test's
+``tmp_path`` and can be read while the test runs (``workers.logs()``), e.g.
+to show in an assertion message.
+
+Use in a test module::
+
+    from .celery_workers import celery_stack_missing, celery_workers  # noqa: F401 (fixture)
+
+    @pytest.mark.celery
+    @pytest.mark.django_db(transaction=True)  # workers must see committed rows
+    def test_something(celery_workers):
+        if reason := celery_stack_missing():
+            pytest.skip(reason)
+        (worker,) = celery_workers.start(1, concurrency=2)
+        ...
+        worker.kill()                         # SIGKILL the main process by PID
+        worker.kill_children()                # or only its prefork children
+
+Worker processes open the database by ``DATABASE_URL`` built from the test
+connection's settings, so they use pytest-django's test database
+(``test_<name>``) rather than the configured one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from durable_singleton.demo import database_url
+
+__all__ = ["CeleryWorkers", "WorkerProcess", "celery_stack_missing", "celery_workers", "worker_env"]
+
+REPO = Path(__file__).resolve().parent.parent
+READY_MARK = b" ready."
+READY_TIMEOUT = 60.0
+STOP_TIMEOUT = 15.0
+
+
+def celery_stack_missing(vendors: tuple[str, ...] = ("postgresql",)) -> str | None:
+    """Return why real workers cannot run here, or None: the test database must
+    be one of ``vendors`` and ``CELERY_BROKER_URL`` a ``redis://`` URL."""
+    broker = str(getattr(settings, "CELERY_BROKER_URL", "") or "")
+    if connection.vendor not in vendors:
+        return f"needs DATABASE_URL on {' or '.join(vendors)} (this run uses {connection.vendor})"
+    if not broker.startswith(("redis://", "rediss://")):
+        return f"needs CELERY_BROKER_URL=redis://... (this run uses {broker or 'no broker'})"
+    return None
+
+
+def worker_env(**overrides: str) -> dict[str, str]:
+    """Return the environment of a worker process: this one's, with the test
+    database, the test broker and ``DURABLE_DISPATCH=celery``; ``overrides`` last."""
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="testproject.settings",
+        DATABASE_URL=database_url(connection.settings_dict),
+        CELERY_BROKER_URL=str(settings.CELERY_BROKER_URL),
+        DURABLE_DISPATCH="celery",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
+    env.update(overrides)
+    return env
+
+
+def _children(pid: int) -> list[int]:
+    """Return the PIDs of ``pid``'s direct children (Linux /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            found += [int(child) for child in (task / "children").read_text().split()]
+    return found
+
+
+@dataclass
+class WorkerProcess:
+    """One ``celery worker`` process (with its prefork children) and its log."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def pid(self) -> int:
+        """Return the main process's PID (also its process group id)."""
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        """Tell whether the main process is still running."""
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        """Return the worker's log so far."""
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def children(self) -> list[int]:
+        """Return the PIDs of the worker's pool processes."""
+        return _children(self.pid)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (default SIGKILL) to the main process, by PID."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, sig)
+
+    def kill_children(self, sig: int = signal.SIGKILL) -> list[int]:
+        """Send ``sig`` to each pool process, by PID; return their PIDs."""
+        pids = self.children()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        return pids
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
+        """Wait until the worker logs that it is ready.
+
+        Raises :class:`RuntimeError` (with the log) if it exits or times out.
+        """
+        deadline = time.monotonic() + timeout
+        while not (self.log_path.exists() and READY_MARK in self.log_path.read_bytes()):
+            if not self.alive():
+                raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.name} not ready within {timeout:.0f} s:\n{self.log()}")
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = STOP_TIMEOUT, *, term: bool = True) -> None:
+        """Warm-stop by PID (SIGTERM, unless ``term`` is false because it was
+        sent already); SIGKILL the worker's process group if it lingers or left
+        orphaned pool processes behind."""
+        if term and self.alive():
+            self.kill(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout)
+        # The group is this worker's own (start_new_session): it holds only
+        # the worker and its pool processes, e.g. children left by a SIGKILL.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout)
+
+
+@dataclass
+class CeleryWorkers:
+    """Starts and stops worker processes for one test; logs go to ``log_dir``."""
+
+    log_dir: Path
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    def start(
+        self,
+        count: int = 1,
+        *,
+        concurrency: int = 1,
+        pool: str = "prefork",
+        queues: str | None = None,
+        env: Mapping[str, str] | None = None,
+        extra_args: tuple[str, ...] = (),
+        wait: bool = True,
+    ) -> list[WorkerProcess]:
+        """Start ``count`` workers with ``concurrency`` pool processes each and
+        wait until all are ready (unless ``wait`` is false).
+
+        ``env`` defaults to :func:`worker_env`; ``queues`` is passed as ``-Q``.
+        """
+        env = dict(env) if env is not None else worker_env()
+        started = []
+        for _ in range(count):
+            name = f"w{len(self.workers)}-{os.getpid()}"
+            log_path = self.log_dir / f"{name}.log"
+            args = [
+                sys.executable, "-m", "celery", "-A", "testproject", "worker",
+                "--loglevel=INFO", f"--pool={pool}", f"--concurrency={concurrency}", "-n", f"{name}@%h",
+                "--without-gossip", "--without-mingle", "--without-heartbeat",
+            ]  # fmt: skip
+            if queues:
+                args += ["-Q", queues]
+            args += list(extra_args)
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            worker = WorkerProcess(name, proc, log_path)
+            self.workers.append(worker)
+            started.append(worker)
+        if wait:
+            for worker in started:
+                worker.wait_ready()
+        return started
+
+    def stop(self) -> None:
+        """Stop every worker (see :meth:`WorkerProcess.stop`)."""
+        for worker in self.workers:
+            if worker.alive():
+                worker.kill(signal.SIGTERM)
+        for worker in self.workers:
+            worker.stop(term=False)
+
+    def logs(self) -> str:
+        """Return every worker's log, each under a header."""
+        return "\n".join(f"--- {w.name} (pid {w.pid}) ---\n{w.log()}" for w in self.workers)
+
+
+@pytest.fixture
+def celery_workers(tmp_path: Path) -> Iterator[CeleryWorkers]:
+    """Yield a :class:`CeleryWorkers`; every worker it started is stopped afterwards."""
+    log_dir = tmp_path / "celery-workers"
+    log_dir.mkdir()
+    workers = CeleryWorkers(log_dir)
+    try:
+        yield workers
+    finally:
+        workers.stop()
