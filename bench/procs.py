@@ -1,0 +1,150 @@
+"""Worker processes of the benchmark: Celery workers and beat, the dj-queue and procrastinate workers.
+
+Every process is started in its own session with its output in the run's
+log folder, and stopped by its PID (SIGTERM to its group, then SIGKILL).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = Path(sys.executable).parent
+
+
+@dataclass
+class Proc:
+    """A started worker process and its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        """Tell whether the process is still running."""
+        return self.process.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the process group, wait ``timeout`` seconds, then SIGKILL it."""
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(5)
+
+
+class Procs:
+    """Starts processes with the benchmark's environment; stops them all on exit."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        self.env = env
+        self.log_dir = log_dir
+        self.started: list[Proc] = []
+
+    def start(self, name: str, argv: Sequence[str], extra_env: dict[str, str] | None = None) -> Proc:
+        """Start ``argv`` as ``name`` (its output goes to ``<log_dir>/<name>.log``)."""
+        log = self.log_dir / f"{name}.log"
+        with log.open("ab") as out:
+            process = subprocess.Popen(
+                list(argv),
+                cwd=ROOT,
+                env={**self.env, **(extra_env or {})},
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = Proc(name, process, log)
+        self.started.append(proc)
+        return proc
+
+    def stop(self, procs: Sequence[Proc]) -> None:
+        """Stop ``procs`` (in reverse order)."""
+        for proc in reversed(list(procs)):
+            proc.stop()
+            if proc in self.started:
+                self.started.remove(proc)
+
+    def stop_all(self) -> None:
+        """Stop every process still running."""
+        self.stop(list(self.started))
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[Procs]:
+        """Stop every started process when the block ends, whatever happens."""
+        try:
+            yield self
+        finally:
+            self.stop_all()
+
+
+def celery_worker_argv(name: str, concurrency: int, pool: str) -> list[str]:
+    """Return the command line of one Celery worker process (shared by the baseline and ours)."""
+    return [
+        str(VENV_BIN / "celery"),
+        "-A",
+        "bench.celery_app:app",
+        "worker",
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-n",
+        f"{name}@%h",
+        "-O",
+        "fair",
+        "--prefetch-multiplier",
+        "1",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-l",
+        "WARNING",
+    ]
+
+
+def celery_beat_argv(schedule_file: Path) -> list[str]:
+    """Return the command line of the Celery beat that sends the durable tick."""
+    return [
+        str(VENV_BIN / "celery"),
+        "-A",
+        "bench.celery_app:app",
+        "beat",
+        "-s",
+        str(schedule_file),
+        "--max-interval",
+        "1",
+        "-l",
+        "WARNING",
+    ]
+
+
+def django_admin_argv(*args: str) -> list[str]:
+    """Return a ``django-admin`` command line on the bench settings."""
+    return [sys.executable, "-m", "django", *args]
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str, every: float = 0.05) -> float:
+    """Poll ``check`` every ``every`` seconds until it is true; return the seconds waited.
+
+    Raises :class:`TimeoutError` naming ``what`` after ``timeout`` seconds.
+    """
+    started = time.monotonic()
+    while True:
+        if check():
+            return time.monotonic() - started
+        if time.monotonic() - started > timeout:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(every)

@@ -1,0 +1,308 @@
+"""Targets, ratios, the printed table (rich) and the JSON file of a benchmark run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .procs import ROOT
+
+
+@dataclass
+class Target:
+    """One target of the issue: a measured ratio (or figure) against its bound."""
+
+    name: str
+    figure: str
+    value: float
+    reference: str
+    ratio: float
+    bound: str
+    ok: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the target as plain JSON data."""
+        return {
+            "name": self.name,
+            "figure": self.figure,
+            "value": _num(self.value),
+            "reference": self.reference,
+            "ratio": _num(self.ratio),
+            "bound": self.bound,
+            "ok": self.ok,
+        }
+
+
+def _num(value: float) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else round(value, 4)
+
+
+def _get(raw: dict[str, Any], *path: str) -> Any:
+    node: Any = raw
+    for part in path:
+        if not isinstance(node, dict) or part not in node:
+            return math.nan
+        node = node[part]
+    return node
+
+
+def _div(a: float, b: float) -> float:
+    try:
+        return a / b
+    except (TypeError, ZeroDivisionError):
+        return math.nan
+
+
+def targets(raw: dict[str, Any]) -> list[Target]:
+    """Compute each target of the issue from the raw figures of one run."""
+    out = []
+    rt = _get(raw, "baseline", "round_trip", "p50_ms")
+    hp50 = _get(raw, "handoff", "handoff", "terminal_to_entry", "p50_ms")
+    hp99 = _get(raw, "handoff", "handoff", "terminal_to_entry", "p99_ms")
+    ratio = _div(hp50, rt)
+    out.append(
+        Target("handoff p50", "ms", hp50, f"baseline round trip p50 {rt:.2f} ms", ratio, "<= 2.5x", ratio <= 2.5)
+    )
+    out.append(Target("handoff p99", "ms", hp99, "absolute", math.nan, "< 25 ms", hp99 < 25))
+    drain = _get(raw, "drain", "runs_per_s")
+    djq = _get(raw, "peers", "dj_queue", "hot_key", "runs_per_s")
+    pc = _get(raw, "peers", "procrastinate", "hot_key", "runs_per_s")
+    ratio = _div(drain, djq)
+    out.append(
+        Target("hot-key drain vs dj-queue", "runs/s", drain, f"dj-queue {djq:.1f} runs/s", ratio, ">= 3x", ratio >= 3)
+    )
+    ratio = _div(drain, pc)
+    out.append(
+        Target(
+            "hot-key drain vs procrastinate",
+            "runs/s",
+            drain,
+            f"procrastinate {pc:.1f} runs/s",
+            ratio,
+            "> 1x",
+            ratio > 1,
+        )
+    )
+    many = _get(raw, "many_keys", "runs_per_s")
+    tasks = _get(raw, "baseline", "independent", "tasks_per_s")
+    ratio = _div(many, tasks)
+    out.append(Target("many keys", "runs/s", many, f"baseline {tasks:.0f} tasks/s", ratio, ">= 0.7x", ratio >= 0.7))
+    claims = _get(raw, "claims")
+    if isinstance(claims, dict) and claims:
+        sizes = sorted(claims, key=int)
+        small, big = claims[sizes[0]], claims[sizes[-1]]
+        ratio = _div(big["p50_ms"], small["p50_ms"])
+        out.append(
+            Target(
+                f"claim latency at {sizes[-1]} waiters",
+                "ms p50",
+                big["p50_ms"],
+                f"{small['p50_ms']:.2f} ms at {sizes[0]}",
+                ratio,
+                "<= 1.5x",
+                ratio <= 1.5,
+            )
+        )
+        counts = {s: claims[s]["statements"] for s in sizes}
+        same = len(set(counts.values())) == 1
+        out.append(
+            Target(
+                "statements per claim",
+                "count",
+                float(big["statements"]),
+                ", ".join(f"{c} at {s}" for s, c in counts.items()),
+                math.nan,
+                "same at every size",
+                same,
+            )
+        )
+    rate = _get(raw, "backlog", "statements_per_s")
+    waiters = _get(raw, "backlog", "waiters")
+    out.append(
+        Target(f"parked backlog ({waiters} waiters)", "stmt/s", rate, "absolute", math.nan, "<= 50/s", rate <= 50)
+    )
+    idle = _get(raw, "lane", "idle", "p99_ms")
+    busy = _get(raw, "lane", "during_burst", "p99_ms")
+    out.append(
+        Target(
+            "key B p99 start delay in A's burst",
+            "ms",
+            busy,
+            f"idle p99 {idle:.1f} ms",
+            busy - idle,
+            "<= idle + 100 ms",
+            busy - idle <= 100,
+        )
+    )
+    return out
+
+
+def concurrency_rows(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Return (scenario, concurrency report) for every audited workload of the run."""
+    rows = []
+    for label, path in (
+        ("2 handoff", ("handoff", "concurrency")),
+        ("3 hot-key drain", ("drain", "concurrency")),
+        ("4 many keys", ("many_keys", "concurrency")),
+        ("6 key B idle", ("lane", "idle", "concurrency")),
+        ("6 key B in burst", ("lane", "during_burst", "concurrency")),
+        ("7 dj-queue hot key", ("peers", "dj_queue", "hot_key", "concurrency")),
+        ("7 dj-queue many keys", ("peers", "dj_queue", "many_keys", "concurrency")),
+        ("7 procrastinate hot key", ("peers", "procrastinate", "hot_key", "concurrency")),
+        ("7 procrastinate many keys", ("peers", "procrastinate", "many_keys", "concurrency")),
+    ):
+        report = _get(raw, *path)
+        if isinstance(report, dict):
+            rows.append((label, report))
+    return rows
+
+
+def figure_rows(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Return (scenario, figure, value) rows of the raw figures worth printing."""
+    rows: list[tuple[str, str, str]] = []
+
+    def add(label: str, figure: str, *path: str, fmt: str = "{:.2f}") -> None:
+        value = _get(raw, *path)
+        if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
+            rows.append((label, figure, fmt.format(value)))
+
+    for which in ("baseline", "baseline_end"):
+        label = "1 Celery" if which == "baseline" else "1 Celery (again, at the end)"
+        add(label, "round trip p50 / p99 ms", which, "round_trip", "p50_ms")
+        if rows and rows[-1][0] == label:
+            rows[-1] = (label, rows[-1][1], f"{rows[-1][2]} / {_get(raw, which, 'round_trip', 'p99_ms'):.2f}")
+        add(label, "serial chain links/s", which, "chain", "links_per_s", fmt="{:.0f}")
+        add(label, "independent no-ops tasks/s", which, "independent", "tasks_per_s", fmt="{:.0f}")
+    for label, key in (("2 handoff (ours)", "handoff"), ("3 hot-key drain (ours)", "drain")):
+        for kind in ("terminal_to_entry", "exit_to_entry"):
+            p50 = _get(raw, key, "handoff", kind, "p50_ms")
+            p99 = _get(raw, key, "handoff", kind, "p99_ms")
+            if not math.isnan(p50):
+                rows.append((label, f"handoff {kind.replace('_', ' ')} p50 / p99 ms", f"{p50:.2f} / {p99:.2f}"))
+        add(label, "runs/s", key, "runs_per_s", fmt="{:.0f}")
+    add("4 many keys (ours)", "runs/s", "many_keys", "runs_per_s", fmt="{:.0f}")
+    for size in sorted(_get(raw, "claims") if isinstance(_get(raw, "claims"), dict) else {}, key=int):
+        p50 = _get(raw, "claims", size, "p50_ms")
+        p99 = _get(raw, "claims", size, "p99_ms")
+        n = _get(raw, "claims", size, "statements")
+        rows.append(("5 claim (ours)", f"{size} waiters: p50 / p99 ms, statements", f"{p50:.2f} / {p99:.2f}, {n}"))
+    add("5 parked backlog (ours)", "statements/s (pg_stat_statements)", "backlog", "statements_per_s")
+    add(
+        "5 parked backlog (ours)",
+        "statements/s without BEGIN/COMMIT",
+        "backlog",
+        "statements_per_s_without_begin_commit",
+    )
+    add("5 parked backlog (ours)", "transactions/s (pg_stat_database)", "backlog", "transactions_per_s")
+    for which, label in (("idle", "idle"), ("during_burst", "during A's burst")):
+        p50 = _get(raw, "lane", which, "p50_ms")
+        p99 = _get(raw, "lane", which, "p99_ms")
+        n = _get(raw, "lane", which, "n")
+        if not math.isnan(p50):
+            rows.append(("6 key B start delay (ours)", f"{label}: p50 / p99 ms (n)", f"{p50:.1f} / {p99:.1f} ({n})"))
+    add("6 burst on key A", "starts/s while landing", "lane", "burst", "starts_per_s", fmt="{:.0f}")
+    add("6 burst on key A", "seconds until every turn parked", "lane", "burst", "settle_seconds", fmt="{:.1f}")
+    for peer, label in (("dj_queue", "7 dj-queue"), ("procrastinate", "7 procrastinate")):
+        ver = _get(raw, "peers", peer, "version")
+        if isinstance(ver, str):
+            label = f"{label} {ver}"
+        add(label, "hot-key drain runs/s", "peers", peer, "hot_key", "runs_per_s", fmt="{:.1f}")
+        p50 = _get(raw, "peers", peer, "hot_key", "handoff", "exit_to_entry", "p50_ms")
+        p99 = _get(raw, "peers", peer, "hot_key", "handoff", "exit_to_entry", "p99_ms")
+        if not math.isnan(p50):
+            rows.append((label, "handoff exit to entry p50 / p99 ms", f"{p50:.1f} / {p99:.1f}"))
+        add(label, "many keys runs/s", "peers", peer, "many_keys", "runs_per_s", fmt="{:.0f}")
+    return rows
+
+
+def render(raw: dict[str, Any], found: list[Target], console: Console | None = None) -> None:
+    """Print the figures, the targets and the concurrency audit as tables."""
+    console = console or Console(width=160)
+    table = Table(title="Figures (one run)")
+    for column in ("scenario", "figure", "value"):
+        table.add_column(column)
+    for row in figure_rows(raw):
+        table.add_row(*row)
+    console.print(table)
+    table = Table(title="Targets (ratios to figures of the same run)")
+    for column in ("target", "measured", "reference", "ratio", "bound", "met"):
+        table.add_column(column)
+    for t in found:
+        measured = "n/a" if math.isnan(t.value) else f"{t.value:.2f} {t.figure}"
+        ratio = "" if math.isnan(t.ratio) else f"{t.ratio:.2f}"
+        table.add_row(t.name, measured, t.reference, ratio, t.bound, "yes" if t.ok else "NO")
+    console.print(table)
+    table = Table(title="Highest concurrency seen per key (audit of body entry and exit)")
+    for column in ("workload", "keys", "max seen", "limit", "ok"):
+        table.add_column(column)
+    for label, report in concurrency_rows(raw):
+        table.add_row(
+            label, str(report["keys"]), str(report["max_seen"]), str(report["limit"]), "yes" if report["ok"] else "NO"
+        )
+    console.print(table)
+    for name, error in raw.get("errors", {}).items():
+        console.print(f"[red]{name} failed:[/red] {error}")
+
+
+def versions(pg_version: str, redis_version: str) -> dict[str, str]:
+    """Return the versions of everything measured."""
+    out = {"python": platform.python_version(), "postgresql": pg_version, "redis": redis_version}
+    for package in ("django", "celery", "kombu", "redis", "psycopg", "dj-queue", "procrastinate", "durable-singleton"):
+        try:
+            out[package if package != "redis" else "redis-py"] = version(package)
+        except PackageNotFoundError:
+            out[package] = "not installed"
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "durable_singleton"], cwd=ROOT, capture_output=True, text=True
+        ).stdout
+        out["durable_singleton_commit"] = commit + ("+dirty" if dirty.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        out["durable_singleton_commit"] = "unknown"
+    return out
+
+
+def machine() -> dict[str, Any]:
+    """Return the machine's core count, load and platform."""
+    return {
+        "cores": os.cpu_count(),
+        "load_average": os.getloadavg(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+    }
+
+
+def _clean(node: Any) -> Any:
+    """Return ``node`` with NaN and infinities as None (strict JSON)."""
+    if isinstance(node, float):
+        return node if math.isfinite(node) else None
+    if isinstance(node, dict):
+        return {str(k): _clean(v) for k, v in node.items()}
+    if isinstance(node, (list, tuple)):
+        return [_clean(v) for v in node]
+    return node
+
+
+def write(raw: dict[str, Any], found: list[Target], out_dir: Path, stamp: str) -> Path:
+    """Write the run's JSON to ``out_dir/bench-<stamp>.json`` (and ``latest.json``); return its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = _clean({**raw, "targets": [t.as_dict() for t in found]})
+    text = json.dumps(doc, indent=2, default=str, allow_nan=False)
+    path = out_dir / f"bench-{stamp}.json"
+    path.write_text(text)
+    (out_dir / "latest.json").write_text(text)
+    return path

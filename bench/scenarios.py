@@ -1,0 +1,543 @@
+"""The scenarios of issue #4, each returning its raw figures as a dict.
+
+Times are wall-clock epoch seconds (``time.time()``) taken in the runner and
+in the bodies on the same machine; durations are reported in milliseconds.
+Every body is audited (:mod:`bench.audit`), and every scenario reports the
+highest concurrency seen per key.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from durable_singleton.engine import Engine
+from durable_singleton.models import Run
+
+from . import audit
+from .procs import ROOT, wait_until
+from .workflows import WORKFLOW
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    """Return the ``q`` quantile (0..1) of ``values``, linearly interpolated; NaN if empty."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    k = (len(ordered) - 1) * q
+    low = math.floor(k)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (k - low)
+
+
+def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
+    """Return count, p50, p99, mean and max of ``seconds``, in milliseconds."""
+    ms = [s * 1000 for s in seconds]
+    return {
+        "n": len(ms),
+        "p50_ms": pct(ms, 0.5),
+        "p99_ms": pct(ms, 0.99),
+        "mean_ms": sum(ms) / len(ms) if ms else math.nan,
+        "max_ms": max(ms) if ms else math.nan,
+    }
+
+
+def concurrency_report(tag: str, limit: int | None) -> dict[str, Any]:
+    """Return the highest concurrency seen over the keys of scenario ``tag``, and the keys over ``limit``."""
+    seen = audit.max_concurrency(tag)
+    top = max(seen.values(), default=0)
+    over = sorted(k for k, n in seen.items() if limit is not None and n > limit)
+    return {"limit": limit, "keys": len(seen), "max_seen": top, "keys_over_limit": over[:20], "ok": not over}
+
+
+def sequence_handoffs(events: Sequence[audit.Event], terminal: dict[str, float] | None = None) -> dict[str, Any]:
+    """Return the handoffs of one key's serial bodies: next entry minus previous exit (and terminal)."""
+    entered: dict[str, float] = {}
+    left: dict[str, float] = {}
+    for e in events:
+        (entered if e.kind == "E" else left)[e.run] = e.at
+    order = sorted(entered, key=entered.__getitem__)
+    by_exit = []
+    by_terminal = []
+    for before, after in itertools.pairwise(order):
+        if before in left:
+            by_exit.append(entered[after] - left[before])
+        if terminal is not None and before in terminal:
+            by_terminal.append(entered[after] - terminal[before])
+    out: dict[str, Any] = {"exit_to_entry": summary_ms(by_exit)}
+    if terminal is not None:
+        out["terminal_to_entry"] = summary_ms(by_terminal)
+    return out
+
+
+def handoff_stages(events: Sequence[audit.Event], stages: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """Split each handoff into traced stages (``--trace``): where the time between two bodies goes.
+
+    exit -> fin (settle), fin -> sent (push: wake + publish), sent -> recv
+    (broker to a worker), recv -> admit (claim_run + try_admit_singleton),
+    admit -> entry (load steps, lease keeper, body start).
+    """
+    entered = {e.run: e.at for e in events if e.kind == "E"}
+    left = {e.run: e.at for e in events if e.kind == "X"}
+    order = sorted(entered, key=entered.__getitem__)
+    parts: dict[str, list[float]] = {k: [] for k in ("exit_fin", "fin_sent", "sent_recv", "recv_admit", "admit_entry")}
+    for before, after in itertools.pairwise(order):
+        fin = min(stages.get(before, {}).get("fin", [math.inf]))
+        admit = max((t for t in stages.get(after, {}).get("admit", []) if t <= entered[after]), default=math.nan)
+        sent = min((t for t in stages.get(after, {}).get("sent", []) if t >= fin), default=math.nan)
+        recv = min((t for t in stages.get(after, {}).get("recv", []) if t >= sent), default=math.nan)
+        if before not in left or math.isinf(fin) or math.isnan(admit + sent + recv) or recv > admit:
+            continue
+        parts["exit_fin"].append(fin - left[before])
+        parts["fin_sent"].append(sent - fin)
+        parts["sent_recv"].append(recv - sent)
+        parts["recv_admit"].append(admit - recv)
+        parts["admit_entry"].append(entered[after] - admit)
+    return {k: summary_ms(v) for k, v in parts.items()}
+
+
+def last_exit(tag: str) -> float:
+    """Return the time of the last body exit of scenario ``tag``."""
+    return max((e.at for e in audit.events(tag) if e.kind == "X"), default=math.nan)
+
+
+def new_tag(name: str) -> str:
+    """Return a fresh scenario tag (a run of the bench never reuses Redis keys)."""
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class Sizes:
+    """How big each scenario is; the defaults are the issue's sizes."""
+
+    round_trips: int = 500
+    chain_links: int = 2000
+    independent: int = 5000
+    handoff_runs: int = 500
+    hot_runs: int = 2000
+    many_runs: int = 2000
+    many_keys: int = 1000
+    backlog: int = 10_000
+    backlog_window: float = 30.0
+    claim_sizes: tuple[int, ...] = (10, 1000, 10_000)
+    claim_reps: int = 200
+    lane_idle_probes: int = 60
+    burst_producers: int = 1
+    peer_hot_runs: int = 2000
+    peer_many_runs: int = 2000
+    peer_many_keys: int = 1000
+
+    def scaled(self, factor: float) -> Sizes:
+        """Return these sizes multiplied by ``factor`` (at least 10 each; the window at least 5 s)."""
+
+        def n(value: int) -> int:
+            return max(10, int(value * factor))
+
+        return Sizes(
+            round_trips=n(self.round_trips),
+            chain_links=n(self.chain_links),
+            independent=n(self.independent),
+            handoff_runs=n(self.handoff_runs),
+            hot_runs=n(self.hot_runs),
+            many_runs=n(self.many_runs),
+            many_keys=n(self.many_keys),
+            backlog=n(self.backlog),
+            backlog_window=max(5.0, self.backlog_window * factor),
+            claim_sizes=tuple(sorted({10, n(1000), n(10_000)})),
+            claim_reps=n(self.claim_reps),
+            lane_idle_probes=n(self.lane_idle_probes),
+            burst_producers=self.burst_producers,
+            peer_hot_runs=n(self.peer_hot_runs),
+            peer_many_runs=n(self.peer_many_runs),
+            peer_many_keys=n(self.peer_many_keys),
+        )
+
+
+# --------------------------------------------------------------------------
+# 1. Baseline: plain Celery
+# --------------------------------------------------------------------------
+
+
+def baseline(sizes: Sizes) -> dict[str, Any]:
+    """Round trip of a no-op task (p50, p99), a serial chain (links/s), independent no-ops (tasks/s)."""
+    from .tasks import count, link, noop
+
+    for _ in range(30):  # warm every worker process and connection
+        noop.delay().get(timeout=30)
+    trips = []
+    for _ in range(sizes.round_trips):
+        started = time.perf_counter()
+        noop.delay().get(timeout=30)
+        trips.append(time.perf_counter() - started)
+
+    tag = new_tag("chain")
+    r = audit.client()
+    started_at = time.time()
+    link.delay(sizes.chain_links - 1, tag)
+    popped = r.blpop([f"bench:{tag}:done"], timeout=300)
+    if popped is None:
+        raise TimeoutError("the serial chain did not finish in 300 s")
+    chain_seconds = float(popped[1]) - started_at
+
+    tag = new_tag("independent")
+    started_at = time.time()
+    for _ in range(sizes.independent):
+        count.delay(tag)
+    sent_at = time.time()
+    wait_until(lambda: int(r.get(f"bench:{tag}:count") or 0) >= sizes.independent, 300, "independent tasks")
+    independent_seconds = float(r.get(f"bench:{tag}:last") or "nan") - started_at
+    return {
+        "round_trip": summary_ms(trips),
+        "chain": {
+            "links": sizes.chain_links,
+            "seconds": chain_seconds,
+            "links_per_s": sizes.chain_links / chain_seconds,
+            "ms_per_link": chain_seconds / sizes.chain_links * 1000,
+        },
+        "independent": {
+            "tasks": sizes.independent,
+            "send_seconds": sent_at - started_at,
+            "seconds": independent_seconds,
+            "tasks_per_s": sizes.independent / independent_seconds,
+        },
+    }
+
+
+# --------------------------------------------------------------------------
+# durable_singleton helpers
+# --------------------------------------------------------------------------
+
+
+def start(engine: Engine, tag: str, key: str, **extra: Any) -> str:
+    """Start one run of the bench workflow on ``key``; return its id."""
+    return engine.start(WORKFLOW, {"tag": tag, "key": key, **extra}).run_id
+
+
+def key_runs(key: str) -> Any:
+    """Return the runs of the bench workflow on ``key``."""
+    return Run.objects.filter(workflow_name=WORKFLOW, singleton_key=key)
+
+
+def wait_parked(key: str, waiters: int, timeout: float) -> float:
+    """Wait until every waiter of ``key`` has had its first turn and parked; return the seconds waited.
+
+    The front waiter retries about once a second, so at any moment it may be
+    running: all but one suspended, none pending.
+    """
+
+    def parked() -> bool:
+        runs = key_runs(key)
+        return not runs.filter(status="pending").exists() and runs.filter(status="suspended").count() >= waiters - 1
+
+    return wait_until(parked, timeout, f"{waiters} waiters of {key} to park", every=0.25)
+
+
+def start_parked_holder(engine: Engine, tag: str, key: str) -> str:
+    """Start a holder of ``key`` that parks with its slot waiting for the signal ``release``."""
+    run_id = start(engine, tag, key, park=True)
+    wait_until(
+        lambda: Run.objects.filter(pk=run_id, status="suspended").exists(), 60, f"holder of {key} to park", every=0.02
+    )
+    return run_id
+
+
+def terminal_times(run_ids: Sequence[str]) -> dict[str, float]:
+    """Return each finished run's ``finished_at`` as epoch seconds."""
+    out: dict[str, float] = {}
+    ids = list(run_ids)
+    for chunk in range(0, len(ids), 1000):
+        rows = Run.objects.filter(pk__in=ids[chunk : chunk + 1000]).values_list("run_id", "finished_at")
+        out.update({run_id: at.timestamp() for run_id, at in rows if at is not None})
+    return out
+
+
+def hot_key(engine: Engine, name: str, runs: int) -> dict[str, Any]:
+    """Queue ``runs`` runs on one key behind a working holder, release it, and drain (scenarios 2 and 3)."""
+    tag = new_tag(name)
+    key = tag
+    plug = start(engine, tag, key, hold=True)
+    wait_until(lambda: len(audit.events(tag)) >= 1, 60, "the holder's body", every=0.01)
+    queued_at = time.time()
+    ids = [start(engine, tag, key) for _ in range(runs)]
+    started_seconds = time.time() - queued_at
+    parked_seconds = wait_parked(key, runs, timeout=300)
+    released_at = audit.release(tag)
+    wait_until(lambda: audit.done_count(tag) >= runs + 1, 600, f"{runs} runs to drain", every=0.02)
+    end = last_exit(tag)
+    events = audit.events(tag)
+    terminal = terminal_times([plug, *ids])
+    traced = {}
+    if os.environ.get("BENCH_TRACE") == "1":
+        from . import trace
+
+        traced = {"stages": handoff_stages(events, trace.stages())}
+    return {
+        **traced,
+        "runs": runs,
+        "start_seconds": started_seconds,
+        "park_seconds": parked_seconds,
+        "drain_seconds": end - released_at,
+        "runs_per_s": runs / (end - released_at),
+        "handoff": sequence_handoffs(events, terminal),
+        "concurrency": concurrency_report(tag, 1),
+    }
+
+
+def many_keys(engine: Engine, runs: int, keys: int) -> dict[str, Any]:
+    """Start ``runs`` runs over ``keys`` keys (limit 1 each) and wait for all (scenario 4)."""
+    tag = new_tag("many")
+    started_at = time.time()
+    for n in range(runs):
+        start(engine, tag, f"{tag}:{n % keys}")
+    sent_at = time.time()
+    wait_until(lambda: audit.done_count(tag) >= runs, 600, f"{runs} runs over {keys} keys", every=0.02)
+    seconds = last_exit(tag) - started_at
+    return {
+        "runs": runs,
+        "keys": keys,
+        "start_seconds": sent_at - started_at,
+        "seconds": seconds,
+        "runs_per_s": runs / seconds,
+        "concurrency": concurrency_report(tag, 1),
+    }
+
+
+# --------------------------------------------------------------------------
+# 6. Lane isolation
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class LaneProbe:
+    """Single runs on key B, one after the other: dispatch time per run."""
+
+    engine: Engine
+    tag: str = field(default_factory=lambda: new_tag("laneB"))
+    dispatched: dict[str, float] = field(default_factory=dict)
+
+    def probe(self, timeout: float = 120.0) -> None:
+        """Start one run on key B and wait until its body has left."""
+        before = time.time()
+        run_id = start(self.engine, self.tag, f"{self.tag}:B")
+        self.dispatched[run_id] = before
+        popped = audit.client().blpop([f"bench:{self.tag}:done"], timeout=timeout)
+        if popped is None:
+            raise TimeoutError(f"run {run_id} on key B did not finish in {timeout:.0f}s")
+
+    def delays(self) -> dict[str, Any]:
+        """Return the start delays (dispatch to body entry) of the probes."""
+        entered = {e.run: e.at for e in audit.events(self.tag) if e.kind == "E"}
+        delays = [entered[r] - at for r, at in self.dispatched.items() if r in entered]
+        return {**summary_ms(delays), "concurrency": concurrency_report(self.tag, 1)}
+
+
+def lane_idle(engine: Engine, sizes: Sizes) -> dict[str, Any]:
+    """Key B's start delay with nothing else running (scenario 6's reference)."""
+    idle = LaneProbe(engine)
+    for _ in range(3):
+        idle.probe()
+    idle.dispatched.clear()
+    for _ in range(sizes.lane_idle_probes):
+        idle.probe()
+        time.sleep(0.02)
+    return {"idle": idle.delays()}
+
+
+def burst(engine: Engine, sizes: Sizes, env: dict[str, str]) -> dict[str, Any]:
+    """Land ``sizes.backlog`` runs on key A behind a parked holder while probing key B (scenario 6).
+
+    The burst comes from separate producer processes (``bench/burst.py``).
+    Returns the probes' delays, the burst's timings, and key A's tag, key and
+    holder for the backlog scenario that follows.
+    """
+    tag = new_tag("laneA")
+    key = tag
+    holder = start_parked_holder(engine, tag, key)
+    probes = LaneProbe(engine)
+    for _ in range(3):
+        probes.probe()
+    probes.dispatched.clear()
+    per = [sizes.backlog // sizes.burst_producers] * sizes.burst_producers
+    per[0] += sizes.backlog - sum(per)
+    started_at = time.time()
+    producers = [
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.burst", tag, key, str(n)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+        )
+        for n in per
+    ]
+    try:
+        wait_until(
+            lambda: (
+                int(audit.client().get(f"bench:{tag}:producers") or 0) >= len(producers)
+                or any(p.poll() is not None for p in producers)
+            ),
+            120,
+            "the burst producers to start",
+        )
+        started_at = time.time()
+        while any(p.poll() is None for p in producers):
+            probes.probe()
+            time.sleep(0.02)
+        landed_at = time.time()
+
+        def settled() -> bool:
+            return not key_runs(key).filter(status="pending").exists()
+
+        while not settled():
+            if time.time() - started_at > 900:
+                raise TimeoutError("the burst's turns did not settle in 900 s")
+            probes.probe()
+            time.sleep(0.02)
+        settled_at = time.time()
+    finally:
+        for p in producers:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    reports = [json.loads(p.stdout.read() or b"{}") for p in producers if p.stdout is not None]
+    return {
+        "during_burst": probes.delays(),
+        "burst": {
+            "runs": sizes.backlog,
+            "producers": sizes.burst_producers,
+            "land_seconds": landed_at - started_at,
+            "settle_seconds": settled_at - started_at,
+            "starts_per_s": sizes.backlog / (landed_at - started_at),
+            "producer_starts_per_s": sum(r.get("starts_per_s", 0) for r in reports),
+            "producer_reports": reports,
+        },
+        "_key": key,
+        "_tag": tag,
+        "_holder": holder,
+    }
+
+
+# --------------------------------------------------------------------------
+# 5. Backlog cost
+# --------------------------------------------------------------------------
+
+_STATS_SQL = (
+    "SELECT queryid, left(query, 200), calls FROM pg_stat_statements "
+    "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+_XACT_SQL = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+
+
+def _statements() -> tuple[dict[int, tuple[str, int]], int]:
+    with connection.cursor() as cursor:
+        cursor.execute(_STATS_SQL)
+        calls = {qid: (query, n) for qid, query, n in cursor.fetchall()}
+        cursor.execute(_XACT_SQL)
+        xacts = int(cursor.fetchone()[0])
+    return calls, xacts
+
+
+def statement_rate(window: float) -> dict[str, Any]:
+    """Count the database's statements (pg_stat_statements) and transactions over ``window`` seconds.
+
+    The two snapshot reads themselves are subtracted.
+    """
+    before, xacts_before = _statements()
+    started = time.monotonic()
+    time.sleep(window)
+    after, xacts_after = _statements()
+    seconds = time.monotonic() - started
+    deltas = []
+    for qid, (query, calls) in after.items():
+        delta = calls - before.get(qid, ("", 0))[1]
+        if delta > 0:
+            deltas.append((delta, query))
+    deltas.sort(reverse=True)
+    mine = sum(d for d, q in deltas if "pg_stat_statements" in q or "pg_stat_database" in q)
+    total = sum(d for d, _ in deltas) - mine
+    utility = sum(d for d, q in deltas if q.strip().upper() in ("BEGIN", "COMMIT", "ROLLBACK"))
+    return {
+        "window_seconds": seconds,
+        "statements": total,
+        "statements_per_s": total / seconds,
+        "statements_per_s_without_begin_commit": (total - utility) / seconds,
+        "transactions_per_s": (xacts_after - xacts_before - 2) / seconds,
+        "top": [{"calls": d, "query": q} for d, q in deltas[:12] if "pg_stat_" not in q],
+    }
+
+
+def setup_claim_key(engine: Engine, waiters: int) -> dict[str, str]:
+    """Start a parked holder and ``waiters`` waiters on a fresh key; wait until they parked."""
+    tag = new_tag(f"claim{waiters}")
+    key = tag
+    holder = start_parked_holder(engine, tag, key)
+    for _ in range(waiters):
+        start(engine, tag, key)
+    wait_parked(key, waiters, timeout=600)
+    return {"tag": tag, "key": key, "holder": holder}
+
+
+def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> dict[str, Any]:
+    """Time ``DjangoStore.try_admit_singleton`` for the last waiter of each key and count its statements.
+
+    The waiter is made running by ``claim_run`` (as a worker's turn does),
+    then the claim is timed; it parks the waiter again. Sizes are interleaved
+    so they share the machine's noise.
+    """
+    store = engine.store
+    alias = store.db
+    settings = engine.settings
+    tails = {}
+    for size, info in keys.items():
+        tail = key_runs(info["key"]).filter(status="suspended").order_by("-created_at", "-run_id").first()
+        if tail is None:
+            raise RuntimeError(f"no parked waiter on {info['key']}")
+        tails[size] = tail.run_id
+    timings: dict[int, list[float]] = {size: [] for size in keys}
+    statements: dict[int, list[int]] = {size: [] for size in keys}
+    outcomes: dict[int, set[str]] = {size: set() for size in keys}
+
+    def one(size: int, n: int, capture: bool) -> None:
+        run_id = tails[size]
+        owner = f"bench-claim:{size}:{n}"
+        claimed = store.claim_run(run_id, owner, settings.LEASE_SECONDS, timezone.now())
+        if claimed.run is None:
+            raise RuntimeError(f"could not claim waiter {run_id}")
+        kwargs = {"workflow_name": WORKFLOW, "key": keys[size]["key"]}
+        if capture:
+            with CaptureQueriesContext(connections[alias]) as queries:
+                verdict = store.try_admit_singleton(run_id, owner, 1, timezone.now(), **kwargs)
+            statements[size].append(len(queries.captured_queries))
+        else:
+            began = time.perf_counter()
+            verdict = store.try_admit_singleton(run_id, owner, 1, timezone.now(), **kwargs)
+            timings[size].append(time.perf_counter() - began)
+        outcomes[size].add(str(getattr(verdict, "name", verdict)))
+
+    for n in range(5):
+        for size in keys:
+            one(size, n, capture=True)
+    for n in range(reps):
+        for size in keys:
+            one(size, n, capture=False)
+    out: dict[str, Any] = {}
+    for size in keys:
+        out[str(size)] = {
+            **summary_ms(timings[size]),
+            "statements": max(statements[size]),
+            "outcomes": sorted(outcomes[size]),
+        }
+    return out

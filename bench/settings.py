@@ -1,0 +1,65 @@
+"""Settings of the benchmark: the test project's, plus the peers and persistent connections.
+
+Every system measured (plain Celery, durable_singleton, dj-queue, procrastinate)
+shares these settings, the same PostgreSQL database and the same Redis.
+"""
+
+from __future__ import annotations
+
+import os
+
+from testproject.settings import *  # noqa: F403
+from testproject.settings import DATABASES, DURABLE_SINGLETON, INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "bench", "dj_queue", "procrastinate.contrib.django"]
+
+# Workers keep their database connection between tasks, as a production
+# deployment does (the test project closes it after every task).
+DATABASES["default"]["CONN_MAX_AGE"] = None
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = False
+
+# The baseline's round trip reads its result back from Redis.
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_BROKER_URL", "redis://")
+CELERY_RESULT_EXPIRES = 600
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_ACKS_LATE = False
+
+DURABLE_SINGLETON = {
+    **DURABLE_SINGLETON,
+    "TICK_SECONDS": float(os.environ.get("BENCH_TICK_SECONDS", "1")),
+}
+
+# dj-queue: a Django Tasks backend. Worker slots match the Celery side (see bench/peers.py).
+TASKS = {
+    "default": {
+        "BACKEND": "dj_queue.backend.DjQueueBackend",
+        "QUEUES": [],
+        "OPTIONS": {
+            "mode": "fork",
+            "workers": [
+                {
+                    "queues": "*",
+                    "processes": int(os.environ.get("BENCH_DJQ_PROCESSES", "2")),
+                    "threads": int(os.environ.get("BENCH_DJQ_THREADS", "2")),
+                    "polling_interval": float(os.environ.get("BENCH_DJQ_POLL", "0.1")),
+                }
+            ],
+            "dispatchers": [{"polling_interval": 1, "batch_size": 500}],
+            "preserve_finished_jobs": True,
+            "listen_notify": True,
+            "use_skip_locked": True,
+            "process_heartbeat_interval": 60,
+        },
+    }
+}
+
+# procrastinate: tasks live in bench/peer_tasks.py.
+PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "peer_tasks"
+PROCRASTINATE_READONLY_MODELS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}
