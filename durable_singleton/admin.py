@@ -31,12 +31,13 @@ from django.utils.translation import ngettext
 
 from . import queues
 from .admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, key_tag
+from .definitions import registry
 from .engine import Engine, get_engine
 from .exceptions import DurableSingletonError
 from .models import Run, Signal, Step
 from .queues import format_age
 
-__all__ = ["RunAdmin", "SingletonKeyFilter"]
+__all__ = ["RunAdmin", "SingletonKeyFilter", "WorkflowFilter"]
 
 _SIGNAL_STEP = "durable:signal"
 _BOTH = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
@@ -93,6 +94,22 @@ class SingletonKeyFilter(admin.ListFilter):
         }
 
 
+class WorkflowFilter(admin.SimpleListFilter):
+    """Filter runs by workflow, offering the registered workflows (no scan of the run table)."""
+
+    title = _("workflow")
+    parameter_name = "workflow_name"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        names = set(registry.latest)
+        if self.value():
+            names.add(self.value())  # a workflow no longer registered, reached by a link
+        return [(name, name) for name in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
+        return queryset.filter(workflow_name=self.value()) if self.value() else queryset
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     """Runs: read-only pages, engine actions, and the queue pages (SPEC section 6)."""
@@ -109,7 +126,7 @@ class RunAdmin(admin.ModelAdmin):
         "wake_display",
     )
     list_filter = (
-        ("workflow_name", admin.AllValuesFieldListFilter),
+        WorkflowFilter,
         "status",
         ("namespace", admin.AllValuesFieldListFilter),
         SingletonKeyFilter,
@@ -298,7 +315,12 @@ class RunAdmin(admin.ModelAdmin):
         if place.kind == "holder":
             since = place.since
             if since is None:
-                return format_html('<a href="{}">{}</a>', key_url, _("holder (admission time not recorded)"))
+                return format_html(
+                    '<a href="{}">{}</a> {}',
+                    key_url,
+                    _("holder"),
+                    _("since: not yet known (admitted on a later attempt; known once its first step has run)"),
+                )
             return format_html(
                 '<a href="{}">{}</a> {} <time datetime="{}">{}</time> ({} {})',
                 key_url,
@@ -481,22 +503,31 @@ class RunAdmin(admin.ModelAdmin):
         search = params.get("q", "").strip()
         number = self._page_number(request)
         per_page = self.queue_per_page
-        page = queues.queue_table(
-            workflow=workflow or None,
-            key_contains=search or None,
-            only=only,
-            sort=sort,
-            offset=(number - 1) * per_page,
-            limit=per_page,
-        )
-        now = timezone.now()
-        pages = max((page.keys + per_page - 1) // per_page, 1)
 
-        def link(**changes: Any) -> str:
+        def fetch(n: int) -> queues.QueuePage:
+            return queues.queue_table(
+                workflow=workflow or None,
+                key_contains=search or None,
+                only=only,
+                sort=sort,
+                offset=(n - 1) * per_page,
+                limit=per_page,
+            )
+
+        page = fetch(number)
+        pages = max((page.keys + per_page - 1) // per_page, 1)
+        if number > pages:  # past the end (keys drained): show the last page
+            number = pages
+            page = fetch(number)
+        now = timezone.now()
+
+        def link(**changes: str) -> str:
+            """Return this page's query with ``changes`` (an empty value removes the parameter)."""
             query = {k: v for k, v in params.items() if k != "p"}
-            query.update({k: v for k, v in changes.items() if v is not None})
             for k, v in changes.items():
-                if v in ("", None):
+                if v:
+                    query[k] = v
+                else:
                     query.pop(k, None)
             return "?" + urlencode(query)
 
@@ -536,6 +567,8 @@ class RunAdmin(admin.ModelAdmin):
                 "meter_high": None if row.capacity is None else row.capacity - 0.5,
                 "over": row.holders > row.limit,
                 "stalled": row.waiting > 0 and row.holders < row.limit,
+                # A free slot with waiters is normal for the moment a claim takes; for long, not (S8a).
+                "stuck": row.waiting > 0 and row.holders < row.limit and (row.oldest_wait_seconds(now) or 0) > 10,
             }
             for row in page.rows
         ]
@@ -598,8 +631,9 @@ class RunAdmin(admin.ModelAdmin):
         number = self._page_number(request)
         queue = queues.key_queue(workflow, key, offset=(number - 1) * per_page, limit=per_page)
         pages = max((queue.waiting + per_page - 1) // per_page, 1)
-        if number > pages:
+        if number > pages:  # past the end (the queue drained): show the last page
             number = pages
+            queue = queues.key_queue(workflow, key, offset=(number - 1) * per_page, limit=per_page)
         now = timezone.now()
 
         def page_url(n: int) -> str:
@@ -616,6 +650,8 @@ class RunAdmin(admin.ModelAdmin):
                 "held": format_age((now - since).total_seconds()) if since else None,
                 "waited": format_age((now - run.created_at).total_seconds()),
                 "legacy": run.singleton_slot != "holder" and item.position is None,
+                # Waiters further back retry late; a release or the tick's catch-up admits them (S7, S8a).
+                "on_release": run.wake_at is not None and (run.wake_at - now).total_seconds() > 60,
             }
 
         can_act = self.has_change_permission(request)
@@ -640,9 +676,7 @@ class RunAdmin(admin.ModelAdmin):
             "can_act": can_act,
             "action_form": action_form,
             "queues_url": self._url("queues"),
-            "runs_url": self._url("changelist")
-            + "?"
-            + urlencode({"workflow_name__exact": workflow, "singleton_key": key}),
+            "runs_url": self._url("changelist") + "?" + urlencode({"workflow_name": workflow, "singleton_key": key}),
             "page_number": number,
             "pages": pages,
             "previous_url": page_url(number - 1) if number > 1 else None,

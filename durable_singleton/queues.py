@@ -20,6 +20,7 @@ from django.db.models import (
     Count,
     F,
     FloatField,
+    Func,
     IntegerField,
     Max,
     Min,
@@ -234,16 +235,19 @@ def queue_table(
     if workflow:
         rows = rows.filter(workflow_name=workflow)
     if key_contains:
-        rows = rows.filter(singleton_key__contains=key_contains)
+        rows = rows.filter(singleton_key__icontains=key_contains)
     if only == "waiting":
         rows = rows.filter(waiting__gt=0)
     elif only == "full":
         rows = rows.filter(fullness__gte=1.0)
     elif only == "stalled":
         rows = rows.filter(waiting__gt=0, holders__lt=F("limit"))
-    totals = _totals(rows)
-    ordered = rows.order_by(*_order(sort))
-    window = ordered[offset : offset + limit] if limit is not None else ordered[offset:]
+    ordered = rows.annotate(
+        total_keys=_OverAll("COUNT(*)"),
+        total_holders=_OverAll("SUM(%(expressions)s)", F("holders")),
+        total_waiting=_OverAll("SUM(%(expressions)s)", F("waiting")),
+    ).order_by(*_order(sort))
+    window = list(ordered[offset : offset + limit] if limit is not None else ordered[offset:])
     page = [
         QueueRow(
             workflow=r["workflow_name"],
@@ -257,7 +261,26 @@ def queue_table(
         )
         for r in window
     ]
-    return QueuePage(page, *totals)
+    if window:
+        first = window[0]
+        return QueuePage(page, int(first["total_keys"]), int(first["total_holders"]), int(first["total_waiting"]))
+    if offset == 0:
+        return QueuePage(page, 0, 0, 0)
+    return QueuePage(page, *_totals(rows))  # a page past the end: count what there is
+
+
+class _OverAll(Func):
+    """``<aggregate> OVER ()``: a total over every row of a grouped query, in the same query."""
+
+    window_compatible = True
+    contains_over_clause = True
+    output_field = IntegerField()
+
+    def __init__(self, template: str, *expressions: Any) -> None:
+        super().__init__(*expressions, template=f"{template} OVER ()")
+
+    def get_group_by_cols(self) -> list[Any]:
+        return []
 
 
 def _totals(rows: QuerySet[Any]) -> tuple[int, int, int]:
@@ -365,7 +388,7 @@ class Place:
 def run_place(run: Run, *, using: str | None = None) -> Place:
     """Return ``run``'s place: holder since when, or waiter at position N behind named holders.
 
-    At most three queries (first step, position, holders).
+    At most two queries: the holders and the position, or a holder's first step.
     """
     if run.singleton_key is None:
         return Place("none")
@@ -374,6 +397,8 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
     runs = (Run.objects.using(using) if using else Run.objects.all()).for_key(run.workflow_name, run.singleton_key)
     is_legacy_holder = not run.singleton_tracked and run.status in HOLDING_LEGACY_STATUSES
     if run.singleton_slot == "holder" or is_legacy_holder:
+        if run.attempts <= 1 and run.started_at is not None:
+            return Place("holder", since=run.started_at)
         first = Step.objects.filter(run_id=run.pk).order_by("position").values_list("started_at", flat=True).first()
         return Place("holder", since=holder_since(run, first))
     holders = tuple(runs.holders().order_by("created_at", "run_id").values_list("run_id", flat=True)[:20])
