@@ -17,7 +17,11 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
-from django.contrib.admin.options import ActionLocation
+
+try:  # Django 6.1 runs actions on the change form too
+    from django.contrib.admin.options import ActionLocation
+except ImportError:  # pragma: no cover - Django 5.2: on the run list and the key pages only
+    ActionLocation = None  # type: ignore[assignment,misc]
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -40,7 +44,20 @@ from .queues import format_age
 __all__ = ["RunAdmin", "SingletonKeyFilter", "WorkflowFilter"]
 
 _SIGNAL_STEP = "durable:signal"
-_BOTH = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
+_FORM_PREFIX = "CHANGE_FORM"
+
+
+def _change_action(description: str, description_plural: str) -> Callable[[Any], Any]:
+    """``admin.action`` needing the change permission, on the run list and, on Django 6.1+, a run's page."""
+    options: dict[str, Any] = {"permissions": ["change"], "description": description}
+    if ActionLocation is not None:
+        options["description_plural"] = description_plural
+        options["location"] = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
+    else:
+        options["description"] = description_plural
+    return admin.action(**options)
+
+
 _PARKED = ("pending", "suspended", "blocked")
 _RETRYABLE = ("failed", "dead")
 
@@ -204,13 +221,20 @@ class RunAdmin(admin.ModelAdmin):
             context.update(self._run_extras(admin.utils.unquote(object_id)))
         return super().changeform_view(request, object_id, form_url, context)
 
+    def save_model(self, request: HttpRequest, obj: Run, form: Any, change: bool) -> None:
+        """Refuse: the engine writes runs (a stale form must never overwrite one)."""
+        raise PermissionDenied
+
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
         return super().changelist_view(request, {"title": _("Runs"), **(extra_context or {})})
 
     @staticmethod
     def _is_action_post(request: HttpRequest) -> bool:
-        prefix = ActionLocation.CHANGE_FORM.value
-        return f"{prefix}-action" in request.POST and not {"_save", "_continue", "_addanother"} & set(request.POST)
+        if ActionLocation is None:  # Django < 6.1 has no actions on the change form
+            return False
+        return f"{_FORM_PREFIX}-action" in request.POST and not {"_save", "_continue", "_addanother"} & set(
+            request.POST
+        )
 
     @staticmethod
     def _run_extras(run_id: str) -> dict[str, Any]:
@@ -364,12 +388,7 @@ class RunAdmin(admin.ModelAdmin):
         return format_html("{} ({}, {})", _time(obj.lease_expires_at), state, _relative(obj.lease_expires_at, now))
 
     # -- actions: thin shells over the engine ---------------------------------
-    @admin.action(
-        permissions=["change"],
-        description=_("Cancel this %(verbose_name)s"),
-        description_plural=_("Cancel selected %(verbose_name_plural)s"),
-        location=_BOTH,
-    )
+    @_change_action(_("Cancel this %(verbose_name)s"), _("Cancel selected %(verbose_name_plural)s"))
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         """Cancel active runs through the engine (D6); a holder's slot is released (S7)."""
         self._engine_action(
@@ -385,11 +404,8 @@ class RunAdmin(admin.ModelAdmin):
             ),
         )
 
-    @admin.action(
-        permissions=["change"],
-        description=_("Retry this failed or dead %(verbose_name)s"),
-        description_plural=_("Retry selected failed or dead %(verbose_name_plural)s"),
-        location=_BOTH,
+    @_change_action(
+        _("Retry this failed or dead %(verbose_name)s"), _("Retry selected failed or dead %(verbose_name_plural)s")
     )
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         """Send failed or dead runs back through admission with their stored key (D9)."""
@@ -406,12 +422,7 @@ class RunAdmin(admin.ModelAdmin):
             ),
         )
 
-    @admin.action(
-        permissions=["change"],
-        description=_("Wake this parked %(verbose_name)s now"),
-        description_plural=_("Wake selected parked %(verbose_name_plural)s now"),
-        location=_BOTH,
-    )
+    @_change_action(_("Wake this parked %(verbose_name)s now"), _("Wake selected parked %(verbose_name_plural)s now"))
     def wake_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
         """Dispatch parked runs now; a singleton waiter still claims through the store (S5)."""
         self._engine_action(
