@@ -217,9 +217,7 @@ class Registry:
         with self._lock:
             existing = self.workflows.get((name, version))
             if existing is not None and existing.origin != definition.origin:
-                raise DuplicateWorkflowError(
-                    name, "version", f"{version!r} is already registered by {existing.origin}"
-                )
+                raise DuplicateWorkflowError(name, "version", f"{version!r} is already registered by {existing.origin}")
             self.workflows[(name, version)] = definition
             self.latest[name] = definition
         return definition

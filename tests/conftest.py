@@ -107,3 +107,17 @@ def run_threads(n: int, target: Callable[[int], Any], timeout: float = 60.0) -> 
         t.join(timeout)
         assert not t.is_alive(), "a racing thread did not finish in time"
     return results
+
+
+def spawn(target: Callable[..., Any], *args: Any) -> threading.Thread:
+    """Start a daemon thread running ``target(*args)`` that closes its database connections."""
+
+    def run() -> None:
+        try:
+            target(*args)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

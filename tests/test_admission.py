@@ -22,7 +22,7 @@ from durable_singleton.exceptions import SingletonFallbackWarning
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 
-from .conftest import Monitor
+from .conftest import Monitor, spawn
 from .helpers import audited
 
 
@@ -52,8 +52,7 @@ def test_front_waiter_retries_in_about_a_second_and_backlog_waits_for_push(
     audited(registry, monitor, hold=hold)
     for run_id in ("holder", "front", "back"):
         engine.start("wf", {"k": "A"}, run_id=run_id)
-    t = threading.Thread(target=engine.execute, args=("holder",))
-    t.start()
+    t = spawn(engine.execute, "holder")
     try:
         _wait_for(lambda: monitor.entered == ["holder"])
         before = engine.now()
@@ -73,13 +72,12 @@ def test_holder_keeps_its_slot_against_a_run_with_same_timestamp_and_smaller_id(
     make: Callable[..., Engine], registry: Registry, monitor: Monitor
 ) -> None:
     """S6: a later start never takes a slot from a holder, even with equal created_at and an id sorting first."""
-    frozen = datetime(2026, 1, 1, tzinfo=UTC)
+    frozen = datetime.now(UTC)  # frozen near real time: leases are judged by the database clock
     engine = make(clock=lambda: frozen)
     hold = threading.Event()
     audited(registry, monitor, hold=hold)
     engine.start("wf", {"k": "A"}, run_id="b-holder")
-    worker = threading.Thread(target=engine.execute, args=("b-holder",))
-    worker.start()
+    worker = spawn(engine.execute, "b-holder")
     try:
         _wait_for(lambda: monitor.entered == ["b-holder"])
         engine.start("wf", {"k": "A"}, run_id="a-late")
@@ -129,9 +127,7 @@ def test_limit_two_admits_two_oldest(engine: Engine, registry: Registry, monitor
     audited(registry, monitor, limit=2, hold=hold)
     for n in range(4):
         engine.start("wf", {"k": "A"}, run_id=f"r{n}")
-    threads = [threading.Thread(target=engine.execute, args=(f"r{n}",)) for n in (0, 1)]
-    for t in threads:
-        t.start()
+    threads = [spawn(engine.execute, f"r{n}") for n in (0, 1)]
     try:
         _wait_for(lambda: len(monitor.entered) == 2)
         assert engine.execute("r3") == "parked"
@@ -151,8 +147,7 @@ def test_key_never_reaches_across_workflows(engine: Engine, registry: Registry, 
     audited(registry, monitor, name="one", hold=hold)
     audited(registry, monitor, name="two")
     engine.start("one", {"k": "A"}, run_id="one-a")
-    t = threading.Thread(target=engine.execute, args=("one-a",))
-    t.start()
+    t = spawn(engine.execute, "one-a")
     try:
         _wait_for(lambda: monitor.entered == ["one-a"])
         engine.start("two", {"k": "A"}, run_id="two-a")
@@ -168,8 +163,7 @@ def test_versions_share_the_key(engine: Engine, registry: Registry, monitor: Mon
     audited(registry, monitor, hold=hold)
     registry.add("wf", "2", lambda c, i: None, singleton={"key": lambda i: f"key:{i['k']}"})
     engine.start("wf", {"k": "A"}, run_id="v1", version="1")
-    t = threading.Thread(target=engine.execute, args=("v1",))
-    t.start()
+    t = spawn(engine.execute, "v1")
     try:
         _wait_for(lambda: monitor.entered == ["v1"])
         engine.start("wf", {"k": "A"}, run_id="v2", version="2")
@@ -189,8 +183,7 @@ def test_admission_is_global_across_namespaces(
     acme.namespace, acme.scope_reads = "acme", True
     globex.namespace, globex.scope_reads = "globex", True
     acme.start("wf", {"k": "A"}, run_id="acme-1")
-    t = threading.Thread(target=acme.execute, args=("acme-1",))
-    t.start()
+    t = spawn(acme.execute, "acme-1")
     try:
         _wait_for(lambda: monitor.entered == ["acme-1"])
         globex.start("wf", {"k": "A"}, run_id="globex-1")

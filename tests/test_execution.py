@@ -14,7 +14,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import RunNotFoundError
 
-from .conftest import Monitor
+from .conftest import Monitor, spawn
 from .helpers import audited
 
 
@@ -93,8 +93,7 @@ def test_fenced_worker_cannot_write_after_takeover(make: Callable[..., Engine], 
 
     registry.add("fence", "1", body)
     run = engine.start("fence")
-    first = threading.Thread(target=engine.execute, args=(run.run_id,))
-    first.start()
+    first = spawn(engine.execute, run.run_id)
     while engine.get(run.run_id).attempts < 1 or not calls:
         time.sleep(0.01)
     time.sleep(0.3)  # the lease expires; nothing renews it
@@ -113,8 +112,7 @@ def test_cancel_pending_suspended_and_running(engine: Engine, registry: Registry
     audited(registry, monitor, hold=hold, steps=2)
     for name in ("A", "B", "C"):
         engine.start("wf", {"k": "K"}, run_id=name)
-    holder = threading.Thread(target=engine.execute, args=("A",))
-    holder.start()
+    holder = spawn(engine.execute, "A")
     while monitor.entered != ["A"]:
         time.sleep(0.01)
     assert engine.execute("B") == "parked"
@@ -179,8 +177,7 @@ def test_retry_goes_back_through_admission_with_stored_key(engine: Engine, regis
     engine.start("retry", {"k": "1"}, run_id="B")
     assert engine.execute("B") == "failed"
     engine.start("retry", {"k": "1"}, run_id="A")
-    holder = threading.Thread(target=engine.execute, args=("A",))
-    holder.start()
+    holder = spawn(engine.execute, "A")
     while not engine.get("A").admitted:
         time.sleep(0.01)
     fail["B"] = False
@@ -199,8 +196,7 @@ def test_lease_is_renewed_while_a_long_body_runs(make: Callable[..., Engine], re
     registry.add_step("slow", lambda x: time.sleep(x) or x)
     registry.add("long", "1", lambda ctx, i: ctx.step("slow", 1.5), singleton={"key": lambda i: "k"})
     run = engine.start("long")
-    worker = threading.Thread(target=engine.execute, args=(run.run_id,))
-    worker.start()
+    worker = spawn(engine.execute, run.run_id)
     time.sleep(1.0)
     assert engine.execute(run.run_id) == "skipped", "the lease is still held"
     assert engine.get(run.run_id).lease_expires_at > engine.now()  # type: ignore[operator]

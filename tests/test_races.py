@@ -194,7 +194,7 @@ def test_f2_equal_created_at_ties_break_by_run_id(
 ) -> None:
     """F2, S5 step 3: 30 runs created with a frozen clock (equal created_at) are
     admitted in (created_at, run_id) order, whatever order their turns run in."""
-    frozen = datetime(2026, 1, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    frozen = datetime.now(UTC)  # frozen near real time: leases are judged by the database clock
     engine = make(clock=lambda: frozen)
     registry.add(
         "wf",
@@ -299,9 +299,11 @@ def test_f3_late_committing_older_run_is_counted_not_ranked(registry: Registry, 
 class SlowClaimStore(DjangoStore):
     """Widens the window between the claim's read and its write (F15)."""
 
-    def _write_claim(self, run_id: str, status: str, attempts: int, changes: dict[str, Any]) -> bool:
+    def _write_claim(
+        self, run_id: str, status: str, attempts: int, lease_expires_at: datetime | None, changes: dict[str, Any]
+    ) -> bool:
         time.sleep(0.02)
-        return super()._write_claim(run_id, status, attempts, changes)
+        return super()._write_claim(run_id, status, attempts, lease_expires_at, changes)
 
 
 @pytest.mark.parametrize("slow", [False, True], ids=["plain", "delayed-claim"])

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 from django.db import IntegrityError, OperationalError, connections, router, transaction
 from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Now
 
 from ..admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES, retry_delay
 from ..exceptions import SingletonQueueFullError
@@ -184,8 +184,9 @@ class DjangoStore:
                         if count >= cap:
                             limit = run.singleton_limit or 1
                             raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - limit)
-                    else:
-                        self._ensure_key(run.workflow_name, run.singleton_key, run.singleton_limit)
+                    # Without a cap the key's lock row is left to the first claim:
+                    # a start inside a long user transaction must not block other
+                    # starts of a new key on its unique index (F3).
                 self._runs().create(
                     run_id=run.run_id,
                     workflow_name=run.workflow_name,
@@ -248,36 +249,44 @@ class DjangoStore:
         }
         if row.started_at is None:
             changes["started_at"] = now
-        if not self._write_claim(run_id, row.status, row.attempts, changes):
+        if not self._write_claim(run_id, row.status, row.attempts, row.lease_expires_at, changes):
             return ClaimResult(None)
         for name, value in changes.items():
             setattr(row, name, value)
         return ClaimResult(_record(row), recovered=recovered)
 
-    def _write_claim(self, run_id: str, status: str, attempts: int, changes: dict[str, Any]) -> bool:
-        """Compare-and-set on (status, attempts): attempts grows with every
-        claim, so exactly one of two racing callers wins (R6)."""
-        return bool(self._runs().filter(pk=run_id, status=status, attempts=attempts).update(**changes))
+    def _write_claim(
+        self, run_id: str, status: str, attempts: int, lease_expires_at: datetime | None, changes: dict[str, Any]
+    ) -> bool:
+        """Compare-and-set on (status, attempts, lease expiry): attempts grows
+        with every claim, so exactly one of two racing callers wins (R6), and a
+        renewal that lands between the read and the write voids a takeover (R5).
+        A takeover also needs the lease expired by the database's clock."""
+        runs = self._runs().filter(pk=run_id, status=status, attempts=attempts, lease_expires_at=lease_expires_at)
+        if status == "running":
+            runs = runs.filter(lease_expires_at__lte=Now())
+        return bool(runs.update(**changes))
+
+    def _leased(self, run_id: str, owner: str) -> Any:
+        """The run, if ``owner`` holds an unexpired lease on it by the database's clock (R5)."""
+        return self._runs().filter(pk=run_id, status="running", lease_owner=owner, lease_expires_at__gt=Now())
 
     def renew_lease(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> bool:
-        """Extend the lease if ``owner`` still holds it on a running run (R5)."""
+        """Extend the lease if ``owner`` still holds it, unexpired, on a running run (R5).
+
+        An expired lease is never renewed: its holder is fenced from then on,
+        whether or not another worker took the run over yet.
+        """
         return bool(
-            self._runs()
-            .filter(pk=run_id, status="running", lease_owner=owner)
-            .update(lease_expires_at=now + timedelta(seconds=lease_seconds), updated_at=now)
+            self._leased(run_id, owner).update(lease_expires_at=now + timedelta(seconds=lease_seconds), updated_at=now)
         )
 
     def check_boundary(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> str:
         """Renew the lease at a step boundary; return "ok", "cancelled" or "fenced" (R5, D6)."""
         expires = now + timedelta(seconds=lease_seconds)
-        if (
-            self._runs()
-            .filter(pk=run_id, status="running", lease_owner=owner, cancel_requested=False)
-            .update(lease_expires_at=expires, updated_at=now)
-        ):
+        if self._leased(run_id, owner).filter(cancel_requested=False).update(lease_expires_at=expires, updated_at=now):
             return "ok"
-        row = self._runs().filter(pk=run_id).values("status", "lease_owner", "cancel_requested").first()
-        if row is not None and row["status"] == "running" and row["lease_owner"] == owner:
+        if self._leased(run_id, owner).filter(cancel_requested=True).exists():
             return "cancelled"
         return "fenced"
 
@@ -501,11 +510,7 @@ class DjangoStore:
     def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
         try:
             with transaction.atomic(using=self.db):
-                if (
-                    not self._runs()
-                    .filter(pk=run_id, status="running", lease_owner=owner, cancel_requested=False)
-                    .update(updated_at=step.finished_at)
-                ):
+                if not self._leased(run_id, owner).filter(cancel_requested=False).update(updated_at=step.finished_at):
                     return False
                 Step.objects.using(self.db).create(
                     run_id=run_id,

@@ -115,10 +115,18 @@ class MemoryStore:
             )
             return ClaimResult(claimed, recovered=recovered)
 
+    def _leased(self, run_id: str, owner: str, now: datetime) -> RunRecord | None:
+        run = self._runs.get(run_id)
+        if run is None or run.status != "running" or run.lease_owner != owner:
+            return None
+        if run.lease_expires_at is None or run.lease_expires_at <= now:
+            return None  # an expired lease is never renewed (R5)
+        return run
+
     def renew_lease(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> bool:
         with self._critical():
-            run = self._runs.get(run_id)
-            if run is None or run.status != "running" or run.lease_owner != owner:
+            run = self._leased(run_id, owner, now)
+            if run is None:
                 return False
             self._replace(run, now, lease_expires_at=now + timedelta(seconds=lease_seconds))
             return True
@@ -126,8 +134,8 @@ class MemoryStore:
     def check_boundary(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> str:
         """Renew the lease at a step boundary; return "ok", "cancelled" or "fenced" (R5, D6)."""
         with self._critical():
-            run = self._runs.get(run_id)
-            if run is None or run.status != "running" or run.lease_owner != owner:
+            run = self._leased(run_id, owner, now)
+            if run is None:
                 return "fenced"
             if run.cancel_requested:
                 return "cancelled"
@@ -338,8 +346,8 @@ class MemoryStore:
 
     def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
         with self._critical():
-            run = self._runs.get(run_id)
-            if run is None or run.status != "running" or run.lease_owner != owner or run.cancel_requested:
+            run = self._leased(run_id, owner, step.finished_at)
+            if run is None or run.cancel_requested:
                 return False
             steps = self._steps.setdefault(run_id, {})
             if step.position in steps:
