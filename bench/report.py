@@ -306,3 +306,44 @@ def write(raw: dict[str, Any], found: list[Target], out_dir: Path, stamp: str) -
     path.write_text(text)
     (out_dir / "latest.json").write_text(text)
     return path
+
+
+def _rst_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    rule = "  ".join("=" * w for w in widths)
+    lines = [rule, "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)), rule]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.append(rule)
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def rst(doc: dict[str, Any]) -> str:
+    """Return the three tables of a results file as reStructuredText (for docs/benchmarks.rst)."""
+    found = targets(doc)
+    parts = [_rst_table(("scenario", "figure", "value"), figure_rows(doc))]
+    rows = []
+    for t in found:
+        measured = "n/a" if math.isnan(t.value) else f"{t.value:.2f} {t.figure}"
+        ratio = "" if math.isnan(t.ratio) else f"{t.ratio:.2f}"
+        rows.append((t.name, measured, t.reference, ratio or "-", t.bound, "yes" if t.ok else "**no**"))
+    parts.append(_rst_table(("target", "measured", "reference", "ratio", "bound", "met"), rows))
+    rows = [
+        (label, str(r["keys"]), str(r["max_seen"]), str(r["limit"]), "yes" if r["ok"] else "**no**")
+        for label, r in concurrency_rows(doc)
+    ]
+    parts.append(_rst_table(("workload", "keys", "max seen", "limit", "ok"), rows))
+    return "\n\n".join(parts)
+
+
+def _restore_nan(node: Any) -> Any:
+    if node is None:
+        return math.nan
+    if isinstance(node, dict):
+        return {k: _restore_nan(v) if k not in ("keys_over_limit",) else v for k, v in node.items()}
+    if isinstance(node, list):
+        return [_restore_nan(v) for v in node]
+    return node
+
+
+if __name__ == "__main__":  # python -m bench.report bench/results/latest.json
+    print(rst(_restore_nan(json.loads(Path(sys.argv[1]).read_text()))))

@@ -510,9 +510,22 @@ def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> d
     statements: dict[int, list[int]] = {size: [] for size in keys}
     outcomes: dict[int, set[str]] = {size: set() for size in keys}
 
+    merged = "P1" in os.environ.get("BENCH_PATCH", "")
+
     def one(size: int, n: int, capture: bool) -> None:
         run_id = tails[size]
         owner = f"bench-claim:{size}:{n}"
+        if merged:  # bench/proposals.py P1: claim_run claims and admits (here: parks) in one transaction
+            with CaptureQueriesContext(connections[alias]) as queries:
+                began = time.perf_counter()
+                claimed = store.claim_run(run_id, owner, settings.LEASE_SECONDS, timezone.now())
+                elapsed = time.perf_counter() - began
+            if capture:
+                statements[size].append(len(queries.captured_queries))
+            else:
+                timings[size].append(elapsed)
+            outcomes[size].add("PARKED" if claimed.run is None else "ADMITTED")
+            return
         claimed = store.claim_run(run_id, owner, settings.LEASE_SECONDS, timezone.now())
         if claimed.run is None:
             raise RuntimeError(f"could not claim waiter {run_id}")
