@@ -79,12 +79,15 @@ def worker_env(**overrides: str) -> dict[str, str]:
 
 
 def _children(pid: int) -> list[int]:
-    """Return the PIDs of ``pid``'s direct children (Linux /proc)."""
+    """Return the PIDs of ``pid``'s direct children, from each process's
+    ``/proc/<pid>/stat`` (its fourth field is the parent's PID)."""
     found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        with contextlib.suppress(OSError):
-            found += [int(child) for child in (task / "children").read_text().split()]
-    return found
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return sorted(found)
 
 
 @dataclass

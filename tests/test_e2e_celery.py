@@ -123,3 +123,30 @@ def test_three_keys_on_real_workers_never_overlap_and_hand_off_by_push(
     # push is from it.
     for key, gaps in measured.items():
         assert statistics.median(gaps) < MIN_TIMER_SECONDS, f"{key}: handoffs {gaps}\n{report}"
+
+
+def test_worker_fixture_kills_by_pid_and_leaves_no_process_behind(stack: None, celery_workers: CeleryWorkers) -> None:
+    """The fixture other fault tests build on: a ready worker has its pool
+    processes; SIGKILL of the main process by PID kills it; stopping reaps the
+    orphaned pool processes of its own process group."""
+    (worker,) = celery_workers.start(1, concurrency=2)
+    assert "ready." in worker.log()
+    pool = worker.children()
+    assert len(pool) == 2, pool
+
+    worker.kill()
+    worker.proc.wait(10)
+    assert not worker.alive()
+    worker.stop()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) for pid in pool):
+        assert time.monotonic() < deadline, f"pool processes {pool} outlived their worker"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str:
+    """Return a process's state letter from /proc (Z for a zombie), or "" if it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""

@@ -127,14 +127,16 @@ class Command(BaseCommand):
         try:
             if mode == "embedded":
                 dispatcher.start()
-                where = f"embedded worker ({options['workers']} threads), {connection.vendor}"
+                where = f"embedded, {options['workers']} threads, {connection.vendor}"
             else:
                 workers = self._start_workers(options["workers"], options["concurrency"], limit, log_dir)
-                where = f"{options['workers']} Celery workers (x{options['concurrency']}), {connection.vendor}"
+                where = f"{options['workers']} Celery workers x{options['concurrency']}, {connection.vendor}"
             for store_id, n in plan:
                 run_id = f"demo-{session}-{store_id}-{n:02d}"
                 engine.start(WORKFLOW, {"store_id": store_id, "duration": options["duration"]}, run_id=run_id)
             finished = self._watch(engine, mode, keys, limits, labels, options, where)
+        except KeyboardInterrupt:
+            raise CommandError("interrupted; the next demo deletes the runs left behind") from None
         finally:
             if mode == "embedded":
                 dispatcher.stop()
@@ -145,7 +147,8 @@ class Command(BaseCommand):
         )
         audits = BodyAudit.objects.filter(run_id__in=list(labels)).values("run_id", "entered_at", "exited_at")
         verdict = demo.judge(demo.records_from_rows(runs, audits), limits)
-        self.stdout.write(f"\nVerdict, from {len(labels)} stored runs and their body audits:")
+        self.stdout.write("")
+        self.stdout.write(f"Verdict, from {len(labels)} stored runs and their body audits:")
         for line in verdict.lines(label=lambda run_id: labels.get(run_id, run_id)):
             self.stdout.write("  " + line if not line.startswith(("PASS", "FAIL")) else line)
         if not finished:
@@ -186,7 +189,7 @@ class Command(BaseCommand):
 
         from durable_singleton.models import Run
 
-        title = f"{len(keys)} keys x {options['limit']} slot(s), burst of {options['burst']} on {keys[0]}: {where}"
+        title = f"burst of {options['burst']} on {keys[0]}, {options['limit']} slot(s) per key: {where}"
         console = Console(file=_Raw(self.stdout), emoji=False, highlight=False)  # type: ignore[arg-type]
         started = time.monotonic()
         next_tick = started + engine.settings.TICK_SECONDS
@@ -199,7 +202,7 @@ class Command(BaseCommand):
             done = len(ids) - active
             caption = (
                 f"{time.monotonic() - started:4.1f} s  {done}/{len(ids)} finished  "
-                f"{parked} waiter(s) parked in the database, no worker on them"
+                f"{parked} parked waiter(s), no worker on them"
             )
             table = demo.render_lanes(lanes, title=title, caption=caption, label=lambda r: labels.get(r, r))
             return table, active == 0
@@ -213,6 +216,8 @@ class Command(BaseCommand):
                     next_tick = time.monotonic() + engine.settings.TICK_SECONDS
                 table, finished = frame()
                 live.update(table, refresh=True)
+        if not console.is_terminal:
+            console.line()  # off a terminal, Live leaves its last line open
         return finished
 
     def _start_workers(
@@ -236,7 +241,7 @@ class Command(BaseCommand):
                     proc = subprocess.Popen(
                         [sys.executable, "-m", "celery", "-A", "testproject", "worker", "--loglevel=INFO",
                          f"--concurrency={concurrency}", "-n", f"demo{n}-{os.getpid()}@%h",
-                         "--without-gossip", "--without-mingle", "--without-heartbeat"],
+                         "--without-gossip", "--without-mingle", "--without-heartbeat", "--disable-prefetch"],
                         cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                     )  # fmt: skip
                 workers.append((proc, log))
