@@ -8,11 +8,19 @@ its stored result instead of running again (R4).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import InvalidInputError, LeaseLostError, RunCancelledError, SignalTimeoutError
+from .exceptions import (
+    ChildWorkflowError,
+    InvalidInputError,
+    LeaseLostError,
+    RunCancelledError,
+    SignalTimeoutError,
+    SingletonQueueFullError,
+)
 from .stores.base import RunRecord, StepRecord
 
 if TYPE_CHECKING:
@@ -23,6 +31,7 @@ __all__ = ["Suspend", "WorkflowCtx", "to_json_value"]
 _SLEEP = "durable:sleep"
 _WAIT = "durable:wait"
 _SIGNAL = "durable:signal"
+_CHILD = "durable:child"
 
 
 def to_json_value(value: Any, what: str) -> Any:
@@ -43,6 +52,9 @@ class Suspend(BaseException):
     status: str
     wake_at: datetime | None
     reason: str
+    # Called after the park is written: True means what the body waits for
+    # arrived in between, and the run must be dispatched again (no lost wake-up).
+    recheck: Callable[[], bool] | None = None
 
 
 class WorkflowCtx:
@@ -145,7 +157,59 @@ class WorkflowCtx:
             self._record(position, _SIGNAL, {"timeout": True}, now)
             raise SignalTimeoutError(f"signal {name!r} did not arrive within {timeout} s")
         fallback = now + timedelta(seconds=self.engine.settings.SIGNAL_FALLBACK_SECONDS)
-        raise Suspend("suspended", min(deadline, fallback) if deadline else fallback, f"signal:{name}")
+
+        def arrived() -> bool:
+            return any(
+                s.name == name and s.seq not in consumed for s in self.engine.store.load_signals(self.run.run_id)
+            )
+
+        raise Suspend("suspended", min(deadline, fallback) if deadline else fallback, f"signal:{name}", arrived)
+
+    def start_child(self, name: str, input: Any = None, *, run_id: str | None = None, tags: Iterable[str] = ()) -> str:
+        """Start child workflow ``name`` once; return its run id (D7).
+
+        The child id is deterministic (``<parent>:child:<position>`` unless
+        given) and the child inherits the namespace. A child rejected by its
+        queue cap (S16) raises :class:`ChildWorkflowError` here, on every replay.
+        """
+        position, stored = self._next()
+        if stored is not None:
+            result = stored.result
+        else:
+            self._boundary()
+            child_id = run_id or f"{self.run.run_id}:child:{position}"
+            try:
+                self.engine.start(
+                    name, input, run_id=child_id, tags=tags, parent_run_id=self.run.run_id, namespace=self.run.namespace
+                )
+                result = {"run_id": child_id}
+            except SingletonQueueFullError as exc:
+                result = {"run_id": child_id, "rejected": str(exc)}
+            self._record(position, _CHILD, result, self.engine.now())
+        if "rejected" in result:
+            raise ChildWorkflowError(result["run_id"], "rejected", result["rejected"])
+        return str(result["run_id"])
+
+    def call_child(self, name: str, input: Any = None, *, run_id: str | None = None) -> Any:
+        """Start child workflow ``name`` once and return its output when it completes (D7).
+
+        Parks the parent until the child is terminal. Raises
+        :class:`ChildWorkflowError` if the child failed, was cancelled, died or
+        was rejected by its queue cap (S16).
+        """
+        child_id = self.start_child(name, input, run_id=run_id)
+        child = self.engine.store.get_run(child_id)
+        if child is not None and child.is_terminal:
+            if child.status == "completed":
+                return child.output
+            raise ChildWorkflowError(child_id, child.status, child.error)
+
+        def finished() -> bool:
+            latest = self.engine.store.get_run(child_id)
+            return latest is None or latest.is_terminal
+
+        wake = self.engine.now() + timedelta(seconds=self.engine.settings.SIGNAL_FALLBACK_SECONDS)
+        raise Suspend("suspended", wake, f"child:{child_id}", finished)
 
     def block(self, reason: str, poll_seconds: float = 5.0) -> None:
         """Park the run ``blocked`` with ``reason``; the tick re-drives it after

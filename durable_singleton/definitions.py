@@ -105,6 +105,7 @@ class WorkflowOptions:
     steps: tuple[str, ...] = ()
     queue: str | None = None
     on_dead: Callable[[RunRecord], None] | None = None
+    events: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class WorkflowDefinition:
     on_dead: Callable[[RunRecord], None] | None = None
     origin: str = ""
     remote: bool = False
+    events: tuple[str, ...] = ()
 
     @property
     def label(self) -> str:
@@ -180,6 +182,7 @@ class Registry:
         on_dead: Callable[[RunRecord], None] | None = None,
         origin: str | None = None,
         remote: bool = False,
+        events: Iterable[str] = (),
     ) -> WorkflowDefinition:
         """Validate and register a workflow; return its definition.
 
@@ -202,6 +205,9 @@ class Registry:
                 raise InvalidWorkflowError(name, "steps", f"unknown step {step_name!r}")
         if on_dead is not None and not callable(on_dead):
             raise InvalidWorkflowError(name, "on_dead", "must be callable (run) -> None")
+        event_names = tuple(events)
+        if isinstance(events, str) or any(not isinstance(e, str) or not e for e in event_names):
+            raise InvalidWorkflowError(name, "events", "must be a sequence of non-empty event names")
         definition = WorkflowDefinition(
             name=name,
             version=version,
@@ -213,6 +219,7 @@ class Registry:
             on_dead=on_dead,
             origin=origin or _origin(body),
             remote=remote,
+            events=event_names,
         )
         with self._lock:
             existing = self.workflows.get((name, version))
@@ -221,6 +228,11 @@ class Registry:
             self.workflows[(name, version)] = definition
             self.latest[name] = definition
         return definition
+
+    def subscribers(self, event: str) -> list[WorkflowDefinition]:
+        """Return the latest definition of every workflow subscribed to ``event`` (D8)."""
+        with self._lock:
+            return [d for d in self.latest.values() if event in d.events]
 
     def get(self, name: str, version: str | None = None) -> WorkflowDefinition:
         """Return the definition of ``name`` (latest registered version by default).
@@ -262,9 +274,10 @@ def _options_from(workflow_name: str, value: WorkflowOptions | Mapping[str, Any]
             "steps": value.steps,
             "queue": value.queue,
             "on_dead": value.on_dead,
+            "events": value.events,
         }
     if isinstance(value, Mapping):
-        known = {"name", "version", "singleton", "timeout", "steps", "queue", "on_dead"}
+        known = {"name", "version", "singleton", "timeout", "steps", "queue", "on_dead", "events"}
         unknown = set(value) - known
         if unknown:
             raise InvalidWorkflowError(workflow_name, "workflow", f"unknown options {sorted(unknown)}")
@@ -288,6 +301,7 @@ def workflow(
     steps: Iterable[str] = (),
     queue: str | None = None,
     on_dead: Callable[[RunRecord], None] | None = None,
+    events: Iterable[str] = (),
     registry: Registry = registry,
 ) -> Callable[[W], W]:
     """Register the decorated :class:`BaseWorkflow` subclass or function as a workflow.
@@ -303,6 +317,7 @@ def workflow(
         steps=tuple(steps),
         queue=queue,
         on_dead=on_dead,
+        events=tuple(events),
     )
 
     def decorate(target: W) -> W:

@@ -35,6 +35,7 @@ from .exceptions import (
     RunCancelledError,
     RunNotFoundError,
     SingletonFallbackWarning,
+    SingletonQueueFullError,
     UnknownWorkflowError,
     ValidationError,
 )
@@ -194,12 +195,14 @@ class Engine:
         tags: Iterable[str] = (),
         version: str | None = None,
         parent_run_id: str | None = None,
+        namespace: str | None = None,
     ) -> RunRecord:
         """Create a run and dispatch its first turn after commit; never blocks (S3).
 
         ``run_id``: a non-empty str of at most 191 characters, or None for a
         generated one. If a run with that id exists it is returned and nothing
-        is created, before any other check (R3, S16).
+        is created, before any other check (R3, S16). ``namespace`` defaults
+        to the engine's (children pass their parent's, D7).
 
         Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
         :class:`InvalidInputError`, :class:`SingletonKeyError`, or
@@ -222,7 +225,7 @@ class Engine:
             run_id=run_id or uuid.uuid4().hex,
             workflow_name=definition.name,
             workflow_version=definition.version,
-            namespace=self.namespace,
+            namespace=namespace or self.namespace,
             status="pending",
             input=input,
             created_at=now,
@@ -363,6 +366,8 @@ class Engine:
             ):
                 return "fenced"
             signals.run_parked.send(sender=Engine, run=run, reason=parked.reason)
+            if parked.recheck is not None and parked.recheck():
+                self.dispatcher.dispatch(run.run_id, definition.queue)
             return parked.status
         except LeaseLostError:
             logger.warning("run %s: lease lost; this turn's writes are fenced", run.run_id)
@@ -388,7 +393,20 @@ class Engine:
             self._on_dead(final)
         signals.run_finished.send(sender=Engine, run=final)
         self.release(final)
+        if final.parent_run_id:
+            self._wake_parent(final.parent_run_id)
         return status
+
+    def _wake_parent(self, parent_run_id: str) -> None:
+        """Dispatch a parent parked on this child (D7); a parent still running
+        re-checks after it parks, so the wake-up is never lost."""
+
+        def wake() -> None:
+            parent = self.store.get_run(parent_run_id)
+            if parent is not None and parent.status == "suspended" and parent.park_reason.startswith("child:"):
+                self.dispatcher.dispatch(parent_run_id, self._queue_of(parent))
+
+        self.dispatcher.on_commit(wake)
 
     def _on_dead(self, run: RunRecord) -> None:
         signals.run_dead.send(sender=Engine, run=run)
@@ -492,6 +510,26 @@ class Engine:
         payload = to_json_value(payload, "signal payload")
         run = self.start(name, input, run_id=run_id, tags=tags)
         return self.signal(run.run_id, signal, payload)
+
+    def emit(self, event: str, payload: Any = None, *, event_id: str | None = None) -> list[RunRecord]:
+        """Start every workflow subscribed to ``event`` with ``payload`` as input (D8).
+
+        With ``event_id``, each run id is ``event:<event_id>:<workflow>``, so
+        emitting the same event twice starts nothing new (R3). A subscriber
+        whose key queue is full is skipped and logged (S16); returns the runs
+        started or found.
+        """
+        if not isinstance(event, str) or not event:
+            raise ValidationError("event must be a non-empty str")
+        payload = to_json_value(payload, "event payload")
+        runs = []
+        for definition in self.registry.subscribers(event):
+            run_id = f"event:{event_id}:{definition.name}" if event_id else None
+            try:
+                runs.append(self.start(definition.name, payload, run_id=run_id))
+            except SingletonQueueFullError as exc:
+                logger.warning("event %s: %s", event, exc)
+        return runs
 
     def _queue_of(self, run: RunRecord) -> str | None:
         try:

@@ -160,3 +160,93 @@ def test_holder_cancelled_then_killed_ends_cancelled_after_recovery(
         engine.dispatcher.drain()
     assert engine.execute("A") == "skipped"
     assert engine.get("A").status == "cancelled"
+
+
+def test_call_child_returns_its_output_and_inherits_the_namespace(engine: Engine, registry: Registry) -> None:
+    """D7: deterministic child ids; the parent parks until the child is done, then replays."""
+    registry.add("child", "1", lambda ctx, i: i * 10)
+    registry.add("parent", "1", lambda ctx, i: [ctx.call_child("child", 1), ctx.call_child("child", 2)])
+    engine.namespace = "acme"
+    run = engine.start("parent", None, run_id="P")
+    engine.dispatcher.drain()
+    assert engine.get("P").output == [10, 20]
+    child = engine.get("P:child:0")
+    assert child.parent_run_id == "P" and child.namespace == "acme"
+    assert engine.get("P:child:1").output == 20
+    assert run.run_id == "P"
+
+
+def test_failed_and_rejected_children_reach_the_parent(engine: Engine, registry: Registry) -> None:
+    """D7, S16: a failed child raises ChildWorkflowError in the parent; a child
+    start rejected by its queue cap is delivered as a failed child, not swallowed."""
+    from durable_singleton.exceptions import ChildWorkflowError
+
+    def failing(ctx: Any, i: Any) -> None:
+        raise RuntimeError("child broke")
+
+    registry.add("failing", "1", failing)
+    registry.add("capped", "1", lambda ctx, i: None, singleton={"key": lambda i: "one", "max_queue_depth": 0})
+
+    def parent(ctx: Any, input: Any) -> list[str]:
+        outcomes = []
+        for name in ("failing", "capped"):
+            try:
+                ctx.call_child(name, {})
+                outcomes.append("ok")
+            except ChildWorkflowError as exc:
+                outcomes.append(exc.status)
+        return outcomes
+
+    registry.add("parent", "1", parent)
+    engine.start("capped", {}, run_id="blocker")  # fills the capped key (limit 1, depth 0)
+    engine.start("parent", None, run_id="P")
+    engine.dispatcher.queue.clear()
+    for _ in range(6):
+        for run_id in ("P", "P:child:0"):
+            engine.execute(run_id)
+    assert engine.get("P").output == ["failed", "rejected"]
+    assert engine.store.get_run("P:child:2") is None, "the rejected child wrote nothing"
+
+
+class _SignalArrivesAfterLook:
+    """Store proxy: the first look at the signals misses one that lands right after it."""
+
+    def __init__(self, store: Any, engine: Engine) -> None:
+        self._store, self._engine, self._raced = store, engine, False
+
+    def load_signals(self, run_id: str) -> Any:
+        seen = self._store.load_signals(run_id)
+        if not self._raced:
+            self._raced = True
+            self._store.add_signal(run_id, "go", "raced", self._engine.now())
+        return seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+
+def test_signal_arriving_while_the_body_parks_is_not_lost(engine: Engine, registry: Registry) -> None:
+    """D2, F6: a signal that lands between the body's look and its park write
+    (when engine.signal still sees the run running) re-dispatches the run."""
+    registry.add("racy", "1", lambda ctx, i: ctx.wait_for_signal("go"))
+    run = engine.start("racy")
+    engine.store = _SignalArrivesAfterLook(engine.store, engine)
+    engine.dispatcher.queue.clear()
+    assert engine.execute(run.run_id) == "suspended"
+    assert list(engine.dispatcher.queue) == [run.run_id], "the recheck after parking dispatched it again"
+    engine.dispatcher.drain()
+    assert engine.get(run.run_id).output == "raced"
+
+
+def test_emit_starts_subscribers_once_per_event_id(engine: Engine, registry: Registry) -> None:
+    """D8, S16: emit starts every subscribed workflow, idempotently per event_id."""
+    registry.add("on-order", "1", lambda ctx, i: i["order"], events=["order.created"])
+    registry.add("also", "1", lambda ctx, i: "also", events=["order.created"])
+    registry.add("other", "1", lambda ctx, i: None, events=["order.cancelled"])
+    first = engine.emit("order.created", {"order": 7}, event_id="e1")
+    again = engine.emit("order.created", {"order": 7}, event_id="e1")
+    assert sorted(r.run_id for r in first) == ["event:e1:also", "event:e1:on-order"]
+    assert [r.run_id for r in again] == [r.run_id for r in first]
+    engine.dispatcher.drain()
+    assert engine.get("event:e1:on-order").output == 7
+    assert len(engine.store.list_runs()) == 2

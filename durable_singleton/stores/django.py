@@ -176,17 +176,16 @@ class DjangoStore:
                 existing = self._runs().filter(pk=run.run_id).first()
                 if existing is not None:
                     return _record(existing), False
-                if run.singleton_key is not None:
-                    if cap is not None:
-                        # The cap's count and the insert are serialized per key (S15, F5).
-                        self._lock_key(run.workflow_name, run.singleton_key, run.singleton_limit)
-                        count = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace)
-                        if count >= cap:
-                            limit = run.singleton_limit or 1
-                            raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - limit)
-                    # Without a cap the key's lock row is left to the first claim:
-                    # a start inside a long user transaction must not block other
-                    # starts of a new key on its unique index (F3).
+                # Without a cap the key's lock row is left to the first claim: a
+                # start inside a long user transaction must not block other starts
+                # of a new key on its unique index (F3).
+                if run.singleton_key is not None and cap is not None:
+                    # The cap's count and the insert are serialized per key (S15, F5).
+                    self._lock_key(run.workflow_name, run.singleton_key, run.singleton_limit)
+                    count = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace)
+                    if count >= cap:
+                        limit = run.singleton_limit or 1
+                        raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - limit)
                 self._runs().create(
                     run_id=run.run_id,
                     workflow_name=run.workflow_name,
