@@ -366,3 +366,48 @@ def test_f16_sqlite_file_eight_threads_one_holder(registry: Registry, monitor: M
         _finish_all(engine)
         while permits.acquire(blocking=False):
             pass
+
+
+class PausedParkStore(DjangoStore):
+    """Pauses a denied claim after it decided to park, before its transaction commits (F6)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.decided = threading.Event()
+        self.resume = threading.Event()
+
+    def _park_denied(self, run_id: str, wake_at: datetime, now: datetime) -> None:
+        super()._park_denied(run_id, wake_at, now)
+        if run_id == "B":
+            self.decided.set()
+            assert self.resume.wait(30)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_f6_release_during_a_parking_claim_is_not_lost(registry: Registry, monitor: Monitor) -> None:
+    """F6, S7, S9: B's claim decided to park but has not committed; meanwhile A
+    completes and releases; then B commits. With the tick off, B runs at once:
+    the release is serialized with parking on the key's lock."""
+    store = PausedParkStore()
+    engine = make_engine(store, registry=registry)
+    permits = threading.Semaphore(0)
+    _gated_workflow(registry, monitor, permits)
+    engine.start("wf", {"k": "K"}, run_id="A")
+    engine.start("wf", {"k": "K"}, run_id="B")
+    engine.dispatcher.queue.clear()
+    holder = threading.Thread(target=_closing(engine.execute), args=("A",))
+    holder.start()
+    _wait(lambda: monitor.entered == ["A"])
+    parking = threading.Thread(target=_closing(engine.execute), args=("B",))
+    parking.start()
+    assert store.decided.wait(10)
+    permits.release(2)  # A completes and releases while B's park is uncommitted
+    time.sleep(0.3)
+    store.resume.set()
+    holder.join(30)
+    parking.join(30)
+    assert not holder.is_alive() and not parking.is_alive()
+    assert engine.get("A").status == "completed"
+    assert list(engine.dispatcher.queue) == ["B"], "the release pushed B after B's park committed"
+    engine.dispatcher.drain()
+    assert engine.get("B").status == "completed" and monitor.entered == ["A", "B"]

@@ -398,24 +398,42 @@ class DjangoStore:
                     runs.filter(pk=run_id).update(singleton_slot="holder", singleton_tracked=True, updated_at=now)
                     return AdmissionResult.ADMITTED
                 seconds = self.admission_retry_seconds if run_id in front[:limit] else self.backlog_retry_seconds
-                runs.filter(pk=run_id).update(
-                    status="suspended",
-                    wake_at=now + timedelta(seconds=retry_delay(seconds, self.admission_retry_jitter)),
-                    lease_owner=None,
-                    lease_expires_at=None,
-                    park_reason="singleton",
-                    updated_at=now,
+                self._park_denied(
+                    run_id, now + timedelta(seconds=retry_delay(seconds, self.admission_retry_jitter)), now
                 )
                 return AdmissionResult.PARKED
 
         return self._retrying(claim)
 
+    def _park_denied(self, run_id: str, wake_at: datetime, now: datetime) -> None:
+        """Park a denied run, inside the claim's transaction (S5 step 5)."""
+        self._runs().filter(pk=run_id).update(
+            status="suspended",
+            wake_at=wake_at,
+            lease_owner=None,
+            lease_expires_at=None,
+            park_reason="singleton",
+            updated_at=now,
+        )
+
     def wake_singleton_waiters(self, workflow_name: str, key: str, limit: int, now: datetime) -> list[str]:
-        runs = self._runs()
-        front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:limit])
-        if front:
-            runs.filter(pk__in=front, status="suspended").update(wake_at=now)
-        return front
+        """Make the key's oldest ``limit`` waiters due now (S7).
+
+        Takes the key's lock first, so a release is serialized with a claim
+        that is parking a waiter: the waiter's park is committed before the
+        release reads the queue, and no wake-up is lost (F6).
+        """
+
+        def wake() -> list[str]:
+            with transaction.atomic(using=self.db):
+                self._lock_key(workflow_name, key, None)
+                runs = self._runs()
+                front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:limit])
+                if front:
+                    runs.filter(pk__in=front, status="suspended").update(wake_at=now)
+                return front
+
+        return self._retrying(wake)
 
     def singleton_catch_up(self, now: datetime, limits: dict[str, int]) -> list[str]:
         runs = self._runs()
