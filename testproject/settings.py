@@ -61,7 +61,9 @@ if _engine.endswith("sqlite3"):
         "timeout": 30,
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "test_db.sqlite3")}
+    # A file (not :memory:) so threads and worker processes share it; one per
+    # test process, so parallel runs in one checkout do not collide.
+    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test_db_{os.getpid()}.sqlite3")}
 elif _engine.endswith("mysql"):
     DATABASES["default"]["OPTIONS"] = {"isolation_level": "read committed", "charset": "utf8mb4"}
 
@@ -81,6 +83,7 @@ DURABLE_SINGLETON = {
     "DISPATCH": os.environ.get("DURABLE_DISPATCH", "celery"),
     "LEASE_SECONDS": float(os.environ.get("DURABLE_LEASE_SECONDS", "30")),
     "LEASE_RENEW_SECONDS": float(os.environ.get("DURABLE_LEASE_RENEW_SECONDS", "10")),
+    "MAX_RECOVERIES": int(os.environ.get("DURABLE_MAX_RECOVERIES", "5")),
 }
 
 LOGGING = {
