@@ -17,6 +17,9 @@ P2 The push runs the successor inline: when a turn in a worker releases a
    by ``INLINE_BUDGET`` turns and ``INLINE_SECONDS``), with no broker hop;
    the other woken waiters are dispatched as before. Its ``wake_at`` is still
    stamped, so a crash leaves it to the tick (S7, S8).
+P4 ``create_run`` without a cap is one INSERT: no transaction (a savepoint
+   inside a caller's transaction) and no SELECT of the new ``run_id`` first; a
+   racing duplicate's ``IntegrityError`` returns the existing run (R3).
 P3 ``start`` does not dispatch a run that lands behind ``limit`` holders and
    ``limit`` waiters: it is created parked (``suspended``, the backlog retry)
    and waits for the push or the tick's catch-up, like any waiter far back
@@ -167,6 +170,52 @@ def release(self: Any, run: Any) -> list[str]:
 
 _deep: set[str] = set()
 _original_create = django_store.DjangoStore.create_run
+_inner_create = _original_create
+
+
+def create_run_single_insert(
+    self: Any, record: Any, *, cap: int | None, cap_namespace: str | None = None
+) -> tuple[Any, bool]:
+    """P4: without a cap, insert at once; a duplicate ``run_id`` returns the existing run (R3)."""
+    if cap is not None:
+        return _original_create(self, record, cap=cap, cap_namespace=cap_namespace)
+    from django.db import IntegrityError, connections
+
+    def insert() -> None:
+        self._runs().create(
+            run_id=record.run_id,
+            workflow_name=record.workflow_name,
+            workflow_version=record.workflow_version,
+            namespace=record.namespace,
+            status=record.status,
+            input=record.input,
+            tags=list(record.user_tags),
+            singleton_key=record.singleton_key,
+            singleton_limit=record.singleton_limit,
+            singleton_slot="waiter" if record.singleton_key is not None and record.tracked else None,
+            singleton_tracked=record.tracked,
+            created_at=record.created_at,
+            updated_at=record.updated_at,
+            wake_at=record.wake_at,
+            deadline_at=record.deadline_at,
+            parent_run_id=record.parent_run_id,
+            park_reason=record.park_reason,
+        )
+
+    try:
+        if connections[self.db].in_atomic_block:
+            with transaction.atomic(using=self.db):
+                insert()
+        else:
+            insert()
+    except IntegrityError:
+        existing = self._runs().filter(pk=record.run_id).first()
+        if existing is None:
+            raise
+        return django_store._record(existing), False
+    return record, True
+
+
 _original_dispatch: dict[type, Any] = {}
 
 
@@ -174,15 +223,21 @@ def create_run(self: Any, record: Any, *, cap: int | None, cap_namespace: str | 
     """P3: a run landing behind ``limit`` holders and ``limit`` waiters is created with the backlog retry."""
     if record.singleton_key is not None and record.status == "pending":
         limit = _limit(record.workflow_name, record.singleton_limit)
-        holders, front = _front(self, record.workflow_name, record.singleton_key, limit)
-        if holders >= limit and len(front) >= limit:
+        rows = list(
+            self._runs()
+            .for_key(record.workflow_name, record.singleton_key)
+            .filter(singleton_slot__gte="holder")
+            .order_by("singleton_slot", "created_at", "run_id")
+            .values_list("singleton_slot", flat=True)[: 2 * limit]
+        )
+        if rows.count("holder") >= limit and rows.count("waiter") >= limit:
             wake_at = record.created_at + timedelta(seconds=self.backlog_retry_seconds)
             record = record.evolve(status="suspended", wake_at=wake_at, park_reason="singleton")
-            run, created = _original_create(self, record, cap=cap, cap_namespace=cap_namespace)
+            run, created = _inner_create(self, record, cap=cap, cap_namespace=cap_namespace)
             if created:
                 _deep.add(run.run_id)
             return run, created
-    return _original_create(self, record, cap=cap, cap_namespace=cap_namespace)
+    return _inner_create(self, record, cap=cap, cap_namespace=cap_namespace)
 
 
 def _skip_deep(original: Any) -> Any:
@@ -195,11 +250,15 @@ def _skip_deep(original: Any) -> Any:
     return dispatch
 
 
-def apply(which: str = "P1,P2,P3") -> None:
+def apply(which: str = "P1,P2,P3,P4") -> None:
     """Apply the named prototypes (comma-separated) to durable_singleton, in this process."""
+    global _inner_create
     from durable_singleton import dispatch as dispatch_module
 
     chosen = {p.strip() for p in which.split(",")}
+    if "P4" in chosen:
+        _inner_create = create_run_single_insert
+        django_store.DjangoStore.create_run = create_run_single_insert
     if "P1" in chosen:
         django_store.DjangoStore.claim_run = claim_run
     if "P2" in chosen:

@@ -88,16 +88,25 @@ def handoff_stages(events: Sequence[audit.Event], stages: dict[str, dict[str, li
 
     exit -> fin (settle), fin -> sent (push: wake + publish), sent -> recv
     (broker to a worker), recv -> admit (claim_run + try_admit_singleton),
-    admit -> entry (load steps, lease keeper, body start).
+    admit -> entry (load steps, lease keeper, body start); fin -> admit when
+    the successor ran inline in the releasing worker (no publish).
     """
     entered = {e.run: e.at for e in events if e.kind == "E"}
     left = {e.run: e.at for e in events if e.kind == "X"}
     order = sorted(entered, key=entered.__getitem__)
-    parts: dict[str, list[float]] = {k: [] for k in ("exit_fin", "fin_sent", "sent_recv", "recv_admit", "admit_entry")}
+    names = ("exit_fin", "fin_sent", "sent_recv", "recv_admit", "admit_entry", "fin_admit_inline")
+    parts: dict[str, list[float]] = {k: [] for k in names}
     for before, after in itertools.pairwise(order):
         fin = min(stages.get(before, {}).get("fin", [math.inf]))
-        admit = max((t for t in stages.get(after, {}).get("admit", []) if t <= entered[after]), default=math.nan)
-        sent = min((t for t in stages.get(after, {}).get("sent", []) if t >= fin), default=math.nan)
+        # With bench/proposals.py P1 the claim admits without the run_admitted signal: take the entry.
+        admit = max((t for t in stages.get(after, {}).get("admit", []) if t <= entered[after]), default=entered[after])
+        sent = min((t for t in stages.get(after, {}).get("sent", []) if fin <= t <= admit), default=math.nan)
+        if math.isnan(sent) and before in left and not math.isinf(fin) and not math.isnan(admit):
+            # No publish between the release and the admission: the successor ran inline (P2).
+            parts["exit_fin"].append(fin - left[before])
+            parts["fin_admit_inline"].append(admit - fin)
+            parts["admit_entry"].append(entered[after] - admit)
+            continue
         recv = min((t for t in stages.get(after, {}).get("recv", []) if t >= sent), default=math.nan)
         if before not in left or math.isinf(fin) or math.isnan(admit + sent + recv) or recv > admit:
             continue
