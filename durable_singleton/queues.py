@@ -162,24 +162,19 @@ def singleton_options(reg: Registry = registry) -> dict[str, tuple[int, int | No
     }
 
 
-def _by_workflow(options: dict[str, Any], default: Any, output_field: Any) -> Any:
+def _by_workflow(options: dict[str, int], default: Any) -> Any:
+    """Return ``MAX(CASE workflow_name WHEN ... END)``: a per-workflow constant as an aggregate,
+    so that it stays out of the GROUP BY (MariaDB groups much slower on expressions)."""
     whens = [When(workflow_name=name, then=Value(value)) for name, value in options.items()]
-    if not whens:
-        return default
-    return Case(*whens, default=default, output_field=output_field)
+    return Max(Case(*whens, default=default, output_field=IntegerField()))
 
 
 def _grouped(options: dict[str, tuple[int, int | None]], using: str | None) -> QuerySet[Any]:
     runs = Run.objects.using(using) if using else Run.objects.all()
-    limit = _by_workflow(
-        {name: lim for name, (lim, _depth) in options.items()},
-        Coalesce(Max("singleton_limit"), Value(1)),
-        IntegerField(),
-    )
+    limit = _by_workflow({name: lim for name, (lim, _depth) in options.items()}, Coalesce("singleton_limit", 1))
     capacity = _by_workflow(
         {name: lim + depth for name, (lim, depth) in options.items() if depth is not None},
         Value(None, output_field=IntegerField()),
-        IntegerField(),
     )
     return (
         runs.filter(singleton_key__isnull=False, status__in=ACTIVE_STATUSES)
