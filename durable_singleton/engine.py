@@ -239,14 +239,27 @@ class Engine:
             parent_run_id=parent_run_id,
         )
         cap = None
-        if single is not None and single.max_queue_depth is not None:
-            cap = single.limit + single.max_queue_depth
+        deep = False
+        if single is not None:
+            if single.max_queue_depth is not None:
+                cap = single.limit + single.max_queue_depth
+            assert key is not None
+            deep_check = getattr(self.store, "queue_is_deep", None)
+            deep = deep_check is not None and deep_check(definition.name, key, single.limit)
+        if deep:
+            # Behind `limit` holders and `limit` waiters: park at creation and
+            # wait for the push or the tick's catch-up instead of sending a turn
+            # that could only park (S8a). Keeps bursts off the broker queue.
+            record = record.evolve(
+                wake_at=now + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS), park_reason="singleton"
+            )
         run, created = self.store.create_run(
             record, cap=cap, cap_namespace=self.namespace if self.scope_reads else None
         )
         if created:
             signals.run_created.send(sender=Engine, run=run)
-            self.dispatcher.dispatch(run.run_id, definition.queue)
+            if not deep:
+                self.dispatcher.dispatch(run.run_id, definition.queue)
         return run
 
     @staticmethod

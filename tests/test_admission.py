@@ -274,3 +274,25 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
         if datetime.now() > deadline:
             pytest.fail("condition not reached in time")
         threading.Event().wait(0.01)
+
+
+def test_start_deep_in_a_busy_queue_parks_without_a_turn(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S8a, S3: a start behind `limit` holders and `limit` waiters is created
+    (never refused) but parked, with no turn sent; the pushes admit it in order."""
+    hold = threading.Event()
+    audited(registry, monitor, hold=hold)
+    engine.start("wf", {"k": "A"}, run_id="h")
+    t = spawn(engine.execute, "h")
+    try:
+        _wait_for(lambda: monitor.entered == ["h"])
+        engine.start("wf", {"k": "A"}, run_id="w1")
+        engine.dispatcher.queue.clear()
+        deep = engine.start("wf", {"k": "A"}, run_id="w2")
+        assert deep.status == "pending" and list(engine.dispatcher.queue) == []
+        assert deep.wake_at is not None and deep.wake_at - engine.now() > timedelta(minutes=30)
+    finally:
+        hold.set()
+        t.join(10)
+    engine.dispatcher.drain()
+    assert monitor.entered == ["h", "w1", "w2"]
+    assert engine.get("w2").status == "completed"

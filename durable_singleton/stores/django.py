@@ -169,41 +169,33 @@ class DjangoStore:
     def create_run(
         self, run: RunRecord, *, cap: int | None, cap_namespace: str | None = None
     ) -> tuple[RunRecord, bool]:
+        """Insert ``run``; a duplicate ``run_id`` returns the existing run (R3).
+
+        Without a cap this is one INSERT (in a savepoint inside a caller's
+        transaction), and the key's lock row is left to the first claim, so a
+        start inside a long user transaction never blocks other starts of a new
+        key on its unique index (F3). With a cap, the count and the insert are
+        serialized on the key's lock (S15, F5).
+        """
         db = self.db
+        capped = run.singleton_key is not None and cap is not None
 
         def create() -> tuple[RunRecord, bool]:
+            if not capped and not connections[db].in_atomic_block:
+                self._insert(run)
+                return run, True
             with transaction.atomic(using=db):
-                existing = self._runs().filter(pk=run.run_id).first()
-                if existing is not None:
-                    return _record(existing), False
-                # Without a cap the key's lock row is left to the first claim: a
-                # start inside a long user transaction must not block other starts
-                # of a new key on its unique index (F3).
-                if run.singleton_key is not None and cap is not None:
-                    # The cap's count and the insert are serialized per key (S15, F5).
+                if capped:
+                    assert run.singleton_key is not None and cap is not None
+                    existing = self._runs().filter(pk=run.run_id).first()
+                    if existing is not None:
+                        return _record(existing), False
                     self._lock_key(run.workflow_name, run.singleton_key, run.singleton_limit)
                     count = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace)
                     if count >= cap:
                         limit = run.singleton_limit or 1
                         raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - limit)
-                self._runs().create(
-                    run_id=run.run_id,
-                    workflow_name=run.workflow_name,
-                    workflow_version=run.workflow_version,
-                    namespace=run.namespace,
-                    status=run.status,
-                    input=run.input,
-                    tags=list(run.user_tags),
-                    singleton_key=run.singleton_key,
-                    singleton_limit=run.singleton_limit,
-                    singleton_slot="waiter" if run.singleton_key is not None and run.tracked else None,
-                    singleton_tracked=run.tracked,
-                    created_at=run.created_at,
-                    updated_at=run.updated_at,
-                    wake_at=run.wake_at,
-                    deadline_at=run.deadline_at,
-                    parent_run_id=run.parent_run_id,
-                )
+                self._insert(run)
                 return run, True
 
         try:
@@ -214,6 +206,41 @@ class DjangoStore:
             if existing is None:
                 raise
             return _record(existing), False
+
+    def _insert(self, run: RunRecord) -> None:
+        self._runs().create(
+            run_id=run.run_id,
+            workflow_name=run.workflow_name,
+            workflow_version=run.workflow_version,
+            namespace=run.namespace,
+            status=run.status,
+            input=run.input,
+            tags=list(run.user_tags),
+            singleton_key=run.singleton_key,
+            singleton_limit=run.singleton_limit,
+            singleton_slot="waiter" if run.singleton_key is not None and run.tracked else None,
+            singleton_tracked=run.tracked,
+            created_at=run.created_at,
+            updated_at=run.updated_at,
+            wake_at=run.wake_at,
+            deadline_at=run.deadline_at,
+            parent_run_id=run.parent_run_id,
+            park_reason=run.park_reason,
+        )
+
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
+        """Tell whether the key already has ``limit`` holders and ``limit`` waiters (S8a).
+
+        One index read of at most ``2 * limit`` rows, whatever the queue's length.
+        """
+        slots = list(
+            self._runs()
+            .for_key(workflow_name, key)
+            .filter(singleton_slot__isnull=False)
+            .order_by("singleton_slot", "created_at", "run_id")
+            .values_list("singleton_slot", flat=True)[: 2 * limit]
+        )
+        return slots.count("holder") >= limit and slots.count("waiter") >= limit
 
     def get_run(self, run_id: str) -> RunRecord | None:
         row = self._runs().filter(pk=run_id).first()
@@ -430,7 +457,7 @@ class DjangoStore:
                 runs = self._runs()
                 front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:limit])
                 if front:
-                    runs.filter(pk__in=front, status="suspended").update(wake_at=now)
+                    runs.filter(pk__in=front, status__in=("pending", "suspended")).update(wake_at=now)
                 return front
 
         return self._retrying(wake)
@@ -460,7 +487,7 @@ class DjangoStore:
             limit = limits.get(workflow_name, key_limit)
             free = limit - holder_count
             front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:free])
-            if front and runs.filter(pk__in=front, status="suspended").filter(
+            if front and runs.filter(pk__in=front, status__in=("pending", "suspended")).filter(
                 Q(wake_at__isnull=True) | Q(wake_at__gt=now)
             ).update(wake_at=now):
                 woken.extend(front)

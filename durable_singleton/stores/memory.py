@@ -81,6 +81,13 @@ class MemoryStore:
             self._runs[run.run_id] = run
             return run, True
 
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
+        """Tell whether the key already has ``limit`` holders and ``limit`` waiters (S8a)."""
+        with self._critical():
+            runs = self._key_runs(workflow_name, key)
+            holders = sum(1 for r in runs if is_holder(r.status, r.tags))
+            return holders >= limit and len(runs) - holders >= limit
+
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._critical():
             return self._runs.get(run_id)
@@ -263,7 +270,7 @@ class MemoryStore:
         with self._critical():
             woken = []
             for run in self._waiters(workflow_name, key)[:limit]:
-                if run.status == "suspended":
+                if run.status in ("pending", "suspended"):
                     self._replace(run, now, wake_at=now)
                 woken.append(run.run_id)
             return woken
@@ -284,7 +291,7 @@ class MemoryStore:
                 if free <= 0:
                     continue
                 for run in self._waiters(workflow_name, key)[:free]:
-                    if run.status == "suspended" and (run.wake_at is None or run.wake_at > now):
+                    if run.status in ("pending", "suspended") and (run.wake_at is None or run.wake_at > now):
                         self._replace(run, now, wake_at=now)
                         woken.append(run.run_id)
             return woken
