@@ -27,10 +27,7 @@ from durable_singleton.engine import Engine, get_engine
 from durable_singleton.models import Run
 from testproject.inventory.models import BodyAudit
 
-try:  # real Celery worker processes, when this checkout has the shared fixture
-    from .celery_workers import celery_stack_missing, celery_workers
-except ImportError:  # pragma: no cover - the thread workers still run
-    celery_stack_missing = celery_workers = None  # type: ignore[assignment]
+from .celery_workers import celery_stack_missing, celery_workers
 
 __all__ = ["celery_workers"]  # the fixture, imported for this module's tests
 
@@ -138,8 +135,6 @@ def workers(request: pytest.FixtureRequest, settings: Any) -> Iterator[Engine]:
     if request.param == "threads":
         yield from _thread_workers(settings)
         return
-    if celery_stack_missing is None:
-        pytest.skip("tests/celery_workers.py (the worker-process fixture) is not in this checkout")
     if reason := celery_stack_missing():
         pytest.skip(reason)
     settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "celery"}
