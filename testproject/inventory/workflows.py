@@ -6,6 +6,7 @@ Discovered automatically: durable_singleton imports every installed app's
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from typing import Any
@@ -90,3 +91,76 @@ class SyncInventoryWide(BaseWorkflow):
 
     def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
         return _body(ctx, input)
+
+
+# -- fault tests (tests/test_faults_celery.py) ---------------------------------
+
+fault_logger = logging.getLogger("testproject.inventory")
+
+
+@step("fault:hold")
+def hold(args: dict[str, Any]) -> dict[str, Any]:
+    """Record one body entry (a row per claim of the run), hold for ``seconds``, record the exit.
+
+    A worker killed or paused inside this step leaves its row without an exit
+    (or with a late one); the step result is stored only if the holder still
+    has its lease (R4, R5).
+    """
+    row = BodyAudit.objects.create(
+        run_id=args["entry"],
+        workflow_name=args["workflow"],
+        key=args["key"],
+        entered_at=timezone.now(),
+        pid=os.getpid(),
+    )
+    time.sleep(float(args.get("seconds", 0)))
+    BodyAudit.objects.filter(pk=row.pk).update(exited_at=timezone.now())
+    return {"pid": os.getpid()}
+
+
+def _fault_body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """Hold for ``input["seconds"]`` (``input["seconds_after_recovery"]`` once
+    the run was recovered from an expired lease, if given)."""
+    seconds = input.get("seconds", 0)
+    if ctx.run.recoveries:
+        seconds = input.get("seconds_after_recovery", seconds)
+    # The audit row is named after the claim (attempts grows with every claim),
+    # so a re-driven run leaves one row per body entry.
+    args = {
+        "entry": f"{ctx.run_id}#{ctx.run.attempts}",
+        "workflow": ctx.run.workflow_name,
+        "key": ctx.run.singleton_key,
+        "seconds": seconds,
+    }
+    result = ctx.step("fault:hold", args)
+    return {"store_id": input["store_id"], "pid": result["pid"]}
+
+
+def _log_dead(run: Any) -> None:
+    """The fault workflows' on_dead hook: say so in the worker's log (D4)."""
+    fault_logger.warning("on_dead hook: run %s is dead (%s)", run.run_id, (run.error or {}).get("code"))
+
+
+@workflow(
+    name="fault-hold",
+    version="1",
+    singleton=Singleton(key=store_key, limit=1),
+    steps=("fault:hold",),
+    on_dead=_log_dead,
+)
+def fault_hold(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """Hold key ``store:<store_id>`` for ``seconds`` inside one step (fault tests)."""
+    return _fault_body(ctx, input)
+
+
+@workflow(
+    name="fault-hold-isolated",
+    version="1",
+    singleton=Singleton(key=store_key, limit=1),
+    steps=("fault:hold",),
+    queue="ds-faults",
+    on_dead=_log_dead,
+)
+def fault_hold_isolated(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """The same, with turns sent to Celery queue ``ds-faults`` (a test's own worker)."""
+    return _fault_body(ctx, input)
