@@ -19,10 +19,11 @@ TICK_TASK = "durable_singleton.tick"
 
 @shared_task(name=EXECUTE_TASK, ignore_result=True)
 def execute_run(run_id: str) -> str:
-    """Execute one turn of ``run_id``; returns the turn's outcome."""
+    """Execute one turn of ``run_id``, then the waiters its release woke (see
+    :meth:`Engine.execute_chain`); returns the first turn's outcome."""
     close_old_connections()
     try:
-        return get_engine().execute(run_id)
+        return get_engine().execute_chain(run_id)
     finally:
         close_old_connections()
 

@@ -210,3 +210,34 @@ def test_deadline_is_set_from_the_workflow_timeout(engine: Engine, registry: Reg
     registry.add("timed", "1", lambda ctx, i: None, timeout=60)
     run = engine.start("timed")
     assert run.deadline_at is not None and run.deadline_at - run.created_at == timedelta(seconds=60)
+
+
+def test_execute_chain_runs_the_woken_waiter_next_without_the_broker(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
+    """S7: the Celery task runs a turn with execute_chain: the oldest waiter its
+    release woke runs next on the same worker, in FIFO order, never beside a holder."""
+    audited(registry, monitor)
+    for name in ("A", "B", "C"):
+        engine.start("wf", {"k": "K"}, run_id=name)
+    assert engine.execute("C") == "parked"
+    assert engine.execute("B") == "parked"
+    engine.dispatcher.queue.clear()
+    assert engine.execute_chain("A") == "completed"
+    assert monitor.entered == ["A", "B", "C"] and monitor.highest["K"] == 1
+    assert list(engine.dispatcher.queue) == [], "no turn went through the dispatcher"
+    assert [engine.get(n).status for n in "ABC"] == ["completed"] * 3
+
+
+def test_execute_chain_stops_at_its_bound_and_sends_the_rest(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
+    audited(registry, monitor)
+    for name in ("A", "B", "C"):
+        engine.start("wf", {"k": "K"}, run_id=name)
+    engine.execute("C")
+    engine.execute("B")
+    engine.dispatcher.queue.clear()
+    engine.execute_chain("A", max_turns=2)
+    assert monitor.entered == ["A", "B"]
+    assert list(engine.dispatcher.queue) == ["C"]
