@@ -35,11 +35,39 @@ _CHILD = "durable:child"
 
 
 def to_json_value(value: Any, what: str) -> Any:
-    """Return ``value`` as it reads back from JSON; raise :class:`InvalidInputError`."""
+    """Return ``value`` as it reads back from JSON; raise :class:`InvalidInputError`.
+
+    Refused too: NUL characters and lone surrogates, which some databases
+    cannot store (PostgreSQL), so every store behaves the same.
+    """
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        text.encode("utf-8")
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from exc
+    if "\x00" in text or "\\u0000" in text:
+        raise InvalidInputError(f"{what} contains a NUL character, which databases cannot store")
+    return json.loads(text)
+
+
+def printable(text: str) -> str:
+    """Return ``text`` safe to store: NULs and lone surrogates escaped."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_text(value: object, what: str, max_length: int = 191) -> str:
+    """Check an identifier (run id, tag, signal name, namespace); raise :class:`ValidationError`."""
+    from .exceptions import ValidationError
+
+    if not isinstance(value, str) or not value or len(value) > max_length:
+        raise ValidationError(f"{what} must be a non-empty str of at most {max_length} characters, got {value!r:.80}")
+    if "\x00" in value:
+        raise ValidationError(f"{what} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{what} is not valid text: {exc}") from exc
+    return value
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .admission import (
     retry_delay,
 )
 from .conf import Settings, get_settings
-from .context import Suspend, WorkflowCtx, to_json_value
+from .context import Suspend, WorkflowCtx, check_text, printable, to_json_value
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
 from .exceptions import (
     InvalidRunIdError,
@@ -210,6 +210,8 @@ class Engine:
         :class:`InvalidInputError`, :class:`SingletonKeyError`, or
         :class:`SingletonQueueFullError` (S15); each writes nothing.
         """
+        if namespace is not None:
+            check_text(namespace, "namespace")
         if run_id is not None:
             self._check_run_id(run_id)
             existing = self.store.get_run(run_id)
@@ -266,19 +268,18 @@ class Engine:
 
     @staticmethod
     def _check_run_id(run_id: object) -> None:
-        if not isinstance(run_id, str) or not run_id or len(run_id) > RUN_ID_MAX_LENGTH:
-            raise InvalidRunIdError(
-                f"run_id must be a non-empty str of at most {RUN_ID_MAX_LENGTH} characters, got {run_id!r:.80}"
-            )
+        try:
+            check_text(run_id, "run_id", RUN_ID_MAX_LENGTH)
+        except ValidationError as exc:
+            raise InvalidRunIdError(str(exc)) from None
 
     @staticmethod
     def _check_tags(tags: Iterable[str]) -> list[str]:
-        if isinstance(tags, str):
-            raise ValidationError("tags must be an iterable of str, not a str")
+        if isinstance(tags, str) or tags is None:
+            raise ValidationError("tags must be an iterable of str")
         out = []
         for tag in tags:
-            if not isinstance(tag, str) or not tag or len(tag) > 191:
-                raise ValidationError(f"each tag must be a non-empty str of at most 191 characters, got {tag!r:.80}")
+            check_text(tag, "each tag")
             if tag not in RESERVED_TAGS and tag not in out:
                 out.append(tag)
         return out
@@ -288,6 +289,8 @@ class Engine:
 
         With ``scope_reads`` on, a run of another namespace is not found (D10).
         """
+        if not isinstance(run_id, str) or "\x00" in run_id:
+            raise RunNotFoundError(f"no run {run_id!r:.80}")
         run = self.store.get_run(run_id)
         if run is None or (self.scope_reads and run.namespace != self.namespace):
             raise RunNotFoundError(f"no run {run_id!r}")
@@ -309,7 +312,7 @@ class Engine:
         if run is None:
             return "skipped"
         if run.cancel_requested:
-            return self._finish(run, owner, "cancelled", error={"code": "cancelled", "message": "cancelled"})
+            return self._finish(run, owner, "cancelled", error=self._cancel_error(run))
         if claim.recovered and run.recoveries > settings.MAX_RECOVERIES:
             return self._finish(
                 run, owner, "dead", error={"code": "max_recoveries", "message": f"lease expired {run.recoveries} times"}
@@ -324,13 +327,14 @@ class Engine:
             self.dispatcher.dispatch(run_id, definition.queue)
             return "parked"
         if run.singleton_key is not None and not run.admitted:
-            assert definition.singleton is not None or run.singleton_limit is not None
-            limit = definition.singleton.limit if definition.singleton else (run.singleton_limit or 1)
-            verdict = self._admit(run, owner, limit)
+            verdict = self._admit(run, owner, self._limit_of(run))
             if verdict is AdmissionResult.PARKED:
                 signals.run_parked.send(sender=Engine, run=run, reason="singleton")
                 return "parked"
             if verdict is AdmissionResult.GONE:
+                latest = self.store.get_run(run.run_id)
+                if latest is not None and latest.status == "running" and latest.lease_owner == owner:
+                    return self._finish(run, owner, "cancelled", error=self._cancel_error(run))
                 return "gone"
             run = run.evolve(admitted=True)
             signals.run_admitted.send(sender=Engine, run=run)
@@ -359,6 +363,19 @@ class Engine:
         for left in follow_ups:
             self.dispatcher.dispatch(left, None)
         return outcome
+
+    def _limit_of(self, run: RunRecord) -> int:
+        """The key's limit: the latest registered version's, for every version (S2)."""
+        try:
+            single = self.registry.get(run.workflow_name).singleton
+        except UnknownWorkflowError:
+            single = None
+        return single.limit if single is not None else (run.singleton_limit or 1)
+
+    def _cancel_error(self, run: RunRecord) -> dict[str, str]:
+        if run.deadline_at is not None and self.now() >= run.deadline_at:
+            return {"code": "execution_timeout", "message": "execution timeout passed"}
+        return {"code": "cancelled", "message": "cancelled"}
 
     def _admit(self, run: RunRecord, owner: str, limit: int) -> AdmissionResult:
         assert run.singleton_key is not None
@@ -412,13 +429,13 @@ class Engine:
             logger.warning("run %s: lease lost; this turn's writes are fenced", run.run_id)
             return "fenced"
         except RunCancelledError:
-            return self._finish(run, owner, "cancelled", error={"code": "cancelled", "message": "cancelled"})
+            return self._finish(run, owner, "cancelled", error=self._cancel_error(run))
         except Exception as exc:  # the body may raise anything: it fails the run
             error = {
                 "code": "exception",
                 "type": type(exc).__qualname__,
-                "message": str(exc),
-                "traceback": traceback.format_exc(limit=20),
+                "message": printable(str(exc)),
+                "traceback": printable(traceback.format_exc(limit=20)),
             }
             return self._finish(run, owner, "failed", error=error)
         return self._finish(run, owner, "completed", output=output)
@@ -468,12 +485,8 @@ class Engine:
         if run.singleton_key is None:
             return []
         key = run.singleton_key
-        try:
-            definition: WorkflowDefinition | None = self.registry.get(run.workflow_name)
-        except UnknownWorkflowError:
-            definition = None
-        limit = definition.singleton.limit if definition and definition.singleton else (run.singleton_limit or 1)
-        queue = definition.queue if definition else None
+        limit = self._limit_of(run)
+        queue = self._queue_of(run)
         woken: list[str] = []
 
         def push() -> None:
@@ -533,8 +546,8 @@ class Engine:
         terminal, and :class:`InvalidInputError` for a non-JSON payload.
         """
         payload = to_json_value(payload, "signal payload")
-        if not isinstance(name, str) or not name:
-            raise ValidationError("signal name must be a non-empty str")
+        check_text(name, "signal name")
+        self.get(run_id)
         run = self.store.add_signal(run_id, name, payload, self.now())
         if run is None:
             raise RunNotFoundError(f"no active run {run_id!r} to signal")
@@ -551,6 +564,7 @@ class Engine:
         and seen by the body only once admitted.
         """
         payload = to_json_value(payload, "signal payload")
+        check_text(signal, "signal name")
         run = self.start(name, input, run_id=run_id, tags=tags)
         return self.signal(run.run_id, signal, payload)
 
@@ -562,8 +576,9 @@ class Engine:
         whose key queue is full is skipped and logged (S16); returns the runs
         started or found.
         """
-        if not isinstance(event, str) or not event:
-            raise ValidationError("event must be a non-empty str")
+        check_text(event, "event")
+        if event_id is not None:
+            check_text(event_id, "event_id", 120)
         payload = to_json_value(payload, "event payload")
         runs = []
         for definition in self.registry.subscribers(event):
@@ -592,6 +607,14 @@ class Engine:
         for run_id in self.store.overdue_runs(now, settings.TICK_BATCH):
             run = self.store.get_run(run_id)
             if run is None or run.status not in ACTIVE_STATUSES:
+                continue
+            if run.status == "running" and run.lease_expires_at is not None and run.lease_expires_at > now:
+                # The body is still running under a live lease: stop it at its
+                # next step boundary; the slot is released when it settles, so
+                # two bodies never overlap (D5, S9).
+                if not run.cancel_requested:
+                    self.store.request_cancel(run_id, now)
+                    report.timed_out.append(run_id)
                 continue
             error = {"code": "execution_timeout", "message": "execution timeout passed"}
             if self.store.settle(run_id, None, "cancelled", now, error=error):

@@ -410,15 +410,31 @@ class DjangoStore:
                     SingletonKey.objects.using(self.db).filter(pk=key_row.pk).update(limit=limit)
                 runs = self._runs()
                 row = (
-                    runs.select_for_update().filter(pk=run_id).values("status", "lease_owner", "singleton_slot").first()
+                    runs.select_for_update()
+                    .filter(pk=run_id)
+                    .values(
+                        "status", "lease_owner", "singleton_slot", "singleton_tracked", "cancel_requested", "attempts"
+                    )
+                    .first()
                 )
                 if row is None or row["status"] != "running" or row["lease_owner"] != owner:
                     return AdmissionResult.GONE
+                if row["cancel_requested"]:
+                    return AdmissionResult.GONE  # a cancel landed during the claim: never undone (S9)
                 if row["singleton_slot"] == "holder":
-                    return AdmissionResult.ADMITTED
+                    return AdmissionResult.ADMITTED  # a holder's later checks are confirmations (S6)
+                if not row["singleton_tracked"]:
+                    # A run of an older release (S12): one that had run before this
+                    # claim holds a slot already; one that never ran joins the queue.
+                    slot = "holder" if row["attempts"] > 1 else "waiter"
+                    runs.filter(pk=run_id).update(singleton_slot=slot, singleton_tracked=True, updated_at=now)
+                    if slot == "holder":
+                        return AdmissionResult.ADMITTED
                 queue = runs.for_key(workflow_name, key)
                 holders = queue.filter(singleton_slot="holder").count()
-                holders += queue.filter(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES).count()
+                holders += (
+                    queue.filter(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES).exclude(pk=run_id).count()
+                )
                 free = limit - holders
                 front = list(queue.waiting().values_list("run_id", flat=True)[: max(free, limit)])
                 if run_id in front[: max(free, 0)]:

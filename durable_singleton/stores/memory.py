@@ -244,8 +244,15 @@ class MemoryStore:
             run = self._runs.get(run_id)
             if run is None or run.status != "running" or run.lease_owner != owner or run.singleton_key is None:
                 return AdmissionResult.GONE
+            if run.cancel_requested:
+                return AdmissionResult.GONE  # a cancel landed during the claim: never undone (S9)
             if run.admitted:
                 return AdmissionResult.ADMITTED
+            if not run.tracked:
+                # A run of an older release (S12): holder if it had run before.
+                run = self._replace(run, now, tracked=True, admitted=run.attempts > 1)
+                if run.admitted:
+                    return AdmissionResult.ADMITTED
             key_runs = self._key_runs(run.workflow_name, run.singleton_key)
             candidates = [Candidate(r.run_id, r.created_at, r.status, r.tags) for r in key_runs]
             if decide_admission(candidates, run_id, limit):
