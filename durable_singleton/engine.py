@@ -81,7 +81,6 @@ class _LeaseKeeper:
         self.engine = engine
         self.run_id = run_id
         self.owner = owner
-        self.lost = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name=f"lease:{run_id}", daemon=True)
 
@@ -100,8 +99,7 @@ class _LeaseKeeper:
                 if not self.engine.store.renew_lease(
                     self.run_id, self.owner, self.engine.settings.LEASE_SECONDS, self.engine.now()
                 ):
-                    self.lost = True
-                    return
+                    return  # fenced: the body stops at its next step boundary
         finally:
             self.engine.close_thread_resources()
 
@@ -525,8 +523,14 @@ class Engine:
         Raises :class:`RunNotFoundError`, or :class:`ValidationError` if the
         run is not failed or dead.
         """
-        self.get(run_id)
-        run = self.store.reset_for_retry(run_id, self.now(), self.settings.REDELIVERY_SECONDS)
+        previous = self.get(run_id)
+        try:
+            timeout = self.registry.get(previous.workflow_name).timeout
+        except UnknownWorkflowError:
+            timeout = None
+        now = self.now()
+        deadline = now + timedelta(seconds=timeout) if timeout else None  # a retry gets a fresh timeout (D5)
+        run = self.store.reset_for_retry(run_id, now, self.settings.REDELIVERY_SECONDS, deadline)
         if run is None:
             raise ValidationError(f"run {run_id!r} is not failed or dead; only those can be retried")
         self.dispatcher.dispatch(run_id, self._queue_of(run))

@@ -3,6 +3,8 @@ and one small lock row per singleton key."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
@@ -10,6 +12,23 @@ from .admission import KEY_MAX_LENGTH
 from .querysets import RunQuerySet
 
 __all__ = ["Run", "RunStatus", "Signal", "SingletonKey", "SlotState", "Step"]
+
+
+class ExactCharField(models.CharField):  # type: ignore[type-arg]
+    """A CharField compared exactly on every database.
+
+    MySQL/MariaDB's default utf8mb4 collations ignore case and trailing spaces,
+    so "job-ABC" and "job-abc " would be one run (R3) and "Store:A" and
+    "store:a" one key (S1); there the column uses a binary NO PAD collation.
+    Other databases compare exactly already.
+    """
+
+    def db_parameters(self, connection: Any) -> dict[str, Any]:
+        params = super().db_parameters(connection)
+        if connection.vendor == "mysql" and not self.db_collation:
+            # Binary and NO PAD: trailing spaces count too.
+            params["collation"] = "utf8mb4_nopad_bin" if connection.mysql_is_mariadb else "utf8mb4_0900_bin"
+        return params
 
 
 class RunStatus(models.TextChoices):
@@ -47,16 +66,16 @@ class Run(models.Model):
     (``holder`` is the admitted marker), which the queue indexes serve (S5, S12).
     """
 
-    run_id = models.CharField(_("run id"), max_length=191, primary_key=True)
-    workflow_name = models.CharField(_("workflow"), max_length=191)
+    run_id = ExactCharField(_("run id"), max_length=191, primary_key=True)
+    workflow_name = ExactCharField(_("workflow"), max_length=191)
     workflow_version = models.CharField(_("version"), max_length=64)
-    namespace = models.CharField(_("namespace"), max_length=191, default="default")
+    namespace = ExactCharField(_("namespace"), max_length=191, default="default")
     status = models.CharField(_("status"), max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING)
     input = models.JSONField(_("input"), null=True)
     output = models.JSONField(_("output"), null=True, blank=True)
     error = models.JSONField(_("error"), null=True, blank=True)
     tags = models.JSONField(_("tags"), default=list, blank=True)
-    singleton_key = models.CharField(_("singleton key"), max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    singleton_key = ExactCharField(_("singleton key"), max_length=KEY_MAX_LENGTH, null=True, blank=True)
     singleton_limit = models.PositiveIntegerField(_("singleton limit"), null=True, blank=True)
     singleton_slot = models.CharField(_("slot"), max_length=6, choices=SlotState.choices, null=True, blank=True)
     singleton_tracked = models.BooleanField(_("tracked"), default=False)
@@ -70,7 +89,7 @@ class Run(models.Model):
     lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     recoveries = models.PositiveIntegerField(_("recoveries"), default=0)
-    parent_run_id = models.CharField(_("parent run id"), max_length=191, null=True, blank=True)
+    parent_run_id = ExactCharField(_("parent run id"), max_length=191, null=True, blank=True)
     park_reason = models.CharField(_("park reason"), max_length=191, blank=True, default="")
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
 
@@ -152,8 +171,8 @@ class SingletonKey(models.Model):
     with 10 or 10,000 waiters (S5, S13).
     """
 
-    workflow_name = models.CharField(_("workflow"), max_length=191)
-    key = models.CharField(_("key"), max_length=KEY_MAX_LENGTH)
+    workflow_name = ExactCharField(_("workflow"), max_length=191)
+    key = ExactCharField(_("key"), max_length=KEY_MAX_LENGTH)
     limit = models.PositiveIntegerField(_("limit"), default=1)
     max_queue_depth = models.PositiveIntegerField(_("max queue depth"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), auto_now_add=True)

@@ -167,3 +167,17 @@ def test_turn_is_sent_only_after_the_creating_transaction_commits(transactional_
         raise RuntimeError("rollback")
     assert engine.dispatcher.sent == ["committed"]
     assert engine.store.get_run("rolled-back") is None
+
+
+def test_run_ids_and_keys_compare_exactly(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """R3, S1: ids and keys differing only in case or trailing spaces are distinct
+    (MySQL/MariaDB columns use a binary collation)."""
+    audited(registry, monitor)
+    ids = ["job-ABC", "job-abc", "job-abc "]
+    for n, run_id in enumerate(ids):
+        assert engine.start("wf", {"k": ["Q", "q", "q "][n]}, run_id=run_id).run_id == run_id
+    runs = {r.run_id: r for r in engine.store.list_runs()}
+    assert sorted(runs) == sorted(ids)
+    assert sorted(r.singleton_key for r in runs.values()) == sorted(["key:Q", "key:q", "key:q "])
+    engine.dispatcher.queue.clear()
+    assert [engine.execute(run_id) for run_id in ids] == ["completed"] * 3, "three keys, three free slots"

@@ -364,7 +364,9 @@ class DjangoStore:
 
         return self._retrying(cancel)
 
-    def reset_for_retry(self, run_id: str, now: datetime, redelivery_seconds: float = 5.0) -> RunRecord | None:
+    def reset_for_retry(
+        self, run_id: str, now: datetime, redelivery_seconds: float = 5.0, deadline_at: datetime | None = None
+    ) -> RunRecord | None:
         """Put a failed or dead run back to ``pending``, through admission again,
         with its stored key and no marker (D9)."""
         row = self._runs().filter(pk=run_id, status__in=("failed", "dead")).first()
@@ -380,6 +382,7 @@ class DjangoStore:
             "recoveries": 0,
             "finished_at": None,
             "cancel_requested": False,
+            "deadline_at": deadline_at,
             "updated_at": now,
         }
         if not self._runs().filter(pk=run_id, status=row.status).update(**changes):

@@ -215,7 +215,9 @@ class MemoryStore:
                 cancel_requested=True,
             )
 
-    def reset_for_retry(self, run_id: str, now: datetime, redelivery_seconds: float = 5.0) -> RunRecord | None:
+    def reset_for_retry(
+        self, run_id: str, now: datetime, redelivery_seconds: float = 5.0, deadline_at: datetime | None = None
+    ) -> RunRecord | None:
         """Put a failed or dead run back to ``pending`` through admission (D9)."""
         with self._critical():
             run = self._runs.get(run_id)
@@ -233,6 +235,7 @@ class MemoryStore:
                 recoveries=0,
                 finished_at=None,
                 cancel_requested=False,
+                deadline_at=deadline_at,
             )
 
     # -- admission ---------------------------------------------------------
