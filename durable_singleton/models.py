@@ -83,6 +83,7 @@ class Run(models.Model):
     updated_at = models.DateTimeField(_("updated at"))
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    admitted_at = models.DateTimeField(_("admitted at"), null=True, blank=True)
     wake_at = models.DateTimeField(_("wake at"), null=True, blank=True)
     deadline_at = models.DateTimeField(_("deadline at"), null=True, blank=True)
     lease_owner = models.CharField(_("lease owner"), max_length=191, null=True, blank=True)
@@ -114,6 +115,9 @@ class Run(models.Model):
             models.Index(fields=["status", "lease_expires_at"], name="ds_run_lease_idx"),
             models.Index(fields=["status", "deadline_at"], name="ds_run_deadline_idx"),
             models.Index(fields=["namespace", "workflow_name", "status"], name="ds_run_ns_idx"),
+            # The admin's run list: newest first, and its key filter.
+            models.Index(fields=["created_at", "run_id"], name="ds_run_created_idx"),
+            models.Index(fields=["singleton_key"], name="ds_run_key_idx"),
         ]
         constraints = [
             models.CheckConstraint(

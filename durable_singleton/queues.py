@@ -361,10 +361,13 @@ def key_queue(
 def holder_since(run: Run, first_step_at: datetime | None) -> datetime | None:
     """Return when ``run`` took its slot, as well as the stored columns tell.
 
-    No column records the admission itself. A run admitted on its first turn
-    (one attempt) took its slot at ``started_at``; otherwise the body's first
-    step started just after admission; with neither, None.
+    ``admitted_at`` is stamped by the claim. For a run admitted before that
+    column existed: a run admitted on its first turn took its slot at
+    ``started_at``; otherwise the body's first step started just after
+    admission; with neither, None.
     """
+    if run.admitted_at is not None:
+        return run.admitted_at
     if run.attempts <= 1 and run.started_at is not None:
         return run.started_at
     return first_step_at
@@ -392,6 +395,8 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
     runs = (Run.objects.using(using) if using else Run.objects.all()).for_key(run.workflow_name, run.singleton_key)
     is_legacy_holder = not run.singleton_tracked and run.status in HOLDING_LEGACY_STATUSES
     if run.singleton_slot == "holder" or is_legacy_holder:
+        if run.admitted_at is not None:
+            return Place("holder", since=run.admitted_at)
         if run.attempts <= 1 and run.started_at is not None:
             return Place("holder", since=run.started_at)
         first = Step.objects.filter(run_id=run.pk).order_by("position").values_list("started_at", flat=True).first()

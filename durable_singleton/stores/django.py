@@ -383,6 +383,7 @@ class DjangoStore:
             "finished_at": None,
             "cancel_requested": False,
             "deadline_at": deadline_at,
+            "admitted_at": None,
             "updated_at": now,
         }
         if not self._runs().filter(pk=run_id, status=row.status).update(**changes):
@@ -430,7 +431,12 @@ class DjangoStore:
                     # A run of an older release (S12): one that had run before this
                     # claim holds a slot already; one that never ran joins the queue.
                     slot = "holder" if row["attempts"] > 1 else "waiter"
-                    runs.filter(pk=run_id).update(singleton_slot=slot, singleton_tracked=True, updated_at=now)
+                    runs.filter(pk=run_id).update(
+                        singleton_slot=slot,
+                        singleton_tracked=True,
+                        admitted_at=now if slot == "holder" else None,
+                        updated_at=now,
+                    )
                     if slot == "holder":
                         return AdmissionResult.ADMITTED
                 queue = runs.for_key(workflow_name, key)
@@ -441,7 +447,9 @@ class DjangoStore:
                 free = limit - holders
                 front = list(queue.waiting().values_list("run_id", flat=True)[: max(free, limit)])
                 if run_id in front[: max(free, 0)]:
-                    runs.filter(pk=run_id).update(singleton_slot="holder", singleton_tracked=True, updated_at=now)
+                    runs.filter(pk=run_id).update(
+                        singleton_slot="holder", singleton_tracked=True, admitted_at=now, updated_at=now
+                    )
                     return AdmissionResult.ADMITTED
                 seconds = self.admission_retry_seconds if run_id in front[:limit] else self.backlog_retry_seconds
                 self._park_denied(
