@@ -91,7 +91,10 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             checks.Warning(
                 "The durable_singleton tick is not in the Celery beat schedule: lost wake-ups, "
                 "timers and recoveries will not be driven.",
-                hint="app.conf.beat_schedule.update(durable_singleton.tasks.beat_schedule())",
+                hint=(
+                    "app.conf.beat_schedule.update(durable_singleton.tasks.beat_schedule()), or set "
+                    "DURABLE_SINGLETON = {'DISPATCH': 'thread'} for the embedded in-process worker."
+                ),
                 id="durable_singleton.W001",
             )
         )
@@ -109,5 +112,5 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 def register() -> None:
     """Register the checks with Django (called from ``ready()``)."""
     checks.register(check_settings, "durable_singleton")
-    checks.register(check_sqlite, "durable_singleton", checks.Tags.database)
+    checks.register(check_sqlite, "durable_singleton")
     checks.register(check_celery, "durable_singleton")

@@ -2,8 +2,9 @@
 
 * :class:`CeleryDispatcher` sends the ``durable_singleton.execute_run`` task
   after the current transaction commits.
-* :class:`ThreadDispatcher` is the embedded default: an in-process pool of
-  worker threads and a tick thread, no external service.
+* :class:`ThreadDispatcher` (``DISPATCH = "thread"``) is the embedded worker:
+  an in-process pool of worker threads and a tick thread, started by the
+  first dispatch of the process, no external service.
 * :class:`ManualDispatcher` queues turns for a test to drain on its own thread.
 """
 
@@ -88,14 +89,20 @@ class ThreadDispatcher(_DjangoCommit):
         self._queue: queue_module.Queue[str | None] = queue_module.Queue()
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._starting = threading.Lock()
 
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
+        """Queue a turn; the threads start with the first dispatch of the process."""
+        self.start()
         self.on_commit(lambda: self._queue.put(run_id))
 
     def start(self) -> None:
-        """Start the worker and tick threads (idempotent)."""
-        if self._workers:
-            return
+        """Start the worker and tick threads (idempotent, thread-safe)."""
+        with self._starting:
+            if not self._workers:
+                self._start_threads()
+
+    def _start_threads(self) -> None:
         self._stop.clear()
         for n in range(self.threads):
             thread = threading.Thread(target=self._work, name=f"durable-worker-{n}", daemon=True)

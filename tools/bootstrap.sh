@@ -21,13 +21,20 @@ if [ ! -x .venv/bin/python ]; then
   py=$(find_python)
   PYENV_VERSION="$(ls /root/.pyenv/versions 2>/dev/null | grep '^3\.12' | tail -1)" "$py" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING' || true
+pip_quiet() {
+  # pip's output goes to .venv/pip.log and is shown only when it fails.
+  if ! .venv/bin/python -m pip install -q --disable-pip-version-check "$@" > .venv/pip.log 2>&1; then
+    cat .venv/pip.log >&2
+    return 1
+  fi
+}
+pip_quiet --upgrade pip || echo "bootstrap: pip could not upgrade itself; going on" >&2
 stamp=".venv/.installed-${1:-base}-$(cat setup.cfg requirements/*.txt 2>/dev/null | cksum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ]; then
   if [ "${1:-base}" = "test" ]; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/test.txt -e . 2>&1 | grep -v '^WARNING' || true
+    pip_quiet -r requirements/test.txt -e .
   else
-    .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/base.txt -e . 2>&1 | grep -v '^WARNING' || true
+    pip_quiet -r requirements/base.txt -e .
   fi
   .venv/bin/python -c 'import django, celery, durable_singleton' && touch "$stamp"
 fi
