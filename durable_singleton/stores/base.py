@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -92,7 +92,6 @@ class SignalRecord:
     name: str
     payload: Any
     created_at: datetime
-    consumed: bool = False
 
 
 class AdmissionResult(enum.Enum):
@@ -109,7 +108,6 @@ class ClaimResult:
 
     run: RunRecord | None
     recovered: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
