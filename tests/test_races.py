@@ -411,3 +411,47 @@ def test_f6_release_during_a_parking_claim_is_not_lost(registry: Registry, monit
     assert list(engine.dispatcher.queue) == ["B"], "the release pushed B after B's park committed"
     engine.dispatcher.drain()
     assert engine.get("B").status == "completed" and monitor.entered == ["A", "B"]
+
+
+def test_f5_cap_under_racing_starts(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """F5, S15: limit 1, max_queue_depth 5, 50 simultaneous starts: 6 runs
+    exist, 44 callers get SingletonQueueFullError, no other row; another key
+    still accepts; after the holder completes exactly one new start is
+    accepted; with 200 keys the cap is per key."""
+    from durable_singleton.exceptions import SingletonQueueFullError
+
+    registry.add("capped", "1", lambda c, i: None, singleton={"key": lambda i: i["k"], "max_queue_depth": 5})
+    outcomes: list[str] = []
+
+    def racer(i: int) -> None:
+        try:
+            engine.start("capped", {"k": "K"}, run_id=f"c{i:02d}")
+            outcomes.append("started")
+        except SingletonQueueFullError:
+            outcomes.append("full")
+
+    for t in _racers(50, racer):
+        t.join(60)
+    assert sorted(outcomes) == ["full"] * 44 + ["started"] * 6
+    assert len(engine.store.list_runs()) == 6
+    assert engine.start("capped", {"k": "other"}).singleton_key == "other"
+    engine.dispatcher.queue.clear()
+    first = min(engine.store.active_runs_for_key("capped", "K"), key=lambda r: (r.created_at, r.run_id)).run_id
+    assert engine.execute(first) == "completed"
+    late: list[str] = []
+
+    def late_racer(i: int) -> None:
+        try:
+            engine.start("capped", {"k": "K"}, run_id=f"late{i}")
+            late.append("started")
+        except SingletonQueueFullError:
+            late.append("full")
+
+    for t in _racers(10, late_racer):
+        t.join(60)
+    assert sorted(late) == ["full"] * 9 + ["started"]
+    for k in range(200):
+        for n in range(6):
+            engine.start("capped", {"k": f"key{k}"}, run_id=f"k{k}-{n}")
+    with pytest.raises(SingletonQueueFullError):
+        engine.start("capped", {"k": "key199"})
