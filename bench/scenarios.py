@@ -244,12 +244,16 @@ def wait_parked(key: str, waiters: int, timeout: float) -> float:
     """Wait until every waiter of ``key`` has had its first turn and parked; return the seconds waited.
 
     The front waiter retries about once a second, so at any moment it may be
-    running: all but one suspended, none pending.
+    running: all but one parked (suspended, or created parked deep in the
+    queue), none pending with a turn on its way.
     """
 
     def parked() -> bool:
         runs = key_runs(key)
-        return not runs.filter(status="pending").exists() and runs.filter(status="suspended").count() >= waiters - 1
+        # A start deep in the queue is created parked (pending, reason "singleton", no turn sent: S8a).
+        deep = runs.filter(status="pending", park_reason="singleton")
+        turn_pending = runs.filter(status="pending").exclude(park_reason="singleton").exists()
+        return not turn_pending and runs.filter(status="suspended").count() + deep.count() >= waiters - 1
 
     return wait_until(parked, timeout, f"{waiters} waiters of {key} to park", every=0.25)
 
@@ -408,7 +412,8 @@ def burst(engine: Engine, sizes: Sizes, env: dict[str, str]) -> dict[str, Any]:
         landed_at = time.time()
 
         def settled() -> bool:
-            return not key_runs(key).filter(status="pending").exists()
+            # Every turn sent has run: what is pending now was created parked (S8a).
+            return not key_runs(key).filter(status="pending").exclude(park_reason="singleton").exists()
 
         while not settled():
             if time.time() - started_at > 900:
@@ -511,7 +516,12 @@ def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> d
     settings = engine.settings
     tails = {}
     for size, info in keys.items():
-        tail = key_runs(info["key"]).filter(status="suspended").order_by("-created_at", "-run_id").first()
+        tail = (
+            key_runs(info["key"])
+            .filter(status__in=("suspended", "pending"), singleton_slot="waiter")
+            .order_by("-created_at", "-run_id")
+            .first()
+        )
         if tail is None:
             raise RuntimeError(f"no parked waiter on {info['key']}")
         tails[size] = tail.run_id
