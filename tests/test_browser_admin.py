@@ -212,7 +212,12 @@ def test_watch_a_burst_drain_and_cancel_a_waiter(browser: Browser, workers: Engi
     browser.shot(f"admin-queues-falling-{kind}")
 
     # The key's page: holders, then waiters in admission order; cancel the last waiter.
-    browser.do(lambda page: page.click('tr[data-key="store:A"] th.field-key a'))
+    def open_key_page(page: Any) -> None:
+        with page.expect_navigation():
+            page.click('tr[data-key="store:A"] th.field-key a')
+        page.wait_for_selector("tr.ds-holder, tr.ds-waiter", timeout=15_000)
+
+    browser.do(open_key_page)
     rows = browser.do(
         lambda page: page.eval_on_selector_all(
             "tr.ds-waiter", "rs => rs.map(r => [r.dataset.position, r.dataset.runId])"
