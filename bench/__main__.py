@@ -32,7 +32,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tick", type=float, default=1.0, help="tick period in seconds (default 1)")
     parser.add_argument("--djq-poll", type=float, default=0.1, help="dj-queue worker polling interval (default 0.1 s)")
     parser.add_argument("--pc-poll", type=float, default=0.01, help="procrastinate fetch polling interval (0.01 s)")
-    parser.add_argument("--patch", default="", help="apply prototypes from bench/proposals.py, e.g. P1,P2,P3")
+    parser.add_argument("--patch", default="", help="apply prototypes from bench/proposals.py, e.g. P1")
     parser.add_argument("--trace", action="store_true", help="trace each turn's stages (adds Redis writes)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="results folder")
     return parser.parse_args(argv)

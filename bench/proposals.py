@@ -12,40 +12,23 @@ P1 ``claim_run`` claims and admits a waiter in one transaction: lock the run
    index range scan (``singleton_slot >= 'holder'`` in ``ds_run_queue_idx``
    order), then one UPDATE that both claims and admits, or parks. 7 round trips
    instead of 10 (``claim_run`` 2 + ``try_admit_singleton`` 8).
-P2 The push runs the successor inline: when a turn in a worker releases a
-   slot, the oldest woken waiter's turn runs next in the same worker (bounded
-   by ``INLINE_BUDGET`` turns and ``INLINE_SECONDS``), with no broker hop;
-   the other woken waiters are dispatched as before. Its ``wake_at`` is still
-   stamped, so a crash leaves it to the tick (S7, S8).
-P4 ``create_run`` without a cap is one INSERT: no transaction (a savepoint
-   inside a caller's transaction) and no SELECT of the new ``run_id`` first; a
-   racing duplicate's ``IntegrityError`` returns the existing run (R3).
-P3 ``start`` does not dispatch a run that lands behind ``limit`` holders and
-   ``limit`` waiters: it is created parked (``suspended``, the backlog retry)
-   and waits for the push or the tick's catch-up, like any waiter far back
-   (S8a); no turn per run of a burst.
+P2, P3 and P4 (the releasing worker runs the woken waiter next, a start deep
+in a busy queue is created parked, an uncapped start is one INSERT) are in the
+core now: ``Engine.execute_chain``, ``Engine.start``, ``DjangoStore.create_run``.
 """
 
 from __future__ import annotations
 
-import threading
-import time
 from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
 
-from durable_singleton import engine as engine_module
 from durable_singleton.admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES, retry_delay
 from durable_singleton.definitions import registry
 from durable_singleton.exceptions import UnknownWorkflowError
 from durable_singleton.stores import django as django_store
 from durable_singleton.stores.base import ClaimResult
-
-INLINE_BUDGET = 200
-INLINE_SECONDS = 2.0
-
-_local = threading.local()
 
 
 def _limit(workflow_name: str, stored: int | None) -> int:
@@ -122,149 +105,10 @@ def claim_run(self: Any, run_id: str, owner: str, lease_seconds: float, now: Any
     return self._retrying(claim)
 
 
-_original_execute = engine_module.Engine.execute
-_original_release = engine_module.Engine.release
-
-
-def execute(self: Any, run_id: str) -> str:
-    """P2: after the turn, run the successors it released inline (bounded), then dispatch the rest."""
-    if getattr(_local, "active", False):
-        return _original_execute(self, run_id)
-    _local.active = True
-    _local.next = []
-    try:
-        outcome = _original_execute(self, run_id)
-        budget = INLINE_BUDGET
-        deadline = time.monotonic() + INLINE_SECONDS
-        while _local.next and budget > 0 and time.monotonic() < deadline:
-            budget -= 1
-            _original_execute(self, _local.next.pop(0)[0])
-        for leftover, queue in _local.next:
-            self.dispatcher.dispatch(leftover, queue)
-        return outcome
-    finally:
-        _local.active = False
-        _local.next = []
-
-
-def release(self: Any, run: Any) -> list[str]:
-    """P2: like Engine.release, but hand the oldest woken waiter to the running turn's loop."""
-    if run.singleton_key is None or not getattr(_local, "active", False):
-        return _original_release(self, run)
-    key = run.singleton_key
-    limit = _limit(run.workflow_name, run.singleton_limit)
-    queue = self._queue_of(run)
-    woken: list[str] = []
-
-    def push() -> None:
-        woken.extend(self.store.wake_singleton_waiters(run.workflow_name, key, limit, self.now()))
-        for n, run_id in enumerate(woken):
-            if n == 0:
-                _local.next.append((run_id, queue))
-            else:
-                self.dispatcher.dispatch(run_id, queue)
-
-    self.dispatcher.on_commit(push)
-    return woken
-
-
-_deep: set[str] = set()
-_original_create = django_store.DjangoStore.create_run
-_inner_create = _original_create
-
-
-def create_run_single_insert(
-    self: Any, record: Any, *, cap: int | None, cap_namespace: str | None = None
-) -> tuple[Any, bool]:
-    """P4: without a cap, insert at once; a duplicate ``run_id`` returns the existing run (R3)."""
-    if cap is not None:
-        return _original_create(self, record, cap=cap, cap_namespace=cap_namespace)
-    from django.db import IntegrityError, connections
-
-    def insert() -> None:
-        self._runs().create(
-            run_id=record.run_id,
-            workflow_name=record.workflow_name,
-            workflow_version=record.workflow_version,
-            namespace=record.namespace,
-            status=record.status,
-            input=record.input,
-            tags=list(record.user_tags),
-            singleton_key=record.singleton_key,
-            singleton_limit=record.singleton_limit,
-            singleton_slot="waiter" if record.singleton_key is not None and record.tracked else None,
-            singleton_tracked=record.tracked,
-            created_at=record.created_at,
-            updated_at=record.updated_at,
-            wake_at=record.wake_at,
-            deadline_at=record.deadline_at,
-            parent_run_id=record.parent_run_id,
-            park_reason=record.park_reason,
-        )
-
-    try:
-        if connections[self.db].in_atomic_block:
-            with transaction.atomic(using=self.db):
-                insert()
-        else:
-            insert()
-    except IntegrityError:
-        existing = self._runs().filter(pk=record.run_id).first()
-        if existing is None:
-            raise
-        return django_store._record(existing), False
-    return record, True
-
-
-_original_dispatch: dict[type, Any] = {}
-
-
-def create_run(self: Any, record: Any, *, cap: int | None, cap_namespace: str | None = None) -> Any:
-    """P3: a run landing behind ``limit`` holders and ``limit`` waiters is created with the backlog retry."""
-    if record.singleton_key is not None and record.status == "pending":
-        limit = _limit(record.workflow_name, record.singleton_limit)
-        rows = list(
-            self._runs()
-            .for_key(record.workflow_name, record.singleton_key)
-            .filter(singleton_slot__gte="holder")
-            .order_by("singleton_slot", "created_at", "run_id")
-            .values_list("singleton_slot", flat=True)[: 2 * limit]
-        )
-        if rows.count("holder") >= limit and rows.count("waiter") >= limit:
-            wake_at = record.created_at + timedelta(seconds=self.backlog_retry_seconds)
-            record = record.evolve(status="suspended", wake_at=wake_at, park_reason="singleton")
-            run, created = _inner_create(self, record, cap=cap, cap_namespace=cap_namespace)
-            if created:
-                _deep.add(run.run_id)
-            return run, created
-    return _inner_create(self, record, cap=cap, cap_namespace=cap_namespace)
-
-
-def _skip_deep(original: Any) -> Any:
-    def dispatch(self: Any, run_id: str, queue: str | None = None) -> None:
-        if run_id in _deep:
-            _deep.discard(run_id)
-            return
-        original(self, run_id, queue)
-
-    return dispatch
-
-
-def apply(which: str = "P1,P2,P3,P4") -> None:
-    """Apply the named prototypes (comma-separated) to durable_singleton, in this process."""
-    global _inner_create
-    from durable_singleton import dispatch as dispatch_module
-
-    chosen = {p.strip() for p in which.split(",")}
-    if "P4" in chosen:
-        _inner_create = create_run_single_insert
-        django_store.DjangoStore.create_run = create_run_single_insert
-    if "P1" in chosen:
-        django_store.DjangoStore.claim_run = claim_run
-    if "P2" in chosen:
-        engine_module.Engine.execute = execute
-        engine_module.Engine.release = release
-    if "P3" in chosen:
-        django_store.DjangoStore.create_run = create_run
-        for cls in (dispatch_module.CeleryDispatcher, dispatch_module.ThreadDispatcher):
-            cls.dispatch = _skip_deep(cls.dispatch)
+def apply(which: str = "P1") -> None:
+    """Apply the named prototypes (comma-separated; only P1 remains) to durable_singleton, in this process."""
+    chosen = {p.strip() for p in which.split(",") if p.strip()}
+    unknown = chosen - {"P1"}
+    if unknown:
+        raise SystemExit(f"bench/proposals.py: {sorted(unknown)} are in the core now; only P1 remains")
+    django_store.DjangoStore.claim_run = claim_run
