@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from .exceptions import (
@@ -265,20 +265,12 @@ def step(name: str, *, registry: Registry = registry) -> Callable[[StepHandler],
 
 
 def _options_from(workflow_name: str, value: WorkflowOptions | Mapping[str, Any]) -> dict[str, Any]:
+    """Return the registration options of a ``WorkflowOptions`` or a mapping of its fields."""
+    known = [f.name for f in fields(WorkflowOptions)]
     if isinstance(value, WorkflowOptions):
-        return {
-            "name": value.name,
-            "version": value.version,
-            "singleton": value.singleton,
-            "timeout": value.timeout,
-            "steps": value.steps,
-            "queue": value.queue,
-            "on_dead": value.on_dead,
-            "events": value.events,
-        }
+        return {name: getattr(value, name) for name in known}
     if isinstance(value, Mapping):
-        known = {"name", "version", "singleton", "timeout", "steps", "queue", "on_dead", "events"}
-        unknown = set(value) - known
+        unknown = set(value) - set(known)
         if unknown:
             raise InvalidWorkflowError(workflow_name, "workflow", f"unknown options {sorted(unknown)}")
         if "name" not in value:
