@@ -421,35 +421,28 @@ def test_f5_cap_under_racing_starts(engine: Engine, registry: Registry, monitor:
     from durable_singleton.exceptions import SingletonQueueFullError
 
     registry.add("capped", "1", lambda c, i: None, singleton={"key": lambda i: i["k"], "max_queue_depth": 5})
-    outcomes: list[str] = []
 
-    def racer(i: int) -> None:
-        try:
-            engine.start("capped", {"k": "K"}, run_id=f"c{i:02d}")
-            outcomes.append("started")
-        except SingletonQueueFullError:
-            outcomes.append("full")
+    def race_starts(n: int, prefix: str) -> list[str]:
+        outcomes: list[str] = []
 
-    for t in _racers(50, racer):
-        t.join(60)
-    assert sorted(outcomes) == ["full"] * 44 + ["started"] * 6
+        def racer(i: int) -> None:
+            try:
+                engine.start("capped", {"k": "K"}, run_id=f"{prefix}{i:02d}")
+                outcomes.append("started")
+            except SingletonQueueFullError:
+                outcomes.append("full")
+
+        for t in _racers(n, racer):
+            t.join(60)
+        return sorted(outcomes)
+
+    assert race_starts(50, "c") == ["full"] * 44 + ["started"] * 6
     assert len(engine.store.list_runs()) == 6
     assert engine.start("capped", {"k": "other"}).singleton_key == "other"
     engine.dispatcher.queue.clear()
     first = min(engine.store.active_runs_for_key("capped", "K"), key=lambda r: (r.created_at, r.run_id)).run_id
     assert engine.execute(first) == "completed"
-    late: list[str] = []
-
-    def late_racer(i: int) -> None:
-        try:
-            engine.start("capped", {"k": "K"}, run_id=f"late{i}")
-            late.append("started")
-        except SingletonQueueFullError:
-            late.append("full")
-
-    for t in _racers(10, late_racer):
-        t.join(60)
-    assert sorted(late) == ["full"] * 9 + ["started"]
+    assert race_starts(10, "late") == ["full"] * 9 + ["started"]
     for k in range(200):
         for n in range(6):
             engine.start("capped", {"k": f"key{k}"}, run_id=f"k{k}-{n}")
