@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "durable_singleton",
     "testproject.inventory",
+    "testproject.demo",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

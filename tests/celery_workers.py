@@ -42,7 +42,7 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from durable_singleton.demo import database_url
+from testproject.demo.live import database_url
 
 __all__ = ["CeleryWorkers", "WorkerProcess", "celery_stack_missing", "celery_workers", "worker_env"]
 

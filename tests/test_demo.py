@@ -5,14 +5,17 @@ from __future__ import annotations
 import io
 import os
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import dj_database_url
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
+import durable_singleton
 from durable_singleton.definitions import Registry, Singleton
-from durable_singleton.demo import (
+from durable_singleton.models import Run
+from testproject.demo.live import (
     BodyRecord,
     database_url,
     handoffs,
@@ -21,7 +24,6 @@ from durable_singleton.demo import (
     records_from_rows,
     with_limit,
 )
-from durable_singleton.models import Run
 from testproject.inventory.models import BodyAudit
 
 from .celery_workers import celery_stack_missing
@@ -227,3 +229,11 @@ def test_distributed_demo_runs_bodies_in_separate_worker_processes() -> None:
     assert "PASS" in text
     pids = set(BodyAudit.objects.filter(workflow_name=DEMO).values_list("pid", flat=True))
     assert pids and os.getpid() not in pids
+
+
+def test_demo_command_belongs_to_the_test_project_not_the_installed_app() -> None:
+    """Users' projects do not list ``durable_demo``: it ships in ``testproject.demo`` only."""
+    from django.core.management import get_commands
+
+    assert get_commands()["durable_demo"] == "testproject.demo"
+    assert not (Path(durable_singleton.__file__).parent / "management" / "commands" / "durable_demo.py").exists()

@@ -20,11 +20,11 @@ from django.db import transaction
 
 from durable_singleton.admission import ACTIVE_STATUSES
 from durable_singleton.definitions import registry
-from durable_singleton.demo import judge, records_from_rows, with_limit
 from durable_singleton.dispatch import CeleryDispatcher
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run
 from durable_singleton.stores.django import DjangoStore
+from testproject.demo.live import judge, records_from_rows, with_limit
 from testproject.inventory.models import BodyAudit
 
 from .celery_workers import CeleryWorkers, celery_stack_missing, celery_workers, worker_env

@@ -1,5 +1,7 @@
 """``manage.py durable_demo``: the reference text's live picture, for real.
 
+Part of the test project (``testproject.demo``), not of the installed app.
+
 Three keys with one slot each; a burst on the first key backs up only its
 lane while the others run. Lanes are drawn from the database; the verdict at
 the end is computed from the stored runs and the body audits (see
@@ -18,17 +20,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from django.apps import apps
 from django.conf import settings as django_settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connection
 
-from durable_singleton import demo
 from durable_singleton.admission import ACTIVE_STATUSES
 from durable_singleton.conf import get_settings
 from durable_singleton.definitions import registry
 from durable_singleton.dispatch import CeleryDispatcher, ThreadDispatcher
 from durable_singleton.engine import Engine, build_store
+from testproject.demo import live as demo
+from testproject.inventory.models import BodyAudit
 
 WORKFLOW = "demo-sync-inventory"
 READY_TIMEOUT = 60.0
@@ -84,10 +86,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if not apps.is_installed("testproject.inventory"):
-            raise CommandError("durable_demo runs the test project's inventory app; use the repository's manage.py")
-        from testproject.inventory.models import BodyAudit
-
         stores = [s.strip() for s in options["keys"].split(",") if s.strip()]
         if not stores or len(set(stores)) != len(stores):
             raise CommandError("--keys needs distinct, non-empty store ids")

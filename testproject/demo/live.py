@@ -1,4 +1,5 @@
-"""The pieces behind ``manage.py durable_demo``: a registry variant with
+"""The pieces behind ``manage.py durable_demo`` (the test project's demo app,
+not part of the installed package): a registry variant with
 another slot count, the live lanes read from the database, and the verdict
 computed from stored runs and body audits.
 
@@ -17,8 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .admission import ACTIVE_STATUSES
-from .definitions import Registry
+from durable_singleton.admission import ACTIVE_STATUSES
+from durable_singleton.definitions import Registry
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -296,7 +297,7 @@ def load_lanes(
     to ``run_ids``: holders (S5 step 2), waiters in admission order (S5 step 3)."""
     from django.db.models import Count
 
-    from .models import Run
+    from durable_singleton.models import Run
 
     ids = list(run_ids)
     runs = Run.objects.filter(run_id__in=ids)
