@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 import uuid
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
@@ -261,3 +262,20 @@ def test_durable_queues_prints_the_table_and_json(capsys: pytest.CaptureFixture[
     }
     with pytest.raises(CommandError, match="unknown sort"):
         call_command("durable_queues", "--sort", "bogus")
+
+
+@pytest.mark.django_db
+def test_durable_queues_prints_plain_columns_without_rich(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rich is an optional extra (issue #10): without it the command prints the same table as plain columns."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    bulk_queue(["store:A", "store:B"], waiters=2)
+    call_command("durable_queues", "--sort", "key")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "2 keys with active runs, 2 holding, 4 waiting"
+    assert lines[1].split() == ["workflow", "key", "limit", "holders", "waiting", "oldest", "waiter", "cap", "full"]
+    assert lines[2].split()[:5] == ["wf", "store:A", "1", "1", "2"]
+    assert lines[3].split()[:5] == ["wf", "store:B", "1", "1", "2"]
+    assert lines[4].startswith("as of ")

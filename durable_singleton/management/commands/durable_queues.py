@@ -6,7 +6,7 @@ import io
 import json
 import shutil
 from argparse import ArgumentParser
-from typing import Any
+from typing import Any, Literal
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
@@ -66,35 +66,58 @@ class Command(BaseCommand):
         self.stdout.write(self._table(page, now), ending="")
 
     def _table(self, page: queues.QueuePage, now: Any) -> str:
-        from rich.console import Console
-        from rich.table import Table
-
-        table = Table(
-            title=f"{page.keys} keys with active runs, {page.holders} holding, {page.waiting} waiting",
-            caption=f"as of {now:%Y-%m-%d %H:%M:%S %Z}"
-            + (f"; first {len(page.rows)} rows" if len(page.rows) < page.keys else ""),
+        """Render the page as a text table: with rich when it is installed
+        (``durable-singleton[rich]``), else as plain aligned columns."""
+        title = f"{page.keys} keys with active runs, {page.holders} holding, {page.waiting} waiting"
+        caption = f"as of {now:%Y-%m-%d %H:%M:%S %Z}" + (
+            f"; first {len(page.rows)} rows" if len(page.rows) < page.keys else ""
         )
-        table.add_column("workflow")
-        table.add_column("key", overflow="fold")
-        table.add_column("limit", justify="right")
-        table.add_column("holders", justify="right")
-        table.add_column("waiting", justify="right")
-        table.add_column("oldest waiter", justify="right")
-        table.add_column("cap", justify="right")
-        table.add_column("full", justify="right")
+        header = ["workflow", "key", "limit", "holders", "waiting", "oldest waiter", "cap", "full"]
+        rows = []
         for row in page.rows:
             fullness = row.fullness
-            table.add_row(
-                row.workflow,
-                row.key,
-                str(row.limit),
-                str(row.holders),
-                str(row.waiting),
-                queues.format_age(row.oldest_wait_seconds(now)),
-                "—" if row.max_queue_depth is None else str(row.max_queue_depth),
-                "—" if fullness is None else f"{row.active}/{row.capacity} ({fullness:.0%})",
+            rows.append(
+                [
+                    row.workflow,
+                    row.key,
+                    str(row.limit),
+                    str(row.holders),
+                    str(row.waiting),
+                    queues.format_age(row.oldest_wait_seconds(now)),
+                    "—" if row.max_queue_depth is None else str(row.max_queue_depth),
+                    "—" if fullness is None else f"{row.active}/{row.capacity} ({fullness:.0%})",
+                ]
             )
+        try:
+            from rich.console import Console
+            from rich.table import Table
+        except ImportError:
+            return _plain_table(title, caption, header, rows)
+        table = Table(title=title, caption=caption)
+        for name in header:
+            table.add_column(name, overflow="fold" if name == "key" else "ellipsis", justify=_justify(name))
+        for cells in rows:
+            table.add_row(*cells)
         buffer = io.StringIO()
         width = shutil.get_terminal_size((120, 24)).columns
         Console(file=buffer, width=max(width, 80), color_system=None, highlight=False).print(table)
         return buffer.getvalue()
+
+
+def _justify(column: str) -> Literal["left", "right"]:
+    """Text columns align left, figures right."""
+    return "left" if column in ("workflow", "key") else "right"
+
+
+def _plain_table(title: str, caption: str, header: list[str], rows: list[list[str]]) -> str:
+    """Return ``title``, the aligned columns and ``caption`` as plain text lines."""
+    widths = [max(len(cells[i]) for cells in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        padded = (
+            cell.ljust(width) if _justify(name) == "left" else cell.rjust(width)
+            for cell, width, name in zip(cells, widths, header, strict=True)
+        )
+        return "  ".join(padded).rstrip()
+
+    return "\n".join([title, line(header), *(line(cells) for cells in rows), caption, ""])
