@@ -1,6 +1,9 @@
-"""App config: registers checks, connects receivers, discovers ``workflows`` modules."""
+"""App config: registers checks, connects receivers, discovers ``workflows`` modules and the
+workflows of django.tasks tasks run by the durable task backend."""
 
 from __future__ import annotations
+
+from importlib.util import find_spec
 
 from django.apps import AppConfig
 from django.utils.module_loading import autodiscover_modules
@@ -20,3 +23,7 @@ class DurableSingletonConfig(AppConfig):
         signals.connect_log_receivers()
         receivers.connect()
         autodiscover_modules("workflows")
+        if find_spec("django.tasks") is not None:  # Django 6.0+: the django.tasks backend's workflows
+            from .tasks_backend import register_configured_tasks
+
+            register_configured_tasks()

@@ -144,7 +144,20 @@ class Registry:
     workflows: dict[tuple[str, str], WorkflowDefinition] = field(default_factory=dict)
     latest: dict[str, WorkflowDefinition] = field(default_factory=dict)
     steps: dict[str, StepHandler] = field(default_factory=dict)
+    resolvers: list[Callable[[Registry, str], bool]] = field(default_factory=list)
     _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def add_resolver(self, resolver: Callable[[Registry, str], bool]) -> None:
+        """Add ``resolver(registry, name)``, asked by :meth:`get` for a name it does not know.
+
+        A resolver registers the workflow ``name`` (e.g. by importing its
+        module) and returns True, or returns False. The django.tasks backend
+        uses one, so a worker process learns a task's workflow from its name.
+        Adding the same resolver twice is a no-op.
+        """
+        with self._lock:
+            if resolver not in self.resolvers:
+                self.resolvers.append(resolver)
 
     def add_step(self, name: str, handler: StepHandler) -> None:
         """Register a step handler under ``name``.
@@ -239,11 +252,16 @@ class Registry:
 
         Raises :class:`UnknownWorkflowError`.
         """
-        with self._lock:
-            found = self.latest.get(name) if version is None else self.workflows.get((name, version))
+        found = self._find(name, version)
+        if found is None and any(resolve(self, name) for resolve in list(self.resolvers)):
+            found = self._find(name, version)
         if found is None:
             raise UnknownWorkflowError(f"no workflow named {name!r}" + (f" version {version!r}" if version else ""))
         return found
+
+    def _find(self, name: str, version: str | None) -> WorkflowDefinition | None:
+        with self._lock:
+            return self.latest.get(name) if version is None else self.workflows.get((name, version))
 
 
 #: The process-wide registry that the decorators fill and the default engine reads.

@@ -87,6 +87,23 @@ DURABLE_SINGLETON = {
     "MAX_RECOVERIES": int(os.environ.get("DURABLE_MAX_RECOVERIES", "5")),
 }
 
+# django.tasks (Django 6.0+; ignored by 5.2): tasks run as durable runs,
+# sync_store one per store at a time (docs/django_tasks.rst).
+TASKS = {
+    "default": {
+        "BACKEND": "durable_singleton.tasks_backend.DurableSingletonBackend",
+        "OPTIONS": {
+            "SINGLETONS": {
+                "testproject.inventory.jobs.sync_store": {
+                    "key": "testproject.inventory.jobs.store_key",
+                    "limit": 1,
+                    "max_queue_depth": 2,
+                },
+            },
+        },
+    },
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -1,0 +1,374 @@
+"""A django.tasks backend (Django 6.0+): each enqueued task is a durable run.
+
+A function decorated with Django's ``@task`` becomes the body of the workflow
+``task:<module path>`` (registered on first use, and at startup for the tasks
+listed in ``SINGLETONS``). ``enqueue`` starts a run of it through the default
+engine and returns a :class:`~django.tasks.TaskResult` whose id is the run id;
+``get_result`` reads the run back. So a task gets what every run has:
+durable dispatch after commit, recovery of a crashed worker, the admin, and,
+when listed in ``SINGLETONS``, the per-key gate (S1-S16)::
+
+    TASKS = {
+        "default": {
+            "BACKEND": "durable_singleton.tasks_backend.DurableSingletonBackend",
+            "OPTIONS": {
+                "SINGLETONS": {
+                    # task path: Singleton fields; key is called with the task's arguments
+                    "inventory.tasks.sync_store": {
+                        "key": "inventory.tasks.store_key",  # or a callable
+                        "limit": 1,
+                        "max_queue_depth": 2,
+                    },
+                },
+            },
+        },
+    }
+
+Turns run where the engine's ``DISPATCH`` setting sends them (Celery, the
+embedded worker, or a test's manual dispatcher). A task's body runs at least
+once per enqueue: a worker that dies mid-call is recovered and the function
+called again (D4), as with any task queue.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.core import checks
+from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils.module_loading import import_string
+
+from .definitions import Registry, Singleton, WorkflowDefinition, registry
+from .exceptions import ConfigurationError, RunNotFoundError
+from .stores.base import RunRecord
+
+__all__ = ["TASK_WORKFLOW_PREFIX", "DurableSingletonBackend", "register_configured_tasks", "task_workflow_name"]
+
+#: Workflows of django.tasks tasks are named ``task:<module path of the task>``.
+TASK_WORKFLOW_PREFIX = "task:"
+TASK_WORKFLOW_VERSION = "1"
+
+_OPTION_NAMES = frozenset({"SINGLETONS"})
+_SINGLETON_FIELDS = frozenset({"key", "limit", "max_queue_depth"})
+
+_STATUSES = {
+    "pending": TaskResultStatus.READY,
+    "suspended": TaskResultStatus.READY,
+    "blocked": TaskResultStatus.READY,
+    "running": TaskResultStatus.RUNNING,
+    "completed": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+    "dead": TaskResultStatus.FAILED,
+}
+#: The exception class a run that ended without an exception of its own reports.
+_NO_EXCEPTION = {
+    "cancelled": "durable_singleton.exceptions.RunCancelledError",
+    "dead": "durable_singleton.exceptions.LeaseLostError",
+}
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
+def task_workflow_name(task: Task) -> str:
+    """Return the workflow name of ``task``: ``task:<module path>``."""
+    return f"{TASK_WORKFLOW_PREFIX}{task.module_path}"
+
+
+class DurableSingletonBackend(BaseTaskBackend):
+    """Run django.tasks tasks as durable runs of the default engine, singleton per key when configured.
+
+    ``OPTIONS["SINGLETONS"]``: ``{task module path: {"key": callable or dotted
+    path, "limit": int >= 1, "max_queue_depth": int >= 0 or None}}``; the key
+    callable receives the task's positional and keyword arguments and returns
+    a non-empty str (S1). Supports async task functions and result retrieval
+    from any process; not priorities (other than 0), ``run_after``, or queues
+    other than ``"default"`` (turns go to the engine's dispatcher).
+    """
+
+    supports_async_task = True
+    supports_get_result = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.singletons: Mapping[str, Mapping[str, Any]] = self.options.get("SINGLETONS", {}) or {}
+
+    # -- enqueueing ------------------------------------------------------------
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Start a durable run of ``task`` with ``args``/``kwargs``; return its result (status READY).
+
+        The run is created now and its first turn dispatched after the current
+        transaction commits (S3). Raises :class:`~django.tasks.exceptions.InvalidTask`
+        for a task this backend cannot run,
+        :class:`~durable_singleton.exceptions.InvalidInputError` for arguments
+        that are not JSON, :class:`~durable_singleton.exceptions.SingletonKeyError`
+        when the key callable fails, and
+        :class:`~durable_singleton.SingletonQueueFullError` when the key's queue
+        is at its cap (S15); each writes nothing.
+        """
+        from .engine import get_engine
+
+        self.validate_task(task)
+        engine = get_engine()
+        definition = self.definition_for(task, engine.registry)
+        run = engine.start(definition.name, {"args": list(args), "kwargs": dict(kwargs)}, version=definition.version)
+        result = self._result(task, run)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """Return the result of run ``result_id`` as it is stored now.
+
+        Raises :class:`~django.tasks.exceptions.TaskResultDoesNotExist` when no
+        run has that id or the run is not a task's.
+        """
+        from .engine import get_engine
+
+        try:
+            run = get_engine().get(result_id)
+        except RunNotFoundError:
+            raise TaskResultDoesNotExist(result_id) from None
+        task = _task_of(run.workflow_name)
+        if task is None:
+            raise TaskResultDoesNotExist(result_id)
+        if task.backend != self.alias:
+            task = task.using(backend=self.alias)
+        return self._result(task, run)
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        """Report unknown options (E030) and unusable ``SINGLETONS`` entries (E031)."""
+        messages: list[checks.CheckMessage] = []
+        unknown = set(self.options) - _OPTION_NAMES
+        if unknown:
+            messages.append(
+                checks.Error(
+                    f"Task backend {self.alias!r} has unknown OPTIONS {sorted(unknown)}.",
+                    hint=f"Known options: {', '.join(sorted(_OPTION_NAMES))}.",
+                    id="durable_singleton.E030",
+                )
+            )
+        if self.queues - {DEFAULT_TASK_QUEUE_NAME}:
+            messages.append(
+                checks.Error(
+                    f"Task backend {self.alias!r} lists QUEUES {sorted(self.queues)}; "
+                    "it runs the 'default' queue only.",
+                    hint="Route a workflow's turns with its own queue option instead.",
+                    id="durable_singleton.E030",
+                )
+            )
+        for path in self.singletons:
+            try:
+                self.singleton_for(path)
+                _import_task(path)
+            except ConfigurationError as exc:
+                messages.append(checks.Error(str(exc), hint="Fix OPTIONS['SINGLETONS'].", id="durable_singleton.E031"))
+        return messages
+
+    # -- workflows ---------------------------------------------------------------
+    def singleton_for(self, path: str) -> Singleton | None:
+        """Return the :class:`Singleton` configured for task ``path``, or None.
+
+        Raises :class:`ConfigurationError` for unknown fields or a key that is
+        neither callable nor an importable dotted path; the limits are checked
+        when the workflow is registered (InvalidWorkflowError).
+        """
+        options = self.singletons.get(path)
+        if options is None:
+            return None
+        if not isinstance(options, Mapping) or set(options) - _SINGLETON_FIELDS or "key" not in options:
+            raise ConfigurationError(
+                f"task backend {self.alias!r}: SINGLETONS[{path!r}] must be a mapping with 'key' and "
+                f"optionally 'limit' and 'max_queue_depth', got {options!r}"
+            )
+        key = options["key"]
+        if isinstance(key, str):
+            try:
+                key = import_string(key)
+            except ImportError as exc:
+                raise ConfigurationError(
+                    f"task backend {self.alias!r}: SINGLETONS[{path!r}]['key']: cannot import {key!r}: {exc}"
+                ) from None
+        if not callable(key):
+            raise ConfigurationError(f"task backend {self.alias!r}: SINGLETONS[{path!r}]['key'] is not callable")
+        return Singleton(
+            key=_ArgumentsKey(key),
+            limit=options.get("limit", 1),
+            max_queue_depth=options.get("max_queue_depth"),
+        )
+
+    def definition_for(self, task: Task, target: Registry = registry) -> WorkflowDefinition:
+        """Return the workflow of ``task`` in ``target``, registering it on first use.
+
+        Raises :class:`ConfigurationError` or
+        :class:`~durable_singleton.exceptions.InvalidWorkflowError` for bad
+        ``SINGLETONS`` options.
+        """
+        name = task_workflow_name(task)
+        found = target.workflows.get((name, TASK_WORKFLOW_VERSION))
+        if found is not None:
+            return found
+        return target.add(
+            name,
+            TASK_WORKFLOW_VERSION,
+            _TaskBody(task.module_path),
+            singleton=self.singleton_for(task.module_path),
+            origin=f"django.tasks:{task.module_path}",
+        )
+
+    def _result(self, task: Task, run: RunRecord) -> TaskResult:
+        input = run.input if isinstance(run.input, dict) else {}
+        result = TaskResult(
+            task=task,
+            id=run.run_id,
+            status=_STATUSES[run.status],
+            enqueued_at=run.created_at,
+            started_at=run.started_at,
+            finished_at=run.finished_at,
+            # The store keeps the first start only.
+            last_attempted_at=run.started_at,
+            args=list(input.get("args", [])),
+            kwargs=dict(input.get("kwargs", {})),
+            backend=self.alias,
+            errors=_errors(run),
+            worker_ids=[run.lease_owner or ""] * run.attempts,
+        )
+        object.__setattr__(result, "_return_value", run.output)
+        return result
+
+
+class _ArgumentsKey:
+    """The singleton key of a task run: the configured callable applied to the task's arguments."""
+
+    def __init__(self, key: Callable[..., Any]) -> None:
+        self.key = key
+
+    def __call__(self, input: dict[str, Any]) -> Any:
+        return self.key(*input.get("args", []), **input.get("kwargs", {}))
+
+
+class _TaskBody:
+    """The body of a task's workflow: call the task function with the run's arguments."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, ctx: Any, input: dict[str, Any]) -> Any:
+        task = _import_task(self.path)
+        backend = task.get_backend()
+        result = backend._result(task, ctx.run) if isinstance(backend, DurableSingletonBackend) else None
+        if result is not None:
+            object.__setattr__(result, "status", TaskResultStatus.RUNNING)
+            task_started.send(type(backend), task_result=result)
+        args, kwargs = input.get("args", []), input.get("kwargs", {})
+        try:
+            if task.takes_context:
+                if result is None:
+                    raise ConfigurationError(f"task {self.path} takes a context but its backend is not durable")
+                value = task.call(TaskContext(task_result=result), *args, **kwargs)
+            else:
+                value = task.call(*args, **kwargs)
+        except Exception:
+            if result is not None:
+                object.__setattr__(result, "status", TaskResultStatus.FAILED)
+                task_finished.send(type(backend), task_result=result)
+            raise
+        if result is not None:
+            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
+            object.__setattr__(result, "_return_value", value)
+            task_finished.send(type(backend), task_result=result)
+        return value
+
+
+def _import_task(path: str) -> Task:
+    """Return the :class:`Task` at dotted ``path``; raise :class:`ConfigurationError`."""
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        raise ConfigurationError(f"cannot import task {path!r}: {exc}") from None
+    if not isinstance(task, Task):
+        raise ConfigurationError(f"{path!r} is {type(task).__name__}, not a django.tasks Task (decorate it with @task)")
+    return task
+
+
+def _task_of(workflow_name: str) -> Task | None:
+    if not workflow_name.startswith(TASK_WORKFLOW_PREFIX):
+        return None
+    try:
+        return _import_task(workflow_name.removeprefix(TASK_WORKFLOW_PREFIX))
+    except ConfigurationError:
+        return None
+
+
+def _errors(run: RunRecord) -> list[TaskError]:
+    if run.status not in ("failed", "cancelled", "dead") or not isinstance(run.error, dict):
+        return []
+    error = run.error
+    trace = str(error.get("traceback") or f"{error.get('code', run.status)}: {error.get('message', '')}")
+    path = _NO_EXCEPTION.get(run.status, "durable_singleton.exceptions.DurableSingletonError")
+    if error.get("code") == "exception":
+        # The engine stores the exception's qualified name; the traceback's last
+        # line names its module too ("package.module.Class: message").
+        path = str(error.get("type", path))
+        for line in reversed(trace.strip().splitlines()):
+            match = _EXCEPTION_LINE.match(line)
+            if match and match.group(1).endswith(path):
+                path = match.group(1)
+                break
+        if "." not in path:
+            path = f"builtins.{path}"
+    return [TaskError(exception_class_path=path, traceback=trace)]
+
+
+def _resolve(target: Registry, name: str) -> bool:
+    """Registry resolver: register the workflow of the task named by ``name`` (a worker learns it here)."""
+    task = _task_of(name)
+    if task is None:
+        return False
+    backend = task.get_backend()
+    if not isinstance(backend, DurableSingletonBackend):
+        durable = _durable_backends()
+        if not durable:
+            return False
+        backend = durable[0]
+    backend.definition_for(task, target)
+    return True
+
+
+def _durable_backends() -> list[DurableSingletonBackend]:
+    """Return the configured task backends of this class (others are not built)."""
+    from django.tasks import task_backends
+
+    found = []
+    for alias, params in task_backends.settings.items():
+        try:
+            backend_class = import_string(params["BACKEND"])
+        except (ImportError, KeyError):
+            continue  # Django's own check reports it
+        if isinstance(backend_class, type) and issubclass(backend_class, DurableSingletonBackend):
+            found.append(task_backends[alias])
+    return found
+
+
+def register_configured_tasks(target: Registry = registry) -> list[WorkflowDefinition]:
+    """Register the workflows of every task listed in ``SINGLETONS`` of a durable task backend.
+
+    Called at startup (``AppConfig.ready``) so every process, the tick's
+    included, knows each singleton task's limit before its first enqueue
+    (S8a catch-up, the admin's queue pages). Also installs the resolver that
+    registers any other task's workflow on first sight. Entries that cannot be
+    imported are left to the system check (E031).
+    """
+    target.add_resolver(_resolve)
+    done = []
+    for backend in _durable_backends():
+        for path in backend.singletons:
+            try:
+                done.append(backend.definition_for(_import_task(path), target))
+            except ConfigurationError:
+                continue
+    return done
