@@ -16,6 +16,7 @@ from .admission import (
 )
 from .definitions import BaseWorkflow, Singleton, WorkflowOptions, step, workflow
 from .exceptions import SingletonQueueFullError
+from .schedules import Schedule
 
 if TYPE_CHECKING:
     from .context import WorkflowCtx
@@ -26,6 +27,7 @@ __all__ = [
     "TRACKED_TAG",
     "BaseWorkflow",
     "Engine",
+    "Schedule",
     "Singleton",
     "SingletonQueueFullError",
     "WorkflowCtx",

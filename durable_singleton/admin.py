@@ -728,3 +728,7 @@ def _flat(line: Any) -> tuple[str, ...]:
 
 def _definition_options(workflow: str) -> tuple[int, int | None] | None:
     return queues.singleton_options().get(workflow)
+
+
+# The schedule pages live in their own module; registering them is a side effect of importing it.
+from . import admin_schedules  # noqa: E402, F401

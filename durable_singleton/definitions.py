@@ -24,6 +24,7 @@ from .exceptions import (
 
 if TYPE_CHECKING:
     from .context import WorkflowCtx
+    from .schedules import Schedule
     from .stores.base import RunRecord
 
 __all__ = [
@@ -106,6 +107,7 @@ class WorkflowOptions:
     queue: str | None = None
     on_dead: Callable[[RunRecord], None] | None = None
     events: tuple[str, ...] = ()
+    schedules: tuple[Schedule, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class WorkflowDefinition:
     origin: str = ""
     remote: bool = False
     events: tuple[str, ...] = ()
+    schedules: tuple[Schedule, ...] = ()
 
     @property
     def label(self) -> str:
@@ -196,6 +199,7 @@ class Registry:
         origin: str | None = None,
         remote: bool = False,
         events: Iterable[str] = (),
+        schedules: Iterable[Schedule] = (),
     ) -> WorkflowDefinition:
         """Validate and register a workflow; return its definition.
 
@@ -221,6 +225,9 @@ class Registry:
         event_names = tuple(events)
         if isinstance(events, str) or any(not isinstance(e, str) or not e for e in event_names):
             raise InvalidWorkflowError(name, "events", "must be a sequence of non-empty event names")
+        from .schedules import coerce_schedules
+
+        schedule_specs = coerce_schedules(name, schedules)  # type: ignore[arg-type]
         definition = WorkflowDefinition(
             name=name,
             version=version,
@@ -233,6 +240,7 @@ class Registry:
             origin=origin or _origin(body),
             remote=remote,
             events=event_names,
+            schedules=schedule_specs,
         )
         with self._lock:
             existing = self.workflows.get((name, version))
@@ -312,6 +320,7 @@ def workflow(
     queue: str | None = None,
     on_dead: Callable[[RunRecord], None] | None = None,
     events: Iterable[str] = (),
+    schedules: Iterable[Schedule] = (),
     registry: Registry = registry,
 ) -> Callable[[W], W]:
     """Register the decorated :class:`BaseWorkflow` subclass or function as a workflow.
@@ -328,6 +337,7 @@ def workflow(
         queue=queue,
         on_dead=on_dead,
         events=tuple(events),
+        schedules=tuple(schedules),
     )
 
     def decorate(target: W) -> W:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from . import signals
+from . import schedules, signals
 from .admission import (
     ACTIVE_STATUSES,
     RESERVED_TAGS,
@@ -629,6 +629,7 @@ class Engine:
         limits = {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
         if limits:
             report.caught_up = self.store.singleton_catch_up(now, limits)
+        schedules.fire_due_schedules(self, now, settings.TICK_BATCH)  # its own bounded batch (S17, S8b)
         for run_id, workflow_name in self.store.due_runs(now, settings.REDELIVERY_SECONDS, settings.TICK_BATCH):
             try:
                 queue = self.registry.get(workflow_name).queue

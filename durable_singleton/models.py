@@ -11,7 +11,7 @@ from django.utils.translation import gettext_lazy as _
 from .admission import KEY_MAX_LENGTH
 from .querysets import RunQuerySet
 
-__all__ = ["Run", "RunStatus", "Signal", "SingletonKey", "SlotState", "Step"]
+__all__ = ["Run", "RunStatus", "ScheduleFiring", "ScheduleState", "Signal", "SingletonKey", "SlotState", "Step"]
 
 
 class ExactCharField(models.CharField):  # type: ignore[type-arg]
@@ -188,3 +188,81 @@ class SingletonKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.key}"
+
+
+class ScheduleState(models.Model):
+    """A schedule (S17): its spec and its cursor, the next window not yet fired.
+
+    Rows with ``source="code"`` mirror a ``Schedule`` declared on a workflow
+    (their spec is rewritten from the code); rows with ``source="admin"`` are
+    managed by an operator. The tick fires a due row under its row lock and
+    moves ``next_fire_at`` in the same transaction, so a window fires once.
+    """
+
+    class Source(models.TextChoices):
+        CODE = "code", _("code")
+        ADMIN = "admin", _("admin")
+
+    class Overlap(models.TextChoices):
+        ALLOW = "allow", _("allow")
+        SKIP = "skip", _("skip")
+
+    class CatchUp(models.TextChoices):
+        NONE = "none", _("none")
+        LATEST = "latest", _("latest")
+        ALL = "all", _("all, up to the limit")
+
+    name = ExactCharField(_("name"), max_length=100, unique=True)
+    workflow_name = ExactCharField(_("workflow"), max_length=191)
+    every_seconds = models.PositiveIntegerField(_("every (seconds)"), null=True, blank=True)
+    cron = models.CharField(_("cron"), max_length=120, blank=True, default="")
+    timezone = models.CharField(_("time zone"), max_length=64, default="UTC")
+    input = models.JSONField(_("input"), null=True, blank=True)
+    overlap = models.CharField(_("overlap"), max_length=8, choices=Overlap.choices, default=Overlap.ALLOW)
+    catch_up = models.CharField(_("catch-up"), max_length=8, choices=CatchUp.choices, default=CatchUp.LATEST)
+    catch_up_limit = models.PositiveIntegerField(_("catch-up limit"), default=10)
+    grace_seconds = models.FloatField(_("grace (seconds)"), default=60.0)
+    source = models.CharField(_("source"), max_length=8, choices=Source.choices, default=Source.ADMIN)
+    paused = models.BooleanField(_("paused"), default=False)
+    next_fire_at = models.DateTimeField(_("next window"), null=True, blank=True)
+    last_window_at = models.DateTimeField(_("last window fired"), null=True, blank=True)
+    last_run_id = ExactCharField(_("last run id"), max_length=191, null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("schedule")
+        verbose_name_plural = _("schedules")
+        ordering = ["name"]
+        indexes = [models.Index(fields=["paused", "next_fire_at"], name="ds_schedule_due_idx")]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(every_seconds__isnull=False) & models.Q(cron=""))
+                | (models.Q(every_seconds__isnull=True) & ~models.Q(cron="")),
+                name="ds_schedule_one_timing",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ScheduleFiring(models.Model):
+    """What became of one window of a schedule: started, existed, skipped,
+    rejected by the queue cap, missed by the catch-up policy, or failed (S17, S16)."""
+
+    schedule = models.ForeignKey(ScheduleState, on_delete=models.CASCADE, related_name="firings")
+    window_at = models.DateTimeField(_("window"))
+    run_id = ExactCharField(_("run id"), max_length=191, blank=True, default="")
+    outcome = models.CharField(_("outcome"), max_length=8)
+    detail = models.TextField(_("detail"), blank=True, default="")
+    created_at = models.DateTimeField(_("recorded at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("schedule window")
+        verbose_name_plural = _("schedule windows")
+        ordering = ["-window_at"]
+        constraints = [models.UniqueConstraint(fields=["schedule", "window_at"], name="ds_firing_window_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.schedule_id} {self.window_at:%Y-%m-%d %H:%M:%S} {self.outcome}"

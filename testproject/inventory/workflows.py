@@ -13,7 +13,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from durable_singleton import BaseWorkflow, Singleton, WorkflowCtx, step, workflow
+from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, step, workflow
 
 from .models import BodyAudit
 
@@ -55,11 +55,23 @@ def store_key(input: dict[str, Any]) -> str:
     return f"store:{input['store_id']}"
 
 
+#: The stores synced on a schedule, every SYNC_EVERY_MINUTES minutes each
+#: (the tests start runs on other stores, so a window never joins their queues).
+SCHEDULED_STORES = ("north", "south")
+SYNC_EVERY_MINUTES = int(os.environ.get("INVENTORY_SYNC_EVERY_MINUTES", "15"))
+
+
 @workflow(
     name="sync-inventory",
     version="1",
     singleton=Singleton(key=store_key, limit=1, max_queue_depth=2),
     steps=("inventory:fetch", "inventory:reconcile"),
+    # One sync per store every N minutes; the key serializes a store's syncs,
+    # and a window whose previous sync still runs is skipped (S17).
+    schedules=[
+        Schedule(f"sync-store-{store}", every=SYNC_EVERY_MINUTES * 60, input={"store_id": store}, overlap="skip")
+        for store in SCHEDULED_STORES
+    ],
 )
 class SyncInventory(BaseWorkflow):
     """One inventory sync per store (the reference text's example)."""
