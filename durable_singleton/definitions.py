@@ -389,3 +389,20 @@ class BaseWorkflow:
         )
 
     dispatch = start
+
+    @classmethod
+    async def astart(
+        cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None
+    ) -> RunRecord:
+        """Start a run of this workflow off the event loop, for async views; see ``Engine.astart``.
+
+        Raises what :meth:`start` raises, each writing nothing (S15, section 7).
+        """
+        from .engine import Engine, get_engine
+
+        runner: Engine = engine or get_engine()
+        return await runner.astart(
+            cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version
+        )
+
+    adispatch = astart

@@ -27,6 +27,7 @@ from .admission import (
     compute_singleton_key,
     retry_delay,
 )
+from .aio import AsyncEngineMixin
 from .conf import Settings, get_settings
 from .context import Suspend, WorkflowCtx, check_text, printable, to_json_value
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
@@ -104,7 +105,7 @@ class _LeaseKeeper:
             self.engine.close_thread_resources()
 
 
-class Engine:
+class Engine(AsyncEngineMixin):
     """Runs durable workflows over a store and a dispatcher.
 
     ``store``: a :class:`~durable_singleton.stores.base.StateStore`.
