@@ -1,8 +1,8 @@
 """Pure decision helpers for singleton admission (SPEC S1, S5, S12, S14).
 
 Nothing here touches a database. Stores use these helpers to implement
-``try_admit_singleton`` inside their own transaction; the in-memory store and
-the engine's fallback (S14) make the whole decision with :func:`decide_admission`.
+``try_admit_singleton`` inside their own transaction; the in-memory store
+makes the whole decision with :func:`decide_admission`.
 """
 
 from __future__ import annotations
@@ -34,12 +34,17 @@ __all__ = [
     "without_singleton_markers",
 ]
 
+#: Reserved tag of a run that holds a slot of its key (S5, S12).
 ADMITTED_TAG = "durable:singleton:admitted"
+#: Reserved tag of a singleton run created by this release (S12).
 TRACKED_TAG = "durable:singleton:tracked"
+#: Tags a caller may not set: stripped from caller tags, never inherited (S12).
 RESERVED_TAGS = frozenset({ADMITTED_TAG, TRACKED_TAG})
+#: Prefix of the key tag ``singleton:<key>`` (S1).
 KEY_TAG_PREFIX = "singleton:"
 #: Longest key accepted (characters); it is stored in an indexed column.
 KEY_MAX_LENGTH = 191
+#: Statuses of a run that is not finished; such runs are holders or waiters (R2).
 ACTIVE_STATUSES = ("pending", "running", "suspended", "blocked")
 #: An untracked run (created by an older release) in one of these statuses
 #: counts as a holder, so a rolling upgrade never over-admits (S12).

@@ -42,6 +42,7 @@ __all__ = [
     "FILTERS",
     "SORTS",
     "KeyQueue",
+    "Place",
     "QueuePage",
     "QueueRow",
     "QueuedRun",

@@ -18,6 +18,10 @@ run() {
 }
 PYTEST_ARGS=("$@")
 .venv/bin/ruff check --quiet . || status=1
+echo "=== docs: sphinx-build -W -n (warnings are errors, every reference resolves) ==="
+docs_out=$(mktemp -d)
+.venv/bin/python -m sphinx -W --keep-going -n -q -b html docs "$docs_out" || status=1
+rm -rf "$docs_out"
 run sqlite DATABASE_URL= CELERY_BROKER_URL="${DS_REDIS_URL:-}"
 run postgresql DATABASE_URL="${DS_PG_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"
 run mariadb DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"

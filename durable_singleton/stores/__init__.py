@@ -1,4 +1,4 @@
-"""State stores: the protocol, the Django ORM store, the in-memory store and the codec store."""
+"""State stores: the protocol, the Django ORM store and the in-memory store."""
 
 from __future__ import annotations
 
