@@ -174,11 +174,13 @@ class CeleryWorkers:
         env: Mapping[str, str] | None = None,
         extra_args: tuple[str, ...] = (),
         wait: bool = True,
+        app: str = "testproject",
     ) -> list[WorkerProcess]:
         """Start ``count`` workers with ``concurrency`` pool processes each and
         wait until all are ready (unless ``wait`` is false).
 
-        ``env`` defaults to :func:`worker_env`; ``queues`` is passed as ``-Q``.
+        ``env`` defaults to :func:`worker_env`; ``queues`` is passed as ``-Q``;
+        ``app`` is the Celery app (``-A``), another service's for a remote body.
         """
         env = dict(env) if env is not None else worker_env()
         started = []
@@ -186,7 +188,7 @@ class CeleryWorkers:
             name = f"w{len(self.workers)}-{os.getpid()}"
             log_path = self.log_dir / f"{name}.log"
             args = [
-                sys.executable, "-m", "celery", "-A", "testproject", "worker",
+                sys.executable, "-m", "celery", "-A", app, "worker",
                 "--loglevel=INFO", f"--pool={pool}", f"--concurrency={concurrency}", "-n", f"{name}@%h",
                 "--without-gossip", "--without-mingle", "--without-heartbeat",
             ]  # fmt: skip

@@ -14,6 +14,7 @@ from typing import Any
 from django.utils import timezone
 
 from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, step, workflow
+from durable_singleton.definitions import registry
 
 from .models import BodyAudit
 
@@ -176,3 +177,25 @@ def fault_hold(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
 def fault_hold_isolated(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     """The same, with turns sent to Celery queue ``ds-faults`` (a test's own worker)."""
     return _fault_body(ctx, input)
+
+
+#: A workflow whose body runs in another service (testproject.remote_service):
+#: this project declares it with register_remote's options, starts it and
+#: gates it; the other service's workers on the "remote" queue run the body.
+REMOTE_QUEUE = "remote"
+registry.add(
+    "remote-sync",
+    "1",
+    None,
+    queue=REMOTE_QUEUE,
+    singleton=Singleton(key=store_key, limit=1),
+    remote=True,
+    origin=f"remote:{REMOTE_QUEUE}",
+)
+
+
+@workflow(name="remote-parent", version="1")
+def remote_parent(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """Call ``remote-sync`` as a child and return its output with this process's id (D7)."""
+    child = ctx.call_child("remote-sync", input)
+    return {"child": child, "parent_pid": os.getpid()}
