@@ -3,16 +3,21 @@
 * :class:`CeleryDispatcher` sends the ``durable_singleton.execute_run`` task
   after the current transaction commits.
 * :class:`ThreadDispatcher` (``DISPATCH = "thread"``) is the embedded worker:
-  an in-process pool of worker threads and a tick thread, started by the
-  first dispatch of the process, no external service.
+  an in-process pool of worker threads and a tick thread, no external service.
+  It is started when the process starts serving (see
+  :mod:`durable_singleton.worker`) or by ``manage.py durable_worker``; a
+  process that never starts it (``migrate``, ``shell``, tests) leaves its
+  runs to the tick of a process that did (O1).
 * :class:`ManualDispatcher` queues turns for a test to drain on its own thread.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue as queue_module
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -56,6 +61,14 @@ class _DjangoCommit:
 
             connections.close_all()
 
+    def refresh_connections(self) -> None:
+        """Close this thread's database connections that are broken or past
+        ``CONN_MAX_AGE``, so the next query opens a fresh one (O1)."""
+        if self._alias() is not None:
+            from django.db import close_old_connections
+
+            close_old_connections()
+
 
 class CeleryDispatcher(_DjangoCommit):
     """Send each turn as the Celery task ``durable_singleton.execute_run`` after commit.
@@ -80,7 +93,17 @@ class CeleryDispatcher(_DjangoCommit):
 
 
 class ThreadDispatcher(_DjangoCommit):
-    """The embedded worker: ``threads`` worker threads and a tick thread, in process."""
+    """The embedded worker: ``threads`` worker threads and a tick thread, in process.
+
+    Nothing runs until :meth:`start`. Before that (and after :meth:`stop`) a
+    dispatch queues nothing: the run keeps the ``wake_at`` the engine stamped
+    (``REDELIVERY_SECONDS`` after its start, or now for a woken waiter) and
+    the tick of whichever process runs workers sends it (S8, O1).
+
+    Every worker and tick iteration calls ``close_old_connections()`` before
+    and after its unit of work, so a connection dropped by a database restart,
+    an idle timeout or ``pg_terminate_backend`` is reopened (O1).
+    """
 
     def __init__(self, store: Any, threads: int, tick_seconds: float) -> None:
         super().__init__(store)
@@ -90,17 +113,37 @@ class ThreadDispatcher(_DjangoCommit):
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
         self._starting = threading.Lock()
+        self._pid = os.getpid()
+        self.in_hand: dict[str, str] = {}
+
+    @property
+    def running(self) -> bool:
+        """Tell whether this process's worker threads are started."""
+        return bool(self._workers) and self._pid == os.getpid()
 
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
-        """Queue a turn; the threads start with the first dispatch of the process."""
-        self.start()
-        self.on_commit(lambda: self._queue.put(run_id))
+        """Queue a turn for the worker threads, after commit, if they are started."""
+        if self.running:
+            self.on_commit(lambda: self._queue.put(run_id))
 
-    def start(self) -> None:
-        """Start the worker and tick threads (idempotent, thread-safe)."""
+    def start(self) -> bool:
+        """Start the worker and tick threads; False if they already run (thread-safe).
+
+        The first tick runs at once, so work that was parked, due or stranded
+        resumes within about a tick of the start, with no new dispatch (O1).
+        After a ``fork`` the child starts its own threads (the parent's do not
+        exist there).
+        """
         with self._starting:
-            if not self._workers:
-                self._start_threads()
+            if self._pid != os.getpid():
+                self._pid = os.getpid()
+                self._workers = []
+                self._queue = queue_module.Queue()
+                self.in_hand = {}
+            if self._workers:
+                return False
+            self._start_threads()
+            return True
 
     def _start_threads(self) -> None:
         self._stop.clear()
@@ -111,38 +154,68 @@ class ThreadDispatcher(_DjangoCommit):
         ticker = threading.Thread(target=self._tick, name="durable-tick", daemon=True)
         ticker.start()
         self._workers.append(ticker)
+        logger.info("embedded worker started: %d threads, tick every %.3g s", self.threads, self.tick_seconds)
 
-    def stop(self) -> None:
-        """Stop the threads after the turns they are running."""
+    def stop(self, timeout: float = 30.0) -> list[str]:
+        """Stop the threads: drop queued turns, let the turns in hand finish.
+
+        Waits at most ``timeout`` seconds in all; returns the ids of the runs
+        whose turns were still running then. Dropped turns keep their
+        ``wake_at`` and are sent again by a tick (S8).
+        """
         self._stop.set()
+        dropped = 0
+        while True:
+            try:
+                if self._queue.get_nowait() is not None:
+                    dropped += 1
+            except queue_module.Empty:
+                break
         for _ in range(self.threads):
             self._queue.put(None)
+        deadline = time.monotonic() + timeout
         for thread in self._workers:
-            thread.join(timeout=30)
-        self._workers.clear()
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        left = sorted(self.in_hand.values())
+        if dropped:
+            logger.info("embedded worker stopping: %d queued turns left to the tick", dropped)
+        self._workers = [t for t in self._workers if t.is_alive()]
+        return left
 
     def _work(self) -> None:
         assert self.engine is not None
+        name = threading.current_thread().name
         try:
             while True:
                 run_id = self._queue.get()
-                if run_id is None:
+                if run_id is None or self._stop.is_set():
                     return
+                self.in_hand[name] = run_id
                 try:
-                    self.engine.execute(run_id)
+                    self.refresh_connections()
+                    outcome = self.engine.execute(run_id)
+                    logger.debug("turn of run %s: %s", run_id, outcome, extra={"run_id": run_id})
                 except Exception:  # keep the worker alive; the tick re-drives the run
-                    logger.exception("turn of run %s failed", run_id)
+                    logger.exception("turn of run %s failed", run_id, extra={"run_id": run_id})
+                finally:
+                    self.in_hand.pop(name, None)
+                    self.refresh_connections()
         finally:
             self.close_thread_resources()
 
     def _tick(self) -> None:
         assert self.engine is not None
         try:
-            while not self._stop.wait(self.tick_seconds):
+            while not self._stop.is_set():
                 try:
+                    self.refresh_connections()
                     self.engine.tick()
                 except Exception:
                     logger.exception("tick failed")
+                finally:
+                    self.refresh_connections()
+                if self._stop.wait(self.tick_seconds):
+                    return
         finally:
             self.close_thread_resources()
 

@@ -1,4 +1,5 @@
-"""Model signal receivers: deleting a run's row frees its slot (F12)."""
+"""Signal receivers: deleting a run's row frees its slot (F12); the first
+request of a process starts the embedded worker (O1)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,10 @@ def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) 
 
 
 def connect() -> None:
-    """Connect the receivers (idempotent)."""
+    """Connect the receivers (idempotent): the release of a deleted run, and
+    the start of the embedded worker at a process's first request (O1)."""
+    from . import worker
     from .models import Run
 
+    worker.connect()
     post_delete.connect(_release_deleted_run, sender=Run, dispatch_uid="durable_singleton.release_deleted_run")

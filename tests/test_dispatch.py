@@ -1,4 +1,5 @@
-"""Dispatchers: the embedded worker starts by itself (section 6)."""
+"""Dispatchers: the embedded worker starts when the process starts serving,
+not at a dispatch, and resumes due work by itself (O1, section 6)."""
 
 from __future__ import annotations
 
@@ -6,28 +7,65 @@ import time
 from typing import Any
 
 import pytest
+from django.test import Client
 
 from durable_singleton.conf import Settings
 from durable_singleton.definitions import Registry
 from durable_singleton.dispatch import ThreadDispatcher
-from durable_singleton.engine import Engine, build_engine
+from durable_singleton.engine import Engine, build_engine, get_engine
+from durable_singleton.worker import start_embedded_worker
+
+
+def _wait_completed(engine: Engine, run_ids: list[str], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while any(engine.get(r).status != "completed" for r in run_ids):
+        assert time.monotonic() < deadline, "the embedded worker never ran the runs"
+        time.sleep(0.05)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_thread_dispatch_starts_its_workers_on_first_dispatch(registry: Registry) -> None:
-    """With DISPATCH "thread", a start is executed with nothing else to run."""
+def test_thread_dispatch_runs_work_started_before_the_worker(registry: Registry) -> None:
+    """O1: a dispatch in a process whose worker is not started queues nothing
+    (the run keeps its wake time); starting the worker runs it within about a
+    tick, with no new dispatch, and later starts run at once."""
     registry.add("plain", "1", lambda ctx, i: i * 2, singleton={"key": lambda i: "k"})
-    settings = Settings.from_mapping({"DISPATCH": "thread", "TICK_SECONDS": 0.2})
+    settings = Settings.from_mapping({"DISPATCH": "thread", "TICK_SECONDS": 0.2, "REDELIVERY_SECONDS": 0.0})
     engine: Engine = build_engine(settings)
     engine.registry = registry
     dispatcher: Any = engine.dispatcher
-    assert isinstance(dispatcher, ThreadDispatcher) and not dispatcher._workers
+    assert isinstance(dispatcher, ThreadDispatcher) and not dispatcher.running
+    early = [engine.start("plain", n).run_id for n in range(3)]
+    time.sleep(0.3)
+    assert dispatcher._queue.empty() and {engine.get(r).status for r in early} == {"pending"}
     try:
-        runs = [engine.start("plain", n) for n in range(3)]
-        deadline = time.monotonic() + 20
-        while any(engine.get(r.run_id).status != "completed" for r in runs):
-            assert time.monotonic() < deadline, "the embedded worker never ran the runs"
-            time.sleep(0.05)
-        assert [engine.get(r.run_id).output for r in runs] == [0, 2, 4]
+        assert dispatcher.start() is True
+        assert dispatcher.start() is False
+        _wait_completed(engine, early)
+        late = [engine.start("plain", n).run_id for n in range(3, 5)]
+        _wait_completed(engine, late)
+        assert [engine.get(r).output for r in early + late] == [0, 2, 4, 6, 8]
+    finally:
+        assert dispatcher.stop() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_first_request_does_not_start_the_worker_in_tests_unless_asked(settings: Any) -> None:
+    """O1: the request_started receiver and start_embedded_worker() leave the
+    worker stopped under Django's test environment; force=True starts it."""
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "thread"}
+    dispatcher: Any = get_engine().dispatcher
+    assert isinstance(dispatcher, ThreadDispatcher)
+    Client().get("/runs/nothing-here")
+    assert not dispatcher.running
+    assert start_embedded_worker() is False
+    try:
+        assert start_embedded_worker(force=True) is True
+        assert dispatcher.running
     finally:
         dispatcher.stop()
+
+
+def test_start_embedded_worker_ignores_other_dispatch_modes(settings: Any) -> None:
+    """O1: with DISPATCH "celery" the embedded worker is never started."""
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "celery"}
+    assert start_embedded_worker(force=True) is False

@@ -91,6 +91,7 @@ class Service:
     log: Path
     stop_signal: signal.Signals = signal.SIGTERM
     _stopped: bool = field(default=False, repr=False)
+    _relaunch: Callable[[], subprocess.Popen[bytes]] | None = field(default=None, repr=False)
 
     @property
     def pid(self) -> int:
@@ -105,6 +106,18 @@ class Service:
         if not self._stopped:
             self._stopped = True
             _terminate(self.process, self.stop_signal, timeout)
+
+    def restart(self, timeout: float = STOP_TIMEOUT) -> None:
+        """Stop the server and start it again on the same data and port;
+        return once it accepts connections. Clients see their connections drop.
+
+        Raises ServiceError if this service cannot be restarted.
+        """
+        if self._relaunch is None:
+            raise ServiceError(f"{self.name} cannot be restarted")
+        _terminate(self.process, self.stop_signal, timeout)
+        self.process = self._relaunch()
+        self._stopped = False
 
 
 # --------------------------------------------------------------------------
@@ -353,12 +366,35 @@ def start_postgres(root: Path) -> Service:
         stop_signal=signal.SIGINT,  # fast shutdown
         popen_kwargs={"cwd": base, "env": env, **as_user},
     )
+
+    def relaunch() -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            again = subprocess.Popen(
+                command(port),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(signal.SIGINT),
+                cwd=base,
+                env=env,
+                **as_user,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not is_ready(port):
+            if again.poll() is not None or time.monotonic() > deadline:
+                _terminate(again, signal.SIGINT, STOP_TIMEOUT)
+                raise ServiceError(f"postgres did not restart; log {log}:\n{_tail(log)}")
+            time.sleep(POLL_INTERVAL)
+        return again
+
     service = Service(
         "postgres",
         f"postgres://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",
         process,
         log,
         signal.SIGINT,
+        _relaunch=relaunch,
     )
     psql_env = {**os.environ, "PGPASSWORD": password, "PGCONNECT_TIMEOUT": "10"}
     psql = [

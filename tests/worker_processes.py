@@ -1,0 +1,129 @@
+"""Real ``manage.py durable_worker`` (and ``runserver``) processes for tests.
+
+``DurableWorkers.start()`` runs the command as a subprocess on a database URL
+(the test database by default), waits until it prints that it is ready, and
+``stop()`` ends it by PID (SIGTERM, then SIGKILL of its own process group).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from durable_singleton.demo import database_url
+
+from .celery_workers import REPO, WorkerProcess
+
+__all__ = ["DurableWorkers", "test_database_url", "wait_for"]
+
+
+def test_database_url(settings_dict: Mapping[str, Any] | None = None) -> str:
+    """Return a ``DATABASE_URL`` that opens the test database (SQLite file included)."""
+    settings_dict = settings_dict or connection.settings_dict
+    if settings_dict["ENGINE"].endswith("sqlite3"):
+        name = str(settings_dict["NAME"])
+        assert name and ":memory:" not in name and "mode=memory" not in name, "worker processes need a file"
+        return f"sqlite:///{name}"
+    return database_url(settings_dict)
+
+
+test_database_url.__test__ = False  # type: ignore[attr-defined]  # not a test, despite its name
+
+
+def wait_for(condition: Callable[[], Any], timeout: float, what: str, log: Callable[[], str] = str) -> Any:
+    """Poll ``condition`` every 50 ms until it returns a true value; return it.
+
+    Raises AssertionError naming ``what`` (with ``log()``) after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout:.0f} s\n{log()}")
+        time.sleep(0.05)
+
+
+@dataclass
+class DurableWorkers:
+    """Starts and stops ``durable_worker`` processes for one test; logs go to ``log_dir``."""
+
+    log_dir: Path
+    processes: list[WorkerProcess] = field(default_factory=list)
+    started_at: dict[int, datetime] = field(default_factory=dict)
+
+    def env(self, db_url: str | None = None, **overrides: str) -> dict[str, str]:
+        """The environment of a worker: this one's, the test database, ``DISPATCH`` thread,
+        a 2 s lease renewed every 0.5 s (so a killed holder is recovered quickly)."""
+        env = dict(os.environ)
+        env.update(
+            DJANGO_SETTINGS_MODULE="testproject.settings",
+            DATABASE_URL=db_url or test_database_url(),
+            DURABLE_DISPATCH="thread",
+            DURABLE_LEASE_SECONDS="2",
+            DURABLE_LEASE_RENEW_SECONDS="0.5",
+            DURABLE_LOG_LEVEL="INFO",
+            PYTHONDONTWRITEBYTECODE="1",
+            PYTHONUNBUFFERED="1",
+        )
+        env.update(overrides)
+        return env
+
+    def start(
+        self,
+        *,
+        threads: int = 4,
+        tick_seconds: float = 0.2,
+        env: Mapping[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        command: tuple[str, ...] = ("durable_worker",),
+        wait: bool = True,
+    ) -> WorkerProcess:
+        """Start one ``manage.py durable_worker`` and wait until it is ready."""
+        from django.utils import timezone
+
+        name = f"dw{len(self.processes)}-{os.getpid()}"
+        log_path = self.log_dir / f"{name}.log"
+        argv = [sys.executable, "manage.py", *command]
+        if command == ("durable_worker",):
+            argv += [f"--threads={threads}", f"--tick-seconds={tick_seconds}"]
+        argv += list(args)
+        started = timezone.now()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                env=dict(env) if env is not None else self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        worker = WorkerProcess(name, proc, log_path)
+        self.processes.append(worker)
+        self.started_at[worker.pid] = started
+        if wait:
+            worker.wait_ready()
+        return worker
+
+    def stop(self) -> None:
+        """Stop every process by PID (SIGTERM, then SIGKILL of its group)."""
+        for worker in self.processes:
+            if worker.alive():
+                worker.kill(signal.SIGTERM)
+        for worker in self.processes:
+            worker.stop(term=False)
+
+    def logs(self) -> str:
+        """Return every process's log, each under a header."""
+        return "\n".join(f"--- {w.name} (pid {w.pid}) ---\n{w.log()}" for w in self.processes)
