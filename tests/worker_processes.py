@@ -20,7 +20,7 @@ from typing import Any
 
 from django.db import connection
 
-from durable_singleton.demo import database_url
+from testproject.demo.live import database_url
 
 from .celery_workers import REPO, WorkerProcess
 
