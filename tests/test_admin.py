@@ -18,11 +18,12 @@ from django.urls import reverse
 from durable_singleton.admin import ActionLocation
 from durable_singleton.engine import Engine, get_engine
 from durable_singleton.models import Run
-from durable_singleton.stores.base import AdmissionResult, StepRecord
+from durable_singleton.stores.base import AdmissionResult
 from durable_singleton.testing import make_engine
 from testproject.inventory.models import BodyAudit
 
-from .test_queues import T0, bulk_queue, claim
+from .factories import T0, StepFactory, bulk_queue
+from .test_queues import claim
 
 # Real commits: the engine dispatches turns and pushes releases after commit (S7).
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -143,13 +144,13 @@ def test_run_page_shows_data_steps_signals_lease_and_holder_since(admin_client: 
     start_queue(admin_engine, WIDE, "A", 1, admit=1)
     run = Run.objects.get(pk="A-0")
     store = admin_engine.store
-    store.save_step(
-        "A-0", run.lease_owner, StepRecord(0, "inventory:fetch", [{"sku": "A-1"}], T0, T0 + timedelta(seconds=2))
+    StepFactory(
+        run=run, position=0, name="inventory:fetch", result=[{"sku": "A-1"}], finished_at=T0 + timedelta(seconds=2)
     )
     admin_engine.signal("A-0", "approve", {"by": "ops"})
     admin_engine.signal("A-0", "approve", {"by": "second"})
     first = store.load_signals("A-0")[0]
-    store.save_step("A-0", run.lease_owner, StepRecord(1, "durable:signal", {"seq": first.seq, "payload": {}}, T0, T0))
+    StepFactory(run=run, position=1, name="durable:signal", result={"seq": first.seq, "payload": {}}, finished_at=T0)
     html = admin_client.get(change_url("A-0")).content.decode()
     assert "&quot;store_id&quot;: &quot;A&quot;" in html  # input, pretty JSON
     assert "2 steps" in html and "inventory:fetch" in html and "2.000" in html

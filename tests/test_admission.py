@@ -23,6 +23,7 @@ from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 
 from .conftest import Monitor, spawn
+from .factories import RunRecordFactory
 from .helpers import audited
 
 
@@ -196,24 +197,15 @@ def test_admission_is_global_across_namespaces(
 def test_untracked_active_run_counts_as_holder(engine: Engine, registry: Registry, monitor: Monitor) -> None:
     """S12: a running run with the key tag but no tracked marker (older release) holds a slot."""
     audited(registry, monitor)
-    legacy = engine.start("wf", {"k": "A"}, run_id="legacy")
-    _make_legacy(engine, legacy.run_id)
+    # The row an older release left: running with the key, not tracked (S12).
+    engine.store.create_run(
+        RunRecordFactory(run_id="legacy", input={"k": "A"}, singleton_key="key:A", legacy_holder=True), cap=None
+    )
+    assert TRACKED_TAG not in engine.get("legacy").tags
     engine.start("wf", {"k": "A"}, run_id="new")
     assert engine.execute("new") == "parked"
     engine.store.settle("legacy", None, "completed", engine.now())
     assert engine.execute("new") == "completed"
-
-
-def _make_legacy(engine: Engine, run_id: str) -> None:
-    if isinstance(engine.store, MemoryStore):
-        run = engine.store.get_run(run_id)
-        assert run is not None
-        engine.store._runs[run_id] = run.evolve(status="running", tracked=False)
-    else:
-        from durable_singleton.models import Run
-
-        Run.objects.filter(pk=run_id).update(status="running", singleton_tracked=False, singleton_slot=None)
-    assert TRACKED_TAG not in engine.get(run_id).tags
 
 
 def test_terminal_write_drops_markers_and_frees_slot(engine: Engine, registry: Registry, monitor: Monitor) -> None:

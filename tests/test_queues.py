@@ -6,8 +6,7 @@ import json
 import random
 import sys
 import uuid
-from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -22,52 +21,7 @@ from durable_singleton.queues import format_age, key_queue, queue_table, run_pla
 from durable_singleton.stores.base import AdmissionResult
 from durable_singleton.testing import make_engine
 
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def bulk_queue(
-    keys: Iterable[str],
-    *,
-    workflow: str = "wf",
-    holders: int = 1,
-    waiters: int = 3,
-    finished: int = 1,
-    legacy_holders: int = 0,
-    limit: int = 1,
-    start: datetime = T0,
-) -> list[Run]:
-    """Insert, in one bulk write, the rows the store leaves for each key: ``holders``
-    admitted runs, ``waiters`` waiting runs, ``finished`` completed runs (no slot)
-    and ``legacy_holders`` untracked runs of an older release (S12)."""
-    rows = []
-    for n, key in enumerate(keys):
-        at = start + timedelta(seconds=n)
-        states = (
-            [("running", "holder", True)] * holders
-            + [("suspended", "waiter", True)] * waiters
-            + [("completed", None, False)] * finished
-            + [("suspended", None, False)] * legacy_holders
-        )
-        for i, (status, slot, tracked) in enumerate(states):
-            created = at + timedelta(milliseconds=i)
-            rows.append(
-                Run(
-                    run_id=f"{workflow}-{key}-{i}",
-                    workflow_name=workflow,
-                    workflow_version="1",
-                    status=status,
-                    input={"k": key},
-                    singleton_key=key,
-                    singleton_limit=limit,
-                    singleton_slot=slot,
-                    singleton_tracked=tracked,
-                    created_at=created,
-                    updated_at=created,
-                    started_at=created if status == "running" else None,
-                    attempts=1 if status == "running" else 0,
-                )
-            )
-    return Run.objects.bulk_create(rows, batch_size=500)
+from .factories import T0, RunFactory, bulk_queue
 
 
 def register(reg: Registry, name: str = "wf", *, limit: int = 1, depth: int | None = None) -> None:
@@ -221,7 +175,7 @@ def test_run_place_names_position_and_holders() -> None:
     holder = run_place(runs["wf-K-0"])
     assert holder.kind == "holder" and holder.since == runs["wf-K-0"].started_at
     assert run_place(runs["wf-K-5"]).kind == "terminal"
-    plain = Run(run_id="x", workflow_name="p", status="running", created_at=T0, updated_at=T0)
+    plain = RunFactory.build(run_id="x", workflow_name="p", status="running")
     assert run_place(plain).kind == "none"
 
 
