@@ -41,6 +41,7 @@ from .exceptions import (
     UnknownWorkflowError,
     ValidationError,
 )
+from .explain import ExplainMixin
 from .stores.base import AdmissionResult, RunRecord
 
 __all__ = ["RUN_ID_MAX_LENGTH", "Dispatcher", "Engine", "TickReport", "get_engine"]
@@ -105,7 +106,7 @@ class _LeaseKeeper:
             self.engine.close_thread_resources()
 
 
-class Engine(AsyncEngineMixin):
+class Engine(AsyncEngineMixin, ExplainMixin):
     """Runs durable workflows over a store and a dispatcher.
 
     ``store``: a :class:`~durable_singleton.stores.base.StateStore`.

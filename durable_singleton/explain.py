@@ -1,0 +1,381 @@
+"""Why is it waiting (K3): a run's place as plain data and one sentence.
+
+:func:`explain` reads the run, the active runs of its key and the key's
+recent durations through the engine's store, and says what the run is doing
+or waiting for: holding a slot (since when, with its fencing token), waiting
+at position N behind named holders (how long each has held, the queue's
+depth, the key's pause and limit state, an estimated wait), or able to run
+but not running (no worker has taken its turn since when; its wake time).
+The admin's run and key pages and ``manage.py durable_explain`` show it.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from .admission import HOLDING_LEGACY_STATUSES
+from .exceptions import UnknownWorkflowError
+
+if TYPE_CHECKING:
+    from .engine import Engine
+    from .stores.base import RunRecord
+
+__all__ = ["ExplainMixin", "ExplainState", "Explanation", "HolderInfo", "KeyControls", "explain"]
+
+#: Completed runs of a key whose durations feed the estimated wait.
+RECENT_RUNS = 20
+#: Holders named in an explanation (a key with a large limit lists the oldest).
+NAMED_HOLDERS = 20
+
+
+class ExplainState(enum.StrEnum):
+    """What a run is doing, as :func:`explain` sees it."""
+
+    HOLDER = "holder"  # holds a slot of its key (running, sleeping, waiting for a signal, blocked)
+    WAITER = "waiter"  # waits in its key's line behind the holders
+    RUNNABLE = "runnable"  # could run now; no worker has taken its turn yet
+    RUNNING = "running"  # a run without a key, executing
+    PARKED = "parked"  # a run without a key, sleeping, waiting for a signal or blocked
+    TERMINAL = "terminal"  # finished
+
+
+@dataclass(frozen=True)
+class HolderInfo:
+    """A holder of the key: its run id, status, since when it holds (None if
+    unknown) and for how many seconds."""
+
+    run_id: str
+    status: str
+    since: datetime | None
+    held_seconds: float | None
+
+
+@dataclass(frozen=True)
+class KeyControls:
+    """The key's runtime controls (K2) as stored, when the store keeps them:
+    ``paused`` and the limit ``override`` (None when not set)."""
+
+    paused: bool = False
+    override: int | None = None
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A run's place (K3), as plain data. ``sentence`` says it in words.
+
+    Times are aware datetimes; durations are seconds. Fields that do not apply
+    to the run's state are None (or empty).
+    """
+
+    run_id: str
+    workflow: str
+    status: str
+    state: ExplainState
+    sentence: str
+    key: str | None = None
+    limit: int | None = None
+    paused: bool = False
+    limit_override: int | None = None
+    holder_since: datetime | None = None
+    fencing_token: int | None = None
+    position: int | None = None
+    depth: int = 0
+    holders: list[HolderInfo] = field(default_factory=list)
+    holder_count: int = 0
+    estimated_wait_seconds: float | None = None
+    recent_durations: int = 0
+    idle_since: datetime | None = None
+    wake_at: datetime | None = None
+    park_reason: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the explanation as JSON-ready values (datetimes as ISO 8601 strings)."""
+
+        def plain(value: Any) -> Any:
+            if isinstance(value, datetime):
+                return value.isoformat()
+            if isinstance(value, list):
+                return [plain(v) for v in value]
+            if isinstance(value, dict):
+                return {k: plain(v) for k, v in value.items()}
+            if isinstance(value, enum.Enum):
+                return value.value
+            return value
+
+        return {k: plain(v) for k, v in asdict(self).items()}
+
+
+def format_seconds(seconds: float) -> str:
+    """Return ``seconds`` in words a user reads at a glance: ``4 s``, ``3 min 12 s``, ``2 h 5 min``."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs} s"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"{hours} h {minutes} min"
+    days, hours = divmod(hours, 24)
+    return f"{days} d {hours} h"
+
+
+def _at(moment: datetime | None) -> str:
+    return "an unknown time" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _inner(store: Any) -> Any:
+    while getattr(store, "inner", None) is not None:
+        store = store.inner
+    return store
+
+
+def _key_limit(engine: Engine, run: RunRecord) -> int:
+    """The key's configured limit: the latest registered version's (S2), else the stored one."""
+    try:
+        single = engine.registry.get(run.workflow_name).singleton
+    except UnknownWorkflowError:
+        single = None
+    return single.limit if single is not None else (run.singleton_limit or 1)
+
+
+def _key_controls(store: Any, workflow: str, key: str) -> KeyControls:
+    """Read the key's pause and limit override (K2) where the store keeps them."""
+    reader = getattr(store, "key_controls", None)
+    if reader is not None:
+        found = reader(workflow, key)
+        return found if isinstance(found, KeyControls) else KeyControls(**found) if found else KeyControls()
+    if getattr(store, "db", None) is not None:
+        from .models import SingletonKey
+
+        row = SingletonKey.objects.using(store.db).filter(workflow_name=workflow, key=key).first()
+        if row is not None:
+            return KeyControls(
+                paused=bool(getattr(row, "paused", False)), override=getattr(row, "limit_override", None)
+            )
+    return KeyControls()
+
+
+def _admitted_at(store: Any, runs: list[RunRecord]) -> dict[str, datetime | None]:
+    """When each holder took its slot: the claim's stamp where the store keeps it, else its start."""
+    found: dict[str, datetime | None] = {r.run_id: getattr(r, "admitted_at", None) for r in runs}
+    missing = [run_id for run_id, at in found.items() if at is None]
+    if missing and getattr(store, "db", None) is not None:
+        from .models import Run
+
+        for run_id, at in Run.objects.using(store.db).filter(pk__in=missing).values_list("pk", "admitted_at"):
+            found[run_id] = at
+    for run in runs:
+        if found[run.run_id] is None and run.attempts <= 1:
+            found[run.run_id] = run.started_at
+    return found
+
+
+def _recent_durations(store: Any, workflow: str, key: str) -> list[float]:
+    """Seconds from admission (or start) to finish of the key's last completed runs."""
+    if getattr(store, "db", None) is not None:
+        from django.db.models.functions import Coalesce
+
+        from .models import Run
+
+        rows = (
+            Run.objects.using(store.db)
+            .for_key(workflow, key)
+            .filter(status="completed", finished_at__isnull=False)
+            .annotate(began=Coalesce("admitted_at", "started_at"))
+            .order_by("-finished_at")
+            .values_list("began", "finished_at")[:RECENT_RUNS]
+        )
+    else:
+        done = [
+            r
+            for r in store.list_runs(workflow_name=workflow)
+            if r.singleton_key == key and r.status == "completed" and r.finished_at is not None
+        ]
+        done.sort(key=lambda r: r.finished_at, reverse=True)
+        rows = [(getattr(r, "admitted_at", None) or r.started_at, r.finished_at) for r in done[:RECENT_RUNS]]
+    return [(end - begin).total_seconds() for begin, end in rows if begin is not None and end is not None]
+
+
+def estimate_wait(position: int, slots: int, held: list[float | None], typical: float) -> float:
+    """Estimate seconds until the waiter at ``position`` (1-based) is admitted.
+
+    ``slots`` is the key's effective limit, ``held`` how long each holder has
+    held (None: unknown), ``typical`` a typical run's duration in seconds. Each
+    holder frees its slot after ``typical - held`` seconds (at least 0), a free
+    slot at once; every waiter ahead then holds a slot for ``typical`` seconds.
+    """
+    free_at = [max(0.0, typical - (h or 0.0)) for h in held][:slots]
+    free_at += [0.0] * (slots - len(free_at))
+    if not free_at:
+        return 0.0
+    heapq.heapify(free_at)
+    for _ in range(position - 1):
+        heapq.heappush(free_at, heapq.heappop(free_at) + typical)
+    return free_at[0]
+
+
+def explain(engine: Engine, run_id: str) -> Explanation:
+    """Return why run ``run_id`` is where it is (K3).
+
+    Reads through ``engine``'s store: the run, its key's active runs and its
+    key's last completed runs. Raises
+    :class:`~durable_singleton.exceptions.RunNotFoundError` as
+    :meth:`Engine.get` does.
+    """
+    run = engine.get(run_id)
+    now = engine.now()
+    store = _inner(engine.store)
+    token = getattr(run, "fencing_token", None)
+    base: dict[str, Any] = {
+        "run_id": run.run_id,
+        "workflow": run.workflow_name,
+        "status": run.status,
+        "wake_at": run.wake_at,
+        "park_reason": run.park_reason,
+        "key": run.singleton_key,
+    }
+    if run.is_terminal:
+        sentence = f"Run {run.run_id} is {run.status} (finished at {_at(run.finished_at)}): it waits for nothing."
+        return Explanation(state=ExplainState.TERMINAL, sentence=sentence, **base)
+    if run.singleton_key is None:
+        return _explain_unkeyed(run, now, base)
+
+    key = run.singleton_key
+    active = list(store.active_runs_for_key(run.workflow_name, key))
+    holders = sorted(
+        (r for r in active if r.admitted or (not r.tracked and r.status in HOLDING_LEGACY_STATUSES)),
+        key=lambda r: (r.created_at, r.run_id),
+    )
+    waiters = sorted(
+        (r for r in active if r.tracked and not r.admitted and not r.is_terminal),
+        key=lambda r: (r.created_at, r.run_id),
+    )
+    controls = _key_controls(store, run.workflow_name, key)
+    configured = _key_limit(engine, run)
+    limit = controls.override if controls.override is not None else configured
+    since = _admitted_at(store, holders)
+    holder_infos = [
+        HolderInfo(
+            h.run_id,
+            h.status,
+            since[h.run_id],
+            (now - since[h.run_id]).total_seconds() if since[h.run_id] is not None else None,  # type: ignore[operator]
+        )
+        for h in holders[:NAMED_HOLDERS]
+    ]
+    keyed = {
+        **base,
+        "limit": limit,
+        "paused": controls.paused,
+        "limit_override": controls.override,
+        "depth": len(waiters),
+        "holders": holder_infos,
+        "holder_count": len(holders),
+        "fencing_token": token,
+    }
+    key_words = f"key {key!r} of {run.workflow_name}"
+    limit_words = f"limit {limit}" + (f" (overridden from {configured})" if controls.override is not None else "")
+
+    if any(h.run_id == run.run_id for h in holders):
+        held_since = since[run.run_id]
+        doing = {
+            "running": f"running (lease held by {run.lease_owner})" if run.lease_owner else "running",
+            "suspended": f"parked ({run.park_reason or 'sleeping'}) until {_at(run.wake_at)}; the slot stays held",
+            "blocked": f"blocked ({run.park_reason or 'no reason given'}); the slot stays held",
+            "pending": "about to run",
+        }[run.status]
+        token_words = f", fencing token {token}" if token is not None else ""
+        held = f" (for {format_seconds((now - held_since).total_seconds())})" if held_since else ""
+        sentence = (
+            f"Run {run.run_id} holds a slot of {key_words} since {_at(held_since)}{held}{token_words}; it is {doing}."
+        )
+        return Explanation(state=ExplainState.HOLDER, sentence=sentence, holder_since=held_since, **keyed)
+
+    position = next((n for n, w in enumerate(waiters, 1) if w.run_id == run.run_id), None)
+    if position is None:
+        # An active run of an older release without a slot (S12): it joins the line at its next turn.
+        position = len(waiters) + 1
+    free = max(0, limit - len(holders))
+    idle_since = run.created_at if run.status == "pending" else run.updated_at
+    if not controls.paused and position <= free:
+        due = run.wake_at is None or run.wake_at <= now
+        when = "now" if due else f"at {_at(run.wake_at)}"
+        sentence = (
+            f"Run {run.run_id} could run now: {key_words} has {free} free slot(s) ({limit_words}) and it is "
+            f"first in line, but no worker has taken its turn since {_at(idle_since)}; its turn is due {when}."
+        )
+        return Explanation(
+            state=ExplainState.RUNNABLE, sentence=sentence, position=position, idle_since=idle_since, **keyed
+        )
+
+    durations = _recent_durations(store, run.workflow_name, key)
+    estimate = None
+    if durations and not controls.paused:
+        typical = sorted(durations)[len(durations) // 2]
+        estimate = estimate_wait(position, max(limit, 1), [h.held_seconds for h in holder_infos], typical)
+    if holder_infos:
+        named = ", ".join(
+            f"{h.run_id} ({h.status}, holding for {format_seconds(h.held_seconds)})"
+            if h.held_seconds is not None
+            else f"{h.run_id} ({h.status})"
+            for h in holder_infos
+        )
+        more = f" and {len(holders) - len(holder_infos)} more" if len(holders) > len(holder_infos) else ""
+        behind = f"behind {named}{more}"
+    else:
+        behind = "behind no holder"
+    reasons = [limit_words]
+    if controls.paused:
+        reasons.insert(0, "the key is paused: no run is admitted until it is resumed")
+    wait_words = (
+        f"; estimated wait about {format_seconds(estimate)} (median of the last {len(durations)} runs)"
+        if estimate is not None
+        else ""
+    )
+    sentence = (
+        f"Run {run.run_id} is waiting: position {position} of {len(waiters)} in line for {key_words}, "
+        f"{behind} ({', '.join(reasons)}){wait_words}."
+    )
+    return Explanation(
+        state=ExplainState.WAITER,
+        sentence=sentence,
+        position=position,
+        estimated_wait_seconds=estimate,
+        recent_durations=len(durations),
+        idle_since=idle_since,
+        **keyed,
+    )
+
+
+def _explain_unkeyed(run: RunRecord, now: datetime, base: dict[str, Any]) -> Explanation:
+    if run.status == "running":
+        owner = f" on {run.lease_owner}" if run.lease_owner else ""
+        expiry = f" (lease until {_at(run.lease_expires_at)})" if run.lease_expires_at else ""
+        sentence = f"Run {run.run_id} is running{owner}{expiry}; it has no singleton key and waits for no one."
+        return Explanation(state=ExplainState.RUNNING, sentence=sentence, **base)
+    if run.status == "pending" or (run.wake_at is not None and run.wake_at <= now):
+        since = run.created_at if run.status == "pending" else run.wake_at
+        sentence = (
+            f"Run {run.run_id} could run now: it has no singleton key, but no worker has taken its turn "
+            f"since {_at(since)}; the tick sends it again from {_at(run.wake_at)}."
+        )
+        return Explanation(state=ExplainState.RUNNABLE, sentence=sentence, idle_since=since, **base)
+    what = run.park_reason or ("sleeping" if run.status == "suspended" else "blocked")
+    sentence = f"Run {run.run_id} is {run.status} ({what}) until {_at(run.wake_at)}; it has no singleton key."
+    return Explanation(state=ExplainState.PARKED, sentence=sentence, **base)
+
+
+class ExplainMixin:
+    """Adds :meth:`explain` to the engine."""
+
+    def explain(self, run_id: str) -> Explanation:
+        """Return why run ``run_id`` is where it is, as plain data and one sentence (K3).
+
+        Raises :class:`~durable_singleton.exceptions.RunNotFoundError`.
+        """
+        return explain(self, run_id)  # type: ignore[arg-type]
