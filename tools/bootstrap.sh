@@ -2,6 +2,9 @@
 # Create .venv with Python 3.12 and install the project.
 #   tools/bootstrap.sh          the app, the test project and the demo
 #   tools/bootstrap.sh test     also the test, database and browser dependencies
+#   tools/bootstrap.sh alt      .venv-alt: the test dependencies on the other
+#                               tested combination, Python 3.13 (3.12 if none is
+#                               found) with Django 5.2, for CI's second SQLite run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +19,30 @@ find_python() {
   echo "no Python >= 3.12 found; set PYTHON=/path/to/python3.12" >&2
   return 1
 }
+
+if [ "${1:-base}" = "alt" ]; then
+  alt=""
+  for candidate in "${PYTHON_ALT:-}" python3.13 /root/.pyenv/versions/3.13*/bin/python3.13 /usr/bin/python3.13; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 13)' 2>/dev/null; then
+      alt=$("$candidate" -c 'import sys; print(sys.executable)'); break
+    fi
+  done
+  if [ -z "$alt" ]; then
+    echo "bootstrap: no Python 3.13 found (set PYTHON_ALT); .venv-alt uses Python 3.12" >&2
+    alt=$(find_python)
+  fi
+  [ -x .venv-alt/bin/python ] || "$alt" -m venv .venv-alt
+  stamp=".venv-alt/.installed-$(cat setup.cfg requirements/*.txt 2>/dev/null | cksum | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ]; then
+    if ! .venv-alt/bin/python -m pip install -q --disable-pip-version-check \
+        -r requirements/test.txt "django>=5.2,<5.3" -e . > .venv-alt/pip.log 2>&1; then
+      cat .venv-alt/pip.log >&2
+      exit 1
+    fi
+    .venv-alt/bin/python -c 'import django, durable_singleton; assert django.VERSION[:2] == (5, 2)' && touch "$stamp"
+  fi
+  exit 0
+fi
 
 if [ ! -x .venv/bin/python ]; then
   py=$(find_python)

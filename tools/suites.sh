@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Run pytest once per database (called by tools/test with DS_PG_URL,
-# DS_MYSQL_URL and DS_REDIS_URL set). Exits non-zero if any run failed or
-# ran no test.
+# DS_MYSQL_URL and DS_REDIS_URL set), then once more on SQLite with the other
+# tested combination in .venv-alt (Python 3.13 and Django 5.2, see
+# tools/bootstrap.sh alt). Exits non-zero if any run failed or ran no test.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
 status=0
 run() {
-  local label="$1"; shift
+  local label="$1" python="$2"; shift 2
   echo "=== pytest on ${label} ==="
-  env "$@" .venv/bin/python -m pytest "${PYTEST_ARGS[@]}"
+  env "$@" "$python" -m pytest "${PYTEST_ARGS[@]}"
   local rc=$?
   if [ "$rc" -ne 0 ]; then
     echo "=== pytest on ${label} failed (exit ${rc}) ==="
@@ -22,7 +23,14 @@ echo "=== docs: sphinx-build -W -n (warnings are errors, every reference resolve
 docs_out=$(mktemp -d)
 .venv/bin/python -m sphinx -W --keep-going -n -q -b html docs "$docs_out" || status=1
 rm -rf "$docs_out"
-run sqlite DATABASE_URL= CELERY_BROKER_URL="${DS_REDIS_URL:-}"
-run postgresql DATABASE_URL="${DS_PG_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"
-run mariadb DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"
+run sqlite .venv/bin/python DATABASE_URL= CELERY_BROKER_URL="${DS_REDIS_URL:-}"
+run postgresql .venv/bin/python DATABASE_URL="${DS_PG_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"
+run mariadb .venv/bin/python DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"
+if [ -x .venv-alt/bin/python ]; then
+  alt=$(.venv-alt/bin/python -c 'import sys, django; print(f"Python {sys.version_info[0]}.{sys.version_info[1]}, Django {django.get_version()}")')
+  run "sqlite (${alt})" .venv-alt/bin/python DATABASE_URL= CELERY_BROKER_URL=
+else
+  echo "=== .venv-alt is missing: run bash tools/bootstrap.sh alt ==="
+  status=1
+fi
 exit $status
