@@ -152,6 +152,9 @@ def _key_controls(store: Any, workflow: str, key: str) -> KeyControls:
     if getattr(store, "db", None) is not None:
         from .models import SingletonKey
 
+        names = {f.name for f in SingletonKey._meta.get_fields()}
+        if "paused" not in names and "limit_override" not in names:
+            return KeyControls()  # this schema keeps no runtime controls
         row = SingletonKey.objects.using(store.db).filter(workflow_name=workflow, key=key).first()
         if row is not None:
             return KeyControls(
@@ -160,19 +163,57 @@ def _key_controls(store: Any, workflow: str, key: str) -> KeyControls:
     return KeyControls()
 
 
-def _admitted_at(store: Any, runs: list[RunRecord]) -> dict[str, datetime | None]:
-    """When each holder took its slot: the claim's stamp where the store keeps it, else its start."""
-    found: dict[str, datetime | None] = {r.run_id: getattr(r, "admitted_at", None) for r in runs}
-    missing = [run_id for run_id, at in found.items() if at is None]
-    if missing and getattr(store, "db", None) is not None:
+@dataclass(frozen=True)
+class _QueueFacts:
+    holders: list[tuple[str, str, datetime | None]]  # (run id, status, since), the oldest first
+    holder_count: int
+    depth: int
+    position: int | None
+
+
+def _since(admitted_at: datetime | None, started_at: datetime | None, attempts: int) -> datetime | None:
+    """When a holder took its slot: the claim's stamp, else the start of a run admitted on its first turn."""
+    if admitted_at is not None:
+        return admitted_at
+    return started_at if attempts <= 1 else None
+
+
+def _queue_facts(store: Any, run: RunRecord) -> _QueueFacts:
+    """Read the key's holders (the oldest few), its depth and ``run``'s position.
+
+    On the Django store: two bounded queries, whatever the backlog (the
+    queue index serves both). Elsewhere: the key's active runs.
+    """
+    assert run.singleton_key is not None
+    if getattr(store, "db", None) is not None:
+        from django.db.models import Count, Q
+
         from .models import Run
 
-        for run_id, at in Run.objects.using(store.db).filter(pk__in=missing).values_list("pk", "admitted_at"):
-            found[run_id] = at
-    for run in runs:
-        if found[run.run_id] is None and run.attempts <= 1:
-            found[run.run_id] = run.started_at
-    return found
+        runs = Run.objects.using(store.db).for_key(run.workflow_name, run.singleton_key)
+        rows = list(
+            runs.holders()
+            .order_by("created_at", "run_id")
+            .values_list("run_id", "status", "admitted_at", "started_at", "attempts")[: NAMED_HOLDERS + 1]
+        )
+        count = len(rows) if len(rows) <= NAMED_HOLDERS else runs.holders().count()
+        ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
+        totals = runs.filter(singleton_slot="waiter").aggregate(depth=Count("pk"), ahead=Count("pk", filter=ahead))
+        holders = [(r[0], r[1], _since(r[2], r[3], r[4])) for r in rows[:NAMED_HOLDERS]]
+        is_waiter = run.tracked and not run.admitted
+        return _QueueFacts(holders, count, totals["depth"], totals["ahead"] + 1 if is_waiter else None)
+    active = list(store.active_runs_for_key(run.workflow_name, run.singleton_key))
+    held = sorted(
+        (r for r in active if r.admitted or (not r.tracked and r.status in HOLDING_LEGACY_STATUSES)),
+        key=lambda r: (r.created_at, r.run_id),
+    )
+    waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: (r.created_at, r.run_id))
+    position = next((n for n, w in enumerate(waiters, 1) if w.run_id == run.run_id), None)
+    holders = [
+        (r.run_id, r.status, _since(getattr(r, "admitted_at", None), r.started_at, r.attempts))
+        for r in held[:NAMED_HOLDERS]
+    ]
+    return _QueueFacts(holders, len(held), len(waiters), position)
 
 
 def _recent_durations(store: Any, workflow: str, key: str) -> list[float]:
@@ -246,43 +287,31 @@ def explain(engine: Engine, run_id: str) -> Explanation:
         return _explain_unkeyed(run, now, base)
 
     key = run.singleton_key
-    active = list(store.active_runs_for_key(run.workflow_name, key))
-    holders = sorted(
-        (r for r in active if r.admitted or (not r.tracked and r.status in HOLDING_LEGACY_STATUSES)),
-        key=lambda r: (r.created_at, r.run_id),
-    )
-    waiters = sorted(
-        (r for r in active if r.tracked and not r.admitted and not r.is_terminal),
-        key=lambda r: (r.created_at, r.run_id),
-    )
+    facts = _queue_facts(store, run)
     controls = _key_controls(store, run.workflow_name, key)
     configured = _key_limit(engine, run)
     limit = controls.override if controls.override is not None else configured
-    since = _admitted_at(store, holders)
     holder_infos = [
-        HolderInfo(
-            h.run_id,
-            h.status,
-            since[h.run_id],
-            (now - since[h.run_id]).total_seconds() if since[h.run_id] is not None else None,  # type: ignore[operator]
-        )
-        for h in holders[:NAMED_HOLDERS]
+        HolderInfo(run_id, status, since, (now - since).total_seconds() if since is not None else None)
+        for run_id, status, since in facts.holders
     ]
     keyed = {
         **base,
         "limit": limit,
         "paused": controls.paused,
         "limit_override": controls.override,
-        "depth": len(waiters),
+        "depth": facts.depth,
         "holders": holder_infos,
-        "holder_count": len(holders),
+        "holder_count": facts.holder_count,
         "fencing_token": token,
     }
     key_words = f"key {key!r} of {run.workflow_name}"
     limit_words = f"limit {limit}" + (f" (overridden from {configured})" if controls.override is not None else "")
 
-    if any(h.run_id == run.run_id for h in holders):
-        held_since = since[run.run_id]
+    if run.admitted or (not run.tracked and run.status in HOLDING_LEGACY_STATUSES):
+        held_since = next((h.since for h in holder_infos if h.run_id == run.run_id), None)
+        if held_since is None:
+            held_since = getattr(run, "admitted_at", None) or _since(None, run.started_at, run.attempts)
         doing = {
             "running": f"running (lease held by {run.lease_owner})" if run.lease_owner else "running",
             "suspended": f"parked ({run.park_reason or 'sleeping'}) until {_at(run.wake_at)}; the slot stays held",
@@ -296,11 +325,11 @@ def explain(engine: Engine, run_id: str) -> Explanation:
         )
         return Explanation(state=ExplainState.HOLDER, sentence=sentence, holder_since=held_since, **keyed)
 
-    position = next((n for n, w in enumerate(waiters, 1) if w.run_id == run.run_id), None)
+    position = facts.position
     if position is None:
         # An active run of an older release without a slot (S12): it joins the line at its next turn.
-        position = len(waiters) + 1
-    free = max(0, limit - len(holders))
+        position = facts.depth + 1
+    free = max(0, limit - facts.holder_count)
     idle_since = run.created_at if run.status == "pending" else run.updated_at
     if not controls.paused and position <= free:
         due = run.wake_at is None or run.wake_at <= now
@@ -325,7 +354,7 @@ def explain(engine: Engine, run_id: str) -> Explanation:
             else f"{h.run_id} ({h.status})"
             for h in holder_infos
         )
-        more = f" and {len(holders) - len(holder_infos)} more" if len(holders) > len(holder_infos) else ""
+        more = f" and {facts.holder_count - len(holder_infos)} more" if facts.holder_count > len(holder_infos) else ""
         behind = f"behind {named}{more}"
     else:
         behind = "behind no holder"
@@ -338,7 +367,7 @@ def explain(engine: Engine, run_id: str) -> Explanation:
         else ""
     )
     sentence = (
-        f"Run {run.run_id} is waiting: position {position} of {len(waiters)} in line for {key_words}, "
+        f"Run {run.run_id} is waiting: position {position} of {facts.depth} in line for {key_words}, "
         f"{behind} ({', '.join(reasons)}){wait_words}."
     )
     return Explanation(
