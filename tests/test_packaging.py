@@ -4,6 +4,7 @@ wheel installed into a clean virtualenv outside this repository (issue #10)."""
 from __future__ import annotations
 
 import configparser
+import io
 import json
 import os
 import re
@@ -57,6 +58,18 @@ def test_readme_names_repository_files_only_as_in_the_repository() -> None:
             named = [d for d in ("tools/", "docs/", "testproject/", "bench/") if d in paragraph]
             if named and "repository" not in heading:
                 assert "repository" in intro, f"{named} named without saying it is in the repository: {paragraph}"
+
+
+def test_readme_renders_as_a_package_description_without_warnings() -> None:
+    """The package index renders README.rst with plain docutils (no Sphinx roles):
+    it must parse without a warning, or the page falls back to raw text."""
+    docutils_core = pytest.importorskip("docutils.core")
+    stream = io.StringIO()
+    docutils_core.publish_doctree(
+        (ROOT / "README.rst").read_text(),
+        settings_overrides={"report_level": 2, "halt_level": 5, "warning_stream": stream},
+    )
+    assert stream.getvalue() == ""
 
 
 def test_licence_file_matches_the_metadata() -> None:
