@@ -408,16 +408,12 @@ def declared_schedules(engine: Engine) -> list[Schedule]:
     return found
 
 
-_synced: weakref.WeakKeyDictionary[Any, tuple[Schedule, ...]] = weakref.WeakKeyDictionary()
-
-
 def _sync(engine: Engine, states: ScheduleStore, now: datetime) -> None:
-    """Write code-declared schedules to their rows once per change of the declarations."""
-    specs = tuple(declared_schedules(engine))
-    if _synced.get(states) == specs:
-        return
-    states.sync_declared(specs, now)
-    _synced[states] = specs
+    """Write code-declared schedules to their rows: one read when nothing changed, so a
+    row deleted behind the process's back is declared again at the next tick."""
+    specs = declared_schedules(engine)
+    if specs:
+        states.sync_declared(specs, now)
 
 
 # -- firing ------------------------------------------------------------------

@@ -1,0 +1,108 @@
+"""Issue #11 in a real browser (Debian's chromium via Playwright, the live server, the embedded
+worker): the run page's "why is it waiting" sentence (K3) as the waiter moves up to holder, and
+the schedules page with its next windows and the pause action (S17). Screenshots go to
+``artifacts/`` (the docs' copies are docs/_static/admin-explain.png and admin-schedules.png)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from durable_singleton.engine import Engine
+from durable_singleton.models import ScheduleState
+from durable_singleton.schedules import fire_due_schedules
+
+from .test_browser_admin import ARTIFACTS, CAPPED, CHROMIUM, Browser, browser, thread_workers, wait_until
+
+__all__ = ["browser", "thread_workers"]  # fixtures, imported for this module's tests
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (tools/services.py install)"
+    ),
+    pytest.mark.django_db(transaction=True),
+]
+
+
+def _log_in(browser: Browser, django_user_model: Any, next_url: str) -> None:
+    django_user_model.objects.create_superuser("admin", password="pw-browser")
+    browser.goto(f"/admin/login/?next={next_url}")
+
+    def log_in(page: Any) -> None:
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", "pw-browser")
+        page.click("input[type=submit]")
+        page.wait_for_load_state()
+
+    browser.do(log_in)
+
+
+def _top_shot(browser: Browser, name: str, height: int) -> None:
+    """Save the top ``height`` pixels of the page as ``artifacts/<name>-top.png`` (the docs' picture)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    target = str(ARTIFACTS / f"{name}-top.png")
+    browser.do(lambda page: page.screenshot(path=target, clip={"x": 0, "y": 0, "width": 1400, "height": height}))
+
+
+def test_run_page_says_why_a_run_waits_and_behind_whom(
+    browser: Browser, thread_workers: Engine, django_user_model: Any
+) -> None:
+    """K3: the waiter's run page opens with one sentence naming its position, the
+    holder it waits behind and the limit; once the holder finished, the same page
+    says the run holds the slot, or that it finished."""
+    holder = thread_workers.start(CAPPED, {"store_id": "W", "duration": 8.0}, run_id="holder-W").run_id
+    waiter = thread_workers.start(CAPPED, {"store_id": "W", "duration": 0.5}, run_id="waiter-W").run_id
+    wait_until(lambda: thread_workers.get(holder).admitted, 20, "the holder's admission")
+    _log_in(browser, django_user_model, f"/admin/durable_singleton/run/{waiter}/change/")
+
+    def sentence(page: Any) -> str:
+        page.reload()
+        return str(page.inner_text("#ds-explain"))
+
+    text = browser.do(sentence)
+    assert "Run waiter-W is waiting: position 1 of 1 in line for key 'store:W' of sync-inventory" in text, text
+    assert "behind holder-W (running, holding for" in text and "(limit 1)" in text, text
+    browser.shot("admin-explain")
+    _top_shot(browser, "admin-explain", 330)
+
+    def moved_on() -> str | None:
+        text = browser.do(sentence)
+        return text if "holds a slot" in text or "is completed" in text else None
+
+    later = wait_until(moved_on, 30, "the waiter to be admitted")
+    assert "Run waiter-W" in later
+
+
+def test_schedules_page_lists_next_windows_and_pauses_a_schedule(
+    browser: Browser, thread_workers: Engine, django_user_model: Any
+) -> None:
+    """S17: the schedules page lists the test project's schedules with their next
+    window; selecting one and running the pause action marks it paused."""
+    fire_due_schedules(thread_workers, thread_workers.now(), 10)
+    _log_in(browser, django_user_model, "/admin/durable_singleton/schedulestate/")
+
+    def listed(page: Any) -> str:
+        return str(page.inner_text("#result_list"))
+
+    text = browser.do(listed)
+    assert "sync-store-north" in text and "sync-store-south" in text and "(in " in text, text
+    browser.shot("admin-schedules")
+    _top_shot(browser, "admin-schedules", 400)
+
+    def pause_north(page: Any) -> str:
+        row = page.locator("#result_list tr", has_text="sync-store-north")
+        row.locator("input.action-select").check()
+        page.select_option("select[name=action]", "pause_selected")
+        page.click("button[name=index]")
+        page.wait_for_selector("ul.messagelist li")
+        return str(page.inner_text("ul.messagelist"))
+
+    assert browser.do(pause_north).strip() == "1 schedule paused."
+    deadline = time.monotonic() + 5
+    while not ScheduleState.objects.get(name="sync-store-north").paused:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert "paused" in browser.do(listed)
