@@ -8,16 +8,34 @@ from django.core import checks
 
 __all__ = ["check_celery", "check_settings", "check_sqlite", "register"]
 
+_JSON_CONTENT = frozenset({"json", "application/json"})
 
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E001: ``DURABLE_SINGLETON`` must parse."""
+
+def _settings_or_none() -> Any:
+    """The effective settings, or None when E001 reports them invalid."""
     from .conf import get_settings
     from .exceptions import ConfigurationError
 
     try:
-        settings = get_settings()
-    except ConfigurationError as exc:
-        return [checks.Error(str(exc), hint="Fix the DURABLE_SINGLETON setting.", id="durable_singleton.E001")]
+        return get_settings()
+    except ConfigurationError:
+        return None
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E001: each key of ``DURABLE_SINGLETON`` is known, of its type and in range.
+
+    One E001 per problem, with a hint; the checks that compare settings
+    (E004) run only once every value is valid.
+    """
+    from django.conf import settings as django_settings
+
+    from .conf import problems
+
+    found = problems(getattr(django_settings, "DURABLE_SINGLETON", None))
+    if found:
+        return [checks.Error(message, hint=hint, id="durable_singleton.E001") for message, hint in found]
+    settings = _settings_or_none()
     errors: list[checks.CheckMessage] = []
     if settings.STORE not in ("django", "memory"):
         errors.append(
@@ -48,10 +66,8 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     """E010: SQLite needs ``transaction_mode = IMMEDIATE`` for a safe claim (S13, F16)."""
     from django.db import connections
 
-    from .conf import get_settings
-
-    settings = get_settings()
-    if settings.STORE != "django":
+    settings = _settings_or_none()
+    if settings is None or settings.STORE != "django":
         return []
     alias = settings.DATABASE or "default"
     if alias not in connections.settings:
@@ -73,9 +89,8 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 
 def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """W001: the tick is missing from the beat schedule; E020: non-JSON serializer."""
-    from .conf import get_settings
-
-    if get_settings().DISPATCH != "celery":
+    settings = _settings_or_none()
+    if settings is None or settings.DISPATCH != "celery":
         return []
     try:
         from celery import current_app
@@ -98,11 +113,22 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                 id="durable_singleton.W001",
             )
         )
-    if conf.task_serializer != "json" or "json" not in (conf.accept_content or ["json"]):
+    if conf.task_serializer != "json":
         messages.append(
             checks.Error(
                 f"Celery task_serializer is {conf.task_serializer!r}; durable_singleton sends run ids as JSON.",
                 hint="Set CELERY_TASK_SERIALIZER = 'json'.",
+                id="durable_singleton.E020",
+            )
+        )
+    accepted = list(conf.accept_content or ["json"])
+    others = [c for c in accepted if c not in _JSON_CONTENT]
+    if others or not accepted:
+        # A worker that accepts pickle runs whatever a broker message says (section 7).
+        messages.append(
+            checks.Error(
+                f"Celery accept_content is {accepted!r}: it accepts non-JSON content {others!r}.",
+                hint="Set CELERY_ACCEPT_CONTENT = ['json'].",
                 id="durable_singleton.E020",
             )
         )

@@ -46,7 +46,84 @@ DEFAULTS: dict[str, Any] = {
     "WORKER_THREADS": 4,
     # Long fallback wake-up of a run waiting on a signal, in seconds (D2).
     "SIGNAL_FALLBACK_SECONDS": 300.0,
+    # Finished runs (with their steps and signals) older than this are deleted
+    # by the tick, in seconds since they finished; None keeps them (O2).
+    "RETENTION_SECONDS": 7 * 24 * 3600.0,
+    # Largest number of finished runs one tick deletes (O2).
+    "RETENTION_BATCH": 500,
 }
+
+# What system check E001 holds each value to, beyond the type of its default
+# (a number for a float, an int for an int, a bool, a str): the smallest
+# accepted value (and whether it is excluded), and which settings accept None.
+_MINIMUM: dict[str, tuple[float, bool]] = {
+    "LEASE_SECONDS": (0, True),
+    "LEASE_RENEW_SECONDS": (0, True),
+    "ADMISSION_RETRY_SECONDS": (0, True),
+    "ADMISSION_RETRY_JITTER_SECONDS": (0, False),
+    "BACKLOG_RETRY_SECONDS": (0, True),
+    "REDELIVERY_SECONDS": (0, False),
+    "MAX_RECOVERIES": (0, False),
+    "CLAIM_RETRIES": (0, False),
+    "TICK_SECONDS": (0, True),
+    "TICK_BATCH": (1, False),
+    "WORKER_THREADS": (1, False),
+    "SIGNAL_FALLBACK_SECONDS": (0, True),
+    "RETENTION_SECONDS": (0, True),
+    "RETENTION_BATCH": (1, False),
+}
+_NULLABLE = frozenset({"DATABASE", "RETENTION_SECONDS"})
+
+
+def _kind(default: Any) -> tuple[str, Any]:
+    """What a value must be, from its default: (description, predicate)."""
+    if isinstance(default, bool):
+        return "True or False", lambda v: isinstance(v, bool)
+    if isinstance(default, int):
+        return "an int", lambda v: isinstance(v, int) and not isinstance(v, bool)
+    if isinstance(default, float):
+        return "a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+    return "a str", lambda v: isinstance(v, str)
+
+
+def problems(overrides: Any) -> list[tuple[str, str]]:
+    """Return ``(message, hint)`` for each invalid part of a ``DURABLE_SINGLETON``
+    value: not a dict, an unknown key, a value of the wrong type or out of range.
+
+    Checks each key on its own (system check E001); an empty list means
+    :meth:`Settings.from_mapping` accepts it.
+    """
+    if overrides is None:
+        return []
+    if not isinstance(overrides, dict):
+        return [(f"DURABLE_SINGLETON must be a dict, got {type(overrides).__name__}.", "Use a dict of settings.")]
+    found = []
+    known = ", ".join(sorted(DEFAULTS))
+    for name, value in overrides.items():
+        if name not in DEFAULTS:
+            found.append((f"DURABLE_SINGLETON has unknown key {name!r}.", f"Known keys: {known}."))
+            continue
+        if value is None and name in _NULLABLE:
+            continue
+        default = DEFAULTS[name]
+        what, accepts = _kind(default if default is not None else "")
+        minimum = _MINIMUM.get(name)
+        if minimum is not None:
+            low, strict = minimum
+            what += f" {'>' if strict else '>='} {low:g}"
+        if name in _NULLABLE:
+            what += " or None"
+        ok = accepts(value)
+        if ok and minimum is not None:
+            ok = value > minimum[0] if minimum[1] else value >= minimum[0]
+        if not ok:
+            found.append(
+                (
+                    f"DURABLE_SINGLETON[{name!r}] must be {what}, got {value!r}.",
+                    f"Set {name} to {what} (default {default!r}); see the settings reference.",
+                )
+            )
+    return found
 
 
 @dataclass(frozen=True)
@@ -70,22 +147,24 @@ class Settings:
     TICK_BATCH: int
     WORKER_THREADS: int
     SIGNAL_FALLBACK_SECONDS: float
+    RETENTION_SECONDS: float | None
+    RETENTION_BATCH: int
 
     @classmethod
     def from_mapping(cls, overrides: dict[str, Any] | None = None) -> Settings:
         """Merge ``overrides`` over :data:`DEFAULTS`.
 
-        Raises :class:`~durable_singleton.exceptions.ConfigurationError` for an
-        unknown key.
+        Raises :class:`~durable_singleton.exceptions.ConfigurationError` naming
+        every unknown key and every value of the wrong type or range (see
+        :func:`problems`; ``manage.py check`` reports the same as E001).
         """
         from .exceptions import ConfigurationError
 
+        found = problems(overrides)
+        if found:
+            raise ConfigurationError(" ".join(message for message, _ in found))
         values = dict(DEFAULTS)
-        for name, value in (overrides or {}).items():
-            if name not in DEFAULTS:
-                known = ", ".join(sorted(DEFAULTS))
-                raise ConfigurationError(f"DURABLE_SINGLETON has unknown key {name!r}; known keys: {known}")
-            values[name] = value
+        values.update(overrides or {})
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from . import schedules, signals
+from . import retention, schedules, signals
 from .admission import (
     ACTIVE_STATUSES,
     RESERVED_TAGS,
@@ -632,6 +632,7 @@ class Engine(AsyncEngineMixin, ExplainMixin):
         if limits:
             report.caught_up = self.store.singleton_catch_up(now, limits)
         schedules.fire_due_schedules(self, now, settings.TICK_BATCH)  # its own bounded batch (S17, S8b)
+        retention.retention_batch(self, now)  # finished runs past RETENTION_SECONDS, bounded (O2, S8b)
         for run_id, workflow_name in self.store.due_runs(now, settings.REDELIVERY_SECONDS, settings.TICK_BATCH):
             try:
                 queue = self.registry.get(workflow_name).queue

@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.core.management import call_command
 
 from durable_singleton import checks
+from durable_singleton.conf import Settings
+from durable_singleton.exceptions import ConfigurationError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,3 +75,84 @@ def test_unknown_setting_and_bad_lease_are_errors(settings: Any) -> None:
     settings.DURABLE_SINGLETON = {"LEASE_SECOND": 5}
     messages = checks.check_settings()
     assert [m.id for m in messages] == ["durable_singleton.E001"] and "LEASE_SECOND" in messages[0].msg
+
+
+def test_each_bad_setting_is_one_e001_with_a_hint(settings: Any) -> None:
+    """Section 7, O1: a value of the wrong type or range and an unknown key are
+    each reported as durable_singleton.E001 with a hint, not a traceback."""
+    settings.DURABLE_SINGLETON = {
+        "LEASE_SECONDS": "30",
+        "TICK_SECONDS": -1,
+        "WORKER_THREADS": 0,
+        "SCOPE_READS": "yes",
+        "MAX_RECOVERIES": True,
+        "RETENTION_SECONDS": 0,
+        "NOPE": 1,
+    }
+    messages = checks.check_settings()
+    assert {m.id for m in messages} == {"durable_singleton.E001"} and all(m.hint for m in messages)
+    assert len(messages) == 7, [m.msg for m in messages]
+    text = " ".join(m.msg for m in messages)
+    for name in ("LEASE_SECONDS", "TICK_SECONDS", "WORKER_THREADS", "SCOPE_READS", "MAX_RECOVERIES", "NOPE"):
+        assert name in text
+    # The other checks do not crash on the invalid settings either.
+    assert checks.check_sqlite() == [] and checks.check_celery() == []
+
+
+def test_valid_numbers_none_and_bounds_pass(settings: Any) -> None:
+    """Ints where floats are expected, None where allowed, and values at an
+    inclusive bound are accepted."""
+    settings.DURABLE_SINGLETON = {
+        "LEASE_SECONDS": 30,
+        "LEASE_RENEW_SECONDS": 10,
+        "REDELIVERY_SECONDS": 0,
+        "RETENTION_SECONDS": None,
+        "DATABASE": None,
+        "MAX_RECOVERIES": 0,
+    }
+    assert checks.check_settings() == []
+
+
+def test_lease_renewal_not_below_lease_is_e004_and_bad_types_skip_it(settings: Any) -> None:
+    settings.DURABLE_SINGLETON = {"LEASE_SECONDS": 10, "LEASE_RENEW_SECONDS": 10}
+    assert [m.id for m in checks.check_settings()] == ["durable_singleton.E004"]
+    settings.DURABLE_SINGLETON = {"LEASE_SECONDS": "10", "LEASE_RENEW_SECONDS": 10}
+    assert [m.id for m in checks.check_settings()] == ["durable_singleton.E001"]
+
+
+def test_manage_py_check_reports_a_string_lease_without_a_traceback() -> None:
+    """Section 7: ``manage.py check`` with LEASE_SECONDS="30" prints E001 and exits 1."""
+    code = (
+        "import django, os, sys; os.environ['DJANGO_SETTINGS_MODULE'] = 'testproject.settings'; "
+        "from django.conf import settings; django.setup(); "
+        "settings.DURABLE_SINGLETON = {'LEASE_SECONDS': '30'}; "
+        "from django.core.management import execute_from_command_line; "
+        "execute_from_command_line(['manage.py', 'check'])"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "durable_singleton.E001" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert "HINT" in done.stderr
+
+
+def test_pickle_in_accept_content_is_e020(settings: Any) -> None:
+    """Section 7: a worker accepting pickle is an error even with a JSON serializer."""
+    from celery import current_app
+
+    conf = current_app.conf
+    saved = conf.accept_content
+    try:
+        conf.accept_content = ["json", "pickle"]
+        messages = checks.check_celery()
+        assert [m.id for m in messages] == ["durable_singleton.E020"] and "pickle" in messages[0].msg
+        conf.accept_content = ["application/json"]
+        assert checks.check_celery() == []
+    finally:
+        conf.accept_content = saved
+
+
+def test_settings_from_mapping_refuses_what_e001_reports() -> None:
+    """Section 7: bad input raises a typed error instead of failing later."""
+    with pytest.raises(ConfigurationError, match="TICK_SECONDS"):
+        Settings.from_mapping({"TICK_SECONDS": -1})
+    assert Settings.from_mapping({"RETENTION_SECONDS": None}).RETENTION_SECONDS is None

@@ -1,0 +1,187 @@
+"""Retention of finished runs (O2): the tick's batch and ``manage.py durable_purge``.
+
+A finished run (``completed``, ``failed``, ``cancelled``, ``dead``) whose
+``finished_at`` is older than ``RETENTION_SECONDS`` is deleted with its steps
+and signals. Candidates are read oldest first, :data:`READ_PAGE` at a time; deletes go
+in transactions of at most :data:`CHUNK` runs; each
+transaction locks the runs it deletes and re-checks that they are still
+finished, so a run retried meanwhile (back to ``pending``, D9) is never
+touched, and no lock is held longer than one small delete.
+
+Only the Django store keeps runs beyond the process; with another store the
+functions here delete nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from .stores.base import TERMINAL_STATUSES
+
+__all__ = ["CHUNK", "READ_PAGE", "RETENTION_EVERY_SECONDS", "PurgeReport", "purge_finished", "retention_batch"]
+
+logger = logging.getLogger("durable_singleton")
+
+CHUNK = 100
+READ_PAGE = 2000
+RETENTION_EVERY_SECONDS = 60.0
+
+
+@dataclass
+class PurgeReport:
+    """What a purge deleted (or, dry, would delete): runs by status and workflow, steps and signals."""
+
+    runs: int = 0
+    steps: int = 0
+    signals: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    by_workflow: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data."""
+        return {
+            "runs": self.runs,
+            "steps": self.steps,
+            "signals": self.signals,
+            "by_status": dict(sorted(self.by_status.items())),
+            "by_workflow": dict(sorted(self.by_workflow.items())),
+            "dry_run": self.dry_run,
+        }
+
+
+def _database(engine: Any) -> str | None:
+    return getattr(engine.store, "db", None)
+
+
+def purge_finished(
+    engine: Any,
+    *,
+    before: datetime,
+    statuses: Iterable[str] = TERMINAL_STATUSES,
+    workflow: str | None = None,
+    key: str | None = None,
+    limit: int | None = None,
+    dry_run: bool = False,
+) -> PurgeReport:
+    """Delete finished runs that finished before ``before``, with their steps and signals.
+
+    ``statuses``: a subset of the terminal statuses (an active status raises
+    :class:`~durable_singleton.exceptions.ValidationError`: active runs are
+    never purged); ``workflow``/``key``: exact workflow name and singleton
+    key; ``limit``: delete at most this many runs (None: all that match);
+    ``dry_run``: count what would go, delete nothing. Oldest first, in
+    transactions of at most :data:`CHUNK` runs.
+    """
+    from .exceptions import ValidationError
+
+    statuses = tuple(statuses)
+    active = [s for s in statuses if s not in TERMINAL_STATUSES]
+    if active or not statuses:
+        raise ValidationError(
+            f"only finished runs can be purged (statuses {', '.join(TERMINAL_STATUSES)}); got {active or 'none'}"
+        )
+    if limit is not None and limit < 1:
+        raise ValidationError(f"limit must be >= 1, got {limit}")
+    report = PurgeReport(dry_run=dry_run)
+    db = _database(engine)
+    if db is None:
+        return report
+    from .models import Run
+
+    runs = Run.objects.using(db).filter(status__in=statuses, finished_at__lt=before)
+    if workflow is not None:
+        runs = runs.filter(workflow_name=workflow)
+    if key is not None:
+        runs = runs.filter(singleton_key=key)
+    runs = runs.order_by("finished_at", "run_id")
+    last: tuple[datetime, str] | None = None
+    while limit is None or report.runs < limit:
+        size = READ_PAGE if limit is None else min(READ_PAGE, limit - report.runs)
+        page = runs
+        if last is not None:
+            # Page on (finished_at, run_id): a dry run deletes nothing, and a
+            # run kept by the re-check must not be read again.
+            page = runs.filter(finished_at__gte=last[0]).exclude(finished_at=last[0], run_id__lte=last[1])
+        rows = list(page.values_list("run_id", "workflow_name", "status", "finished_at")[:size])
+        if not rows:
+            break
+        for start in range(0, len(rows), CHUNK):
+            _delete_chunk(db, rows[start : start + CHUNK], report, dry_run)
+        last = (rows[-1][3], rows[-1][0])
+        if len(rows) < size:
+            break
+    return report
+
+
+def _delete_chunk(db: str, rows: list[tuple[str, str, str, datetime]], report: PurgeReport, dry_run: bool) -> None:
+    """Delete (or count) one transaction's runs with their steps and signals."""
+    from django.db import transaction
+
+    from .models import Run, Signal, Step
+
+    ids = [row[0] for row in rows]
+    with transaction.atomic(using=db):
+        # Lock and re-check: a run retried since the read is active again and stays.
+        kept = list(
+            Run.objects.using(db)
+            .select_for_update()
+            .filter(pk__in=ids, status__in=TERMINAL_STATUSES)
+            .order_by("run_id")
+            .values_list("run_id", flat=True)
+        )
+        steps = Step.objects.using(db).filter(run_id__in=kept)
+        signals = Signal.objects.using(db).filter(run_id__in=kept)
+        if dry_run:
+            report.steps += steps.count()
+            report.signals += signals.count()
+        else:
+            report.steps += steps._raw_delete(db)
+            report.signals += signals._raw_delete(db)
+            # A raw delete: the post_delete receiver concerns active runs only.
+            Run.objects.using(db).filter(pk__in=kept)._raw_delete(db)
+    kept_set = set(kept)
+    for run_id, workflow_name, status, _ in rows:
+        if run_id in kept_set:
+            report.runs += 1
+            report.by_status[status] = report.by_status.get(status, 0) + 1
+            report.by_workflow[workflow_name] = report.by_workflow.get(workflow_name, 0) + 1
+
+
+# Per engine: when its last batch ran (its clock) and whether it was full.
+_last_batch: weakref.WeakKeyDictionary[Any, tuple[datetime, bool]] = weakref.WeakKeyDictionary()
+
+
+def retention_batch(engine: Any, now: datetime) -> int:
+    """The tick's retention batch (O2, S8b): delete at most ``RETENTION_BATCH``
+    runs that finished more than ``RETENTION_SECONDS`` before ``now``.
+
+    Runs at most every :data:`RETENTION_EVERY_SECONDS` per engine (by the
+    engine's clock), or at the next tick while the previous batch was full. Errors are logged and
+    swallowed, so retention never stops the tick. Returns the runs deleted.
+    """
+    settings = engine.settings
+    if settings.RETENTION_SECONDS is None or _database(engine) is None:
+        return 0
+    last = _last_batch.get(engine)
+    if last is not None and not last[1] and (now - last[0]).total_seconds() < RETENTION_EVERY_SECONDS:
+        return 0
+    try:
+        report = purge_finished(
+            engine, before=now - timedelta(seconds=settings.RETENTION_SECONDS), limit=settings.RETENTION_BATCH
+        )
+    except Exception:
+        logger.exception("retention batch failed")
+        _last_batch[engine] = (now, False)
+        return 0
+    _last_batch[engine] = (now, report.runs >= settings.RETENTION_BATCH)
+    if report.runs:
+        logger.info(
+            "retention: deleted %d finished runs (%d steps, %d signals)", report.runs, report.steps, report.signals
+        )
+    return report.runs
