@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from . import retention, schedules, signals
+from . import heartbeat, retention, schedules, signals
 from .admission import (
     ACTIVE_STATUSES,
     RESERVED_TAGS,
@@ -640,7 +640,14 @@ class Engine(AsyncEngineMixin, ExplainMixin):
                 queue = None
             self.dispatcher.dispatch(run_id, queue)
             report.dispatched.append(run_id)
+        heartbeat.record_tick(self, now)  # for manage.py durable_health (O3)
         return report
+
+    def audit_slots(self, repair: bool = False) -> Any:
+        """Check the slot invariants (K4), repairing the safe findings if ``repair``: :mod:`durable_singleton.audit`."""
+        from .audit import audit_slots
+
+        return audit_slots(self, repair=repair)
 
     def close_thread_resources(self) -> None:
         """Release per-thread resources (database connections) of a helper thread."""

@@ -11,7 +11,17 @@ from django.utils.translation import gettext_lazy as _
 from .admission import KEY_MAX_LENGTH
 from .querysets import RunQuerySet
 
-__all__ = ["Run", "RunStatus", "ScheduleFiring", "ScheduleState", "Signal", "SingletonKey", "SlotState", "Step"]
+__all__ = [
+    "Heartbeat",
+    "Run",
+    "RunStatus",
+    "ScheduleFiring",
+    "ScheduleState",
+    "Signal",
+    "SingletonKey",
+    "SlotState",
+    "Step",
+]
 
 
 class ExactCharField(models.CharField):  # type: ignore[type-arg]
@@ -266,3 +276,19 @@ class ScheduleFiring(models.Model):
 
     def __str__(self) -> str:
         return f"{self.schedule_id} {self.window_at:%Y-%m-%d %H:%M:%S} {self.outcome}"
+
+
+class Heartbeat(models.Model):
+    """When a periodic job of the app last completed (``name`` ``"tick"``: the
+    tick, written by :mod:`durable_singleton.heartbeat`, read by ``durable_health``, O3)."""
+
+    name = models.CharField(_("name"), max_length=64, primary_key=True)
+    at = models.DateTimeField(_("at"))
+    owner = models.CharField(_("owner"), max_length=191, blank=True, default="")
+
+    class Meta:
+        verbose_name = _("heartbeat")
+        verbose_name_plural = _("heartbeats")
+
+    def __str__(self) -> str:
+        return f"{self.name} at {self.at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,228 @@
+"""Slot audit (K4): check the invariants that queues of this kind leak, report
+each finding, and repair the safe ones when asked.
+
+Kinds of finding (:class:`FindingKind`):
+
+* ``inactive_holder``: a run marked as a holder that is not active. The
+  database refuses it (check constraint ``ds_run_slot_only_active``); the
+  audit still looks, for stores or schemas without the constraint. Repair:
+  drop the marker (the run is finished, its slot must be free).
+* ``over_admitted``: a key with more holders than its limit (S9). Never
+  repaired: a holder cannot be evicted safely; reported for a human.
+* ``stalled_waiter``: a key with a free slot whose front waiter has not been
+  touched for longer than two ticks (its wake was lost, or it is parked with
+  a far retry). Repair: wake it (``wake_at`` = now, then dispatch).
+* ``expired_lease``: a ``running`` run whose lease expired more than two
+  ticks ago, so no tick has re-driven it. Repair: make it due now and
+  dispatch it (recovery then counts it, D4).
+
+Only the Django store is audited; with another store the report is empty.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from .admission import ACTIVE_STATUSES
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+__all__ = ["AuditReport", "Finding", "FindingKind", "audit_slots"]
+
+#: Findings of one kind listed in a report (the count is always complete).
+MAX_LISTED = 100
+
+
+class FindingKind(enum.StrEnum):
+    """What the audit found wrong (K4)."""
+
+    INACTIVE_HOLDER = "inactive_holder"
+    OVER_ADMITTED = "over_admitted"
+    STALLED_WAITER = "stalled_waiter"
+    EXPIRED_LEASE = "expired_lease"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken invariant: its kind, the run (or a key's front waiter), the
+    workflow and key, a sentence, and whether the audit repaired it."""
+
+    kind: FindingKind
+    workflow: str
+    key: str | None
+    run_id: str | None
+    detail: str
+    repaired: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the finding as JSON-ready data."""
+        return {
+            "kind": str(self.kind),
+            "workflow": self.workflow,
+            "key": self.key,
+            "run_id": self.run_id,
+            "detail": self.detail,
+            "repaired": self.repaired,
+        }
+
+
+@dataclass
+class AuditReport:
+    """Every finding of one audit, as of ``checked_at``."""
+
+    checked_at: datetime
+    findings: list[Finding] = field(default_factory=list)
+
+    def count(self, kind: FindingKind | None = None) -> int:
+        """Return the number of findings (of ``kind`` if given)."""
+        return sum(1 for f in self.findings if kind is None or f.kind == kind)
+
+    def by_workflow(self) -> dict[tuple[str, str], int]:
+        """Return the number of findings per (workflow, kind), for metrics."""
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for finding in self.findings:
+            counts[(finding.workflow, str(finding.kind))] += 1
+        return dict(counts)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data."""
+        return {
+            "checked_at": self.checked_at.isoformat(),
+            "counts": {str(kind): self.count(kind) for kind in FindingKind},
+            "findings": [f.as_dict() for f in self.findings],
+        }
+
+
+def _limits(engine: Engine) -> dict[str, int]:
+    return {d.name: d.singleton.limit for d in list(engine.registry.latest.values()) if d.singleton is not None}
+
+
+def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = None) -> AuditReport:
+    """Check the slot invariants of SPEC K4 on ``engine``'s store; repair the
+    safe findings when ``repair`` is true.
+
+    "Longer than two ticks" is ``2 * TICK_SECONDS`` before ``now`` (default:
+    the engine's clock). A key's limit is its workflow's latest registered
+    limit, else the one stored on its runs. Returns an :class:`AuditReport`.
+    """
+    now = now or engine.now()
+    report = AuditReport(checked_at=now)
+    db = getattr(engine.store, "db", None)
+    if db is None:
+        return report
+    from django.db.models import Count, Max, Q
+
+    from .models import Run
+
+    runs = Run.objects.using(db)
+    grace = now - timedelta(seconds=2 * engine.settings.TICK_SECONDS)
+    limits = _limits(engine)
+
+    for row in runs.filter(singleton_slot="holder").exclude(status__in=ACTIVE_STATUSES)[:MAX_LISTED]:
+        repaired = False
+        if repair:
+            repaired = bool(
+                runs.filter(pk=row.pk, singleton_slot="holder")
+                .exclude(status__in=ACTIVE_STATUSES)
+                .update(singleton_slot=None)
+            )
+        report.findings.append(
+            Finding(
+                FindingKind.INACTIVE_HOLDER,
+                row.workflow_name,
+                row.singleton_key,
+                row.run_id,
+                f"run {row.run_id} is {row.status} but marked as holding a slot",
+                repaired,
+            )
+        )
+
+    holders = (
+        runs.filter(singleton_slot="holder", status__in=ACTIVE_STATUSES)
+        .values("workflow_name", "singleton_key")
+        .annotate(n=Count("pk"), stored_limit=Max("singleton_limit"))
+        .order_by()
+    )
+    held: dict[tuple[str, str], int] = {}
+    for group in holders:
+        ident = (group["workflow_name"], group["singleton_key"])
+        held[ident] = group["n"]
+        limit = limits.get(group["workflow_name"], group["stored_limit"] or 1)
+        if group["n"] > limit:
+            report.findings.append(
+                Finding(
+                    FindingKind.OVER_ADMITTED,
+                    ident[0],
+                    ident[1],
+                    None,
+                    f"{group['n']} holders for a limit of {limit}",
+                )
+            )
+
+    # Keys whose front waiter nothing has touched for two ticks.
+    stale = (
+        runs.filter(singleton_slot="waiter", status__in=("pending", "suspended"), updated_at__lte=grace)
+        .values("workflow_name", "singleton_key")
+        .annotate(stored_limit=Max("singleton_limit"))
+        .order_by()
+    )
+    for group in stale:
+        ident = (group["workflow_name"], group["singleton_key"])
+        limit = limits.get(ident[0], group["stored_limit"] or 1)
+        free = limit - held.get(ident, 0)
+        if free <= 0 or runs.for_key(*ident).filter(finished_at__gt=grace).exists():
+            continue  # no free slot, or one freed less than two ticks ago (its push may be in flight)
+        front = list(runs.for_key(*ident).waiting().values("run_id", "updated_at", "wake_at")[:free])
+        for waiter in front:
+            if waiter["updated_at"] > grace or len(report.findings) >= 4 * MAX_LISTED:
+                continue
+            repaired = False
+            if repair:
+                repaired = bool(
+                    runs.filter(pk=waiter["run_id"], status__in=("pending", "suspended")).update(
+                        wake_at=now, updated_at=now
+                    )
+                )
+                if repaired:
+                    engine.dispatcher.dispatch(waiter["run_id"], engine._queue_of(engine.get(waiter["run_id"])))
+            report.findings.append(
+                Finding(
+                    FindingKind.STALLED_WAITER,
+                    ident[0],
+                    ident[1],
+                    waiter["run_id"],
+                    f"{free} free slot(s) but the front waiter {waiter['run_id']} was last touched "
+                    f"{(now - waiter['updated_at']).total_seconds():.0f} s ago (wake_at {waiter['wake_at']})",
+                    repaired,
+                )
+            )
+
+    expired = runs.filter(status="running", lease_expires_at__lte=grace).filter(
+        Q(wake_at__isnull=True) | Q(wake_at__lte=grace)
+    )
+    for row in expired.order_by("lease_expires_at")[:MAX_LISTED]:
+        repaired = False
+        if repair:
+            repaired = bool(
+                runs.filter(pk=row.pk, status="running", lease_expires_at=row.lease_expires_at).update(wake_at=now)
+            )
+            if repaired:
+                engine.dispatcher.dispatch(row.run_id, engine._queue_of(engine.get(row.run_id)))
+        assert row.lease_expires_at is not None
+        report.findings.append(
+            Finding(
+                FindingKind.EXPIRED_LEASE,
+                row.workflow_name,
+                row.singleton_key,
+                row.run_id,
+                f"lease of {row.lease_owner} expired {(now - row.lease_expires_at).total_seconds():.0f} s ago "
+                "and no tick re-drove it",
+                repaired,
+            )
+        )
+    return report
