@@ -37,11 +37,9 @@ failures other job systems shipped, each kept as a test in the repository's
 ``tests/``. Every rule has an anchor of its own name (``spec.html#s5``,
 ``:ref:`S5```).
 
-This page is the target, not a list of what has shipped: some rules describe
-parts that are still being built (when this page was written: the codec store
-of S13, the store conformance suite of S14, the schedules of S17, and parts of
-K1-K4 and O1-O4). ``CHANGES.rst`` says what each release ships, and the other
-pages describe only what the code does today.
+This page is the target the code is built to, not a list of what has
+shipped: ``CHANGES.rst`` says what each release ships, and the other pages
+describe only what the code does today.
 
 """
 
