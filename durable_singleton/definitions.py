@@ -401,8 +401,6 @@ class BaseWorkflow:
         from .engine import Engine, get_engine
 
         runner: Engine = engine or get_engine()
-        return await runner.astart(
-            cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version
-        )
+        return await runner.astart(cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version)
 
     adispatch = astart

@@ -22,10 +22,12 @@ _written: weakref.WeakKeyDictionary[Any, datetime] = weakref.WeakKeyDictionary()
 
 
 def record_tick(engine: Any, now: datetime) -> bool:
-    """Record that ``engine`` completed a tick at ``now`` (at most every
+    """Record that ``engine`` completed a tick that began at ``now``: its
+    duration for the metrics, and the heartbeat row (at most every
     :data:`HEARTBEAT_EVERY_SECONDS` per engine). Only the Django store keeps
     it; returns True if this call wrote the row. Never raises for a database
     error (the tick goes on; a missing heartbeat is what health reports)."""
+    _observe_tick(max(0.0, (engine.now() - now).total_seconds()))
     db = getattr(engine.store, "db", None)
     if db is None:
         return False
@@ -48,6 +50,15 @@ def record_tick(engine: Any, now: datetime) -> bool:
         return False
     _written[engine] = now
     return True
+
+
+def _observe_tick(seconds: float) -> None:
+    """Feed the tick duration to the metrics, when prometheus_client is installed (O4)."""
+    try:
+        from .metrics import observe_tick
+    except ImportError:
+        return
+    observe_tick(seconds)
 
 
 def last_tick(using: str) -> Any:

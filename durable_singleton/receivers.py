@@ -21,10 +21,17 @@ def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) 
 
 
 def connect() -> None:
-    """Connect the receivers (idempotent): the release of a deleted run, and
-    the start of the embedded worker at a process's first request (O1)."""
+    """Connect the receivers (idempotent): the release of a deleted run, the
+    start of the embedded worker at a process's first request (O1), and the
+    metrics' counters when prometheus_client is installed (O4)."""
     from . import worker
     from .models import Run
 
     worker.connect()
+    try:
+        from . import metrics
+    except ImportError:  # the optional extra durable-singleton[prometheus] is not installed
+        pass
+    else:
+        metrics.connect()
     post_delete.connect(_release_deleted_run, sender=Run, dispatch_uid="durable_singleton.release_deleted_run")

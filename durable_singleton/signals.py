@@ -1,7 +1,19 @@
 """Lifecycle signals of runs, with logging receivers connected in ``ready()``.
 
-Each is sent with ``sender=Engine`` and ``run`` (a RunRecord); ``run_parked``
-also carries ``reason``.
+Each is sent with ``sender=Engine`` and ``run`` (a
+:class:`~durable_singleton.stores.base.RunRecord`); ``run_parked`` also
+carries ``reason`` (``"singleton"``, ``"sleep"``, ``"signal:<name>"``...):
+
+* ``run_created``: a start inserted a new run (not for an idempotent re-start);
+* ``run_admitted``: a singleton run took a slot of its key (S5);
+* ``run_parked``: a turn ended with the run parked (a denied claim, a sleep,
+  a wait for a signal or a child, ``blocked``);
+* ``run_finished``: the run became terminal (its ``status`` says which);
+* ``run_dead``: the run was dead-lettered (D4), before ``run_finished``.
+
+The logging receivers write to the ``durable_singleton`` logger with the
+structured fields ``run_id``, ``workflow`` and ``key`` (``extra=``, for a
+JSON formatter); they never log a run's input or output.
 """
 
 from __future__ import annotations
@@ -11,7 +23,7 @@ from typing import Any
 
 from django.dispatch import Signal
 
-__all__ = ["connect_log_receivers", "run_admitted", "run_created", "run_dead", "run_finished", "run_parked"]
+__all__ = ["connect_log_receivers", "fields", "run_admitted", "run_created", "run_dead", "run_finished", "run_parked"]
 
 logger = logging.getLogger("durable_singleton")
 
@@ -22,21 +34,27 @@ run_finished = Signal()
 run_dead = Signal()
 
 
+def fields(run: Any) -> dict[str, Any]:
+    """Return the structured log fields of ``run``: ``run_id``, ``workflow``, ``key``."""
+    return {"run_id": run.run_id, "workflow": run.workflow_name, "key": run.singleton_key}
+
+
 def _log_admitted(sender: Any, run: Any, **kwargs: Any) -> None:
-    logger.debug("run %s admitted to %s key %s", run.run_id, run.workflow_name, run.singleton_key)
+    logger.debug("run %s admitted to %s key %s", run.run_id, run.workflow_name, run.singleton_key, extra=fields(run))
 
 
 def _log_parked(sender: Any, run: Any, reason: str = "", **kwargs: Any) -> None:
-    logger.debug("run %s parked (%s)", run.run_id, reason)
+    logger.debug("run %s parked (%s)", run.run_id, reason, extra=fields(run))
 
 
 def _log_finished(sender: Any, run: Any, **kwargs: Any) -> None:
     level = logging.INFO if run.status == "completed" else logging.WARNING
-    logger.log(level, "run %s of %s ended %s", run.run_id, run.workflow_name, run.status)
+    logger.log(level, "run %s of %s ended %s", run.run_id, run.workflow_name, run.status, extra=fields(run))
 
 
 def _log_dead(sender: Any, run: Any, **kwargs: Any) -> None:
-    logger.error("run %s of %s is dead: %s", run.run_id, run.workflow_name, run.error)
+    code = (run.error or {}).get("code") if isinstance(run.error, dict) else None
+    logger.error("run %s of %s is dead (%s)", run.run_id, run.workflow_name, code, extra=fields(run))
 
 
 def connect_log_receivers() -> None:

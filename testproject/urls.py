@@ -15,3 +15,10 @@ urlpatterns = [
     path("async/runs/<str:run_id>/cancel", async_views.cancel_run, name="async-cancel-run"),
     path("async/ping", async_views.ping, name="async-ping"),
 ]
+
+try:  # the optional extra durable-singleton[prometheus]
+    from durable_singleton.metrics import metrics_view
+except ImportError:
+    pass
+else:
+    urlpatterns.append(path("metrics", metrics_view, name="metrics"))

@@ -1,0 +1,167 @@
+"""Prometheus metrics (O4), with the optional extra ``durable-singleton[prometheus]``.
+
+Every metric is labelled by ``workflow`` (and ``kind`` for audit findings),
+never by key: keys are unbounded.
+
+Read from the database at each scrape (one grouped query each, so they are
+the same whichever process is scraped):
+
+* ``durable_singleton_holders{workflow}``: active runs holding a slot;
+* ``durable_singleton_waiters{workflow}``: active runs waiting for a slot;
+* ``durable_singleton_oldest_wait_seconds{workflow}``: age of the oldest waiter;
+* ``durable_singleton_audit_findings{workflow,kind}``: findings of the slot
+  audit (K4, not repaired by the scrape).
+
+Counted in the process that sees the event (per process, like any
+prometheus_client counter without multiprocess mode):
+
+* ``durable_singleton_admissions_total{workflow}``: runs admitted to a slot
+  (the ``run_admitted`` signal);
+* ``durable_singleton_handoff_seconds{workflow}`` (histogram): from a
+  holder's end to the admission of the next run of its key, when both happen
+  in this process (the embedded worker; Celery's ``execute_chain`` handoff);
+* ``durable_singleton_tick_seconds`` (histogram): duration of each tick.
+
+Serve them with :func:`metrics_view` (``path("metrics", metrics_view)``), or
+add :data:`REGISTRY`'s collectors to your own exposition.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["ADMISSIONS", "HANDOFF", "REGISTRY", "TICK", "DatabaseCollector", "connect", "metrics_view", "observe_tick"]
+
+#: The registry of this app's metrics (served by :func:`metrics_view`).
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+ADMISSIONS = Counter(
+    "durable_singleton_admissions", "Runs admitted to a slot of their key.", ["workflow"], registry=REGISTRY
+)
+HANDOFF = Histogram(
+    "durable_singleton_handoff_seconds",
+    "Seconds from a holder's end to the admission of the next run of its key (same process).",
+    ["workflow"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
+)
+TICK = Histogram(
+    "durable_singleton_tick_seconds",
+    "Duration of one tick.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    registry=REGISTRY,
+)
+
+# (workflow, key) -> monotonic time its last holder ended, in this process.
+# Bounded: entries are taken by the next admission, and dropped past _MAX_PENDING.
+_released: dict[tuple[str, str], float] = {}
+_released_lock = threading.Lock()
+_MAX_PENDING = 10_000
+
+
+def observe_tick(seconds: float) -> None:
+    """Record one tick's duration, in seconds."""
+    TICK.observe(seconds)
+
+
+def _on_finished(sender: Any, run: Any, **kwargs: Any) -> None:
+    if run.singleton_key is None:
+        return
+    with _released_lock:
+        if len(_released) >= _MAX_PENDING:
+            _released.clear()
+        _released[(run.workflow_name, run.singleton_key)] = time.monotonic()
+
+
+def _on_admitted(sender: Any, run: Any, **kwargs: Any) -> None:
+    ADMISSIONS.labels(workflow=run.workflow_name).inc()
+    if run.singleton_key is None:
+        return
+    with _released_lock:
+        ended = _released.pop((run.workflow_name, run.singleton_key), None)
+    if ended is not None:
+        HANDOFF.labels(workflow=run.workflow_name).observe(time.monotonic() - ended)
+
+
+class DatabaseCollector(Collector):
+    """Holders, waiters, oldest wait and audit findings per workflow, read at each scrape."""
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """Name the metrics without reading the database (called at registration)."""
+        yield from self._families()
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+        return (
+            GaugeMetricFamily("durable_singleton_holders", "Active runs holding a slot.", labels=["workflow"]),
+            GaugeMetricFamily("durable_singleton_waiters", "Active runs waiting for a slot.", labels=["workflow"]),
+            GaugeMetricFamily(
+                "durable_singleton_oldest_wait_seconds", "Age of the oldest waiter, in seconds.", labels=["workflow"]
+            ),
+            GaugeMetricFamily(
+                "durable_singleton_audit_findings", "Slot audit findings (K4).", labels=["workflow", "kind"]
+            ),
+        )
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        from django.db.models import Count, Min
+        from django.utils import timezone
+
+        from .audit import FindingKind, audit_slots
+        from .engine import get_engine
+        from .models import Run
+
+        engine = get_engine()
+        db = getattr(engine.store, "db", None)
+        holders, waiters, oldest, findings = self._families()
+        workflows = sorted(d.name for d in list(engine.registry.latest.values()) if d.singleton is not None)
+        seen: dict[str, dict[str, float]] = {"holder": {}, "waiter": {}}
+        if db is not None:
+            now = timezone.now()
+            groups = (
+                Run.objects.using(db)
+                .filter(singleton_slot__isnull=False)
+                .values("workflow_name", "singleton_slot")
+                .annotate(n=Count("pk"), first=Min("created_at"))
+                .order_by()
+            )
+            for group in groups:
+                seen[group["singleton_slot"]][group["workflow_name"]] = group["n"]
+                if group["singleton_slot"] == "waiter":
+                    oldest.add_metric([group["workflow_name"]], (now - group["first"]).total_seconds())
+            counts = audit_slots(engine).by_workflow()
+            names = sorted({*workflows, *(workflow for workflow, _ in counts)})
+            for workflow in names:
+                for kind in FindingKind:
+                    findings.add_metric([workflow, str(kind)], counts.get((workflow, str(kind)), 0))
+        for workflow in sorted({*workflows, *seen["holder"], *seen["waiter"]}):
+            holders.add_metric([workflow], seen["holder"].get(workflow, 0))
+            waiters.add_metric([workflow], seen["waiter"].get(workflow, 0))
+        yield holders
+        yield waiters
+        yield oldest
+        yield findings
+
+
+REGISTRY.register(DatabaseCollector())
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Serve :data:`REGISTRY` in the Prometheus text format (protect it like any internal URL)."""
+    return HttpResponse(generate_latest(REGISTRY), content_type=CONTENT_TYPE_LATEST)
+
+
+def connect() -> None:
+    """Connect the receivers that count admissions and handoffs (idempotent)."""
+    from . import signals
+
+    signals.run_finished.connect(_on_finished, dispatch_uid="durable_singleton.metrics_finished")
+    signals.run_admitted.connect(_on_admitted, dispatch_uid="durable_singleton.metrics_admitted")
