@@ -75,7 +75,7 @@ _NO_EXCEPTION = {
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
 
 
-def task_workflow_name(task: Task) -> str:
+def task_workflow_name(task: Task[..., Any]) -> str:
     """Return the workflow name of ``task``: ``task:<module path>``."""
     return f"{TASK_WORKFLOW_PREFIX}{task.module_path}"
 
@@ -99,7 +99,7 @@ class DurableSingletonBackend(BaseTaskBackend):
         self.singletons: Mapping[str, Mapping[str, Any]] = self.options.get("SINGLETONS", {}) or {}
 
     # -- enqueueing ------------------------------------------------------------
-    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+    def enqueue[**P, R](self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]) -> TaskResult[P, R]:
         """Start a durable run of ``task`` with ``args``/``kwargs``; return its result (status READY).
 
         The run is created now and its first turn dispatched after the current
@@ -121,7 +121,7 @@ class DurableSingletonBackend(BaseTaskBackend):
         task_enqueued.send(type(self), task_result=result)
         return result
 
-    def get_result(self, result_id: str) -> TaskResult:
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """Return the result of run ``result_id`` as it is stored now.
 
         Raises :class:`~django.tasks.exceptions.TaskResultDoesNotExist` when no
@@ -201,7 +201,7 @@ class DurableSingletonBackend(BaseTaskBackend):
             max_queue_depth=options.get("max_queue_depth"),
         )
 
-    def definition_for(self, task: Task, target: Registry = registry) -> WorkflowDefinition:
+    def definition_for(self, task: Task[..., Any], target: Registry = registry) -> WorkflowDefinition:
         """Return the workflow of ``task`` in ``target``, registering it on first use.
 
         Raises :class:`ConfigurationError` or
@@ -220,9 +220,9 @@ class DurableSingletonBackend(BaseTaskBackend):
             origin=f"django.tasks:{task.module_path}",
         )
 
-    def _result(self, task: Task, run: RunRecord) -> TaskResult:
+    def _result[**P, R](self, task: Task[P, R], run: RunRecord) -> TaskResult[P, R]:
         input = run.input if isinstance(run.input, dict) else {}
-        result = TaskResult(
+        result: TaskResult[P, R] = TaskResult(
             task=task,
             id=run.run_id,
             status=_STATUSES[run.status],
@@ -284,7 +284,7 @@ class _TaskBody:
         return value
 
 
-def _import_task(path: str) -> Task:
+def _import_task(path: str) -> Task[..., Any]:
     """Return the :class:`Task` at dotted ``path``; raise :class:`ConfigurationError`."""
     try:
         task = import_string(path)
@@ -295,7 +295,7 @@ def _import_task(path: str) -> Task:
     return task
 
 
-def _task_of(workflow_name: str) -> Task | None:
+def _task_of(workflow_name: str) -> Task[..., Any] | None:
     if not workflow_name.startswith(TASK_WORKFLOW_PREFIX):
         return None
     try:
@@ -350,7 +350,9 @@ def _durable_backends() -> list[DurableSingletonBackend]:
         except (ImportError, KeyError):
             continue  # Django's own check reports it
         if isinstance(backend_class, type) and issubclass(backend_class, DurableSingletonBackend):
-            found.append(task_backends[alias])
+            backend = task_backends[alias]
+            if isinstance(backend, DurableSingletonBackend):
+                found.append(backend)
     return found
 
 
