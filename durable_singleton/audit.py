@@ -150,6 +150,8 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
     )
     held: dict[tuple[str, str], int] = {}
     for group in holders:
+        if group["singleton_key"] is None:
+            continue  # never stored: a slot needs a key (constraint ds_run_slot_only_active)
         ident = (group["workflow_name"], group["singleton_key"])
         held[ident] = group["n"]
         limit = limits.get(group["workflow_name"], group["stored_limit"] or 1)
@@ -171,9 +173,11 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
         .annotate(stored_limit=Max("singleton_limit"))
         .order_by()
     )
-    for group in stale:
-        ident = (group["workflow_name"], group["singleton_key"])
-        limit = limits.get(ident[0], group["stored_limit"] or 1)
+    for queue in stale:
+        if queue["singleton_key"] is None:
+            continue
+        ident = (queue["workflow_name"], queue["singleton_key"])
+        limit = limits.get(ident[0], queue["stored_limit"] or 1)
         free = limit - held.get(ident, 0)
         if free <= 0 or runs.for_key(*ident).filter(finished_at__gt=grace).exists():
             continue  # no free slot, or one freed less than two ticks ago (its push may be in flight)

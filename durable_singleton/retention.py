@@ -113,13 +113,18 @@ def purge_finished(
             break
         for start in range(0, len(rows), CHUNK):
             _delete_chunk(db, rows[start : start + CHUNK], report, dry_run)
-        last = (rows[-1][3], rows[-1][0])
+        finished_at = rows[-1][3]
+        if finished_at is None:  # excluded by finished_at__lt: the column is only nullable for active runs
+            break
+        last = (finished_at, rows[-1][0])
         if len(rows) < size:
             break
     return report
 
 
-def _delete_chunk(db: str, rows: list[tuple[str, str, str, datetime]], report: PurgeReport, dry_run: bool) -> None:
+def _delete_chunk(
+    db: str, rows: list[tuple[str, str, str, datetime | None]], report: PurgeReport, dry_run: bool
+) -> None:
     """Delete (or count) one transaction's runs with their steps and signals."""
     from django.db import transaction
 
