@@ -291,6 +291,9 @@ class QueuedRun:
     run: Run
     position: int | None
     first_step_at: datetime | None
+    #: Steps the run has finished, and the name of the last one (holders only; None for waiters).
+    steps_done: int | None = None
+    last_step: str | None = None
 
     @property
     def since(self) -> datetime | None:
@@ -321,6 +324,15 @@ def _first_step_at() -> Subquery:
     return Subquery(Step.objects.filter(run=OuterRef("pk")).order_by("position").values("started_at")[:1])
 
 
+def _steps_done() -> Subquery:
+    steps = Step.objects.filter(run=OuterRef("pk")).order_by().values("run")
+    return Subquery(steps.annotate(n=Count("pk")).values("n")[:1], output_field=IntegerField())
+
+
+def _last_step() -> Subquery:
+    return Subquery(Step.objects.filter(run=OuterRef("pk")).order_by("-position").values("name")[:1])
+
+
 def key_queue(
     workflow: str,
     key: str,
@@ -332,13 +344,17 @@ def key_queue(
 ) -> KeyQueue:
     """Return the queue of one workflow and key in three queries.
 
-    Holders are ``holders()`` in creation order (at most ``limit`` + 100 are
-    listed); waiters are ``waiting()``, exactly the claim's order (S5 step 3),
+    Holders are ``holders()`` in creation order (at most 200 are listed),
+    with the steps each has finished; waiters are ``waiting()``, exactly the claim's order (S5 step 3),
     paged by ``offset``/``limit``, with their 1-based positions.
     """
     runs = (Run.objects.using(using) if using else Run.objects.all()).for_key(workflow, key)
     options = singleton_options(reg).get(workflow)
-    holder_rows = list(runs.holders().annotate(first_step_at=_first_step_at()).order_by("created_at", "run_id")[:200])
+    holder_rows = list(
+        runs.holders()
+        .annotate(first_step_at=_first_step_at(), steps_done=_steps_done(), last_step=_last_step())
+        .order_by("created_at", "run_id")[:200]
+    )
     waiting = runs.waiting()
     total = waiting.count()
     waiter_rows = list(waiting.annotate(first_step_at=_first_step_at())[offset : offset + limit])
@@ -352,7 +368,7 @@ def key_queue(
         key=key,
         limit=key_limit,
         max_queue_depth=depth,
-        holders=[QueuedRun(r, None, r.first_step_at) for r in holder_rows],
+        holders=[QueuedRun(r, None, r.first_step_at, r.steps_done or 0, r.last_step) for r in holder_rows],
         waiters=[QueuedRun(r, offset + n + 1, r.first_step_at) for n, r in enumerate(waiter_rows)],
         waiting=total,
         offset=offset,

@@ -22,7 +22,7 @@ from durable_singleton.stores.base import AdmissionResult
 from durable_singleton.testing import make_engine
 from testproject.inventory.models import BodyAudit
 
-from .factories import T0, StepFactory, bulk_queue
+from .factories import T0, SignalFactory, StepFactory, bulk_queue
 from .test_queues import claim
 
 # Real commits: the engine dispatches turns and pushes releases after commit (S7).
@@ -393,3 +393,72 @@ def test_deleting_a_holder_in_the_admin_frees_its_slot(admin_client: Client, adm
     assert admin_engine.dispatcher.sent == ["A-1"]
     admin_engine.dispatcher.drain()
     assert Run.objects.get(pk="A-1").status == "completed"
+
+
+# -- what a new user reads: waiting, the backlog wake, the holder's step (issue #10 item 8) --------
+
+
+def row_of(html: str, run_id: str) -> str:
+    """Return the run list's (or a queue page's) table row of ``run_id``."""
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", html, flags=re.S)
+    found = [r for r in rows if f'class="ds-run-id" title="{run_id}"' in r or f'data-run-id="{run_id}"' in r]
+    assert found, f"no row for {run_id}"
+    return found[0]
+
+
+def test_waiters_read_waiting_whatever_their_stored_status(admin_client: Client, admin_engine: Engine) -> None:
+    """S5: pending runs are in line from creation, parked ones too; both read "waiting" on the run
+    list, the run page and the key page, with the stored status in the tooltip. Holders read as stored."""
+    start_queue(admin_engine, WIDE, "W", 3, admit=2)  # W-2 parked: suspended
+    admin_engine.start(WIDE, {"store_id": "W"}, run_id="W-new")  # not yet claimed: pending
+    assert Run.objects.get(pk="W-2").status == "suspended" and Run.objects.get(pk="W-new").status == "pending"
+    page = admin_client.get(RUNS).content.decode()
+    for run_id, stored in (("W-2", "suspended"), ("W-new", "pending")):
+        row = row_of(page, run_id)
+        assert ">waiting</span>" in row and f"stored status: {stored}" in row, row
+        assert ">waiting</span>" in admin_client.get(change_url(run_id)).content.decode()
+    holder = re.sub(r"<[^>]+>", " ", row_of(page, "W-0"))
+    assert "running holder" in " ".join(holder.split()) and "waiting" not in holder
+    key_page = admin_client.get(key_url(WIDE, "store:W")).content.decode()
+    assert ">waiting</span>" in row_of(key_page, "W-2") and ">waiting</span>" in row_of(key_page, "W-new")
+
+
+def test_a_backlog_waiters_late_wake_is_explained_where_shown(admin_client: Client, admin_engine: Engine) -> None:
+    """S8a: a start behind limit holders and limit waiters is parked with a wake an hour away; the
+    run list marks that time as the fallback, the run page and the key page say why and that a
+    release (S7) or the tick's catch-up admits it sooner. A near retry is shown plainly."""
+    start_queue(admin_engine, WIDE, "B", 4, admit=2)  # 2 holders, 2 waiters retrying in about 1 s
+    admin_engine.start(WIDE, {"store_id": "B"}, run_id="B-deep")
+    deep = Run.objects.get(pk="B-deep")
+    assert deep.park_reason == "singleton" and deep.wake_at - deep.created_at > timedelta(minutes=30)
+    page = admin_client.get(RUNS).content.decode()
+    assert ">fallback</span>" in row_of(page, "B-deep") and "S8a" in row_of(page, "B-deep")
+    assert "fallback" not in row_of(page, "B-2")
+    run_page = admin_client.get(change_url("B-deep")).content.decode()
+    assert "help ds-backlog-help" in run_page and "the release of a holder wakes the next waiters at once" in run_page
+    assert "help ds-backlog-help" not in admin_client.get(change_url("B-2")).content.decode()
+    key_page = admin_client.get(key_url(WIDE, "store:B")).content.decode()
+    assert "at a release" in row_of(key_page, "B-deep") and "help ds-backlog-help" in key_page
+
+
+def test_the_step_a_holder_is_running_is_shown(admin_client: Client, admin_engine: Engine) -> None:
+    """R4, D1, D2: a running holder shows the step it is in (finished steps + 1) and the last one
+    finished, on the key page and its own page; a parked holder says why (sleeping, a signal)."""
+    start_queue(admin_engine, WIDE, "S", 2, admit=2)
+    holder = Run.objects.get(pk="S-0")
+    StepFactory(run=holder, position=0, name="inventory:fetch")
+    StepFactory(run=holder, position=1, name="inventory:reconcile")
+    SignalFactory(run=holder, name="approve")
+    second = Run.objects.get(pk="S-1")
+    later = admin_engine.now() + timedelta(minutes=5)
+    assert admin_engine.store.park(
+        "S-1", second.lease_owner, "suspended", admin_engine.now(), wake_at=later, reason="signal:approve"
+    )
+    key_page = admin_client.get(key_url(WIDE, "store:S")).content.decode()
+    text = re.sub(r"<[^>]+>", "", row_of(key_page, "S-0"))
+    assert "running step 3 (2 done, last: inventory:reconcile)" in text, text
+    assert "waiting for signal approve" in row_of(key_page, "S-1")
+    run_page = re.sub(r"<[^>]+>", "", admin_client.get(change_url("S-0")).content.decode())
+    assert "running step 3 (2 done, last: inventory:reconcile)" in run_page and "(1 buffered)" in run_page
+    start_queue(admin_engine, CAPPED, "Z", 1, admit=1, sleeping=True)
+    assert "sleeping until" in row_of(admin_client.get(key_url(CAPPED, "store:Z")).content.decode(), "Z-0")

@@ -28,6 +28,7 @@ from durable_singleton.models import Run
 from testproject.inventory.models import BodyAudit
 
 from .celery_workers import celery_stack_missing, celery_workers
+from .test_queues import claim
 
 __all__ = ["celery_workers"]  # the fixture, imported for this module's tests
 
@@ -293,3 +294,51 @@ def test_view_only_staff_watch_without_actions(
     assert 'class="action-select"' not in html and 'name="action"' not in html
     assert re.findall(r'data-run-id="([^"]+)" data-position', html) == ids[1:]
     browser.shot("admin-queue-key-view-only")
+
+
+def test_run_list_fits_a_1400_px_window(browser: Browser, settings: Any, django_user_model: Any) -> None:
+    """Issue #10 item 8: with long keys and many tags, the run list (filters beside it) needs no
+    horizontal scrolling in a 1,400 px wide window; tags come last, cut, and whole in the tooltip.
+    Waiters read "waiting" (S5), and a backlog waiter's far wake is marked as the fallback (S8a)."""
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
+    tags = ["nightly", "priority:high", "customer:acme-corporation-international", "region:eu-west-3"]
+    store = "north-east-distribution-centre-0001"
+    first = [engine.start(WIDE, {"store_id": store}, tags=tags).run_id for _ in range(4)]
+    for run_id in first:  # two holders (running), two waiters parked for about a second
+        claim(engine, run_id, 2)
+    for _ in range(2):  # behind them: parked at creation with the backlog wake (S8a)
+        engine.start(WIDE, {"store_id": store}, tags=tags)
+    done = engine.start(CAPPED, {"store_id": "south-west-distribution-centre-0002"}, tags=tags)
+    engine.execute(done.run_id)
+    engine.dispatcher.queue.clear()
+    django_user_model.objects.create_superuser("admin", password="pw-browser")
+    browser.goto("/admin/login/?next=/admin/durable_singleton/run/")
+
+    def measure(page: Any) -> dict[str, Any]:
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", "pw-browser")
+        page.click("input[type=submit]")
+        page.wait_for_selector("#result_list")
+        return page.evaluate(
+            """() => ({
+                scroll: document.documentElement.scrollWidth,
+                window: window.innerWidth,
+                table: document.querySelector('#result_list').getBoundingClientRect().right,
+                last: [...document.querySelectorAll('#result_list thead th')].pop().innerText.trim(),
+                tagTitle: document.querySelector('#result_list .ds-tags').title,
+                results: document.querySelector('#changelist .results').scrollWidth,
+                box: document.querySelector('#changelist .results').clientWidth,
+                states: [...document.querySelectorAll('#result_list .ds-state')].map(e => e.innerText.trim()),
+                fallbacks: document.querySelectorAll('#result_list .ds-backlog').length,
+            })"""
+        )
+
+    seen = browser.do(measure)
+    browser.shot("admin-runs")
+    assert seen["window"] == 1400
+    assert seen["scroll"] <= seen["window"] and seen["table"] <= seen["window"], seen
+    assert seen["results"] <= seen["box"], f"the run table scrolls sideways inside its box: {seen}"
+    assert seen["last"].lower() == "tags", seen
+    assert all(tag in seen["tagTitle"] for tag in tags), seen
+    assert ("waiting" in seen["states"] and "running" not in seen["states"]) or "completed" in seen["states"], seen

@@ -1,0 +1,147 @@
+"""How the admin pages show a run: times, JSON, its state in words, what a
+holder is doing, and why a waiter's next wake is far away.
+
+Each rule is written once here and used by the run list, the run page and
+the key's queue page.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_noop
+
+from ..queues import format_age
+
+__all__ = [
+    "BACKLOG_NOTE",
+    "activity",
+    "is_backlog_wake",
+    "pretty_json",
+    "relative",
+    "state_label",
+    "time_html",
+    "wake_html",
+]
+
+#: A waiter whose wake is further away than this, in seconds, is a backlog
+#: waiter: the engine retries it late on purpose (S8a).
+BACKLOG_WAKE_AFTER_SECONDS = 60.0
+
+BACKLOG_NOTE = gettext_noop(
+    "A waiter behind the first waiters of its key retries only this late on purpose, so a long "
+    "queue costs nothing while it waits (S8a). It is admitted sooner: the release of a holder wakes "
+    "the next waiters at once (S7), and the tick's per-key catch-up wakes the oldest waiters of any "
+    "key with a free slot within about a tick. This time is only the fallback."
+)
+
+
+def pretty_json(value: Any) -> SafeString:
+    """Return ``value`` as indented JSON in a ``<pre>``; ``null`` quietly."""
+    if value is None:
+        return format_html('<span class="quiet">{}</span>', "null")
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+    return format_html('<pre class="ds-json">{}</pre>', text)
+
+
+def time_html(value: datetime | None, *, short: bool = False) -> SafeString | str:
+    """Return a ``<time>`` in the current time zone: month, day and seconds when ``short``
+    (the full time in the tooltip), else the date, microseconds and zone."""
+    if value is None:
+        return "—"
+    local = timezone.localtime(value)
+    full = local.strftime("%Y-%m-%d %H:%M:%S.%f %Z")
+    if not short:
+        return format_html('<time datetime="{}">{}</time>', value.isoformat(), full)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', value.isoformat(), full, local.strftime("%m-%d %H:%M:%S")
+    )
+
+
+def relative(value: datetime | None, now: datetime) -> str:
+    """Return ``in 4.2 s`` or ``3 min 12 s ago``; empty for None."""
+    if value is None:
+        return ""
+    seconds = (value - now).total_seconds()
+    if seconds >= 0:
+        return _("in %(age)s") % {"age": format_age(seconds)}
+    return _("%(age)s ago") % {"age": format_age(-seconds)}
+
+
+def state_label(run: Any) -> SafeString:
+    """Return the run's state in words: a waiter reads ``waiting`` whatever its stored
+    status (pending or suspended, S5), with the stored status in the tooltip; a holder
+    reads its status and ``holder`` (an untracked one of an older release: ``holder
+    (legacy)``, S12)."""
+    if run.singleton_slot == "waiter":
+        return format_html(
+            '<span class="ds-state ds-state-waiting" title="{}">{}</span>',
+            _("waiting for a slot of its key (stored status: %(status)s)") % {"status": run.status},
+            _("waiting"),
+        )
+    slot: SafeString | str = ""
+    if run.singleton_slot == "holder":
+        slot = format_html('<span class="ds-slot ds-slot-holder">{}</span>', _("holder"))
+    elif run.singleton_key and not run.singleton_tracked and run.status in ("running", "suspended", "blocked"):
+        slot = format_html('<span class="ds-slot ds-slot-holder">{}</span>', _("holder (legacy)"))
+    return format_html('<span class="ds-state ds-state-{}">{}{}</span>', run.status, run.get_status_display(), slot)
+
+
+def is_backlog_wake(run: Any, now: datetime) -> bool:
+    """Tell whether ``run`` is a waiter whose ``wake_at`` is the far backlog fallback (S8a)."""
+    return (
+        run.singleton_slot == "waiter"
+        and run.wake_at is not None
+        and (run.wake_at - now).total_seconds() > BACKLOG_WAKE_AFTER_SECONDS
+    )
+
+
+def wake_html(run: Any, now: datetime, *, short: bool = True) -> SafeString | str:
+    """Return the run's ``wake_at``; a backlog waiter's is marked as the fallback and explained (S8a)."""
+    shown = time_html(run.wake_at, short=short)
+    if not is_backlog_wake(run, now):
+        return shown
+    return format_html('{} <span class="ds-backlog" title="{}">{}</span>', shown, _(BACKLOG_NOTE), _("fallback"))
+
+
+def activity(run: Any, steps_done: int | None, last_step: str | None, now: datetime) -> SafeString | str:
+    """Return what an active run is doing: the step a running body is in, or why it is parked.
+
+    ``steps_done``: how many steps it has finished (their results are stored,
+    R4); ``last_step``: the name of the last one. A running body is inside
+    step ``steps_done + 1`` (or between steps); its name is known once stored.
+    """
+    done = steps_done or 0
+    if run.status == "running":
+        if run.lease_expires_at is not None and run.lease_expires_at <= now:
+            return format_html(
+                '<span class="ds-warn">{}</span>',
+                _("lease expired %(age)s ago: the tick will re-drive it (D4)")
+                % {"age": format_age((now - run.lease_expires_at).total_seconds())},
+            )
+        if done == 0:
+            return _("running, before its first step finished")
+        return format_html(
+            "{} <strong>{}</strong> ({})",
+            _("running step"),
+            done + 1,
+            _("%(count)s done, last: %(name)s") % {"count": done, "name": last_step},
+        )
+    reason = run.park_reason or ""
+    if reason == "sleep":
+        return format_html("{} {}", _("sleeping until"), time_html(run.wake_at, short=True))
+    if reason.startswith("signal:"):
+        return _("waiting for signal %(name)s") % {"name": reason.removeprefix("signal:")}
+    if reason.startswith("child:"):
+        return _("waiting for child run %(run)s") % {"run": reason.removeprefix("child:")}
+    if run.status == "blocked":
+        return _("blocked: %(reason)s") % {"reason": reason}
+    if run.status in ("pending", "suspended"):
+        return _("parked, next turn %(when)s") % {"when": relative(run.wake_at, now) or "—"}
+    return "—"

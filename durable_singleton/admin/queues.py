@@ -1,0 +1,345 @@
+"""The queue pages of the run admin: every workflow and key with active runs,
+and one key's holders and waiters in admission order (SPEC section 6, S5).
+
+They hang off the run admin (``get_urls`` + ``admin_site.admin_view`` +
+``each_context``) with overridable template names, read through
+:mod:`durable_singleton.queues` in a bounded number of queries, and page with
+Django's :class:`~django.core.paginator.Paginator`. The queue table is an
+aggregate of runs, not a list of model rows, so the change list's own sorting
+does not apply to it: its column headers carry the sort in ``?o=`` as the
+change list's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Page, Paginator
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from .. import queues
+from ..queues import format_age
+from .display import BACKLOG_NOTE, activity, is_backlog_wake, state_label
+
+__all__ = ["QueuePagesMixin"]
+
+
+class _OnePageAtATime:
+    """A row source for :class:`Paginator` whose ``fetch(offset, limit)`` returns a page's rows
+    and the total in one query, so a page costs one query instead of a count and a slice."""
+
+    def __init__(self, fetch: Callable[[int, int], tuple[Sequence[Any], int]], per_page: int, first: int) -> None:
+        self._fetch = fetch
+        self._per_page = per_page
+        self._first = first
+        self._pages: dict[int, Sequence[Any]] = {}
+        self._total: int | None = None
+
+    def _load(self, offset: int) -> Sequence[Any]:
+        if offset not in self._pages:
+            self._pages[offset], self._total = self._fetch(offset, self._per_page)
+        return self._pages[offset]
+
+    def count(self) -> int:
+        if self._total is None:
+            self._load(self._first)
+        assert self._total is not None
+        return self._total
+
+    def __getitem__(self, window: slice) -> Sequence[Any]:
+        start = window.start or 0
+        return self._load(start)[: window.stop - start]
+
+
+def _requested_page(request: HttpRequest) -> int:
+    try:
+        return max(int(request.GET.get("p", "1")), 1)
+    except ValueError:
+        return 1
+
+
+class QueuePagesMixin:
+    """The queue table and the key pages, for the ``ModelAdmin`` of :class:`~durable_singleton.models.Run`."""
+
+    #: Template of the queue table; None: ``admin/durable_singleton/queues.html``.
+    queues_template: str | None = None
+    #: Template of one key's queue; None: ``admin/durable_singleton/queue_key.html``.
+    queue_key_template: str | None = None
+    #: Seconds between refreshes of the open queue pages (0: never); ``?refresh=N`` overrides.
+    queue_refresh_seconds = 2
+    #: Rows per page of the queue table, and waiters per page of a key's queue.
+    queue_per_page = 100
+
+    admin_site: admin.AdminSite
+    opts: Any
+    actions: Sequence[str]
+    action_form: Any
+    has_view_or_change_permission: Callable[..., bool]
+    has_change_permission: Callable[..., bool]
+    get_queryset: Callable[..., Any]
+    get_action_choices: Callable[..., Any]
+    response_action: Callable[..., HttpResponse | None]
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path("queues/", self.admin_site.admin_view(self.queues_view), name="{}_{}_queues".format(*info)),
+            path("queues/key/", self.admin_site.admin_view(self.queue_key_view), name="{}_{}_queue_key".format(*info)),
+            *super().get_urls(),  # type: ignore[misc]
+        ]
+
+    def _url(self, name: str) -> str:
+        return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{name}")
+
+    def _key_url(self, workflow: str, key: str) -> str:
+        return f"{self._url('queue_key')}?{urlencode({'workflow': workflow, 'key': key})}"
+
+    def _change_url(self, run_id: str) -> str:
+        return reverse(
+            f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change",
+            args=[admin.utils.quote(run_id)],
+        )
+
+    def _refresh(self, request: HttpRequest) -> float:
+        try:
+            return max(float(request.GET.get("refresh", self.queue_refresh_seconds)), 0.0)
+        except ValueError:
+            return float(self.queue_refresh_seconds)
+
+    @staticmethod
+    def _paging(page: Page[Any], url: Callable[[int], str]) -> dict[str, Any]:
+        """Return the template's paging context: numbers and links, elided as the change list's are."""
+        paginator = page.paginator
+        return {
+            "page_number": page.number,
+            "pages": paginator.num_pages,
+            "previous_url": url(page.previous_page_number()) if page.has_previous() else None,
+            "next_url": url(page.next_page_number()) if page.has_next() else None,
+            "page_links": [
+                {"number": n, "url": url(n) if isinstance(n, int) and n != page.number else None}
+                for n in paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1)
+            ]
+            if paginator.num_pages > 1
+            else [],
+        }
+
+    def queues_view(self, request: HttpRequest) -> HttpResponse:
+        """List every workflow and key with active runs: limit, holders, waiting, oldest wait, cap, fullness."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        params = request.GET
+        sort = params.get("o", "-waiting")
+        if sort.lstrip("-") not in queues.SORTS:
+            sort = "-waiting"
+        only = params.get("only", "")
+        if only not in queues.FILTERS:
+            only = ""
+        workflow = params.get("workflow", "")
+        search = params.get("q", "").strip()
+        per_page = self.queue_per_page
+        totals: list[queues.QueuePage] = []
+
+        def fetch(offset: int, limit: int) -> tuple[Sequence[queues.QueueRow], int]:
+            table = queues.queue_table(
+                workflow=workflow or None, key_contains=search or None, only=only, sort=sort, offset=offset, limit=limit
+            )
+            totals[:] = [table]
+            return table.rows, table.keys
+
+        paginator = Paginator(
+            _OnePageAtATime(fetch, per_page, (_requested_page(request) - 1) * per_page),  # type: ignore[arg-type]
+            per_page,
+        )
+        page = paginator.get_page(_requested_page(request))
+        now = timezone.now()
+
+        def link(**changes: str) -> str:
+            """Return this page's query with ``changes`` (an empty value removes the parameter)."""
+            query = {k: v for k, v in params.items() if k != "p"}
+            for k, v in changes.items():
+                if v:
+                    query[k] = v
+                else:
+                    query.pop(k, None)
+            return "?" + urlencode(query)
+
+        rows = [
+            {
+                "row": row,
+                "url": self._key_url(row.workflow, row.key),
+                "age": format_age(row.oldest_wait_seconds(now)),
+                "fullness_pct": None if row.fullness is None else round(row.fullness * 100),
+                # The meter turns red at the cap, where starts are refused (S15).
+                "meter_low": None if row.capacity is None else row.capacity / 2,
+                "meter_high": None if row.capacity is None else row.capacity - 0.5,
+                "over": row.holders > row.limit,
+                "stalled": row.waiting > 0 and row.holders < row.limit,
+                # A free slot with waiters is normal for the moment a claim takes; for long, not (S8a).
+                "stuck": row.waiting > 0 and row.holders < row.limit and (row.oldest_wait_seconds(now) or 0) > 10,
+            }
+            for row in page.object_list
+        ]
+        workflows = sorted({*queues.singleton_options(), *([workflow] if workflow else [])})
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Queues"),
+            "subtitle": None,
+            "has_view_permission": True,
+            "rows": rows,
+            "headers": _sort_headers(sort, link),
+            "totals": totals[0],
+            "now": now,
+            "refresh": self._refresh(request),
+            "pause_url": link(refresh="0"),
+            "resume_url": link(refresh=""),
+            "search": search,
+            "search_hidden": [(k, v) for k, v in params.items() if k not in ("q", "p")],
+            "filters": [
+                {"label": label, "url": link(only=value), "selected": value == only}
+                for value, label in queues.FILTERS.items()
+            ],
+            "workflow_filters": [
+                {"label": _("All"), "url": link(workflow=""), "selected": not workflow},
+                *({"label": w, "url": link(workflow=w), "selected": w == workflow} for w in workflows),
+            ],
+            **self._paging(page, lambda n: link(p=str(n))),
+            "changelist_url": self._url("changelist"),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request,
+            self.queues_template
+            or [
+                f"admin/{self.opts.app_label}/{self.opts.model_name}/queues.html",
+                f"admin/{self.opts.app_label}/queues.html",
+            ],
+            context,
+        )
+
+    def queue_key_view(self, request: HttpRequest) -> HttpResponse:
+        """Show one key's holders (what each is doing) and its waiters in admission order (S5), with actions."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        workflow = request.GET.get("workflow", "")
+        key = request.GET.get("key", "")
+        if not workflow or not key:
+            return HttpResponseRedirect(self._url("queues"))
+        if request.method == "POST":
+            if not self.has_change_permission(request):
+                raise PermissionDenied
+            # The same actions, permission checks and messages as the run list.
+            response = self.response_action(request, queryset=self.get_queryset(request).for_key(workflow, key))
+            return response if response is not None else HttpResponseRedirect(request.get_full_path())
+        per_page = self.queue_per_page
+        fetched: list[queues.KeyQueue] = []
+
+        def fetch(offset: int, limit: int) -> tuple[Sequence[queues.QueuedRun], int]:
+            queue = queues.key_queue(workflow, key, offset=offset, limit=limit)
+            fetched[:] = [queue]
+            return queue.waiters, queue.waiting
+
+        paginator = Paginator(
+            _OnePageAtATime(fetch, per_page, (_requested_page(request) - 1) * per_page),  # type: ignore[arg-type]
+            per_page,
+        )
+        page = paginator.get_page(_requested_page(request))
+        queue = fetched[0]
+        now = timezone.now()
+
+        def page_url(n: int) -> str:
+            return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
+
+        def entry(item: queues.QueuedRun) -> dict[str, Any]:
+            run = item.run
+            since = item.since
+            return {
+                "run": run,
+                "position": item.position,
+                "url": self._change_url(run.run_id),
+                "state": state_label(run),
+                "since": since,
+                "held": format_age((now - since).total_seconds()) if since else None,
+                "waited": format_age((now - run.created_at).total_seconds()),
+                "legacy": run.singleton_slot != "holder" and item.position is None,
+                "doing": activity(run, item.steps_done, item.last_step, now),
+                # Waiters further back retry late; a release or the tick's catch-up admits them (S7, S8a).
+                "on_release": is_backlog_wake(run, now),
+            }
+
+        waiters = [entry(w) for w in page.object_list]
+        can_act = self.has_change_permission(request)
+        action_form = None
+        if can_act:
+            action_form = self.action_form(auto_id=None)
+            action_form.fields["action"].choices = [
+                choice for choice in self.get_action_choices(request) if choice[0] in ("", *self.actions)
+            ]
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Queue of %(key)s") % {"key": key},
+            "subtitle": workflow,
+            "has_view_permission": True,
+            "queue": queue,
+            "holders": [entry(h) for h in queue.holders],
+            "waiters": waiters,
+            "any_backlog": any(w["on_release"] for w in waiters),
+            "free_slots": max(queue.limit - len(queue.holders), 0),
+            "backlog_note": _(BACKLOG_NOTE),
+            "now": now,
+            "refresh": self._refresh(request),
+            "can_act": can_act,
+            "action_form": action_form,
+            "queues_url": self._url("queues"),
+            "runs_url": self._url("changelist") + "?" + urlencode({"workflow_name": workflow, "singleton_key": key}),
+            **self._paging(page, page_url),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request,
+            self.queue_key_template
+            or [
+                f"admin/{self.opts.app_label}/{self.opts.model_name}/queue_key.html",
+                f"admin/{self.opts.app_label}/queue_key.html",
+            ],
+            context,
+        )
+
+
+def _sort_headers(sort: str, link: Callable[..., str]) -> list[dict[str, Any]]:
+    """Return the queue table's column headers, each linking to its sort (``?o=name`` or ``-name``)."""
+    headers = []
+    for name, label, numeric in (
+        ("workflow", _("workflow"), False),
+        ("key", _("key"), False),
+        ("limit", _("limit"), True),
+        ("holders", _("holders"), True),
+        ("waiting", _("waiting"), True),
+        ("oldest", _("oldest waiter"), True),
+        ("fullness", _("cap and fullness"), True),
+    ):
+        current = sort.lstrip("-") == name
+        descending = sort.startswith("-")
+        # Numbers sort largest first on the first click; "oldest" means earliest creation.
+        first = name if name in ("workflow", "key", "oldest") else f"-{name}"
+        target = (name if descending else f"-{name}") if current else first
+        headers.append(
+            {
+                "name": name,
+                "label": label,
+                "numeric": numeric,
+                "url": link(o=target),
+                "sorted": current,
+                "ascending": current and not descending,
+            }
+        )
+    return headers
