@@ -53,9 +53,10 @@ def embedded(settings: Any) -> Iterator[Engine]:
     """The default engine with the embedded worker (4 threads, a tick every 0.2 s)."""
     settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "thread", "TICK_SECONDS": 0.2}
     engine = get_engine()
-    yield engine
     dispatcher = engine.dispatcher
     assert isinstance(dispatcher, ThreadDispatcher)
+    dispatcher.start()  # as a serving process does (O1); tests never start it by themselves
+    yield engine
     dispatcher.stop()
 
 
