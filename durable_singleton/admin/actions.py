@@ -12,6 +12,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
@@ -25,6 +26,8 @@ from ..engine import Engine, get_engine
 from ..exceptions import DurableSingletonError
 from ..models import Run
 
+StrOrPromise = str | Promise
+
 __all__ = ["FORM_PREFIX", "ActionLocation", "EngineActionsMixin", "change_action"]
 
 #: The prefix of the action form on a run's page (Django 6.1+).
@@ -33,7 +36,7 @@ _PARKED = ("pending", "suspended", "blocked")
 _RETRYABLE = ("failed", "dead")
 
 
-def change_action(description: str, description_plural: str) -> Callable[[Any], Any]:
+def change_action(description: StrOrPromise, description_plural: StrOrPromise) -> Callable[[Any], Any]:
     """``admin.action`` needing the change permission, on the run list and, on Django 6.1+, a run's page."""
     options: dict[str, Any] = {"permissions": ["change"], "description": description}
     if ActionLocation is not None:
@@ -41,7 +44,8 @@ def change_action(description: str, description_plural: str) -> Callable[[Any], 
         options["location"] = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
     else:
         options["description"] = description_plural
-    return admin.action(**options)
+    decorate: Callable[[Any], Any] = admin.action(**options)
+    return decorate
 
 
 def is_action_post(request: HttpRequest) -> bool:

@@ -30,12 +30,13 @@ class SingletonKeyFilter(admin.ListFilter):
 
     def value(self) -> str | None:
         """Return the key typed in, or None."""
-        return self.used_parameters.get(self.parameter_name) or None
+        value = self.used_parameters.get(self.parameter_name)
+        return str(value) if value else None
 
     def has_output(self) -> bool:
         return True
 
-    def expected_parameters(self) -> list[str]:
+    def expected_parameters(self) -> list[str | None]:
         return [self.parameter_name]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
@@ -66,8 +67,9 @@ class WorkflowFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         names = set(registry.latest)
-        if self.value():
-            names.add(self.value())  # a workflow no longer registered, reached by a link
+        chosen = self.value()
+        if chosen:
+            names.add(chosen)  # a workflow no longer registered, reached by a link
         return [(name, name) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:

@@ -17,6 +17,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -105,7 +106,7 @@ class QueuePagesMixin:
     def _change_url(self, run_id: str) -> str:
         return reverse(
             f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change",
-            args=[admin.utils.quote(run_id)],
+            args=[quote(run_id)],
         )
 
     def _refresh(self, request: HttpRequest) -> float:
@@ -154,7 +155,7 @@ class QueuePagesMixin:
             totals[:] = [table]
             return table.rows, table.keys
 
-        paginator = Paginator(
+        paginator: Paginator[queues.QueueRow] = Paginator(
             _OnePageAtATime(fetch, per_page, (_requested_page(request) - 1) * per_page),  # type: ignore[arg-type]
             per_page,
         )
@@ -247,7 +248,7 @@ class QueuePagesMixin:
             fetched[:] = [queue]
             return queue.waiters, queue.waiting
 
-        paginator = Paginator(
+        paginator: Paginator[queues.QueuedRun] = Paginator(
             _OnePageAtATime(fetch, per_page, (_requested_page(request) - 1) * per_page),  # type: ignore[arg-type]
             per_page,
         )

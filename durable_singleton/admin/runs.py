@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 from django.urls import reverse
@@ -126,7 +127,7 @@ class RunAdmin(QueuePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: 
             **(extra_context or {}),
         }
         if object_id is not None and request.method == "GET":
-            context.update(self._run_extras(admin.utils.unquote(object_id)))
+            context.update(self._run_extras(unquote(object_id)))
         return super().changeform_view(request, object_id, form_url, context)
 
     def save_model(self, request: HttpRequest, obj: Run, form: Any, change: bool) -> None:
@@ -249,9 +250,9 @@ class RunAdmin(QueuePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: 
         place = queues.run_place(obj)
         key_url = self._key_url(obj.workflow_name, obj.singleton_key) if obj.singleton_key else ""
         if place.kind == "none":
-            return _("not a singleton run")
+            return str(_("not a singleton run"))
         if place.kind == "terminal":
-            return _("no slot: the run has finished")
+            return str(_("no slot: the run has finished"))
         if place.kind == "holder":
             since = place.since
             if since is None:

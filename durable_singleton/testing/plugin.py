@@ -57,9 +57,10 @@ def durable_engine() -> Iterator[Engine]:
             scope_reads=engine.scope_reads,
             **{k: v for k, v in overrides.items() if k not in ("STORE", "DISPATCH")},
         )
+        dispatcher: Any = fresh.dispatcher  # a ManualDispatcher
         engine.store = fresh.store
-        engine.dispatcher = fresh.dispatcher
-        fresh.dispatcher.bind(engine)
+        engine.dispatcher = dispatcher
+        dispatcher.bind(engine)
         yield engine
 
 
