@@ -10,6 +10,7 @@ older release (S12). Nothing here writes.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -41,6 +42,7 @@ from .models import Run, Step
 __all__ = [
     "FILTERS",
     "SORTS",
+    "Cause",
     "KeyQueue",
     "Place",
     "QueuePage",
@@ -50,6 +52,7 @@ __all__ = [
     "holder_since",
     "key_queue",
     "queue_table",
+    "run_cause",
     "run_place",
     "singleton_options",
 ]
@@ -424,6 +427,41 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
     waiting = runs.waiting()
     ahead = waiting.filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id))
     return Place("waiter", position=ahead.count() + 1, holders=holders)
+
+
+class Cause(enum.StrEnum):
+    """Why an active singleton run is not running a body right now, in words.
+
+    The difference that matters to an operator: a run that waits for its key
+    (a slot to free) and a run that could run but waits for a worker (every
+    worker thread or process busy, or none running).
+    """
+
+    RUNNING = "running"
+    PARKED = "holder, parked"  # sleeping, waiting for a signal or a child, blocked: keeps its slot (S6)
+    NEEDS_WORKER = "waiting for a worker"  # admitted or admissible and due: no worker has taken its turn
+    NEEDS_KEY = "waiting for the key"  # behind the holders: waits for a slot to free
+
+
+def run_cause(
+    *, status: str, holder: bool, wake_at: datetime | None, position: int | None, free_slots: int, now: datetime
+) -> Cause:
+    """Return why an active singleton run is where it is.
+
+    ``holder``: it holds a slot; ``position``: its 1-based place among the
+    key's waiters (None for a holder); ``free_slots``: the key's limit minus
+    its holders. A holder whose ``wake_at`` has come, and a waiter among the
+    first ``free_slots``, wait for a worker (their turn is claimable now);
+    another holder is parked (a later or no ``wake_at``); other waiters wait
+    for the key.
+    """
+    if status == "running":
+        return Cause.RUNNING
+    if holder:
+        return Cause.NEEDS_WORKER if wake_at is not None and wake_at <= now else Cause.PARKED
+    if position is not None and position <= free_slots:
+        return Cause.NEEDS_WORKER
+    return Cause.NEEDS_KEY
 
 
 def iter_rows(page: QueuePage, now: datetime) -> Iterable[dict[str, Any]]:

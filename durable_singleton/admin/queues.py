@@ -259,10 +259,21 @@ class QueuePagesMixin:
         def page_url(n: int) -> str:
             return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
 
+        free_slots = max(queue.limit - len(queue.holders), 0)
+
         def entry(item: queues.QueuedRun) -> dict[str, Any]:
             run = item.run
             since = item.since
             return {
+                # Waiting for the key, or able to run and waiting for a worker (#9).
+                "cause": queues.run_cause(
+                    status=run.status,
+                    holder=item.position is None,
+                    wake_at=run.wake_at,
+                    position=item.position,
+                    free_slots=free_slots,
+                    now=now,
+                ),
                 "run": run,
                 "position": item.position,
                 "url": self._change_url(run.run_id),
@@ -294,7 +305,7 @@ class QueuePagesMixin:
             "holders": [entry(h) for h in queue.holders],
             "waiters": waiters,
             "any_backlog": any(w["on_release"] for w in waiters),
-            "free_slots": max(queue.limit - len(queue.holders), 0),
+            "free_slots": free_slots,
             "backlog_note": _(BACKLOG_NOTE),
             "now": now,
             "refresh": self._refresh(request),

@@ -280,7 +280,9 @@ def judge(records: Iterable[BodyRecord], limits: Mapping[str, int]) -> Verdict:
 # -- the live lanes ------------------------------------------------------------
 @dataclass
 class Lane:
-    """One key's queue right now: holders, waiters in admission order, counts."""
+    """One key's queue right now: holders running or parked, runs that could
+    run now but wait for a worker, waiters for the key in admission order,
+    counts (the cause of each comes from :func:`durable_singleton.queues.run_cause`)."""
 
     key: str
     limit: int
@@ -288,6 +290,8 @@ class Lane:
     waiters: list[str]
     completed: int
     other_terminal: int
+    ready: list[str] = dataclasses.field(default_factory=list)
+    held: int | None = None  # slots taken (holders, running or not); None: len(holders)
 
 
 def load_lanes(
@@ -305,15 +309,42 @@ def load_lanes(
         (row["singleton_key"], row["status"]): row["n"]
         for row in runs.order_by().values("singleton_key", "status").annotate(n=Count("pk"))
     }
+    from django.utils import timezone
+
+    from durable_singleton.queues import Cause, run_cause
+
+    now = timezone.now()
     lanes = []
     for key in keys:
         queue = runs.for_key(workflow_name, key)
+        limit = limits.get(key, 1)
+        holders = list(queue.holders().order_by("created_at", "run_id").values_list("run_id", "status", "wake_at"))
+        waiting = list(queue.waiting().values_list("run_id", "status", "wake_at"))
+        free = max(limit - len(holders), 0)
+        ready, running, waiters = [], [], []
+        for position, (run_id, status, wake_at) in enumerate([*holders, *waiting], start=1 - len(holders)):
+            cause = run_cause(
+                status=status,
+                holder=position <= 0,
+                wake_at=wake_at,
+                position=position if position > 0 else None,
+                free_slots=free,
+                now=now,
+            )
+            if cause is Cause.NEEDS_WORKER:
+                ready.append(run_id)
+            elif cause is Cause.NEEDS_KEY:
+                waiters.append(run_id)
+            else:
+                running.append(run_id)
         lanes.append(
             Lane(
                 key=key,
-                limit=limits.get(key, 1),
-                holders=list(queue.holders().order_by("created_at", "run_id").values_list("run_id", flat=True)),
-                waiters=list(queue.waiting().values_list("run_id", flat=True)),
+                limit=limit,
+                holders=running,
+                waiters=waiters,
+                ready=ready,
+                held=len(holders),
                 completed=counts.get((key, "completed"), 0),
                 other_terminal=sum(
                     n for (k, status), n in counts.items() if k == key and status not in (*ACTIVE_STATUSES, "completed")
@@ -324,7 +355,9 @@ def load_lanes(
 
 
 def render_lanes(lanes: Sequence[Lane], *, title: str, caption: str, label: Any = str) -> RenderableType:
-    """Return a rich table: one row per key with its holders, waiters and counts."""
+    """Return a rich table: one row per key with its holders (running or
+    parked), the runs that could run now but wait for a worker, the waiters
+    for the key, and counts."""
     from rich.table import Table
     from rich.text import Text
 
@@ -337,13 +370,16 @@ def render_lanes(lanes: Sequence[Lane], *, title: str, caption: str, label: Any 
     table.add_column("key", style="bold")
     table.add_column("slots", justify="right")
     table.add_column("holder(s)", style="green", min_width=10)
-    table.add_column("waiters, in admission order", style="yellow", min_width=30)
+    table.add_column("ready, waiting for a worker", style="magenta", min_width=12)
+    table.add_column("waiting for the key, in admission order", style="yellow", min_width=30)
     table.add_column("done", justify="right", style="cyan")
     for lane in lanes:
         holders = " ".join(label(r) for r in lane.holders) or "-"
+        ready = " ".join(label(r) for r in lane.ready) or "-"
         waiters = " ".join(label(r) for r in lane.waiters) or "-"
         done = str(lane.completed) + (f" (+{lane.other_terminal} not completed)" if lane.other_terminal else "")
-        cells = (lane.key, f"{len(lane.holders)}/{lane.limit}", holders, waiters, done)
+        held = len(lane.holders) if lane.held is None else lane.held
+        cells = (lane.key, f"{held}/{lane.limit}", holders, ready, waiters, done)
         table.add_row(*(Text(cell) for cell in cells))
     return table
 

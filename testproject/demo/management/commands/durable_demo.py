@@ -71,8 +71,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--workers",
             type=int,
-            default=2,
-            help="Embedded: worker threads; distributed: Celery worker processes (default: 2).",
+            default=None,
+            help=(
+                "Embedded: worker threads (default: limit x keys, so every key's slots can run at once); "
+                "distributed: Celery worker processes (default: 2)."
+            ),
         )
         parser.add_argument(
             "--concurrency", type=int, default=2, help="Distributed: prefork children per worker (default: 2)."
@@ -89,12 +92,16 @@ class Command(BaseCommand):
         stores = [s.strip() for s in options["keys"].split(",") if s.strip()]
         if not stores or len(set(stores)) != len(stores):
             raise CommandError("--keys needs distinct, non-empty store ids")
+        mode = self._mode(options["mode"])
+        if options["workers"] is None:
+            # Embedded: one thread per slot of every key, so a burst on one key
+            # never leaves another key's free slot waiting for a thread.
+            options["workers"] = options["limit"] * len(stores) if mode == "embedded" else 2
         for name in ("burst", "runs_per_key", "limit", "workers", "concurrency"):
             if options[name] < (0 if name == "runs_per_key" else 1):
                 raise CommandError(f"--{name.replace('_', '-')} is too small: {options[name]}")
         if options["duration"] < 0:
             raise CommandError("--duration must be >= 0")
-        mode = self._mode(options["mode"])
         limit = options["limit"]
 
         conf = get_settings()
@@ -197,10 +204,12 @@ class Command(BaseCommand):
             lanes = demo.load_lanes(WORKFLOW, keys, limits, ids)
             active = Run.objects.filter(run_id__in=ids, status__in=ACTIVE_STATUSES).count()
             parked = sum(len(lane.waiters) for lane in lanes)
+            ready = sum(len(lane.ready) for lane in lanes)
             done = len(ids) - active
             caption = (
                 f"{time.monotonic() - started:4.1f} s  {done}/{len(ids)} finished  "
-                f"{parked} parked waiter(s), no worker on them"
+                f"{parked} waiting for their key (parked, no worker on them), "
+                f"{ready} could run now and wait for a worker"
             )
             table = demo.render_lanes(lanes, title=title, caption=caption, label=lambda r: labels.get(r, r))
             return table, active == 0
