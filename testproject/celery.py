@@ -6,11 +6,11 @@ import os
 
 from celery import Celery
 
+from durable_singleton.tasks import beat_schedule
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 
 app = Celery("testproject")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-app.conf.beat_schedule = {
-    "durable-singleton-tick": {"task": "durable_singleton.tick", "schedule": 1.0, "options": {"expires": 5.0}},
-}
+app.conf.beat_schedule.update(beat_schedule())

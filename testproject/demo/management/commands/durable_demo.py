@@ -208,8 +208,7 @@ class Command(BaseCommand):
             done = len(ids) - active
             caption = (
                 f"{time.monotonic() - started:4.1f} s  {done}/{len(ids)} finished  "
-                f"{parked} waiting for their key (parked, no worker on them), "
-                f"{ready} could run now and wait for a worker"
+                f"{parked} wait for their key (parked), {ready} for a worker"
             )
             table = demo.render_lanes(lanes, title=title, caption=caption, label=lambda r: labels.get(r, r))
             return table, active == 0
