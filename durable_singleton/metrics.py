@@ -134,7 +134,7 @@ class DatabaseCollector(Collector):
                 .order_by()
             )
             for group in groups:
-                seen[group["singleton_slot"]][group["workflow_name"]] = group["n"]
+                seen[str(group["singleton_slot"])][group["workflow_name"]] = group["n"]
                 if group["singleton_slot"] == "waiter":
                     oldest.add_metric([group["workflow_name"]], (now - group["first"]).total_seconds())
             counts = audit_slots(engine).by_workflow()
