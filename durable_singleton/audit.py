@@ -9,9 +9,10 @@ Kinds of finding (:class:`FindingKind`):
   drop the marker (the run is finished, its slot must be free).
 * ``over_admitted``: a key with more holders than its limit (S9). Never
   repaired: a holder cannot be evicted safely; reported for a human.
-* ``stalled_waiter``: a key with a free slot whose front waiter has not been
-  touched for longer than two ticks (its wake was lost, or it is parked with
-  a far retry). Repair: wake it (``wake_at`` = now, then dispatch).
+* ``stalled_waiter``: a key with a free slot (none freed in the last two
+  ticks) whose front waiter has been due for longer than two ticks, or has
+  no wake time: no worker took its turn. Repair: wake it (``wake_at`` = now,
+  then dispatch).
 * ``expired_lease``: a ``running`` run whose lease expired more than two
   ticks ago, so no tick has re-driven it. Repair: make it due now and
   dispatch it (recovery then counts it, D4).
@@ -166,9 +167,10 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
                 )
             )
 
-    # Keys whose front waiter nothing has touched for two ticks.
+    # Keys with a waiter due for longer than two ticks (or with no wake time at all).
+    overdue = Q(wake_at__isnull=True) | Q(wake_at__lte=grace)
     stale = (
-        runs.filter(singleton_slot="waiter", status__in=("pending", "suspended"), updated_at__lte=grace)
+        runs.filter(overdue, singleton_slot="waiter", status__in=("pending", "suspended"))
         .values("workflow_name", "singleton_key")
         .annotate(stored_limit=Max("singleton_limit"))
         .order_by()
@@ -181,9 +183,10 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
         free = limit - held.get(ident, 0)
         if free <= 0 or runs.for_key(*ident).filter(finished_at__gt=grace).exists():
             continue  # no free slot, or one freed less than two ticks ago (its push may be in flight)
-        front = list(runs.for_key(*ident).waiting().values("run_id", "updated_at", "wake_at")[:free])
+        front = list(runs.for_key(*ident).waiting().values("run_id", "wake_at")[:free])
         for waiter in front:
-            if waiter["updated_at"] > grace or len(report.findings) >= 4 * MAX_LISTED:
+            due_since = waiter["wake_at"]
+            if (due_since is not None and due_since > grace) or len(report.findings) >= 4 * MAX_LISTED:
                 continue
             repaired = False
             if repair:
@@ -200,8 +203,12 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
                     ident[0],
                     ident[1],
                     waiter["run_id"],
-                    f"{free} free slot(s) but the front waiter {waiter['run_id']} was last touched "
-                    f"{(now - waiter['updated_at']).total_seconds():.0f} s ago (wake_at {waiter['wake_at']})",
+                    f"{free} free slot(s) but the front waiter {waiter['run_id']} "
+                    + (
+                        f"has been due for {(now - due_since).total_seconds():.0f} s"
+                        if due_since is not None
+                        else "has no wake time"
+                    ),
                     repaired,
                 )
             )

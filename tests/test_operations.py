@@ -65,13 +65,14 @@ def test_audit_finds_and_repairs_an_expired_lease_nobody_re_drove(engine: Engine
 
 
 def test_audit_finds_and_repairs_a_waiter_stalled_behind_a_free_slot(engine: Engine) -> None:
-    """K4, S8: a key with no holder whose front waiter nobody touched for two
-    ticks (its push lost, parked with a far retry) is found; repair wakes it."""
+    """K4, S8: a key with no holder whose front waiter has been due for longer
+    than two ticks (no worker took its turn) is found; repair wakes it. A
+    waiter due for less than two ticks is not a finding."""
     run = engine.start("audited", {"k": 2})
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-    Run.objects.filter(pk=run.run_id).update(
-        status="suspended", park_reason="singleton", wake_at=timezone.now() + timedelta(hours=1), updated_at=_old()
-    )
+    Run.objects.filter(pk=run.run_id).update(status="suspended", park_reason="singleton", wake_at=_old(1))
+    assert _kinds(engine) == []
+    Run.objects.filter(pk=run.run_id).update(wake_at=_old())
     report = engine.audit_slots()
     assert [(str(f.kind), f.run_id, f.key) for f in report.findings] == [("stalled_waiter", run.run_id, "k2")]
     assert engine.audit_slots(repair=True).findings[0].repaired
@@ -146,9 +147,7 @@ def test_health_is_zero_when_healthy_and_one_on_each_planted_fault(manual: Engin
     manual.dispatcher.drain()  # type: ignore[attr-defined]
 
     run = manual.start("fault-hold", {"store_id": "h2", "seconds": 0}, run_id="h-stalled")
-    Run.objects.filter(pk=run.run_id).update(
-        status="suspended", wake_at=timezone.now() + timedelta(hours=1), updated_at=_old(), attempts=1
-    )
+    Run.objects.filter(pk=run.run_id).update(status="suspended", wake_at=_old(), attempts=1)
     code, report = _health("--stale-seconds=1h")
     assert code == 1 and [p["kind"] for p in report["problems"]] == ["stalled_waiter"]
     Run.objects.filter(pk=run.run_id).delete()
