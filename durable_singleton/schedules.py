@@ -35,6 +35,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from .exceptions import DurableSingletonError, InvalidWorkflowError, SingletonQueueFullError, ValidationError
 
 if TYPE_CHECKING:
+    from croniter import croniter
+
     from .engine import Engine
 
 __all__ = [
@@ -182,10 +184,7 @@ class Schedule:
         if self.every is not None:
             elapsed = (after - _EPOCH) // timedelta(seconds=self.every)
             return _EPOCH + timedelta(seconds=self.every * (elapsed + 1))
-        from croniter import croniter
-
-        zone = ZoneInfo(self.timezone)
-        found = croniter(self.cron, after.astimezone(zone)).get_next(datetime)
+        found = self._cron_from(after).get_next(datetime)
         return found.astimezone(UTC)
 
     def due_windows(self, start: datetime, now: datetime, keep: int) -> tuple[list[datetime], int, datetime]:
@@ -198,8 +197,7 @@ class Schedule:
                 return [], 0, start
             total = (now - start) // step + 1
             first_kept = max(0, total - keep)
-            kept = [start + step * n for n in range(first_kept, total)]
-            return kept, first_kept, start + step * total
+            return [start + step * n for n in range(first_kept, total)], first_kept, start + step * total
         kept: list[datetime] = []
         older = 0
         window = start
@@ -216,12 +214,17 @@ class Schedule:
             window = self.next_window(window)
         return kept, older, window
 
-    def _windows_before(self, after_now: datetime, now: datetime, keep: int) -> list[datetime]:
+    def _cron_from(self, start: datetime) -> croniter:
+        """Return a croniter over ``cron`` in the schedule's time zone, from ``start``."""
         from croniter import croniter
 
-        zone = ZoneInfo(self.timezone)
-        it = croniter(self.cron, after_now.astimezone(zone))
-        found = []
+        # check() refuses a schedule with neither or both of every= and cron=.
+        assert self.cron is not None, "a schedule without every= has a cron expression"
+        return croniter(self.cron, start.astimezone(ZoneInfo(self.timezone)))
+
+    def _windows_before(self, after_now: datetime, now: datetime, keep: int) -> list[datetime]:
+        it = self._cron_from(after_now)
+        found: list[datetime] = []
         while len(found) < keep:
             prev = it.get_prev(datetime).astimezone(UTC)
             if prev > now:
