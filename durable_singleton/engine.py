@@ -95,12 +95,22 @@ class _LeaseKeeper:
         self._thread.join()
 
     def _loop(self) -> None:
+        from django.db import DatabaseError
+
         every = self.engine.settings.LEASE_RENEW_SECONDS
         try:
             while not self._stop.wait(every):
-                if not self.engine.store.renew_lease(
-                    self.run_id, self.owner, self.engine.settings.LEASE_SECONDS, self.engine.now()
-                ):
+                try:
+                    renewed = self.engine.store.renew_lease(
+                        self.run_id, self.owner, self.engine.settings.LEASE_SECONDS, self.engine.now()
+                    )
+                except DatabaseError:
+                    # A dropped connection (server restart, pg_terminate_backend):
+                    # close it and renew on a new one next time (O1).
+                    logger.warning("run %s: lease renewal failed; retrying", self.run_id, exc_info=True)
+                    self.engine.close_thread_resources()
+                    continue
+                if not renewed:
                     return  # fenced: the body stops at its next step boundary
         finally:
             self.engine.close_thread_resources()

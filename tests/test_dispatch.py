@@ -69,3 +69,29 @@ def test_start_embedded_worker_ignores_other_dispatch_modes(settings: Any) -> No
     """O1: with DISPATCH "celery" the embedded worker is never started."""
     settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "celery"}
     assert start_embedded_worker(force=True) is False
+
+
+def test_lease_renewal_survives_a_dropped_connection(registry: Registry) -> None:
+    """O1, R5: a renewal that fails with a database error (a dropped
+    connection) is retried at the next interval instead of ending the lease
+    keeper, so the body keeps its lease and completes."""
+    from django.db import OperationalError
+
+    from durable_singleton.stores.memory import MemoryStore
+    from durable_singleton.testing import make_engine
+
+    class Flaky(MemoryStore):
+        calls = 0
+
+        def renew_lease(self, *args: Any, **kwargs: Any) -> bool:
+            type(self).calls += 1
+            if type(self).calls == 1:
+                raise OperationalError("server closed the connection unexpectedly")
+            return bool(super().renew_lease(*args, **kwargs))
+
+    registry.add("slow", "1", lambda ctx, i: time.sleep(0.6) or "done")
+    engine = make_engine(Flaky(), registry=registry, LEASE_SECONDS=5.0, LEASE_RENEW_SECONDS=0.1)
+    run = engine.start("slow", None)
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert engine.get(run.run_id).status == "completed"
+    assert Flaky.calls >= 3
