@@ -156,12 +156,13 @@ class ThreadDispatcher(_DjangoCommit):
         self._workers.append(ticker)
         logger.info("embedded worker started: %d threads, tick every %.3g s", self.threads, self.tick_seconds)
 
-    def stop(self, timeout: float = 30.0) -> list[str]:
+    def stop(self, timeout: float = 30.0, *, hurry: threading.Event | None = None) -> list[str]:
         """Stop the threads: drop queued turns, let the turns in hand finish.
 
-        Waits at most ``timeout`` seconds in all; returns the ids of the runs
-        whose turns were still running then. Dropped turns keep their
-        ``wake_at`` and are sent again by a tick (S8).
+        Waits at most ``timeout`` seconds in all, less if ``hurry`` is set
+        meanwhile; returns the ids of the runs whose turns were still running
+        then. Dropped turns keep their ``wake_at`` and are sent again by a
+        tick (S8).
         """
         self._stop.set()
         dropped = 0
@@ -175,7 +176,8 @@ class ThreadDispatcher(_DjangoCommit):
             self._queue.put(None)
         deadline = time.monotonic() + timeout
         for thread in self._workers:
-            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+            while thread.is_alive() and time.monotonic() < deadline and not (hurry and hurry.is_set()):
+                thread.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
         left = sorted(self.in_hand.values())
         if dropped:
             logger.info("embedded worker stopping: %d queued turns left to the tick", dropped)

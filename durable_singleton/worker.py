@@ -133,9 +133,16 @@ class ForegroundWorker:
             self.dispatcher.tick_seconds = tick_seconds
         self.grace_seconds = engine.settings.LEASE_SECONDS if grace_seconds is None else grace_seconds
         self.stopping = threading.Event()
+        self.hurry = threading.Event()
 
     def request_stop(self, signum: int = 0, frame: Any = None) -> None:
-        """Ask the worker to stop (a signal handler)."""
+        """Ask the worker to stop (a signal handler); a second request stops
+        waiting for the turns in hand and hands them back at once."""
+        if self.stopping.is_set():
+            if signum:
+                logger.info("received %s again: handing back the turns in hand now", signal.Signals(signum).name)
+            self.hurry.set()
+            return
         if signum:
             logger.info("received %s: stopping", signal.Signals(signum).name)
         self.stopping.set()
@@ -145,7 +152,7 @@ class ForegroundWorker:
         started = time.monotonic()
         self.dispatcher.start()
         self.stopping.wait()
-        left = self.dispatcher.stop(timeout=self.grace_seconds)
+        left = self.dispatcher.stop(timeout=self.grace_seconds, hurry=self.hurry)
         handed_back = expire_own_leases(self.engine, left) if left else 0
         if left:
             logger.warning(

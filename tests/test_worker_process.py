@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -152,6 +153,24 @@ def test_sigterm_hands_back_a_turn_that_outlives_the_grace(workers: DurableWorke
     assert "1 turns handed back" in worker.log()
     workers.start(env=env)
     wait_for(lambda: BodyAudit.objects.count() == 2, 10, "the run re-driven within a few ticks", workers.logs)
+
+
+def test_a_second_sigterm_hands_back_at_once(workers: DurableWorkers, starter: Engine) -> None:
+    """O1: a second SIGTERM during the grace time stops waiting: the turn in
+    hand is handed back and the worker exits long before --grace (60 s)."""
+    (run_id,) = burst(starter, keys=1, per_key=1, seconds=60, tag="h")
+    worker = workers.start(
+        env=workers.env(DURABLE_LEASE_SECONDS="30", DURABLE_LEASE_RENEW_SECONDS="5"), args=("--grace=60",)
+    )
+    wait_for(lambda: BodyAudit.objects.count() == 1, 30, "the body entered", workers.logs)
+    worker.kill(signal.SIGTERM)
+    time.sleep(0.5)
+    assert worker.alive(), workers.logs()
+    worker.kill(signal.SIGTERM)
+    assert worker.proc.wait(15) == 0, workers.logs()
+    assert "1 turns handed back" in worker.log()
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "running" and run.lease_expires_at <= timezone.now()
 
 
 def test_two_worker_processes_share_one_sqlite_file(workers: DurableWorkers, starter: Engine) -> None:
