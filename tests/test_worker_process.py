@@ -281,3 +281,17 @@ def test_runserver_starts_the_embedded_worker_without_a_request(workers: Durable
         port = sock.getsockname()[1]
     workers.start(command=("runserver", "--noreload", f"127.0.0.1:{port}"), wait=False)
     wait_for(lambda: all_completed(ids), 60, "the due runs completed", workers.logs)
+
+
+def test_uvicorn_starts_the_embedded_worker_when_it_loads_the_app(workers: DurableWorkers, starter: Engine) -> None:
+    """O1: ``uvicorn testproject.asgi:application`` loads asgi.py, which starts
+    the embedded worker: already-due runs complete with no request."""
+    pytest.importorskip("uvicorn", reason="uvicorn is in the test requirements")
+    ids = burst(starter, keys=1, per_key=2, seconds=0.1, tag="u")
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    workers.start(argv=("-m", "uvicorn", "testproject.asgi:application", "--port", str(port)), wait=False)
+    wait_for(lambda: all_completed(ids), 60, "the due runs completed", workers.logs)

@@ -89,20 +89,25 @@ class DurableWorkers:
         args: tuple[str, ...] = (),
         command: tuple[str, ...] = ("durable_worker",),
         wait: bool = True,
+        argv: tuple[str, ...] = (),
     ) -> WorkerProcess:
-        """Start one ``manage.py durable_worker`` and wait until it is ready."""
+        """Start one ``manage.py durable_worker`` (or ``manage.py COMMAND``, or
+        ``python ARGV``) and wait until it says it is ready."""
         from django.utils import timezone
 
         name = f"dw{len(self.processes)}-{os.getpid()}"
         log_path = self.log_dir / f"{name}.log"
-        argv = [sys.executable, "manage.py", *command]
-        if command == ("durable_worker",):
-            argv += [f"--threads={threads}", f"--tick-seconds={tick_seconds}"]
-        argv += list(args)
+        if argv:
+            full = [sys.executable, *argv]
+        else:
+            full = [sys.executable, "manage.py", *command]
+            if command == ("durable_worker",):
+                full += [f"--threads={threads}", f"--tick-seconds={tick_seconds}"]
+        full += list(args)
         started = timezone.now()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                argv,
+                full,
                 cwd=REPO,
                 env=dict(env) if env is not None else self.env(),
                 stdout=log,
