@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
     from django.db import connection
     from rich.console import Console
 
-    from durable_singleton.engine import get_engine
+    from durable_singleton.runtime import get_engine
 
     from . import audit, peers, report, scenarios
     from .celery_app import app

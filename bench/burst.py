@@ -15,7 +15,7 @@ def main(argv: list[str]) -> int:
     import django
 
     django.setup()
-    from durable_singleton.engine import get_engine
+    from durable_singleton.runtime import get_engine
 
     from . import audit
     from .workflows import WORKFLOW

@@ -20,7 +20,8 @@ from .schedules import Schedule
 
 if TYPE_CHECKING:
     from .context import WorkflowCtx
-    from .engine import Engine, get_engine
+    from .engine import Engine
+    from .runtime import get_engine
 
 __all__ = [
     "ADMITTED_TAG",
@@ -44,10 +45,14 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # Engine and context import Django lazily; keep the package importable
     # without configured settings.
-    if name in ("Engine", "get_engine"):
-        from . import engine
+    if name == "Engine":
+        from .engine import Engine
 
-        return getattr(engine, name)
+        return Engine
+    if name == "get_engine":
+        from .runtime import get_engine
+
+        return get_engine
     if name == "WorkflowCtx":
         from .context import WorkflowCtx
 

@@ -1,8 +1,8 @@
 """Pure decision helpers for singleton admission (SPEC S1, S5, S12, S14).
 
-Nothing here touches a database. Stores use these helpers to implement
-``try_admit_singleton`` inside their own transaction; the in-memory store
-makes the whole decision with :func:`decide_admission`.
+Nothing here touches a database. A custom store uses these helpers to
+implement ``try_admit_singleton`` inside its own transaction (S14); the
+store base class's fallback admission decides with :func:`decide_admission`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .exceptions import SingletonKeyError
+from .statuses import ACTIVE_STATUSES, RunStatus
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -26,6 +27,7 @@ __all__ = [
     "Candidate",
     "compute_singleton_key",
     "decide_admission",
+    "effective_limit",
     "is_holder",
     "key_tag",
     "retry_delay",
@@ -44,11 +46,22 @@ RESERVED_TAGS = frozenset({ADMITTED_TAG, TRACKED_TAG})
 KEY_TAG_PREFIX = "singleton:"
 #: Longest key accepted (characters); it is stored in an indexed column.
 KEY_MAX_LENGTH = 191
-#: Statuses of a run that is not finished; such runs are holders or waiters (R2).
-ACTIVE_STATUSES = ("pending", "running", "suspended", "blocked")
 #: An untracked run (created by an older release) in one of these statuses
 #: counts as a holder, so a rolling upgrade never over-admits (S12).
-HOLDING_LEGACY_STATUSES = ("running", "suspended", "blocked")
+HOLDING_LEGACY_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED)
+
+
+def effective_limit(declared: int | None, override: int | None = None) -> int:
+    """Return a key's limit: the runtime override if set (K2), else the declared one (S2).
+
+    ``declared`` is the limit of the workflow's latest registered version, or
+    the limit stored on the run when this process does not know the workflow.
+    This is the only place the two are combined; a lowered limit admits no one
+    until holders drop below it and never evicts a holder (S8b, K2).
+    """
+    if override is not None:
+        return max(int(override), 1)
+    return max(int(declared or 1), 1)
 
 
 def key_tag(key: str) -> str:

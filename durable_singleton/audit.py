@@ -100,7 +100,7 @@ class AuditReport:
 
 
 def _limits(engine: Engine) -> dict[str, int]:
-    return {d.name: d.singleton.limit for d in list(engine.registry.latest.values()) if d.singleton is not None}
+    return engine.limits()
 
 
 def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = None) -> AuditReport:

@@ -51,6 +51,9 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION_SECONDS": 7 * 24 * 3600.0,
     # Largest number of finished runs one tick deletes (O2).
     "RETENTION_BATCH": 500,
+    # Largest run input, signal or event payload accepted, in bytes of its JSON
+    # encoding (UTF-8); larger ones raise InvalidInputError. None: no limit.
+    "MAX_INPUT_BYTES": 1_000_000,
 }
 
 # What system check E001 holds each value to, beyond the type of its default
@@ -149,6 +152,7 @@ class Settings:
     SIGNAL_FALLBACK_SECONDS: float
     RETENTION_SECONDS: float | None
     RETENTION_BATCH: int
+    MAX_INPUT_BYTES: int | None
 
     @classmethod
     def from_mapping(cls, overrides: dict[str, Any] | None = None) -> Settings:

@@ -8,6 +8,7 @@ its stored result instead of running again (R4).
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -59,10 +60,12 @@ def check_text(value: object, what: str, max_length: int = 191) -> str:
     """Check an identifier (run id, tag, signal name, namespace); raise :class:`ValidationError`."""
     from .exceptions import ValidationError
 
-    if not isinstance(value, str) or not value or len(value) > max_length:
-        raise ValidationError(f"{what} must be a non-empty str of at most {max_length} characters, got {value!r:.80}")
-    if "\x00" in value:
-        raise ValidationError(f"{what} contains a NUL character")
+    if not isinstance(value, str) or not value.strip() or len(value) > max_length:
+        raise ValidationError(
+            f"{what} must be a str of at most {max_length} characters with a non-space character, got {value!r:.80}"
+        )
+    if any(unicodedata.category(c) == "Cc" for c in value):
+        raise ValidationError(f"{what} contains a control character (NUL included)")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -100,6 +103,17 @@ class WorkflowCtx:
         """Return the id of the run this body executes."""
         return self.run.run_id
 
+    @property
+    def fencing_token(self) -> int | None:
+        """Return this run's fencing token (K1): a per-key number that strictly
+        increases across the key's admissions; None for a run without a key.
+
+        Pass it to an external system that keeps the highest token it has seen
+        and refuses writes with a lower one: a holder whose lease was taken
+        over then cannot overwrite its successor's work.
+        """
+        return self.run.fencing_token
+
     def _next(self) -> tuple[int, StepRecord | None]:
         position = self._position
         self._position += 1
@@ -107,9 +121,7 @@ class WorkflowCtx:
 
     def _boundary(self) -> None:
         """Stop at a step boundary if the run was cancelled or taken over (D6, R5)."""
-        verdict = self.engine.store.check_boundary(
-            self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS, self.engine.now()
-        )
+        verdict = self.engine.store.check_boundary(self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS)
         if verdict == "cancelled":
             raise RunCancelledError(f"run {self.run.run_id!r} was cancelled")
         if verdict != "ok":

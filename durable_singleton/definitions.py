@@ -382,7 +382,7 @@ class BaseWorkflow:
     @classmethod
     def start(cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None) -> RunRecord:
         """Start a run of this workflow; see :meth:`Engine.start`. Never blocks (S3)."""
-        from .engine import get_engine
+        from .runtime import get_engine
 
         return (engine or get_engine()).start(
             cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version
@@ -398,7 +398,8 @@ class BaseWorkflow:
 
         Raises what :meth:`start` raises, each writing nothing (S15, section 7).
         """
-        from .engine import Engine, get_engine
+        from .engine import Engine
+        from .runtime import get_engine
 
         runner: Engine = engine or get_engine()
         return await runner.astart(cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version)

@@ -1,12 +1,14 @@
-"""The engine: starts runs, executes one turn at a time, gates singleton
-runs through the store's claim, pushes releases, and drives the tick.
+"""The engine: starts runs, executes one turn at a time through the store's
+claim, hands freed slots off, and drives the tick.
 
-The engine knows the store protocol, not the ORM, and nothing of Celery: a
-dispatcher (see :mod:`durable_singleton.dispatch`) sends turns.
+The engine knows the store seam (:class:`~durable_singleton.stores.base.BaseStore`),
+not the ORM, and nothing of Celery: a dispatcher sends turns. It imports
+nothing above it; :mod:`durable_singleton.runtime` builds engines from settings.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -14,37 +16,41 @@ import threading
 import time
 import traceback
 import uuid
-import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from . import heartbeat, retention, schedules, signals
-from .admission import (
-    ACTIVE_STATUSES,
-    RESERVED_TAGS,
-    compute_singleton_key,
-    retry_delay,
-)
+from .admission import RESERVED_TAGS, compute_singleton_key
 from .aio import AsyncEngineMixin
 from .conf import Settings, get_settings
 from .context import Suspend, WorkflowCtx, check_text, printable, to_json_value
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
 from .exceptions import (
+    InvalidInputError,
     InvalidRunIdError,
     LeaseLostError,
     RunCancelledError,
     RunNotFoundError,
-    SingletonFallbackWarning,
     SingletonQueueFullError,
     UnknownWorkflowError,
     ValidationError,
 )
 from .explain import ExplainMixin
-from .stores.base import AdmissionResult, RunRecord
+from .statuses import Outcome, RunStatus
+from .stores.base import (
+    CANCELLED_ERROR,
+    TIMEOUT_ERROR,
+    BaseStore,
+    Finish,
+    RetryPolicy,
+    RunRecord,
+    TurnState,
+    warn_fallback,
+)
 
-__all__ = ["RUN_ID_MAX_LENGTH", "Dispatcher", "Engine", "TickReport", "get_engine"]
+__all__ = ["RUN_ID_MAX_LENGTH", "Dispatcher", "Engine", "TickReport"]
 
 logger = logging.getLogger("durable_singleton")
 
@@ -65,11 +71,13 @@ class Dispatcher(Protocol):
 
 @dataclass
 class TickReport:
-    """What one tick did: runs dispatched, timed out, and made due by the catch-up."""
+    """What one tick did, batch by batch (S8b)."""
 
     dispatched: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
     caught_up: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
 
 
 def _owner_prefix() -> str:
@@ -77,7 +85,7 @@ def _owner_prefix() -> str:
 
 
 class _LeaseKeeper:
-    """Renews a turn's lease every ``every`` seconds while the body runs (R5)."""
+    """Renews a turn's lease every ``LEASE_RENEW_SECONDS`` while the body runs (R5)."""
 
     def __init__(self, engine: Engine, run_id: str, owner: str) -> None:
         self.engine = engine
@@ -97,16 +105,15 @@ class _LeaseKeeper:
     def _loop(self) -> None:
         from django.db import DatabaseError
 
-        every = self.engine.settings.LEASE_RENEW_SECONDS
+        settings = self.engine.settings
         try:
-            while not self._stop.wait(every):
+            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
                 try:
-                    renewed = self.engine.store.renew_lease(
-                        self.run_id, self.owner, self.engine.settings.LEASE_SECONDS, self.engine.now()
-                    )
+                    renewed = self.engine.store.renew_lease(self.run_id, self.owner, settings.LEASE_SECONDS)
                 except DatabaseError:
                     # A dropped connection (server restart, pg_terminate_backend):
-                    # close it and renew on a new one next time (O1).
+                    # close it and renew on a new one next time (O1). An expired
+                    # lease is never renewed, so a late retry cannot revive it (R5).
                     logger.warning("run %s: lease renewal failed; retrying", self.run_id, exc_info=True)
                     self.engine.close_thread_resources()
                     continue
@@ -116,19 +123,49 @@ class _LeaseKeeper:
             self.engine.close_thread_resources()
 
 
+class StoreClock:
+    """This process's clock, corrected to the store's clock (R5).
+
+    Times the engine computes (``created_at``, deadlines, sleep targets) use
+    it, so a process whose own clock is off still writes times on the store's
+    clock; the offset is measured again every ``refresh_seconds``.
+    """
+
+    def __init__(self, store: BaseStore, refresh_seconds: float = 300.0) -> None:
+        from django.utils import timezone
+
+        self._store = store
+        self._local = timezone.now
+        self._refresh = refresh_seconds
+        self._offset = timedelta(0)
+        self._measured: float | None = None
+
+    def __call__(self) -> datetime:
+        if self._measured is None or time.monotonic() - self._measured > self._refresh:
+            self._measured = time.monotonic()
+            try:
+                before = self._local()
+                remote = self._store.now()
+                after = self._local()
+                self._offset = remote - (before + (after - before) / 2)
+            except Exception:  # the store is unreachable: keep the last offset, try later
+                logger.warning("could not read the store's clock; keeping offset %s", self._offset, exc_info=True)
+        return self._local() + self._offset
+
+
 class Engine(AsyncEngineMixin, ExplainMixin):
     """Runs durable workflows over a store and a dispatcher.
 
-    ``store``: a :class:`~durable_singleton.stores.base.StateStore`.
+    ``store``: a :class:`~durable_singleton.stores.base.BaseStore`.
     ``dispatcher``: sends turns (Celery, the embedded worker, or manual).
     ``namespace``/``scope_reads``: D10; admission stays global (S11).
     ``settings``: a :class:`~durable_singleton.conf.Settings` (default: Django settings).
-    ``clock``: returns the current aware datetime.
+    ``clock``: returns the current aware datetime (default: the store's clock, R5).
     """
 
     def __init__(
         self,
-        store: Any,
+        store: BaseStore,
         dispatcher: Dispatcher,
         *,
         registry: Registry = registry,
@@ -137,15 +174,13 @@ class Engine(AsyncEngineMixin, ExplainMixin):
         settings: Settings | None = None,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
-        from django.utils import timezone
-
-        self.store = store
+        self.store: BaseStore = store
         self.dispatcher = dispatcher
         self.registry = registry
         self.settings = settings or get_settings()
         self.namespace = namespace if namespace is not None else self.settings.NAMESPACE
         self.scope_reads = scope_reads if scope_reads is not None else self.settings.SCOPE_READS
-        self.now: Callable[[], datetime] = clock or timezone.now
+        self.now: Callable[[], datetime] = clock or StoreClock(store)
         self._warned_fallback = False
         self._owner_prefix = _owner_prefix()
         self._local = threading.local()
@@ -165,7 +200,8 @@ class Engine(AsyncEngineMixin, ExplainMixin):
     ) -> WorkflowDefinition:
         """Register plain function ``fn(ctx, input)`` as workflow ``name``@``version``.
 
-        Raises :class:`InvalidWorkflowError` naming the workflow and the field.
+        ``timeout`` is the execution timeout in seconds (D5). Raises
+        :class:`InvalidWorkflowError` naming the workflow and the field.
         """
         return self.registry.add(
             name, version, fn, singleton=singleton, timeout=timeout, steps=steps, queue=queue, on_dead=on_dead
@@ -197,7 +233,76 @@ class Engine(AsyncEngineMixin, ExplainMixin):
             origin=f"remote:{queue}",
         )
 
+    # -- the rules the engine owns -------------------------------------------
+    def limits(self) -> dict[str, int]:
+        """Return the declared limit of every singleton workflow, by name (S2).
+
+        The latest registered version's limit holds for every version; the
+        store applies a runtime override on top (K2, :func:`effective_limit`).
+        """
+        return {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
+
+    def _retry_policy(self) -> RetryPolicy:
+        settings = self.settings
+        return RetryPolicy(
+            settings.ADMISSION_RETRY_SECONDS, settings.ADMISSION_RETRY_JITTER_SECONDS, settings.BACKLOG_RETRY_SECONDS
+        )
+
+    def _queue_of(self, run: RunRecord | str) -> str | None:
+        name = run if isinstance(run, str) else run.workflow_name
+        try:
+            return self.registry.get(name).queue
+        except UnknownWorkflowError:
+            return None
+
     # -- starting ----------------------------------------------------------
+    def _new_run(
+        self,
+        name: str,
+        input: Any,
+        *,
+        run_id: str | None,
+        tags: Iterable[str],
+        version: str | None,
+        parent_run_id: str | None,
+        namespace: str | None,
+    ) -> tuple[RunRecord, WorkflowDefinition, int | None]:
+        """Validate a start and build its run; return (run, definition, cap). Writes nothing."""
+        if namespace is not None:
+            check_text(namespace, "namespace")
+        definition = self.registry.get(name, version)
+        input = self._check_input(input, "input")
+        user_tags = self._check_tags(tags)
+        single = definition.singleton
+        key = compute_singleton_key(definition.name, single.key, input) if single is not None else None
+        if key is not None:
+            try:
+                check_text(key, "singleton key", len(key))
+            except ValidationError as exc:
+                from .exceptions import SingletonKeyError
+
+                raise SingletonKeyError(definition.name, str(exc)) from None
+        now = self.now()
+        run = RunRecord(
+            run_id=run_id or uuid.uuid4().hex,
+            workflow_name=definition.name,
+            workflow_version=definition.version,
+            namespace=namespace or self.namespace,
+            status=RunStatus.PENDING,
+            input=input,
+            created_at=now,
+            updated_at=now,
+            user_tags=tuple(user_tags),
+            singleton_key=key,
+            singleton_limit=single.limit if single else None,
+            tracked=single is not None,
+            wake_at=now + timedelta(seconds=self.settings.REDELIVERY_SECONDS),
+            deadline_at=now + timedelta(seconds=definition.timeout) if definition.timeout else None,
+            parent_run_id=parent_run_id,
+        )
+        cap = single.limit + single.max_queue_depth if single and single.max_queue_depth is not None else None
+        return run, definition, cap
+
     def start(
         self,
         name: str,
@@ -211,70 +316,90 @@ class Engine(AsyncEngineMixin, ExplainMixin):
     ) -> RunRecord:
         """Create a run and dispatch its first turn after commit; never blocks (S3).
 
-        ``run_id``: a non-empty str of at most 191 characters, or None for a
-        generated one. If a run with that id exists it is returned and nothing
-        is created, before any other check (R3, S16). ``namespace`` defaults
-        to the engine's (children pass their parent's, D7).
+        ``run_id``: a str of at most 191 characters with a non-space character
+        and no control characters, or None for a generated one. If a run with
+        that id exists it is returned and nothing is created (R3, S16).
+        ``input``: JSON-serializable, at most ``MAX_INPUT_BYTES`` bytes encoded.
+        ``namespace`` defaults to the engine's (children pass their parent's, D7).
 
         Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
         :class:`InvalidInputError`, :class:`SingletonKeyError`, or
         :class:`SingletonQueueFullError` (S15); each writes nothing.
         """
-        if namespace is not None:
-            check_text(namespace, "namespace")
         if run_id is not None:
             self._check_run_id(run_id)
             existing = self.store.get_run(run_id)
             if existing is not None:
                 return existing
-        definition = self.registry.get(name, version)
-        input = to_json_value(input, "input")
-        user_tags = self._check_tags(tags)
-        key = None
-        single = definition.singleton
-        if single is not None:
-            key = compute_singleton_key(definition.name, single.key, input)
-        now = self.now()
-        record = RunRecord(
-            run_id=run_id or uuid.uuid4().hex,
-            workflow_name=definition.name,
-            workflow_version=definition.version,
-            namespace=namespace or self.namespace,
-            status="pending",
-            input=input,
-            created_at=now,
-            updated_at=now,
-            user_tags=tuple(user_tags),
-            singleton_key=key,
-            singleton_limit=single.limit if single else None,
-            tracked=single is not None,
-            wake_at=now + timedelta(seconds=self.settings.REDELIVERY_SECONDS),
-            deadline_at=now + timedelta(seconds=definition.timeout) if definition.timeout else None,
-            parent_run_id=parent_run_id,
+        record, definition, cap = self._new_run(
+            name, input, run_id=run_id, tags=tags, version=version, parent_run_id=parent_run_id, namespace=namespace
         )
-        cap = None
         deep = False
-        if single is not None:
-            if single.max_queue_depth is not None:
-                cap = single.limit + single.max_queue_depth
-            assert key is not None
-            deep_check = getattr(self.store, "queue_is_deep", None)
-            deep = deep_check is not None and deep_check(definition.name, key, single.limit)
+        if record.singleton_key is not None and definition.singleton is not None:
+            deep = self.store.queue_is_deep(definition.name, record.singleton_key, definition.singleton.limit)
         if deep:
-            # Behind `limit` holders and `limit` waiters: park at creation and
-            # wait for the push or the tick's catch-up instead of sending a turn
+            # Behind `limit` holders and `limit` waiters: park at creation and wait
+            # for the handoff or the tick's catch-up instead of sending a turn
             # that could only park (S8a). Keeps bursts off the broker queue.
             record = record.evolve(
-                wake_at=now + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS), park_reason="singleton"
+                wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
+                park_reason="singleton",
             )
         run, created = self.store.create_run(
             record, cap=cap, cap_namespace=self.namespace if self.scope_reads else None
         )
         if created:
-            signals.run_created.send(sender=Engine, run=run)
+            self.dispatcher.on_commit(lambda: signals.run_created.send(sender=Engine, run=run))
             if not deep:
                 self.dispatcher.dispatch(run.run_id, definition.queue)
         return run
+
+    def start_many(
+        self, name: str, inputs: Sequence[Any], *, run_ids: Sequence[str | None] | None = None
+    ) -> list[RunRecord | SingletonQueueFullError]:
+        """Start one run per input of workflow ``name``: one INSERT and one send per batch
+        where the store supports it (``supports_bulk_start``).
+
+        Same rules as :meth:`start`: each ``run_ids`` entry dedupes its start
+        (R3); a run rejected by its queue cap is returned as its
+        :class:`SingletonQueueFullError` in its place (S15). Any other invalid
+        input raises before anything is written.
+        """
+        ids = list(run_ids) if run_ids is not None else [None] * len(inputs)
+        if len(ids) != len(inputs):
+            raise ValidationError("run_ids must have one entry per input")
+        records: list[RunRecord] = []
+        caps: dict[str, int | None] = {}
+        for input, run_id in zip(inputs, ids, strict=True):
+            if run_id is not None:
+                self._check_run_id(run_id)
+            record, definition, cap = self._new_run(
+                name, input, run_id=run_id, tags=(), version=None, parent_run_id=None, namespace=None
+            )
+            caps[definition.name] = cap
+            records.append(record)
+        results = self.store.create_runs(records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None)
+        out: list[RunRecord | SingletonQueueFullError] = []
+        created: list[RunRecord] = []
+        for result in results:
+            if isinstance(result, SingletonQueueFullError):
+                out.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.append(result[0])
+                if result[1]:
+                    created.append(result[0])
+        queue = self._queue_of(name)
+        for run in created:
+            self.dispatcher.on_commit(lambda run=run: signals.run_created.send(sender=Engine, run=run))
+        send_many = getattr(self.dispatcher, "dispatch_many", None)
+        if send_many is not None:
+            send_many([r.run_id for r in created], queue)
+        else:
+            for run in created:
+                self.dispatcher.dispatch(run.run_id, queue)
+        return out
 
     @staticmethod
     def _check_run_id(run_id: object) -> None:
@@ -282,6 +407,17 @@ class Engine(AsyncEngineMixin, ExplainMixin):
             check_text(run_id, "run_id", RUN_ID_MAX_LENGTH)
         except ValidationError as exc:
             raise InvalidRunIdError(str(exc)) from None
+
+    def _check_input(self, value: Any, what: str) -> Any:
+        value = to_json_value(value, what)
+        limit = self.settings.MAX_INPUT_BYTES
+        if limit is not None:
+            size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+            if size > limit:
+                raise InvalidInputError(
+                    f"{what} is {size} bytes encoded; at most MAX_INPUT_BYTES = {limit} are allowed"
+                )
+        return value
 
     @staticmethod
     def _check_tags(tags: Iterable[str]) -> list[str]:
@@ -297,149 +433,134 @@ class Engine(AsyncEngineMixin, ExplainMixin):
     def get(self, run_id: str) -> RunRecord:
         """Return run ``run_id``; raise :class:`RunNotFoundError`.
 
-        With ``scope_reads`` on, a run of another namespace is not found (D10).
+        An id that could not name a run (not a valid run id) is not found
+        either. With ``scope_reads`` on, a run of another namespace is not found (D10).
         """
-        if not isinstance(run_id, str) or "\x00" in run_id:
-            raise RunNotFoundError(f"no run {run_id!r:.80}")
+        try:
+            self._check_run_id(run_id)
+        except InvalidRunIdError:
+            raise RunNotFoundError(f"no run {run_id!r:.80}") from None
         run = self.store.get_run(run_id)
         if run is None or (self.scope_reads and run.namespace != self.namespace):
             raise RunNotFoundError(f"no run {run_id!r}")
         return run
 
     # -- executing ---------------------------------------------------------
-    def execute(self, run_id: str) -> str:
+    def execute(self, run_id: str, *, known: RunRecord | None = None) -> str:
         """Execute one turn of ``run_id``: claim, gate, body until it finishes or parks.
 
         Safe to call twice at once for the same run: one caller wins the
-        conditional claim, the others return ``"skipped"`` (R6). Returns one of
-        ``skipped``, ``parked``, ``gone``, ``suspended``, ``blocked``,
-        ``completed``, ``failed``, ``cancelled``, ``dead`` or ``fenced``.
+        conditional claim, the others return ``"skipped"`` (R6). ``known`` is
+        the run as this process just granted it (a handoff, S7). Returns an
+        :class:`~durable_singleton.statuses.Outcome` value.
         """
         owner = f"{self._owner_prefix}:{uuid.uuid4().hex[:12]}"
         settings = self.settings
-        claim = self.store.claim_run(run_id, owner, settings.LEASE_SECONDS, self.now())
-        run = claim.run
-        if run is None:
-            return "skipped"
-        if run.cancel_requested:
-            return self._finish(run, owner, "cancelled", error=self._cancel_error(run))
-        if claim.recovered and run.recoveries > settings.MAX_RECOVERIES:
-            return self._finish(
-                run, owner, "dead", error={"code": "max_recoveries", "message": f"lease expired {run.recoveries} times"}
-            )
+        if not self.store.supports_atomic_admission and not self._warned_fallback:
+            self._warned_fallback = True
+            warn_fallback(self.store)
+        turn = self.store.begin_turn(
+            run_id,
+            owner,
+            lease_seconds=settings.LEASE_SECONDS,
+            limits=self.limits(),
+            max_recoveries=settings.MAX_RECOVERIES,
+            retry=self._retry_policy(),
+            known=known,
+        )
+        self._hand_off(turn.granted)
+        run = turn.run
+        if turn.state is TurnState.SKIPPED or run is None:
+            return Outcome.SKIPPED
+        if turn.state is TurnState.SETTLED:
+            self._after_settle(run)
+            return run.status
+        if turn.state is TurnState.PARKED:
+            signals.run_parked.send(sender=Engine, run=run, reason="singleton")
+            return Outcome.PARKED
         try:
             definition = self.registry.get(run.workflow_name, run.workflow_version)
         except UnknownWorkflowError as exc:
-            return self._finish(run, owner, "failed", error={"code": "unknown_workflow", "message": str(exc)})
+            return self._finish(run, owner, RunStatus.FAILED, error={"code": "unknown_workflow", "message": str(exc)})
         if definition.body is None:
             # A remote workflow reached this worker: hand the turn back to its queue.
-            self.store.park(run_id, owner, "pending", self.now(), wake_at=self.now())
-            self.dispatcher.dispatch(run_id, definition.queue)
-            return "parked"
-        if run.singleton_key is not None and not run.admitted:
-            verdict = self._admit(run, owner, self._limit_of(run))
-            if verdict is AdmissionResult.PARKED:
-                signals.run_parked.send(sender=Engine, run=run, reason="singleton")
-                return "parked"
-            if verdict is AdmissionResult.GONE:
-                latest = self.store.get_run(run.run_id)
-                if latest is not None and latest.status == "running" and latest.lease_owner == owner:
-                    return self._finish(run, owner, "cancelled", error=self._cancel_error(run))
-                return "gone"
-            run = run.evolve(admitted=True)
+            if self.store.park(run_id, owner, RunStatus.PENDING, wake_at=self.now()) == "parked":
+                self.dispatcher.dispatch(run_id, definition.queue)
+            return Outcome.PARKED
+        if (
+            run.admitted
+            and run.fencing_token is not None
+            and (known is not None or run.attempts == 1 or turn.recovered)
+        ):
             signals.run_admitted.send(sender=Engine, run=run)
         return self._run_body(definition, run, owner)
 
     def execute_chain(self, run_id: str, *, max_turns: int = 200, max_seconds: float = 2.0) -> str:
-        """Execute a turn, then the turns of the waiters its releases woke, on this thread.
+        """Execute a turn, then the turns of the waiters its handoffs granted, on this thread.
 
-        The oldest waiter woken by a release runs next here instead of going
-        through the broker (the handoff skips a round trip, S7); at most
+        The oldest waiter granted a slot by a settle runs next here instead of
+        going through the broker (the handoff skips a round trip, S7); at most
         ``max_turns`` turns or ``max_seconds`` seconds, then the rest are sent
-        as usual. A woken waiter's ``wake_at`` is stamped before it runs, so if
-        this process dies the tick sends it (S8). Returns the first turn's outcome.
+        as usual. A granted waiter carries a ``wake_at`` one redelivery window
+        ahead, so if this process dies the tick sends it (S8). Returns the
+        first turn's outcome.
         """
-        follow_ups: list[str] = []
+        follow_ups: list[RunRecord] = []
         self._local.follow_ups = follow_ups
         try:
             outcome = self.execute(run_id)
             deadline = time.monotonic() + max_seconds
             turns = 1
             while follow_ups and turns < max_turns and time.monotonic() < deadline:
-                self.execute(follow_ups.pop(0))
+                granted = follow_ups.pop(0)
+                self.execute(granted.run_id, known=granted)
                 turns += 1
         finally:
             self._local.follow_ups = None
         for left in follow_ups:
-            self.dispatcher.dispatch(left, None)
+            self.dispatcher.dispatch(left.run_id, self._queue_of(left))
         return outcome
 
-    def _limit_of(self, run: RunRecord) -> int:
-        """The key's limit: the latest registered version's, for every version (S2)."""
-        try:
-            single = self.registry.get(run.workflow_name).singleton
-        except UnknownWorkflowError:
-            single = None
-        return single.limit if single is not None else (run.singleton_limit or 1)
+    def _hand_off(self, granted: Sequence[RunRecord]) -> None:
+        """Send the turns of waiters just granted a slot (S7): the first runs next
+        on this thread when inside :meth:`execute_chain`, the rest go to workers."""
+        follow_ups = getattr(self._local, "follow_ups", None)
+        for n, run in enumerate(granted):
+            queue = self._queue_of(run)
+            if n == 0 and follow_ups is not None and queue is None:
+                follow_ups.append(run)  # this worker runs it next: no broker hop
+            else:
+                self.dispatcher.dispatch(run.run_id, queue)
 
     def _cancel_error(self, run: RunRecord) -> dict[str, str]:
         if run.deadline_at is not None and self.now() >= run.deadline_at:
-            return {"code": "execution_timeout", "message": "execution timeout passed"}
-        return {"code": "cancelled", "message": "cancelled"}
-
-    def _admit(self, run: RunRecord, owner: str, limit: int) -> AdmissionResult:
-        assert run.singleton_key is not None
-        claim = getattr(self.store, "try_admit_singleton", None)
-        if claim is not None:
-            return claim(run.run_id, owner, limit, self.now(), workflow_name=run.workflow_name, key=run.singleton_key)
-        return self._fallback_admit(run, owner, limit)
-
-    def _fallback_admit(self, run: RunRecord, owner: str, limit: int) -> AdmissionResult:
-        """Admission for a store without ``try_admit_singleton`` (S14): a read
-        followed by a decision, not a claim; it can briefly over-admit."""
-        if not self._warned_fallback:
-            self._warned_fallback = True
-            message = (
-                f"store {type(self.store).__name__} has no try_admit_singleton; singleton admission "
-                "falls back to a scan that can briefly over-admit"
-            )
-            logger.warning(message)
-            warnings.warn(message, SingletonFallbackWarning, stacklevel=3)
-        assert run.singleton_key is not None
-        key_runs = self.store.active_runs_for_key(run.workflow_name, run.singleton_key)
-        oldest = sorted(
-            (r for r in key_runs if r.status in ("running", "suspended")), key=lambda r: (r.created_at, r.run_id)
-        )
-        if any(r.run_id == run.run_id for r in oldest[:limit]):
-            return AdmissionResult.ADMITTED
-        wake = self.now() + timedelta(
-            seconds=retry_delay(self.settings.ADMISSION_RETRY_SECONDS, self.settings.ADMISSION_RETRY_JITTER_SECONDS)
-        )
-        if self.store.park(run.run_id, owner, "suspended", self.now(), wake_at=wake, reason="singleton"):
-            return AdmissionResult.PARKED
-        return AdmissionResult.GONE
+            return dict(TIMEOUT_ERROR)
+        return dict(CANCELLED_ERROR)
 
     def _run_body(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
         assert definition.body is not None
-        ctx = WorkflowCtx(self, run, owner, self.store.load_steps(run.run_id))
+        steps = self.store.load_steps(run.run_id) if run.step_count else {}
+        ctx = WorkflowCtx(self, run, owner, steps)
         try:
             with _LeaseKeeper(self, run.run_id, owner):
                 output = definition.body(ctx, run.input)
             output = to_json_value(output, "workflow output")
         except Suspend as parked:
-            if not self.store.park(
-                run.run_id, owner, parked.status, self.now(), wake_at=parked.wake_at, reason=parked.reason
-            ):
-                return "fenced"
+            verdict = self.store.park(run.run_id, owner, parked.status, wake_at=parked.wake_at, reason=parked.reason)
+            if verdict == "cancelled":
+                # A cancel landed before the park: it is never parked over (D6).
+                return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
+            if verdict != "parked":
+                return Outcome.FENCED
             signals.run_parked.send(sender=Engine, run=run, reason=parked.reason)
             if parked.recheck is not None and parked.recheck():
                 self.dispatcher.dispatch(run.run_id, definition.queue)
             return parked.status
         except LeaseLostError:
             logger.warning("run %s: lease lost; this turn's writes are fenced", run.run_id)
-            return "fenced"
+            return Outcome.FENCED
         except RunCancelledError:
-            return self._finish(run, owner, "cancelled", error=self._cancel_error(run))
+            return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception as exc:  # the body may raise anything: it fails the run
             error = {
                 "code": "exception",
@@ -447,21 +568,36 @@ class Engine(AsyncEngineMixin, ExplainMixin):
                 "message": printable(str(exc)),
                 "traceback": printable(traceback.format_exc(limit=20)),
             }
-            return self._finish(run, owner, "failed", error=error)
-        return self._finish(run, owner, "completed", output=output)
+            return self._finish(run, owner, RunStatus.FAILED, error=error)
+        return self._finish(run, owner, RunStatus.COMPLETED, output=output)
 
-    def _finish(self, run: RunRecord, owner: str | None, status: str, *, output: Any = None, error: Any = None) -> str:
-        """Settle ``run`` by compare-and-set, then push the release (R2, S7)."""
-        if not self.store.settle(run.run_id, owner, status, self.now(), output=output, error=error):
-            return "fenced"
-        final = run.evolve(status=status, output=output, error=error, admitted=False, tracked=False)
-        if status == "dead":
-            self._on_dead(final)
-        signals.run_finished.send(sender=Engine, run=final)
-        self.release(final)
-        if final.parent_run_id:
-            self._wake_parent(final.parent_run_id)
+    def _finish(self, run: RunRecord, owner: str, status: str, *, output: Any = None, error: Any = None) -> str:
+        """Settle ``run`` by compare-and-set and hand its slot off (R2, R5a, S7)."""
+        done = self.store.finish(run, owner, status, output=output, error=error, limits=self.limits())
+        if not done.settled:
+            return Outcome.FENCED
+        self._settled(done)
         return status
+
+    def _settled(self, done: Finish) -> None:
+        """Everything that follows a settle, wherever it happened: the handoff,
+        the signals, the dead-letter hook, the children, the parent (S7, D4, D6, D7)."""
+        self._hand_off(done.granted)
+        if done.run is not None:
+            self._after_settle(done.run)
+
+    def _after_settle(self, run: RunRecord) -> None:
+        if run.status == RunStatus.DEAD:
+            self._on_dead(run)
+        self.dispatcher.on_commit(lambda: signals.run_finished.send(sender=Engine, run=run))
+        if run.status == RunStatus.CANCELLED:
+            for child_id in self.store.children(run.run_id):
+                try:
+                    self.cancel(child_id)
+                except RunNotFoundError:
+                    pass
+        if run.parent_run_id:
+            self._wake_parent(run.parent_run_id)
 
     def _wake_parent(self, parent_run_id: str) -> None:
         """Dispatch a parent parked on this child (D7); a parent still running
@@ -469,7 +605,7 @@ class Engine(AsyncEngineMixin, ExplainMixin):
 
         def wake() -> None:
             parent = self.store.get_run(parent_run_id)
-            if parent is not None and parent.status == "suspended" and parent.park_reason.startswith("child:"):
+            if parent is not None and parent.is_parked and parent.park_reason.startswith("child:"):
                 self.dispatcher.dispatch(parent_run_id, self._queue_of(parent))
 
         self.dispatcher.on_commit(wake)
@@ -487,47 +623,38 @@ class Engine(AsyncEngineMixin, ExplainMixin):
                 logger.exception("on_dead hook of %s failed for run %s", definition.label, run.run_id)
 
     def release(self, run: RunRecord) -> list[str]:
-        """Push the release of a terminal singleton run (S7).
+        """Grant the free slots of ``run``'s key to its oldest waiters and send them (S7).
 
-        After the commit, make the oldest ``limit`` waiters of its key due and
-        dispatch them; each claims through the store. Returns their ids.
+        For a slot freed outside a settle (a deleted row, F12). Returns their ids.
         """
         if run.singleton_key is None:
             return []
-        key = run.singleton_key
-        limit = self._limit_of(run)
-        queue = self._queue_of(run)
-        woken: list[str] = []
-
-        def push() -> None:
-            woken.extend(self.store.wake_singleton_waiters(run.workflow_name, key, limit, self.now()))
-            follow_ups = getattr(self._local, "follow_ups", None)
-            for n, run_id in enumerate(woken):
-                if n == 0 and follow_ups is not None and queue is None:
-                    follow_ups.append(run_id)  # this worker runs it next: no broker hop
-                else:
-                    self.dispatcher.dispatch(run_id, queue)
-
-        self.dispatcher.on_commit(push)
-        return woken
+        granted = self.store.release(run.workflow_name, run.singleton_key, limits=self.limits())
+        self._hand_off(granted)
+        return [r.run_id for r in granted]
 
     # -- operator actions ----------------------------------------------------
     def cancel(self, run_id: str) -> RunRecord:
-        """Cancel a run (D6): pending, suspended and blocked runs at once; a
-        running body at its next step boundary. Releases the slot (S7).
+        """Cancel a run and its active children (D6).
 
-        Raises :class:`RunNotFoundError`. A terminal run is returned unchanged.
+        A parked run is cancelled at once and its slot handed off (S7); a
+        running body stops at its next step boundary. Raises
+        :class:`RunNotFoundError`. A terminal run is returned unchanged.
         """
         self.get(run_id)
-        run = self.store.request_cancel(run_id, self.now())
-        if run is None:
+        result = self.store.request_cancel(run_id, limits=self.limits())
+        if result is None:
             raise RunNotFoundError(f"no run {run_id!r}")
-        if run.status == "cancelled" and run.finished_at is not None:
-            signals.run_finished.send(sender=Engine, run=run)
-            self.release(run)
-        elif run.status == "running":
-            self.dispatcher.dispatch(run_id, self._queue_of(run))
-        return run
+        if isinstance(result, Finish):
+            assert result.run is not None
+            self._settled(result)
+            return result.run
+        if result.status == RunStatus.RUNNING:
+            for child_id in self.store.children(run_id):
+                self.cancel(child_id)
+            # The holder may be dead: this turn re-drives it once its lease expires.
+            self.dispatcher.dispatch(run_id, self._queue_of(result))
+        return result
 
     def retry(self, run_id: str) -> RunRecord:
         """Send a failed or dead run back through admission with its stored key (D9).
@@ -540,18 +667,17 @@ class Engine(AsyncEngineMixin, ExplainMixin):
             timeout = self.registry.get(previous.workflow_name).timeout
         except UnknownWorkflowError:
             timeout = None
-        now = self.now()
-        deadline = now + timedelta(seconds=timeout) if timeout else None  # a retry gets a fresh timeout (D5)
-        run = self.store.reset_for_retry(run_id, now, self.settings.REDELIVERY_SECONDS, deadline)
+        deadline = self.now() + timedelta(seconds=timeout) if timeout else None  # a retry gets a fresh timeout (D5)
+        run = self.store.reset_for_retry(run_id, self.settings.REDELIVERY_SECONDS, deadline)
         if run is None:
             raise ValidationError(f"run {run_id!r} is not failed or dead; only those can be retried")
         self.dispatcher.dispatch(run_id, self._queue_of(run))
         return run
 
     def wake(self, run_id: str) -> RunRecord:
-        """Make a parked run due now and dispatch its turn. Raises :class:`RunNotFoundError`."""
+        """Send a parked run's turn now. Raises :class:`RunNotFoundError`."""
         run = self.get(run_id)
-        if run.status in ("pending", "suspended", "blocked"):
+        if run.is_parked:
             self.dispatcher.dispatch(run_id, self._queue_of(run))
         return run
 
@@ -559,15 +685,16 @@ class Engine(AsyncEngineMixin, ExplainMixin):
         """Buffer signal ``name`` for an active run and wake it if it waits (D2).
 
         Raises :class:`RunNotFoundError` if the run does not exist or is
-        terminal, and :class:`InvalidInputError` for a non-JSON payload.
+        terminal, :class:`ValidationError` for a bad name, and
+        :class:`InvalidInputError` for a non-JSON or oversize payload.
         """
-        payload = to_json_value(payload, "signal payload")
+        payload = self._check_input(payload, "signal payload")
         check_text(name, "signal name")
         self.get(run_id)
-        run = self.store.add_signal(run_id, name, payload, self.now())
+        run = self.store.add_signal(run_id, name, payload)
         if run is None:
             raise RunNotFoundError(f"no active run {run_id!r} to signal")
-        if run.status in ("suspended", "blocked") and run.park_reason.startswith("signal:"):
+        if run.is_parked and run.park_reason.startswith("signal:"):
             self.dispatcher.dispatch(run_id, self._queue_of(run))
         return run
 
@@ -579,7 +706,7 @@ class Engine(AsyncEngineMixin, ExplainMixin):
         On a busy key the run queues like any other; the signal is buffered
         and seen by the body only once admitted.
         """
-        payload = to_json_value(payload, "signal payload")
+        payload = self._check_input(payload, "signal payload")
         check_text(signal, "signal name")
         run = self.start(name, input, run_id=run_id, tags=tags)
         return self.signal(run.run_id, signal, payload)
@@ -595,7 +722,7 @@ class Engine(AsyncEngineMixin, ExplainMixin):
         check_text(event, "event")
         if event_id is not None:
             check_text(event_id, "event_id", 120)
-        payload = to_json_value(payload, "event payload")
+        payload = self._check_input(payload, "event payload")
         runs = []
         for definition in self.registry.subscribers(event):
             run_id = f"event:{event_id}:{definition.name}" if event_id else None
@@ -605,53 +732,86 @@ class Engine(AsyncEngineMixin, ExplainMixin):
                 logger.warning("event %s: %s", event, exc)
         return runs
 
-    def _queue_of(self, run: RunRecord) -> str | None:
-        try:
-            return self.registry.get(run.workflow_name).queue
-        except UnknownWorkflowError:
-            return None
-
     # -- the tick ------------------------------------------------------------
     def tick(self) -> TickReport:
-        """Run one tick (S8, S8a, D4, D5): settle overdue runs as cancelled with
-        code ``execution_timeout``, make due the oldest waiters of keys with a
-        free slot, and dispatch due runs and runs whose lease expired. Safe to
-        run on several machines at once."""
-        settings = self.settings
+        """Run one tick (S8, S8a, S8b, D4, D5). Safe on several machines at once.
+
+        Each job has its own bounded batch (``TICK_BATCH``), oldest first, and
+        an error in one is logged and skipped without stopping the others:
+        execution timeouts, the per-key catch-up, due wakes, recovery of
+        expired leases, schedules, retention; then the heartbeat the health
+        command reads.
+        """
         report = TickReport()
-        now = self.now()
-        for run_id in self.store.overdue_runs(now, settings.TICK_BATCH):
-            run = self.store.get_run(run_id)
-            if run is None or run.status not in ACTIVE_STATUSES:
-                continue
-            if run.status == "running" and run.lease_expires_at is not None and run.lease_expires_at > now:
-                # The body is still running under a live lease: stop it at its
-                # next step boundary; the slot is released when it settles, so
-                # two bodies never overlap (D5, S9).
-                if not run.cancel_requested:
-                    self.store.request_cancel(run_id, now)
-                    report.timed_out.append(run_id)
-                continue
-            error = {"code": "execution_timeout", "message": "execution timeout passed"}
-            if self.store.settle(run_id, None, "cancelled", now, error=error):
-                report.timed_out.append(run_id)
-                final = run.evolve(status="cancelled", error=error, admitted=False, tracked=False)
-                signals.run_finished.send(sender=Engine, run=final)
-                self.release(final)
-        limits = {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
-        if limits:
-            report.caught_up = self.store.singleton_catch_up(now, limits)
-        schedules.fire_due_schedules(self, now, settings.TICK_BATCH)  # its own bounded batch (S17, S8b)
-        retention.retention_batch(self, now)  # finished runs past RETENTION_SECONDS, bounded (O2, S8b)
-        for run_id, workflow_name in self.store.due_runs(now, settings.REDELIVERY_SECONDS, settings.TICK_BATCH):
+        for name, job in (
+            ("timeouts", self._tick_timeouts),
+            ("catch-up", self._tick_catch_up),
+            ("due", self._tick_due),
+            ("recovery", self._tick_recovery),
+            ("schedules", self._tick_schedules),
+            ("retention", self._tick_retention),
+        ):
             try:
-                queue = self.registry.get(workflow_name).queue
-            except UnknownWorkflowError:
-                queue = None
-            self.dispatcher.dispatch(run_id, queue)
-            report.dispatched.append(run_id)
-        heartbeat.record_tick(self, now)  # for manage.py durable_health (O3)
+                job(report)
+            except Exception:  # one failing job must not starve the others (S8b)
+                logger.exception("tick job %s failed", name)
+                report.errors.append(name)
+        try:
+            heartbeat.record_tick(self, self.now())  # for manage.py durable_health (O3)
+        except Exception:
+            logger.exception("tick: recording the heartbeat failed")
         return report
+
+    def _tick_timeouts(self, report: TickReport) -> None:
+        """D5: a parked overdue run is settled by compare-and-set on its parked
+        status and its slot handed off; a running one is asked to stop at its
+        next step boundary, so two bodies never overlap (R5a, S9)."""
+        for run in self.store.overdue_runs(self.settings.TICK_BATCH):
+            try:
+                if run.status == RunStatus.RUNNING:
+                    if not run.cancel_requested and self.store.request_timeout_cancel(run.run_id):
+                        report.timed_out.append(run.run_id)
+                    continue
+                done = self.store.finish(
+                    run,
+                    None,
+                    RunStatus.CANCELLED,
+                    error=dict(TIMEOUT_ERROR),
+                    limits=self.limits(),
+                    expect=(run.status,),
+                )
+                if done.settled:
+                    report.timed_out.append(run.run_id)
+                    self._settled(done)
+            except Exception:
+                logger.exception("tick: timeout of run %s failed", run.run_id)
+
+    def _tick_catch_up(self, report: TickReport) -> None:
+        granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH)
+        report.caught_up.extend(r.run_id for r in granted)
+        for run in granted:
+            self.dispatcher.dispatch(run.run_id, self._queue_of(run))
+
+    def _tick_due(self, report: TickReport) -> None:
+        due = self.store.due_runs(redelivery_seconds=self.settings.REDELIVERY_SECONDS, batch=self.settings.TICK_BATCH)
+        for run_id, workflow_name in due:
+            self.dispatcher.dispatch(run_id, self._queue_of(workflow_name))
+            report.dispatched.append(run_id)
+
+    def _tick_recovery(self, report: TickReport) -> None:
+        expired = self.store.expired_leases(
+            redelivery_seconds=self.settings.REDELIVERY_SECONDS, batch=self.settings.TICK_BATCH
+        )
+        for run_id, workflow_name in expired:
+            self.dispatcher.dispatch(run_id, self._queue_of(workflow_name))
+            report.recovered.append(run_id)
+            report.dispatched.append(run_id)
+
+    def _tick_schedules(self, report: TickReport) -> None:
+        schedules.fire_due_schedules(self, self.now(), self.settings.TICK_BATCH)  # its own bounded batch (S17, S8b)
+
+    def _tick_retention(self, report: TickReport) -> None:
+        retention.retention_batch(self, self.now())  # finished runs past RETENTION_SECONDS, bounded (O2, S8b)
 
     def audit_slots(self, repair: bool = False) -> Any:
         """Check the slot invariants (K4), repairing the safe findings if ``repair``: :mod:`durable_singleton.audit`."""
@@ -664,50 +824,3 @@ class Engine(AsyncEngineMixin, ExplainMixin):
         closer = getattr(self.dispatcher, "close_thread_resources", None)
         if closer is not None:
             closer()
-
-
-_engines: dict[Settings, Engine] = {}
-_engines_lock = threading.Lock()
-
-
-def build_store(settings: Settings) -> Any:
-    """Return the store named by ``settings.STORE`` ("django" or "memory").
-
-    Raises :class:`~durable_singleton.exceptions.ConfigurationError`.
-    """
-    from .exceptions import ConfigurationError
-
-    options = {
-        "admission_retry_seconds": settings.ADMISSION_RETRY_SECONDS,
-        "admission_retry_jitter": settings.ADMISSION_RETRY_JITTER_SECONDS,
-        "backlog_retry_seconds": settings.BACKLOG_RETRY_SECONDS,
-    }
-    if settings.STORE == "django":
-        from .stores.django import DjangoStore
-
-        return DjangoStore(settings.DATABASE, claim_retries=settings.CLAIM_RETRIES, **options)
-    if settings.STORE == "memory":
-        from .stores.memory import MemoryStore
-
-        return MemoryStore(**options)
-    raise ConfigurationError(f"DURABLE_SINGLETON['STORE'] must be 'django' or 'memory', got {settings.STORE!r}")
-
-
-def build_engine(settings: Settings) -> Engine:
-    """Build an engine from ``settings``: its store and its dispatcher."""
-    from .dispatch import build_dispatcher
-
-    store = build_store(settings)
-    engine = Engine(store, build_dispatcher(settings, store), settings=settings)
-    engine.dispatcher.bind(engine)
-    return engine
-
-
-def get_engine() -> Engine:
-    """Return the default engine for the current Django settings (built once per settings)."""
-    settings = get_settings()
-    with _engines_lock:
-        engine = _engines.get(settings)
-        if engine is None:
-            engine = _engines[settings] = build_engine(settings)
-        return engine

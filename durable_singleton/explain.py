@@ -320,6 +320,17 @@ def explain(engine: Engine, run_id: str) -> Explanation:
         }[run.status]
         token_words = f", fencing token {token}" if token is not None else ""
         held = f" (for {format_seconds((now - held_since).total_seconds())})" if held_since else ""
+        if run.is_parked and run.park_reason in ("", "singleton"):
+            # Granted a slot by a handoff or the catch-up (S7, S8a); its turn has not been taken yet.
+            due = run.wake_at is None or run.wake_at <= now
+            sentence = (
+                f"Run {run.run_id} could run now: it was granted a slot of {key_words} at {_at(held_since)}"
+                f"{token_words}, but no worker has taken its turn since; the tick sends it again "
+                f"{'now' if due else 'at ' + _at(run.wake_at)}."
+            )
+            return Explanation(
+                state=ExplainState.RUNNABLE, sentence=sentence, holder_since=held_since, idle_since=held_since, **keyed
+            )
         sentence = (
             f"Run {run.run_id} holds a slot of {key_words} since {_at(held_since)}{held}{token_words}; it is {doing}."
         )

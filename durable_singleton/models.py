@@ -7,11 +7,16 @@ from typing import Any
 
 from django.db import models
 from django.utils.translation import gettext_lazy as _
+from model_utils.models import TimeStampedModel
 
 from .admission import KEY_MAX_LENGTH
 from .querysets import RunQuerySet
+from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState
 
 __all__ = [
+    "ACTIVE_STATUSES",
+    "PARKED_STATUSES",
+    "TERMINAL_STATUSES",
     "Heartbeat",
     "Run",
     "RunStatus",
@@ -41,31 +46,7 @@ class ExactCharField(models.CharField):  # type: ignore[type-arg]
         return params
 
 
-class RunStatus(models.TextChoices):
-    """Run statuses (R2): four active, four terminal."""
-
-    PENDING = "pending", _("pending")
-    RUNNING = "running", _("running")
-    SUSPENDED = "suspended", _("suspended")
-    BLOCKED = "blocked", _("blocked")
-    COMPLETED = "completed", _("completed")
-    FAILED = "failed", _("failed")
-    CANCELLED = "cancelled", _("cancelled")
-    DEAD = "dead", _("dead")
-
-
-class SlotState(models.TextChoices):
-    """Where an active singleton run stands in its key's queue (S5).
-
-    ``holder`` is the durable admitted marker; ``waiter`` is every tracked
-    active run without a slot, pending included. Terminal runs have no slot.
-    """
-
-    HOLDER = "holder", _("holder")
-    WAITER = "waiter", _("waiter")
-
-
-ACTIVE_Q = models.Q(status__in=("pending", "running", "suspended", "blocked"))
+ACTIVE_Q = models.Q(status__in=ACTIVE_STATUSES)
 
 
 class Run(models.Model):
@@ -103,6 +84,8 @@ class Run(models.Model):
     parent_run_id = ExactCharField(_("parent run id"), max_length=191, null=True, blank=True)
     park_reason = models.CharField(_("park reason"), max_length=191, blank=True, default="")
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
+    fencing_token = models.BigIntegerField(_("fencing token"), null=True, blank=True)
+    step_count = models.PositiveIntegerField(_("stored steps"), default=0)
 
     objects = RunQuerySet.as_manager()
 
@@ -178,18 +161,21 @@ class Signal(models.Model):
         return f"{self.run_id} {self.name}"
 
 
-class SingletonKey(models.Model):
-    """One row per (workflow, key): the lock that serializes claims of the key.
+class SingletonKey(TimeStampedModel):
+    """One row per (workflow, key): the lock that serializes admissions of the key.
 
-    Claims lock this row, never the runs of the key, so a claim costs the same
-    with 10 or 10,000 waiters (S5, S13).
+    Claims and handoffs lock this row, never the runs of the key, so a claim
+    costs the same with 10 or 10,000 waiters (S5, S13). ``last_token`` is the
+    key's fencing counter, bumped by every admission (K1). ``paused`` and
+    ``limit_override`` are the runtime controls (K2): the limit is the
+    workflow's declared one unless overridden here.
     """
 
     workflow_name = ExactCharField(_("workflow"), max_length=191)
     key = ExactCharField(_("key"), max_length=KEY_MAX_LENGTH)
-    limit = models.PositiveIntegerField(_("limit"), default=1)
-    max_queue_depth = models.PositiveIntegerField(_("max queue depth"), null=True, blank=True)
-    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    last_token = models.BigIntegerField(_("last fencing token"), default=0)
+    paused = models.BooleanField(_("paused"), default=False)
+    limit_override = models.PositiveIntegerField(_("limit override"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("singleton key")

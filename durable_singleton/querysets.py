@@ -1,13 +1,20 @@
-"""Intention-revealing querysets for runs."""
+"""Intention-revealing querysets for runs, and the database clock.
+
+Every decision that compares a stored time with "now" (lease expiry, wake
+times, execution deadlines) is made in SQL against :class:`DbNow`, the
+database server's clock in UTC, never against a process's own clock (R5).
+"""
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import TYPE_CHECKING
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
+from django.db.models import ExpressionWrapper, Func, Value
 
-from .admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES
+from .admission import HOLDING_LEGACY_STATUSES
+from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
 
 if TYPE_CHECKING:
     from .models import Run
@@ -16,13 +23,45 @@ if TYPE_CHECKING:
 else:
     _Base = models.QuerySet
 
+__all__ = ["DbNow", "RunQuerySet", "db_now_plus"]
+
+
+class DbNow(Func):
+    """The database server's current time in UTC: the one clock of leases (R5, S13a).
+
+    PostgreSQL: ``STATEMENT_TIMESTAMP()``; MySQL/MariaDB: ``UTC_TIMESTAMP(6)``,
+    whatever the session's ``time_zone`` (Django stores UTC there);
+    SQLite: the UTC time of the file's host.
+    """
+
+    template = "CURRENT_TIMESTAMP"
+    output_field = models.DateTimeField()
+
+    def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="STATEMENT_TIMESTAMP()", **extra)
+
+    def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra)
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        return self.as_sql(compiler, connection, template="STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')", **extra)
+
+
+def db_now_plus(seconds: float) -> ExpressionWrapper:
+    """Return the expression "database now + ``seconds``" (R5)."""
+    return ExpressionWrapper(DbNow() + Value(timedelta(seconds=seconds)), output_field=models.DateTimeField())
+
 
 class RunQuerySet(_Base):
-    """Query helpers that name the admission vocabulary (holder, waiter, due)."""
+    """Query helpers that name the admission vocabulary (holder, waiter, due, lease)."""
 
     def active(self) -> RunQuerySet:
         """Runs in ``pending``, ``running``, ``suspended`` or ``blocked`` (R2)."""
         return self.filter(status__in=ACTIVE_STATUSES)
+
+    def parked(self) -> RunQuerySet:
+        """Active runs that are not running, so hold no lease (D1-D3)."""
+        return self.filter(status__in=PARKED_STATUSES)
 
     def for_key(self, workflow_name: str, key: str) -> RunQuerySet:
         """Runs of one workflow (all versions) tagged with one key (S2)."""
@@ -30,20 +69,41 @@ class RunQuerySet(_Base):
 
     def holders(self) -> RunQuerySet:
         """Active runs that hold a slot: admitted, or untracked legacy runs (S5, S12)."""
-        return self.filter(
-            models.Q(singleton_slot="holder") | models.Q(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
-        )
+        return self.filter(models.Q(singleton_slot=SlotState.HOLDER) | self.legacy_q())
+
+    @staticmethod
+    def legacy_q() -> models.Q:
+        """Untracked active runs of an older release that count as holders (S12)."""
+        return models.Q(singleton_key__isnull=False, singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
 
     def waiting(self) -> RunQuerySet:
         """Active runs waiting for a slot, in admission order (S5 step 3)."""
-        return self.filter(singleton_slot="waiter").order_by("created_at", "run_id")
+        return self.filter(singleton_slot=SlotState.WAITER).order_by("created_at", "run_id")
 
-    def due(self, now: datetime) -> RunQuerySet:
-        """Parked runs whose ``wake_at`` has come (S8)."""
-        return self.filter(status__in=("pending", "suspended", "blocked"), wake_at__lte=now)
+    def queue_front(self) -> RunQuerySet:
+        """Holders, then waiters in admission order: one read of ``ds_run_queue_idx`` (S5).
 
-    def lease_expired(self, now: datetime) -> RunQuerySet:
-        """Running runs whose lease expired and whose next check is due (D4)."""
-        return self.filter(status="running", lease_expires_at__lte=now).filter(
-            models.Q(wake_at__isnull=True) | models.Q(wake_at__lte=now)
+        'holder' sorts before 'waiter', so the first ``limit`` rows hold every
+        holder when there are fewer than ``limit``, followed by exactly the
+        waiters the free slots go to.
+        """
+        return self.filter(singleton_slot__isnull=False).order_by("singleton_slot", "created_at", "run_id")
+
+    def due(self) -> RunQuerySet:
+        """Parked runs whose ``wake_at`` has come by the database's clock (S8, R5)."""
+        return self.parked().filter(wake_at__lte=DbNow())
+
+    def leased_by(self, owner: str) -> RunQuerySet:
+        """The running runs ``owner`` holds an unexpired lease on, by the database's clock (R5, R5a)."""
+        return self.filter(status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
+
+    def lease_expired(self) -> RunQuerySet:
+        """Running runs whose lease expired by the database's clock and whose
+        next re-drive is due (D4, R5)."""
+        return self.filter(status=RunStatus.RUNNING, lease_expires_at__lte=DbNow()).filter(
+            models.Q(wake_at__isnull=True) | models.Q(wake_at__lte=DbNow())
         )
+
+    def overdue(self) -> RunQuerySet:
+        """Active runs whose execution deadline passed by the database's clock (D5, R5)."""
+        return self.active().filter(deadline_at__lte=DbNow())

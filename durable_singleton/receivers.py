@@ -14,10 +14,10 @@ def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) 
     """Push the release of a deleted active singleton run after commit (S7, F12)."""
     if instance.singleton_key is None or instance.status not in ("pending", "running", "suspended", "blocked"):
         return
-    from .engine import get_engine
-    from .stores.django import _record
+    from .runtime import get_engine
+    from .stores.django import record_of
 
-    get_engine().release(_record(instance))
+    get_engine().release(record_of(instance))
 
 
 def connect() -> None:

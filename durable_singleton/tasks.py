@@ -9,7 +9,7 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import close_old_connections
 
-from .engine import get_engine
+from .runtime import get_engine
 
 __all__ = ["EXECUTE_TASK", "TICK_TASK", "beat_schedule", "execute_run", "tick"]
 

@@ -111,7 +111,7 @@ class DurableSingletonBackend(BaseTaskBackend):
         :class:`~durable_singleton.SingletonQueueFullError` when the key's queue
         is at its cap (S15); each writes nothing.
         """
-        from .engine import get_engine
+        from .runtime import get_engine
 
         self.validate_task(task)
         engine = get_engine()
@@ -127,7 +127,7 @@ class DurableSingletonBackend(BaseTaskBackend):
         Raises :class:`~django.tasks.exceptions.TaskResultDoesNotExist` when no
         run has that id or the run is not a task's.
         """
-        from .engine import get_engine
+        from .runtime import get_engine
 
         try:
             run = get_engine().get(result_id)

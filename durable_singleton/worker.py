@@ -55,7 +55,7 @@ def start_embedded_worker(*, force: bool = False) -> bool:
         return False
     if not force and _in_test_environment():
         return False
-    from .engine import get_engine
+    from .runtime import get_engine
 
     dispatcher = get_engine().dispatcher
     return isinstance(dispatcher, ThreadDispatcher) and dispatcher.start()
@@ -117,7 +117,7 @@ class ForegroundWorker:
         grace_seconds: float | None = None,
         engine: Any = None,
     ) -> None:
-        from .engine import build_engine, get_engine
+        from .runtime import build_engine, get_engine
 
         if engine is None:
             engine = get_engine()

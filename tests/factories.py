@@ -109,7 +109,7 @@ class SingletonKeyFactory(DjangoModelFactory[SingletonKey]):
 
     workflow_name = "wf"
     key = factory.Sequence(lambda n: f"key-{n}")
-    limit = 1
+    last_token = 0
 
 
 class RunRecordFactory(factory.Factory[RunRecord]):

@@ -45,3 +45,67 @@ def audited(
         body,
         singleton=Singleton(key=lambda i: f"key:{i['k']}", limit=limit, max_queue_depth=max_queue_depth),
     )
+
+
+def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: float = 30.0) -> Any:
+    """Run one claim of ``run_id`` as ``execute`` does, without the body: the
+    store's ``begin_turn`` (S5). Returns the :class:`Turn`."""
+    import uuid
+
+    return engine.store.begin_turn(
+        run_id,
+        owner or f"test:{uuid.uuid4().hex[:8]}",
+        lease_seconds=lease_seconds,
+        limits=engine.limits(),
+        max_recoveries=engine.settings.MAX_RECOVERIES,
+        retry=engine._retry_policy(),
+    )
+
+
+def admitted(turn: Any) -> str:
+    """Return "admitted", "parked" or "gone" for a :class:`Turn` (the old claim's verdicts)."""
+    from durable_singleton.stores.base import TurnState
+
+    return {TurnState.RUN: "admitted", TurnState.PARKED: "parked"}.get(turn.state, "gone")
+
+
+def free_slot_without_handoff(engine: Any, run_id: str) -> None:
+    """Make a holder terminal by a raw write that grants nothing, as a row edit
+    or an older release would: only the tick's catch-up can give its slot on (S8a)."""
+    from durable_singleton.stores.memory import MemoryStore
+
+    if isinstance(engine.store, MemoryStore):
+        with engine.store._critical():
+            run = engine.store._runs[run_id]
+            engine.store._runs[run_id] = run.evolve(status="completed", admitted=False, tracked=False, lease_owner=None)
+    else:
+        from durable_singleton.models import Run
+
+        assert Run.objects.filter(pk=run_id).update(status="completed", singleton_slot=None, singleton_tracked=False)
+
+
+def settle(engine: Any, run_id: str, status: str, **fields: Any) -> bool:
+    """Settle ``run_id`` as its holder would (or, parked, as the tick would) and
+    send the waiters its slot was granted to (S7). Returns whether it settled."""
+    run = engine.store.get_run(run_id)
+    if run is None or run.is_terminal:
+        return False
+    owner = run.lease_owner if run.status == "running" else None
+    if run.status == "running" and owner is None:
+        # A running run without a lease (an older release's): settle it as a raw write would.
+        from durable_singleton.stores.memory import MemoryStore
+
+        if isinstance(engine.store, MemoryStore):
+            with engine.store._critical():
+                done = engine.store._settle(run, status, fields.get("output"), fields.get("error"), engine.limits())
+        else:
+            from django.db.models import Q
+
+            done = engine.store._finish(
+                run, Q(pk=run_id), status, fields.get("output"), fields.get("error"), engine.limits()
+            )
+    else:
+        done = engine.store.finish(run, owner, status, limits=engine.limits(), expect=(run.status,), **fields)
+    if done.settled:
+        engine._settled(done)
+    return bool(done.settled)

@@ -19,12 +19,13 @@ from durable_singleton import (
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import SingletonFallbackWarning
+from durable_singleton.stores.base import BaseStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 
 from .conftest import Monitor, spawn
 from .factories import RunRecordFactory
-from .helpers import audited
+from .helpers import audited, settle
 
 
 def test_gate_runs_before_the_body_and_parks_a_younger_run(
@@ -90,17 +91,23 @@ def test_holder_keeps_its_slot_against_a_run_with_same_timestamp_and_smaller_id(
 
 
 def test_release_pushes_the_oldest_waiter(engine: Engine, registry: Registry, monitor: Monitor) -> None:
-    """S7: when a holder ends, the oldest `limit` gated waiters are made due and dispatched at once."""
+    """S7, S7a, K1: when a holder ends, its slot is granted to the oldest waiter in the
+    same transaction (holder, token) and that waiter is dispatched once: its
+    wake_at is a redelivery window ahead, so no tick sends it again meanwhile."""
     audited(registry, monitor)
     for n in range(4):
         engine.start("wf", {"k": "A"}, run_id=f"r{n}")
     engine.dispatcher.queue.clear()
     for n in (3, 2, 1):
         assert engine.execute(f"r{n}") == "parked"
+    assert list(engine.dispatcher.queue) == ["r0"], "the first claim granted the free slot to the oldest (S5)"
+    engine.dispatcher.queue.clear()
     assert engine.execute("r0") == "completed"
     assert list(engine.dispatcher.queue) == ["r1"], "only the oldest waiter is pushed (limit 1)"
     r1 = engine.get("r1")
-    assert r1.wake_at is not None and r1.wake_at <= engine.now()
+    assert r1.admitted and r1.fencing_token == engine.get("r0").fencing_token + 1  # type: ignore[operator]
+    assert r1.wake_at is not None and r1.wake_at > engine.now()
+    assert engine.tick().dispatched == [], "the granted waiter is not sent twice (S7a)"
     engine.dispatcher.drain()
     assert monitor.entered == ["r0", "r1", "r2", "r3"]
     assert monitor.highest["A"] == 1
@@ -204,7 +211,7 @@ def test_untracked_active_run_counts_as_holder(engine: Engine, registry: Registr
     assert TRACKED_TAG not in engine.get("legacy").tags
     engine.start("wf", {"k": "A"}, run_id="new")
     assert engine.execute("new") == "parked"
-    engine.store.settle("legacy", None, "completed", engine.now())
+    settle(engine, "legacy", "completed")
     assert engine.execute("new") == "completed"
 
 
@@ -215,21 +222,17 @@ def test_terminal_write_drops_markers_and_frees_slot(engine: Engine, registry: R
     engine.execute("r")
     run = engine.get("r")
     assert run.status == "completed" and ADMITTED_TAG not in run.tags and TRACKED_TAG not in run.tags
-    assert not engine.store.settle("r", None, "failed", engine.now())
+    assert not settle(engine, "r", "failed")
     assert engine.execute("r") == "skipped"
     assert engine.get("r").status == "completed"
 
 
-class ScanOnlyStore:
-    """A custom store without try_admit_singleton (S14): wraps the memory store."""
+class ScanOnlyStore(MemoryStore):
+    """A custom store without an atomic claim (S14): it only takes leases, and
+    the base class's scan decides admission."""
 
-    def __init__(self) -> None:
-        self._inner = MemoryStore()
-
-    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
-        if name == "try_admit_singleton":
-            raise AttributeError(name)
-        return getattr(self._inner, name)
+    supports_atomic_admission = False
+    begin_turn = BaseStore.begin_turn
 
 
 def test_store_without_claim_falls_back_with_one_warning(registry: Registry, monitor: Monitor) -> None:

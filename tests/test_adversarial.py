@@ -54,18 +54,18 @@ def test_cancel_landing_between_claim_and_gate_is_never_undone(
     gate's claim cancels the run; its body never runs."""
     audited(registry, monitor)
     engine.start("wf", {"k": "K"}, run_id="B")
-    real = engine.store.try_admit_singleton
+    real = engine.store.begin_turn
 
     def cancel_first(run_id: str, *args: Any, **kwargs: Any) -> Any:
         t = spawn(engine.cancel, run_id)
         t.join(10)
         return real(run_id, *args, **kwargs)
 
-    engine.store.try_admit_singleton = cancel_first  # type: ignore[method-assign]
+    engine.store.begin_turn = cancel_first  # type: ignore[method-assign]
     try:
-        assert engine.execute("B") == "cancelled"
+        assert engine.execute("B") == "skipped"
     finally:
-        del engine.store.try_admit_singleton
+        del engine.store.begin_turn
     assert engine.get("B").status == "cancelled" and monitor.entered == []
 
 

@@ -119,7 +119,7 @@ def test_starts_waiting_on_the_database_leave_the_event_loop_free(asgi_server: s
         try:
             with transaction.atomic():
                 list(keys.select_for_update())
-                keys.update(limit=F("limit"))  # SQLite: the database write lock
+                keys.update(last_token=F("last_token"))  # SQLite: the database write lock
                 locked.set()
                 release.wait(30)
         finally:

@@ -23,8 +23,9 @@ import pytest
 from django.db import connections
 
 from durable_singleton.dispatch import CeleryDispatcher
-from durable_singleton.engine import Engine, get_engine
+from durable_singleton.engine import Engine
 from durable_singleton.models import Run
+from durable_singleton.runtime import get_engine
 from testproject.inventory.models import BodyAudit
 
 from .celery_workers import celery_stack_missing, celery_workers

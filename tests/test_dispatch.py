@@ -12,7 +12,8 @@ from django.test import Client
 from durable_singleton.conf import Settings
 from durable_singleton.definitions import Registry
 from durable_singleton.dispatch import ThreadDispatcher
-from durable_singleton.engine import Engine, build_engine, get_engine
+from durable_singleton.engine import Engine
+from durable_singleton.runtime import build_engine, get_engine
 from durable_singleton.worker import start_embedded_worker
 
 

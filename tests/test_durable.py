@@ -13,6 +13,8 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidInputError, RunNotFoundError, SignalTimeoutError
 
+from .helpers import claim
+
 
 def test_sleep_parks_and_the_tick_resumes(engine: Engine, registry: Registry) -> None:
     """D1: sleep parks the run suspended with wake_at; the tick resumes it."""
@@ -146,8 +148,7 @@ def test_holder_cancelled_then_killed_ends_cancelled_after_recovery(
     calls: list[str] = []
     registry.add("victim", "1", lambda ctx, i: calls.append(ctx.run_id), singleton={"key": lambda i: "k"})
     engine.start("victim", {}, run_id="A")
-    claim = engine.store.claim_run("A", "doomed", 0.05, engine.now())
-    assert claim.run is not None
+    assert claim(engine, "A", "doomed", 0.05).state.value == "run"
     engine.cancel("A")
     assert engine.get("A").status == "running" and engine.get("A").cancel_requested
     time.sleep(0.06)  # the worker died; its lease expires
@@ -218,7 +219,7 @@ class _SignalArrivesAfterLook:
         seen = self._store.load_signals(run_id)
         if not self._raced:
             self._raced = True
-            self._store.add_signal(run_id, "go", "raced", self._engine.now())
+            self._store.add_signal(run_id, "go", "raced")
         return seen
 
     def __getattr__(self, name: str) -> Any:

@@ -15,7 +15,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.exceptions import RunNotFoundError
 
 from .conftest import Monitor, spawn
-from .helpers import audited
+from .helpers import audited, claim
 
 
 def test_steps_run_once_and_replay_their_stored_result(engine: Engine, registry: Registry) -> None:
@@ -139,13 +139,9 @@ def test_cancel_lands_while_claim_in_flight_is_never_undone(
     """S9: the store parks or admits only a run still active and still ours."""
     audited(registry, monitor)
     engine.start("wf", {"k": "K"}, run_id="A")
-    claim = engine.store.claim_run("A", "me", 30, engine.now())
-    assert claim.run is not None
-    engine.store.request_cancel("A", engine.now())
-    engine.store.settle("A", None, "cancelled", engine.now())
-    result = engine.store.try_admit_singleton("A", "me", 1, engine.now(), workflow_name="wf", key="key:K")
-    assert result.value == "gone"
-    assert engine.get("A").status == "cancelled"
+    engine.cancel("A")
+    assert claim(engine, "A", "me").state.value == "skipped"
+    assert engine.get("A").status == "cancelled" and monitor.entered == []
 
 
 def test_start_with_a_cancelled_run_id_returns_it(engine: Engine, registry: Registry, monitor: Monitor) -> None:

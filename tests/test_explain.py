@@ -18,14 +18,12 @@ from durable_singleton.exceptions import RunNotFoundError
 from durable_singleton.explain import ExplainState, estimate_wait
 
 from .conftest import Monitor
-from .helpers import audited
+from .helpers import admitted, audited, claim
 
 
 def _hold(engine: Engine, run_id: str, key: str = "key:K") -> None:
     """Make ``run_id`` a holder through the store's claim without running its body."""
-    assert engine.store.claim_run(run_id, "w", 30, engine.now()).run is not None
-    verdict = engine.store.try_admit_singleton(run_id, "w", 1, engine.now(), workflow_name="wf", key=key)
-    assert verdict.value == "admitted"
+    assert admitted(claim(engine, run_id, "w")) == "admitted"
 
 
 def _queue(engine: Engine, registry: Registry, monitor: Monitor, *names: str) -> None:
@@ -92,9 +90,11 @@ def test_waiter_with_a_free_slot_is_runnable_and_says_since_when(
     """K3, S8: when the holder finished but no worker took the first waiter's turn
     (the push was lost), the waiter could run now and the explanation says so."""
     _queue(engine, registry, monitor, "A", "B", "C")
-    assert engine.store.settle("A", None, "completed", engine.now())  # no push
+    holder = engine.get("A")
+    done = engine.store.finish(holder, holder.lease_owner, "completed", limits=engine.limits())
+    assert done.settled and [r.run_id for r in done.granted] == ["B"]  # B holds the slot; its turn is never sent
     found = engine.explain("B")
-    assert found.state is ExplainState.RUNNABLE and found.position == 1 and found.idle_since is not None
+    assert found.state is ExplainState.RUNNABLE and found.idle_since is not None and found.fencing_token == 2
     assert "could run now" in found.sentence and "no worker has taken its turn since" in found.sentence
     assert engine.explain("C").state is ExplainState.WAITER
 
@@ -130,18 +130,14 @@ def test_command_and_admin_pages_show_the_explanation(admin_client: Any, setting
     top; the key page explains its first waiter."""
     from django.urls import reverse
 
-    from durable_singleton.engine import get_engine
+    from durable_singleton.runtime import get_engine
 
     settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
     engine = get_engine()
     for name in ("X1", "X2", "X3"):
         engine.start("sync-inventory-wide", {"store_id": "EX"}, run_id=name)
     for name in ("X1", "X2"):
-        assert engine.store.claim_run(name, "w", 30, engine.now()).run is not None
-        verdict = engine.store.try_admit_singleton(
-            name, "w", 2, engine.now(), workflow_name="sync-inventory-wide", key="store:EX"
-        )
-        assert verdict.value == "admitted"
+        assert admitted(claim(engine, name, "w")) == "admitted"
     assert engine.execute("X3") == "parked"
     engine.dispatcher.queue.clear()
 

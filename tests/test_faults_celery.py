@@ -524,7 +524,7 @@ BROKEN_BROKER_SCRIPT = """
 import json, sys
 import django
 django.setup()
-from durable_singleton.engine import get_engine
+from durable_singleton.runtime import get_engine
 engine = get_engine()
 a, b, c, key, other = sys.argv[1:6]
 engine.start("fault-hold", {"store_id": key, "seconds": 0.3}, run_id=a)

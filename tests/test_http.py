@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from durable_singleton.engine import Engine, get_engine
+from durable_singleton.engine import Engine
 from durable_singleton.models import Run
+from durable_singleton.runtime import get_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,7 +21,7 @@ USER_TESTS = """
 import time
 
 from durable_singleton import BaseWorkflow, Singleton, workflow
-from durable_singleton.engine import get_engine
+from durable_singleton.runtime import get_engine
 
 
 @workflow(name="plugin-double", singleton=Singleton(key=lambda i: "one", limit=1))

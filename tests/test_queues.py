@@ -22,6 +22,7 @@ from durable_singleton.stores.base import AdmissionResult
 from durable_singleton.testing import make_engine
 
 from .factories import T0, RunFactory, bulk_queue
+from .helpers import settle
 
 
 def register(reg: Registry, name: str = "wf", *, limit: int = 1, depth: int | None = None) -> None:
@@ -32,13 +33,10 @@ def register(reg: Registry, name: str = "wf", *, limit: int = 1, depth: int | No
 
 def claim(engine: Engine, run_id: str, limit: int) -> AdmissionResult:
     """Take a turn's lease and run the store's claim for ``run_id`` (S5), as execute() does."""
-    run = engine.get(run_id)
-    owner = f"test:{uuid.uuid4().hex[:8]}"
-    assert engine.store.claim_run(run_id, owner, 30.0, engine.now()).run is not None
-    assert run.singleton_key is not None
-    return engine.store.try_admit_singleton(
-        run_id, owner, limit, engine.now(), workflow_name=run.workflow_name, key=run.singleton_key
-    )
+    from .helpers import admitted
+    from .helpers import claim as begin
+
+    return AdmissionResult(admitted(begin(engine, run_id)))
 
 
 @pytest.mark.django_db
@@ -139,7 +137,7 @@ def test_key_queue_lists_waiters_in_the_order_the_claim_admits_them() -> None:
         assert [h.run.run_id for h in queue.holders] == [admitted[-1]]
         listed = [w.run.run_id for w in queue.waiters]
         assert [w.position for w in queue.waiters] == list(range(1, len(listed) + 1))
-        assert engine.store.settle(admitted[-1], None, "completed", engine.now())
+        assert settle(engine, admitted[-1], "completed")
         if not listed:
             break
         order = listed[:]

@@ -6,10 +6,11 @@ barrier; a monitor records the highest number of bodies running per key.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,6 +50,36 @@ def _wait(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def _draining(engine: Engine, threads: int = 6) -> Iterator[None]:
+    """Execute dispatched turns on background threads, as workers would: a claim
+    grants a free slot to the oldest waiter, whose turn is dispatched (S5, S7)."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        try:
+            dispatcher = engine.dispatcher
+            while not stop.is_set():
+                with dispatcher._lock:
+                    run_id = dispatcher.queue.popleft() if dispatcher.queue else None
+                if run_id is None:
+                    time.sleep(0.002)
+                else:
+                    engine.execute(run_id)
+        finally:
+            connections.close_all()
+
+    workers = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(60)
 
 
 def _racers(n: int, fn: Callable[[int], Any]) -> list[threading.Thread]:
@@ -100,11 +131,14 @@ def test_f1_racing_claims_admit_exactly_one(
             run = engine.start("wf", {"k": key}, run_id=f"{key}-r{i:02d}")
             outcomes.append(engine.execute(run.run_id))
 
+        drainer = _draining(engine, threads=1)
+        drainer.__enter__()
         threads = _racers(20, racer)
-        _wait(lambda outcomes=outcomes: len(outcomes) == 19)
+        _wait(lambda outcomes=outcomes: len(outcomes) >= 19)
         _wait(lambda eb=entered_before: len(monitor.entered) > eb)
         time.sleep(0.01)
-        assert sorted(outcomes) == ["parked"] * 19
+        # A racer whose run another claim granted may find it running already (skipped).
+        assert set(outcomes) <= {"parked", "skipped"}, "no racer ran a body beside the holder"
         assert len(monitor.entered) == entered_before + 1 and monitor.highest[key] == 1
         assert _holders(engine, key) == [monitor.entered[-1]]
         waiters = [r for r in engine.store.active_runs_for_key("wf", key) if not r.admitted]
@@ -134,6 +168,7 @@ def test_f1_racing_claims_admit_exactly_one(
         for t in threads + tickers:
             t.join(60)
             assert not t.is_alive()
+        drainer.__exit__(None, None, None)
         _finish_all(engine)
         assert monitor.highest[key] == 1
         # drain leftover permits so the next repetition's holder blocks again
@@ -232,13 +267,14 @@ def test_f2_busy_key_never_exceeds_its_limit_beside_a_quiet_key(
     for i in range(8):
         engine.start("wf", {"k": "K2"}, run_id=f"k2-{i}")
     ids = [r.run_id for r in engine.store.list_runs()]
-    threads = _racers(len(ids), lambda i: engine.execute(ids[i]))
-    _wait(lambda: len(monitor.entered) == 4)
-    time.sleep(0.1)
-    assert monitor.highest["K2"] == 2 and monitor.highest["K1"] == 2
-    permits.release(100)
-    for t in threads:
-        t.join(30)
+    with _draining(engine):
+        threads = _racers(len(ids), lambda i: engine.execute(ids[i]))
+        _wait(lambda: len(monitor.entered) == 4)
+        time.sleep(0.1)
+        assert monitor.highest["K2"] == 2 and monitor.highest["K1"] == 2
+        permits.release(100)
+        for t in threads:
+            t.join(30)
     _finish_all(engine)
     assert monitor.highest["K2"] == 2
 
@@ -354,15 +390,16 @@ def test_f16_sqlite_file_eight_threads_one_holder(registry: Registry, monitor: M
                 errors.append(exc)
                 raise
 
-        threads = _racers(8, racer)
-        _wait(lambda outcomes=outcomes, errors=errors: len(outcomes) + len(errors) >= 7)
-        _wait(lambda key=key: monitor.highest[key] >= 1)
-        assert errors == []
-        assert sorted(outcomes) == ["parked"] * 7
-        assert monitor.highest[key] == 1 and len(_holders(engine, key)) == 1
-        permits.release(100)
-        for t in threads:
-            t.join(30)
+        with _draining(engine, threads=1):
+            threads = _racers(8, racer)
+            _wait(lambda outcomes=outcomes, errors=errors: len(outcomes) + len(errors) >= 7)
+            _wait(lambda key=key: monitor.highest[key] >= 1)
+            assert errors == []
+            assert set(outcomes) <= {"parked", "skipped"}, "no racer ran a body beside the holder"
+            assert monitor.highest[key] == 1 and len(_holders(engine, key)) == 1
+            permits.release(100)
+            for t in threads:
+                t.join(30)
         _finish_all(engine)
         while permits.acquire(blocking=False):
             pass
@@ -376,11 +413,12 @@ class PausedParkStore(DjangoStore):
         self.decided = threading.Event()
         self.resume = threading.Event()
 
-    def _park_denied(self, run_id: str, wake_at: datetime, now: datetime) -> None:
-        super()._park_denied(run_id, wake_at, now)
-        if run_id == "B":
+    def _park_waiter(self, row: Any, seconds: float, retry: Any) -> bool:
+        parked = super()._park_waiter(row, seconds, retry)
+        if row.run_id == "B":
             self.decided.set()
             assert self.resume.wait(30)
+        return parked
 
 
 @pytest.mark.django_db(transaction=True)

@@ -371,8 +371,8 @@ def test_admin_lists_schedules_with_their_next_window_and_pauses_them(admin_clie
     schedule with a bad cron expression is refused with the field named."""
     from django.urls import reverse
 
-    from durable_singleton.engine import get_engine
     from durable_singleton.models import ScheduleState
+    from durable_singleton.runtime import get_engine
 
     settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
     engine = get_engine()

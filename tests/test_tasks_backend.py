@@ -25,9 +25,10 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from durable_singleton import SingletonQueueFullError
 from durable_singleton.definitions import Registry
 from durable_singleton.dispatch import ThreadDispatcher
-from durable_singleton.engine import Engine, get_engine
+from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidInputError, SingletonKeyError, UnknownWorkflowError
 from durable_singleton.models import Run
+from durable_singleton.runtime import get_engine
 from durable_singleton.tasks_backend import (
     DurableSingletonBackend,
     register_configured_tasks,

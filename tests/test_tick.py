@@ -15,12 +15,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 
 from .conftest import Monitor, run_threads
-from .helpers import audited
-
-
-def _settle_without_push(engine: Engine, run_id: str) -> None:
-    """Complete a holder the way a process that dies before its push would (S8)."""
-    assert engine.store.settle(run_id, None, "completed", engine.now())
+from .helpers import admitted, audited, claim, free_slot_without_handoff
 
 
 def test_lost_push_is_caught_up_by_the_tick(engine: Engine, registry: Registry, monitor: Monitor) -> None:
@@ -29,27 +24,20 @@ def test_lost_push_is_caught_up_by_the_tick(engine: Engine, registry: Registry, 
     audited(registry, monitor)
     for name in ("A", "B", "C", "D"):
         engine.start("wf", {"k": "K"}, run_id=name)
-    claim = engine.store.claim_run("A", "w", 30, engine.now())
-    assert claim.run is not None
-    assert (
-        engine.store.try_admit_singleton("A", "w", 1, engine.now(), workflow_name="wf", key="key:K").value == "admitted"
-    )
+    assert admitted(claim(engine, "A", "w")) == "admitted"
     for name in ("D", "C", "B"):
         assert engine.execute(name) == "parked"
     assert engine.get("C").wake_at - engine.now() > timedelta(minutes=30), "C is in the backlog (S8a)"  # type: ignore[operator]
     engine.dispatcher.queue.clear()
-    _settle_without_push(engine, "A")
+    free_slot_without_handoff(engine, "A")
     report = engine.tick()
-    assert report.caught_up == ["B"] and report.dispatched == ["B"]
+    assert report.caught_up == ["B"] and list(engine.dispatcher.queue) == ["B"]
+    assert report.dispatched == [], "a granted waiter is sent once, not again by the due batch (S7a)"
     engine.dispatcher.queue.clear()
-    assert engine.store.claim_run("B", "w2", 30, engine.now()).run is not None
-    assert (
-        engine.store.try_admit_singleton("B", "w2", 1, engine.now(), workflow_name="wf", key="key:K").value
-        == "admitted"
-    )
-    _settle_without_push(engine, "B")  # B's process dies before its push too
+    assert admitted(claim(engine, "B", "w2")) == "admitted"
+    free_slot_without_handoff(engine, "B")  # B's slot freed with no handoff too
     report = engine.tick()
-    assert report.caught_up == ["C"] and "C" in report.dispatched
+    assert report.caught_up == ["C"] and list(engine.dispatcher.queue) == ["C"]
     engine.dispatcher.drain()
     assert [engine.get(n).status for n in "CD"] == ["completed", "completed"]
     assert monitor.entered == ["C", "D"]
@@ -100,10 +88,8 @@ def test_expired_lease_is_recovered_then_dead_lettered(make: Callable[..., Engin
     signals.run_dead.connect(receiver)
     try:
         for attempt in range(3):
-            claim = engine.store.claim_run("A", f"crashed-{attempt}", 0.05, engine.now())
-            assert claim.run is not None and claim.recovered == (attempt > 0)
-            if attempt == 0:
-                engine.store.try_admit_singleton("A", "crashed-0", 1, engine.now(), workflow_name="crashy", key="k")
+            turn = claim(engine, "A", f"crashed-{attempt}", 0.05)
+            assert turn.state.value == "run" and turn.recovered == (attempt > 0)
             assert engine.get("A").admitted, "a crashed holder keeps its slot (S10)"
             time.sleep(0.06)
         engine.dispatcher.queue.clear()
@@ -146,9 +132,7 @@ def test_deleting_a_holder_row_frees_the_slot(settings: Any, registry: Registry,
     engine = get_engine()
     DemoSyncInventory.dispatch({"store_id": "del"}, run_id="A")
     DemoSyncInventory.dispatch({"store_id": "del"}, run_id="B")
-    claim = engine.store.claim_run("A", "w", 30, engine.now())
-    assert claim.run is not None
-    engine.store.try_admit_singleton("A", "w", 1, engine.now(), workflow_name="demo-sync-inventory", key="store:del")
+    assert admitted(claim(engine, "A", "w")) == "admitted"
     assert engine.execute("B") == "parked"
     engine.dispatcher.queue.clear()
     Run.objects.filter(pk="A").delete()

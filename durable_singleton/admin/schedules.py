@@ -22,10 +22,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from ..engine import get_engine
 from ..exceptions import DurableSingletonError
 from ..models import ScheduleFiring, ScheduleState
 from ..queues import format_age
+from ..runtime import get_engine
 from ..schedule_store import spec_of
 from ..schedules import pause_schedule, resume_schedule
 

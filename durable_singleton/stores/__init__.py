@@ -1,7 +1,7 @@
-"""State stores: the protocol, the Django ORM store and the in-memory store."""
+"""Stores: the seam (:class:`BaseStore`), the Django ORM store and the in-memory store."""
 
 from __future__ import annotations
 
-from .base import AdmissionResult, RunRecord, StateStore, StepRecord
+from .base import AdmissionResult, BaseStore, RunRecord, StepRecord
 
-__all__ = ["AdmissionResult", "RunRecord", "StateStore", "StepRecord"]
+__all__ = ["AdmissionResult", "BaseStore", "RunRecord", "StepRecord"]

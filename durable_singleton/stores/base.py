@@ -1,23 +1,49 @@
-"""The store protocol: everything the engine needs from durable storage.
+"""The store seam: everything the engine asks of durable storage.
 
-The engine knows only this protocol. Writes that settle or park a run are
-conditional on the run's current status and lease owner (compare-and-set),
-so a stale worker cannot resurrect or overwrite a run (R2, R5).
+:class:`BaseStore` lists every method the engine calls. A store is a
+subclass: the Django ORM store, the in-memory store, or a user's own (set
+``DURABLE_SINGLETON["STORE"]`` to its dotted path). The contract is stated by
+the conformance suite in :mod:`durable_singleton.testing.conformance`.
+
+The turn protocol (docs/design.rst):
+
+* :meth:`BaseStore.begin_turn` takes a run's lease and, for a singleton run,
+  admits or parks it, in one transaction (S4, S5, R6).
+* :meth:`BaseStore.finish` settles a run terminal and grants its freed slot
+  to the oldest waiters, in one transaction (S7).
+* Every other write to a run is a compare-and-set on what was read, fenced by
+  the lease owner and an unexpired lease on the store's clock (R5, R5a).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from ..admission import ADMITTED_TAG, TRACKED_TAG, key_tag
+from ..statuses import PARKED_STATUSES, TERMINAL_STATUSES, RunStatus
 
-__all__ = ["TERMINAL_STATUSES", "AdmissionResult", "RunRecord", "SignalRecord", "StateStore", "StepRecord"]
+__all__ = [
+    "TERMINAL_STATUSES",
+    "AdmissionResult",
+    "BaseStore",
+    "Finish",
+    "Limits",
+    "RetryPolicy",
+    "RunRecord",
+    "SignalRecord",
+    "StepRecord",
+    "Turn",
+    "TurnState",
+]
 
-TERMINAL_STATUSES = ("completed", "failed", "cancelled", "dead")
+#: Declared singleton limits by workflow name (the latest registered version's, S2).
+Limits = Mapping[str, int]
 
 
 @dataclass(frozen=True)
@@ -44,12 +70,15 @@ class RunRecord:
     lease_expires_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    admitted_at: datetime | None = None
     attempts: int = 0
     recoveries: int = 0
     parent_run_id: str | None = None
     park_reason: str = ""
     cancel_requested: bool = False
     deadline_at: datetime | None = None
+    fencing_token: int | None = None
+    step_count: int = 0
 
     @property
     def tags(self) -> list[str]:
@@ -67,6 +96,11 @@ class RunRecord:
     def is_terminal(self) -> bool:
         """Tell whether the status is terminal (R2)."""
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def is_parked(self) -> bool:
+        """Tell whether the run is active and not running (no lease)."""
+        return self.status in PARKED_STATUSES
 
     def evolve(self, **changes: Any) -> RunRecord:
         """Return a copy with ``changes`` applied."""
@@ -94,104 +128,322 @@ class SignalRecord:
     created_at: datetime
 
 
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long a denied waiter waits before its own retry, in seconds (S5 step 5, S8a).
+
+    The first ``limit`` waiters of a key retry after ``seconds`` +/- ``jitter``;
+    waiters further back after ``backlog_seconds`` (they are woken by the
+    handoff or the tick's catch-up first).
+    """
+
+    seconds: float = 1.0
+    jitter: float = 0.25
+    backlog_seconds: float = 3600.0
+
+
 class AdmissionResult(enum.Enum):
-    """Outcome of :meth:`StateStore.try_admit_singleton` (S5)."""
+    """Outcome of ``try_admit_singleton`` (S5, S14)."""
 
     ADMITTED = "admitted"  # a holder now (or already): run the body
     PARKED = "parked"  # denied: parked suspended with a retry wake_at, lease released
     GONE = "gone"  # no longer active or no longer ours (cancelled, fenced): do nothing
 
 
+class TurnState(enum.Enum):
+    """What :meth:`BaseStore.begin_turn` did."""
+
+    RUN = "run"  # the lease is ours and the run holds its slot (or needs none): run the body
+    PARKED = "parked"  # denied admission: parked as a waiter, no lease (S5 step 5)
+    SKIPPED = "skipped"  # not claimable: terminal, leased by a live executor, or changed under us (R6)
+    SETTLED = "settled"  # settled in the claim: a requested cancel, or dead past MAX_RECOVERIES (D4, D6)
+
+
 @dataclass(frozen=True)
-class ClaimResult:
-    """Outcome of :meth:`StateStore.claim_run`."""
+class Turn:
+    """Outcome of :meth:`BaseStore.begin_turn`.
 
-    run: RunRecord | None
-    recovered: bool = False
-
-
-@runtime_checkable
-class StateStore(Protocol):
-    """Durable storage of runs, steps and signals.
-
-    ``try_admit_singleton`` is optional (S14): a store without it gets the
-    engine's racy fallback and a :class:`SingletonFallbackWarning`.
+    ``run`` is the run as this turn left it (None if it does not exist);
+    ``recovered`` tells that an expired lease was taken over (D4);
+    ``granted`` are waiters given a slot by a settle in this claim (S7).
     """
 
+    state: TurnState
+    run: RunRecord | None = None
+    recovered: bool = False
+    granted: tuple[RunRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Outcome of a settling write: ``run`` as settled (None if the compare-and-set
+    lost), and the waiters its freed slots were granted to, oldest first (S7)."""
+
+    run: RunRecord | None
+    granted: tuple[RunRecord, ...] = field(default=())
+
+    @property
+    def settled(self) -> bool:
+        """Tell whether this write settled the run."""
+        return self.run is not None
+
+
+class BaseStore(ABC):
+    """Durable storage of runs, steps and signals: the methods the engine calls.
+
+    Capability flags:
+
+    ``supports_atomic_admission``
+        True when :meth:`begin_turn` admits inside one transaction that
+        serializes competing claims of a key (S5, S13). A store that sets it
+        False gets the engine's scan fallback, which can briefly over-admit,
+        and a :class:`~durable_singleton.exceptions.SingletonFallbackWarning` (S14).
+    ``supports_bulk_start``
+        True when :meth:`create_runs` writes a batch in one statement.
+
+    Times: every "now" comparison (lease expiry, wake times, deadlines) is
+    made on the store's clock (:meth:`now`), never the caller's (R5).
+    """
+
+    supports_atomic_admission: bool = True
+    supports_bulk_start: bool = False
+
+    # -- the clock ---------------------------------------------------------
+    @abstractmethod
+    def now(self) -> datetime:
+        """Return the store's current time (aware, UTC): the clock of leases (R5)."""
+
+    # -- starting ------------------------------------------------------------
+    @abstractmethod
     def create_run(
         self, run: RunRecord, *, cap: int | None, cap_namespace: str | None = None
     ) -> tuple[RunRecord, bool]:
         """Insert ``run`` unless ``run_id`` exists; return (run, created) (R3).
 
-        With ``cap`` set, count the key's active runs (in ``cap_namespace`` if
-        given) under the key's lock and
-        raise :class:`SingletonQueueFullError` when the count reached ``cap``
-        (S15), writing nothing.
+        With ``cap`` set, the existence check, the count of the key's active
+        runs (in ``cap_namespace`` if given) and the insert are serialized on
+        the key; raises :class:`~durable_singleton.exceptions.SingletonQueueFullError`
+        when the count reached ``cap``, writing nothing (S15, S16). An
+        existing ``run_id`` is returned, never rejected.
         """
-        ...
 
+    def create_runs(
+        self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
+    ) -> list[tuple[RunRecord, bool] | BaseException]:
+        """Insert a batch; per run, (run, created) or the exception its start raised.
+
+        ``caps`` maps a workflow name to its cap (``limit + max_queue_depth``).
+        The default inserts one by one; a store may do it in one statement.
+        """
+        results: list[tuple[RunRecord, bool] | BaseException] = []
+        for run in runs:
+            try:
+                results.append(self.create_run(run, cap=caps.get(run.workflow_name), cap_namespace=cap_namespace))
+            except Exception as exc:  # reported per run, as a single start would raise it
+                results.append(exc)
+        return results
+
+    @abstractmethod
     def get_run(self, run_id: str) -> RunRecord | None:
         """Return the run, or None."""
-        ...
 
-    def claim_run(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> ClaimResult:
-        """Take the run's lease for one turn if it is claimable (R5, R6).
+    @abstractmethod
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
+        """Tell whether the key already has ``limit`` holders and ``limit`` waiters (S8a)."""
 
-        Claimable: ``pending``, ``suspended`` or ``blocked``, or ``running``
-        with a lease that expired by ``now`` (a recovery). The run becomes
-        ``running`` with ``lease_owner`` = ``owner``. Returns ``ClaimResult(None)``
-        if another caller holds it or it is terminal.
+    # -- a turn ----------------------------------------------------------------
+    def begin_turn(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        lease_seconds: float,
+        limits: Limits,
+        max_recoveries: int,
+        retry: RetryPolicy,
+        known: RunRecord | None = None,
+    ) -> Turn:
+        """Take ``run_id``'s lease for one turn and admit or park it (S4, S5, R5, R6).
+
+        Claimable: a parked run, or a running run whose lease expired on the
+        store's clock (a recovery, which counts ``recoveries``). In one
+        transaction: a run with a requested cancel is settled ``cancelled``
+        and one past ``max_recoveries`` settles ``dead``, both granting the
+        freed slot (``SETTLED``); a holder's claim is a confirmation; a waiter
+        is admitted when it is among the oldest waiters that fit the key's free
+        slots (``RUN``), else parked with a retry ``wake_at`` (``PARKED``).
+
+        ``known`` is the run as this process just granted it (a handoff); a
+        store may use it to skip its first read.
+
+        This default, for a store without an atomic claim, is a read followed
+        by a decision (S14): it can briefly over-admit.
         """
-        ...
+        from ..admission import Candidate, decide_admission, effective_limit, retry_delay
 
-    def renew_lease(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> bool:
-        """Extend the lease if ``owner`` still holds it on a running run (R5)."""
-        ...
+        turn = self.claim_run(run_id, owner, lease_seconds)
+        run = turn.run
+        if turn.state is not TurnState.RUN or run is None or run.singleton_key is None or run.admitted:
+            return turn
+        if run.cancel_requested:
+            done = self.finish(run, owner, RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=limits)
+            return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
+        limit = effective_limit(limits.get(run.workflow_name, run.singleton_limit))
+        candidates = [
+            Candidate(r.run_id, r.created_at, r.status, r.tags)
+            for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)
+        ]
+        if decide_admission(candidates, run_id, limit):
+            return Turn(TurnState.RUN, run.evolve(admitted=True), recovered=turn.recovered)
+        wake = self.now() + _seconds(retry_delay(retry.seconds, retry.jitter))
+        if self.park(run_id, owner, RunStatus.SUSPENDED, wake_at=wake, reason="singleton") == "parked":
+            return Turn(TurnState.PARKED, run)
+        return Turn(TurnState.SKIPPED, run)
 
-    def settle(
-        self, run_id: str, owner: str | None, status: str, now: datetime, *, output: Any = None, error: Any = None
-    ) -> bool:
-        """Set a terminal ``status`` if the run is active (and leased by ``owner``
-        when given), drop the markers in the same write; True if it did (R2, S12)."""
-        ...
+    def claim_run(self, run_id: str, owner: str, lease_seconds: float) -> Turn:
+        """Take the lease without admission (used by the S14 fallback of :meth:`begin_turn`)."""
+        raise NotImplementedError(f"{type(self).__name__} implements neither begin_turn nor claim_run")
 
-    def park(
-        self, run_id: str, owner: str, status: str, now: datetime, *, wake_at: datetime | None, reason: str = ""
-    ) -> bool:
-        """Park a running run leased by ``owner`` as ``suspended`` or ``blocked``
-        with ``wake_at``, releasing the lease; False if fenced."""
-        ...
+    @abstractmethod
+    def renew_lease(self, run_id: str, owner: str, lease_seconds: float) -> bool:
+        """Extend an unexpired lease held by ``owner`` to now + ``lease_seconds`` (R5).
 
-    def request_cancel(self, run_id: str, now: datetime) -> RunRecord | None:
-        """Cancel a pending, suspended or blocked run at once; mark a running
-        run for cancellation at its next step boundary (D6). None if not found."""
-        ...
+        An expired lease is never renewed: its holder is fenced from then on.
+        """
 
+    @abstractmethod
+    def check_boundary(self, run_id: str, owner: str, lease_seconds: float) -> str:
+        """At a step boundary renew the lease; return "ok", "cancelled" or "fenced" (R5, D6)."""
+
+    @abstractmethod
+    def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
+        """Store a step result if ``owner`` still leases the run and no cancel
+        was requested (R4, R5a); False if fenced or the position exists."""
+
+    @abstractmethod
     def load_steps(self, run_id: str) -> dict[int, StepRecord]:
         """Return the run's memoized steps by position (R4)."""
-        ...
 
-    def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
-        """Store a step result if ``owner`` still leases the running run (R4, R5)."""
-        ...
+    @abstractmethod
+    def park(self, run_id: str, owner: str, status: str, *, wake_at: datetime | None, reason: str = "") -> str:
+        """Park a running run leased by ``owner`` as ``suspended`` or ``blocked`` (D1-D3).
 
-    def wake_singleton_waiters(self, workflow_name: str, key: str, limit: int, now: datetime) -> list[str]:
-        """Make the oldest ``limit`` waiters of the key due now; return their ids (S7)."""
-        ...
+        Returns "parked"; "cancelled" when a cancel was requested (nothing is
+        written: the caller settles the run cancelled, D6); or "fenced".
+        """
 
-    def due_runs(self, now: datetime, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
-        """Return (run_id, workflow_name) of runs the tick must dispatch, pushing their next check by
-        ``redelivery_seconds`` so concurrent ticks do not send them twice (S8)."""
-        ...
+    @abstractmethod
+    def finish(
+        self,
+        run: RunRecord,
+        owner: str | None,
+        status: str,
+        *,
+        output: Any = None,
+        error: Any = None,
+        limits: Limits,
+        expect: Sequence[str] | None = None,
+    ) -> Finish:
+        """Settle a run terminal and grant its freed slot, in one transaction (R2, S7, S12).
 
-    def singleton_catch_up(self, now: datetime, limits: dict[str, int]) -> list[str]:
-        """Make due the oldest waiters of every key with a free slot (S8a)."""
-        ...
+        With ``owner``: only a running run ``owner`` leases unexpired. Without:
+        only a run whose status is in ``expect`` (default: parked statuses),
+        never a running one (R5a). The same write drops the markers; the
+        oldest waiters that fit the key's free slots become holders with a
+        fencing token (K1) and are returned, to be dispatched.
+        """
 
+    # -- operator actions --------------------------------------------------------
+    @abstractmethod
+    def request_cancel(self, run_id: str, *, limits: Limits) -> Finish | RunRecord | None:
+        """Cancel a run (D6): a parked run settles ``cancelled`` at once (a
+        :class:`Finish` with its grants); a running run is marked and stops at
+        its next step boundary (the run is returned). None if not found; a
+        terminal run is returned unchanged."""
+
+    @abstractmethod
+    def reset_for_retry(self, run_id: str, redelivery_seconds: float, deadline_at: datetime | None) -> RunRecord | None:
+        """Put a failed or dead run back to ``pending`` as a waiter with its stored key (D9)."""
+
+    @abstractmethod
+    def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
+        """Grant the key's free slots to its oldest waiters; return them (S7, S8)."""
+
+    @abstractmethod
+    def delete_run(self, run_id: str) -> RunRecord | None:
+        """Delete a run with its steps and signals; return what was deleted."""
+
+    @abstractmethod
+    def add_signal(self, run_id: str, name: str, payload: Any) -> RunRecord | None:
+        """Buffer a signal for an active run and make a run waiting on it due (D2); None if not active."""
+
+    @abstractmethod
+    def load_signals(self, run_id: str) -> list[SignalRecord]:
+        """Return the run's buffered signals in the order they were sent."""
+
+    @abstractmethod
+    def children(self, run_id: str) -> list[str]:
+        """Return the ids of the active children of ``run_id`` (D6, D7)."""
+
+    # -- the tick --------------------------------------------------------------
+    @abstractmethod
+    def due_runs(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        """Take up to ``batch`` parked runs whose ``wake_at`` came, oldest first; push
+        their ``wake_at`` by ``redelivery_seconds`` so no other tick sends them
+        again meanwhile (S7a, S8); return (run_id, workflow_name)."""
+
+    @abstractmethod
+    def expired_leases(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        """Take up to ``batch`` running runs whose lease expired, oldest first, the
+        same way (D4, S8b); return (run_id, workflow_name)."""
+
+    @abstractmethod
+    def overdue_runs(self, batch: int) -> list[RunRecord]:
+        """Return up to ``batch`` active runs whose execution deadline passed (D5)."""
+
+    @abstractmethod
+    def request_timeout_cancel(self, run_id: str) -> bool:
+        """Mark a running run for cancellation at its next boundary if it is still running (D5, R5a)."""
+
+    @abstractmethod
+    def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
+        """Grant the free slots of up to ``batch`` keys that have waiters (S8a, S8b)."""
+
+    # -- reads -----------------------------------------------------------------
+    @abstractmethod
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
-        """Return the active runs of one workflow and key (any namespace)."""
-        ...
+        """Return the active runs of one workflow and key (any namespace), oldest first."""
 
+    @abstractmethod
+    def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
+        """Count the key's active runs, in ``namespace`` if given (S15)."""
+
+    @abstractmethod
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         """Return runs, oldest first (for tests, the demo and tooling)."""
-        ...
+
+
+#: The error stored on a run cancelled by request (D6).
+CANCELLED_ERROR = {"code": "cancelled", "message": "cancelled"}
+#: The error stored on a run cancelled by its execution timeout (D5).
+TIMEOUT_ERROR = {"code": "execution_timeout", "message": "execution timeout passed"}
+
+
+def _seconds(value: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=value)
+
+
+def warn_fallback(store: BaseStore) -> None:
+    """Warn that ``store`` admits by a scan that can briefly over-admit (S14)."""
+    import logging
+
+    from ..exceptions import SingletonFallbackWarning
+
+    message = (
+        f"store {type(store).__name__} has no atomic try_admit_singleton; singleton admission "
+        "falls back to a scan that can briefly over-admit"
+    )
+    logging.getLogger("durable_singleton").warning(message)
+    warnings.warn(message, SingletonFallbackWarning, stacklevel=3)

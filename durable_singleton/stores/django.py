@@ -1,31 +1,52 @@
-"""The Django ORM store.
+"""The Django ORM store: the claim, the handoff and every fenced write.
 
-Only this module takes locks. Each claim locks one small row per key
-(:class:`~durable_singleton.models.SingletonKey`) and reads the key's holders
-and the front of its queue through the ``ds_run_queue_idx`` index, so a claim
-costs the same with 10 or 10,000 waiters (S5, S13). On PostgreSQL and
-MySQL/MariaDB the lock is ``select_for_update``; on SQLite, which has no row
-locks, a no-op UPDATE of the key row takes the database write lock first.
+Only this module takes locks. Lock order, the same on every path: the key's
+row in :class:`~durable_singleton.models.SingletonKey` first, then run rows.
+A claim or a handoff locks the key row and reads the key's holders and the
+front of its queue through the ``ds_run_queue_idx`` index, so it costs the
+same with 10 or 10,000 waiters (S5, S13). On PostgreSQL and MySQL/MariaDB the
+lock is ``select_for_update``; on SQLite, which has no row locks, an UPDATE of
+the key row takes the database write lock before anything is read. On
+MySQL/MariaDB the reads after the lock are locking reads, so they see the
+latest commits at REPEATABLE READ too (S13a).
+
+Every write to a run is a compare-and-set on what was read (R5a); lease
+expiry, wake times and deadlines are compared with :class:`DbNow`, the
+database's clock (R5).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, OperationalError, connections, router, transaction
-from django.db.models import Count, Exists, F, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce, Now
+from django.db.models import BooleanField, Case, Count, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
-from ..admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES, retry_delay
+from ..admission import effective_limit, retry_delay
 from ..exceptions import SingletonQueueFullError
 from ..models import Run, Signal, SingletonKey, Step
-from .base import AdmissionResult, ClaimResult, RunRecord, SignalRecord, StepRecord
+from ..querysets import DbNow, RunQuerySet, db_now_plus
+from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState
+from .base import (
+    CANCELLED_ERROR,
+    BaseStore,
+    Finish,
+    Limits,
+    RetryPolicy,
+    RunRecord,
+    SignalRecord,
+    StepRecord,
+    Turn,
+    TurnState,
+)
 
-__all__ = ["DjangoStore", "is_transient_error"]
+__all__ = ["DjangoStore", "is_transient_error", "record_of"]
 
 T = TypeVar("T")
 
@@ -51,7 +72,8 @@ def is_transient_error(exc: BaseException) -> bool:
     return "database is locked" in str(exc) or "database table is locked" in str(exc)
 
 
-def _record(row: Run) -> RunRecord:
+def record_of(row: Run) -> RunRecord:
+    """Return the :class:`RunRecord` of a model row."""
     return RunRecord(
         run_id=row.run_id,
         workflow_name=row.workflow_name,
@@ -66,23 +88,26 @@ def _record(row: Run) -> RunRecord:
         user_tags=tuple(row.tags or ()),
         singleton_key=row.singleton_key,
         singleton_limit=row.singleton_limit,
-        admitted=row.singleton_slot == "holder",
+        admitted=row.singleton_slot == SlotState.HOLDER,
         tracked=row.singleton_tracked,
         wake_at=row.wake_at,
         lease_owner=row.lease_owner,
         lease_expires_at=row.lease_expires_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
+        admitted_at=row.admitted_at,
         attempts=row.attempts,
         recoveries=row.recoveries,
         parent_run_id=row.parent_run_id,
         park_reason=row.park_reason,
         cancel_requested=row.cancel_requested,
         deadline_at=row.deadline_at,
+        fencing_token=row.fencing_token,
+        step_count=row.step_count,
     )
 
 
-def _terminal_fields(status: str, now: datetime, output: Any, error: Any) -> dict[str, Any]:
+def _terminal_fields(status: str, output: Any, error: Any) -> dict[str, Any]:
     # One write sets the terminal status and drops the markers (S12).
     return {
         "status": status,
@@ -93,39 +118,62 @@ def _terminal_fields(status: str, now: datetime, output: Any, error: Any) -> dic
         "lease_owner": None,
         "lease_expires_at": None,
         "wake_at": None,
-        "finished_at": now,
-        "updated_at": now,
+        "finished_at": DbNow(),
+        "updated_at": DbNow(),
     }
 
 
-class DjangoStore:
+def _settled(run: RunRecord, status: str, output: Any, error: Any) -> RunRecord:
+    return run.evolve(
+        status=status,
+        output=output,
+        error=error,
+        admitted=False,
+        tracked=False,
+        lease_owner=None,
+        lease_expires_at=None,
+        wake_at=None,
+        finished_at=timezone.now(),
+    )
+
+
+class DjangoStore(BaseStore):
     """Runs in the database through the Django ORM.
 
-    ``using`` is the database alias; None asks the router (``db_for_write``).
+    ``using``: the database alias; None asks the router (``db_for_write``).
+    ``claim_retries``: bounded retries of a transaction on transient errors.
+    ``retry``: the denied waiters' retry delays (S5, S8a).
+    ``redelivery_seconds``: how long a sent turn is left to arrive before the
+    tick sends it again (S7a, F4).
     """
+
+    supports_atomic_admission = True
+    supports_bulk_start = True
 
     def __init__(
         self,
         using: str | None = None,
         *,
         claim_retries: int = 5,
-        admission_retry_seconds: float = 1.0,
-        admission_retry_jitter: float = 0.25,
-        backlog_retry_seconds: float = 3600.0,
+        retry: RetryPolicy | None = None,
+        redelivery_seconds: float = 5.0,
     ) -> None:
         self.using = using
         self.claim_retries = claim_retries
-        self.admission_retry_seconds = admission_retry_seconds
-        self.admission_retry_jitter = admission_retry_jitter
-        self.backlog_retry_seconds = backlog_retry_seconds
+        self.retry = retry or RetryPolicy()
+        self.redelivery_seconds = redelivery_seconds
 
     @property
     def db(self) -> str:
         """Return the database alias writes go to."""
         return self.using or router.db_for_write(Run)
 
-    def _runs(self) -> Any:
-        return Run.objects.using(self.db)
+    def _runs(self) -> RunQuerySet:
+        return Run.objects.using(self.db)  # type: ignore[no-any-return]
+
+    @property
+    def _vendor(self) -> str:
+        return str(connections[self.db].vendor)
 
     def _retrying(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (one transaction), retrying named transient errors a bounded number of times."""
@@ -133,68 +181,144 @@ class DjangoStore:
             try:
                 return fn()
             except OperationalError as exc:
-                if attempt >= self.claim_retries or not is_transient_error(exc):
+                if attempt >= self.claim_retries or not is_transient_error(exc) or connections[self.db].in_atomic_block:
                     raise
                 time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
-    def _ensure_key(self, workflow_name: str, key: str, limit: int | None) -> None:
-        """Create the key's lock row if it does not exist, without locking an existing one."""
-        db = self.db
-        if not SingletonKey.objects.using(db).filter(workflow_name=workflow_name, key=key).exists():
-            SingletonKey.objects.using(db).bulk_create(
-                [SingletonKey(workflow_name=workflow_name, key=key, limit=limit or 1)], ignore_conflicts=True
-            )
+    # -- the clock -----------------------------------------------------------
+    def now(self) -> datetime:
+        """Return the database server's time in UTC (R5)."""
+        sql = {
+            "postgresql": "SELECT STATEMENT_TIMESTAMP()",
+            "mysql": "SELECT UTC_TIMESTAMP(6)",
+        }.get(self._vendor, "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql)
+            value = cursor.fetchone()[0]
+        if isinstance(value, str):
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return value  # type: ignore[no-any-return]
 
-    def _lock_key(self, workflow_name: str, key: str, limit: int | None) -> SingletonKey | None:
-        """Lock the key's row (creating it if missing); return it.
+    # -- keys ------------------------------------------------------------------
+    def _lock_key(self, workflow_name: str, key: str) -> dict[str, Any]:
+        """Lock the key's row, creating it if missing; return its fields.
 
-        Must run inside a transaction. SQLite has no row locks: a no-op UPDATE
-        takes the database write lock before anything is read.
+        Must run inside a transaction. SQLite has no row locks: an UPDATE of
+        the row takes the database write lock before anything is read.
         """
-        db = self.db
-        keys = SingletonKey.objects.using(db).filter(workflow_name=workflow_name, key=key)
+        keys = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
+        fields = ("pk", "last_token", "paused", "limit_override")
         for _ in range(2):
-            if connections[db].vendor == "sqlite":
-                if keys.update(limit=F("limit")):
-                    return keys.get()
+            if self._vendor == "sqlite":
+                if keys.update(last_token=F("last_token")):
+                    return keys.values(*fields).get()
             else:
-                row = keys.select_for_update().first()
+                row = keys.select_for_update().values(*fields).first()
                 if row is not None:
                     return row
-            self._ensure_key(workflow_name, key, limit)
-        return None
+            SingletonKey.objects.using(self.db).bulk_create(
+                [SingletonKey(workflow_name=workflow_name, key=key)], ignore_conflicts=True
+            )
+        raise OperationalError("database is locked: the key row vanished while being locked")
 
-    # -- runs --------------------------------------------------------------
+    def _locking(self, queryset: Any) -> Any:
+        """On MySQL/MariaDB, read the latest commits whatever the isolation level (S13a)."""
+        return queryset.select_for_update() if self._vendor == "mysql" else queryset
+
+    def _front(self, workflow_name: str, key: str, rows: int) -> tuple[list[Run], int]:
+        """Read the key's holders then its oldest waiters, ``rows`` at most, and
+        the number of untracked holders of an older release (S5, S12)."""
+        runs = self._runs().for_key(workflow_name, key)
+        legacy = (
+            runs.filter(RunQuerySet.legacy_q()).order_by().values("singleton_key").annotate(n=Count("pk")).values("n")
+        )
+        front = list(self._locking(runs.queue_front().annotate(legacy=Coalesce(Subquery(legacy), 0)))[:rows])
+        return front, (front[0].legacy if front else 0)  # type: ignore[attr-defined]
+
+    def _limit(self, workflow_name: str, key_row: Mapping[str, Any], limits: Limits, stored: int | None) -> int:
+        return effective_limit(limits.get(workflow_name, stored), key_row["limit_override"])
+
+    def _grant(
+        self, workflow_name: str, key: str, key_row: dict[str, Any], limits: Limits, *, claimant: str | None = None
+    ) -> tuple[list[RunRecord], Run | None, int, Run | None]:
+        """Give the key's free slots to its oldest waiters, under the key's lock (S5, S7, K1).
+
+        Returns the granted waiters (other than ``claimant``); the claimant's
+        row if it is at the front of the queue without a free slot (for its
+        retry delay); the claimant's token if it was admitted (0 if not); and
+        the claimant's row if another claim granted it a slot meanwhile. Each
+        grant is a compare-and-set on the waiter as read.
+        """
+        limit = self._limit(workflow_name, key_row, limits, None)
+        front, legacy = self._front(workflow_name, key, 2 * limit)
+        stored = [r.singleton_limit for r in front if r.singleton_limit]
+        if workflow_name not in limits and key_row["limit_override"] is None and stored:
+            limit = effective_limit(max(stored))
+        holders = sum(1 for r in front if r.singleton_slot == SlotState.HOLDER) + legacy
+        waiters = [r for r in front if r.singleton_slot == SlotState.WAITER]
+        free = 0 if key_row["paused"] else max(limit - holders, 0)
+        token = key_row["last_token"]
+        granted: list[RunRecord] = []
+        claimant_token = 0
+        claimant_front = next((r for r in waiters[:limit] if r.run_id == claimant), None)
+        claimant_holder = next(
+            (r for r in front if r.run_id == claimant and r.singleton_slot == SlotState.HOLDER), None
+        )
+        runs = self._runs()
+        for row in waiters[:free]:
+            token += 1
+            if row.run_id == claimant:
+                claimant_token = token
+                continue
+            if runs.filter(
+                pk=row.run_id, status=row.status, singleton_slot=SlotState.WAITER, cancel_requested=False
+            ).update(
+                singleton_slot=SlotState.HOLDER,
+                singleton_tracked=True,
+                fencing_token=token,
+                admitted_at=DbNow(),
+                wake_at=db_now_plus(self.redelivery_seconds),
+                updated_at=DbNow(),
+            ):
+                now = timezone.now()
+                granted.append(record_of(row).evolve(admitted=True, tracked=True, fencing_token=token, admitted_at=now))
+        if token != key_row["last_token"]:
+            SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
+        return granted, claimant_front, claimant_token, claimant_holder
+
+    # -- starting ----------------------------------------------------------------
     def create_run(
         self, run: RunRecord, *, cap: int | None, cap_namespace: str | None = None
     ) -> tuple[RunRecord, bool]:
         """Insert ``run``; a duplicate ``run_id`` returns the existing run (R3).
 
         Without a cap this is one INSERT (in a savepoint inside a caller's
-        transaction), and the key's lock row is left to the first claim, so a
-        start inside a long user transaction never blocks other starts of a new
-        key on its unique index (F3). With a cap, the count and the insert are
-        serialized on the key's lock (S15, F5).
+        transaction), and the key's lock row is left to the first claim. With a
+        cap, the key's lock is taken first; then, under it, the existence
+        check, the count and the insert, so a racing start of the same
+        ``run_id`` gets the winner's run and never a full-queue error (R3, S15,
+        S16, S13a).
         """
-        db = self.db
         capped = run.singleton_key is not None and cap is not None
 
         def create() -> tuple[RunRecord, bool]:
-            if not capped and not connections[db].in_atomic_block:
+            if not capped and not connections[self.db].in_atomic_block:
                 self._insert(run)
                 return run, True
-            with transaction.atomic(using=db):
+            with transaction.atomic(using=self.db):
                 if capped:
                     assert run.singleton_key is not None and cap is not None
-                    existing = self._runs().filter(pk=run.run_id).first()
+                    self._lock_key(run.workflow_name, run.singleton_key)
+                    existing = self._locking(self._runs().filter(pk=run.run_id)).first()
                     if existing is not None:
-                        return _record(existing), False
-                    self._lock_key(run.workflow_name, run.singleton_key, run.singleton_limit)
-                    count = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace)
-                    if count >= cap:
-                        limit = run.singleton_limit or 1
-                        raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - limit)
+                        return record_of(existing), False
+                    if self._count_active(run.workflow_name, run.singleton_key, cap_namespace, cap) >= cap:
+                        raise SingletonQueueFullError(
+                            run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1)
+                        )
                 self._insert(run)
                 return run, True
 
@@ -205,10 +329,41 @@ class DjangoStore:
             existing = self._runs().filter(pk=run.run_id).first()
             if existing is None:
                 raise
-            return _record(existing), False
+            return record_of(existing), False
 
-    def _insert(self, run: RunRecord) -> None:
-        self._runs().create(
+    def create_runs(
+        self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
+    ) -> list[tuple[RunRecord, bool] | BaseException]:
+        """Insert a batch: runs without a cap in one INSERT (existing ids are
+        returned, R3); capped runs one by one under their key's lock (S15)."""
+        results: dict[int, tuple[RunRecord, bool] | BaseException] = {}
+        plain = [(i, r) for i, r in enumerate(runs) if r.singleton_key is None or caps.get(r.workflow_name) is None]
+        for i, run in enumerate(runs):
+            if (i, run) not in plain:
+                try:
+                    results[i] = self.create_run(run, cap=caps.get(run.workflow_name), cap_namespace=cap_namespace)
+                except Exception as exc:  # reported per run, as a single start would raise it
+                    results[i] = exc
+        if plain:
+            ids = [r.run_id for _, r in plain]
+            existing = {row.run_id: row for row in self._runs().filter(pk__in=ids)}
+            fresh: dict[str, tuple[int, RunRecord]] = {}
+            for i, run in plain:
+                if run.run_id in existing:
+                    results[i] = (record_of(existing[run.run_id]), False)
+                elif run.run_id in fresh:
+                    results[i] = (fresh[run.run_id][1], False)
+                else:
+                    fresh[run.run_id] = (i, run)
+            if fresh:
+                self._runs().bulk_create([self._row(r) for _, r in fresh.values()], ignore_conflicts=True)
+                stored = set(self._runs().filter(pk__in=list(fresh)).values_list("pk", flat=True))
+                for run_id, (i, run) in fresh.items():
+                    results[i] = (run, True) if run_id in stored else (self.get_run(run_id) or run, False)
+        return [results[i] for i in range(len(runs))]
+
+    def _row(self, run: RunRecord) -> Run:
+        return Run(
             run_id=run.run_id,
             workflow_name=run.workflow_name,
             workflow_version=run.workflow_version,
@@ -218,7 +373,7 @@ class DjangoStore:
             tags=list(run.user_tags),
             singleton_key=run.singleton_key,
             singleton_limit=run.singleton_limit,
-            singleton_slot="waiter" if run.singleton_key is not None and run.tracked else None,
+            singleton_slot=SlotState.WAITER if run.singleton_key is not None and run.tracked else None,
             singleton_tracked=run.tracked,
             created_at=run.created_at,
             updated_at=run.updated_at,
@@ -228,23 +383,22 @@ class DjangoStore:
             park_reason=run.park_reason,
         )
 
+    def _insert(self, run: RunRecord) -> None:
+        self._row(run).save(using=self.db, force_insert=True)
+
     def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
         """Tell whether the key already has ``limit`` holders and ``limit`` waiters (S8a).
 
         One index read of at most ``2 * limit`` rows, whatever the queue's length.
         """
         slots = list(
-            self._runs()
-            .for_key(workflow_name, key)
-            .filter(singleton_slot__isnull=False)
-            .order_by("singleton_slot", "created_at", "run_id")
-            .values_list("singleton_slot", flat=True)[: 2 * limit]
+            self._runs().for_key(workflow_name, key).queue_front().values_list("singleton_slot", flat=True)[: 2 * limit]
         )
-        return slots.count("holder") >= limit and slots.count("waiter") >= limit
+        return slots.count(SlotState.HOLDER) >= limit and slots.count(SlotState.WAITER) >= limit
 
     def get_run(self, run_id: str) -> RunRecord | None:
         row = self._runs().filter(pk=run_id).first()
-        return _record(row) if row is not None else None
+        return record_of(row) if row is not None else None
 
     def delete_run(self, run_id: str) -> RunRecord | None:
         """Delete a run with its steps and signals; return what was deleted."""
@@ -253,335 +407,186 @@ class DjangoStore:
             if row is None:
                 return None
             row.delete()
-            return _record(row)
+            return record_of(row)
 
-    def claim_run(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> ClaimResult:
-        row = self._runs().filter(pk=run_id).first()
-        if row is None or row.status not in ACTIVE_STATUSES:
-            return ClaimResult(None)
-        recovered = False
-        if row.status == "running":
-            if row.lease_expires_at is not None and row.lease_expires_at > now:
-                return ClaimResult(None)
-            recovered = row.lease_owner is not None
-        changes: dict[str, Any] = {
-            "status": "running",
+    # -- a turn ------------------------------------------------------------------
+    def _read_for_turn(self, run_id: str) -> tuple[Run | None, bool]:
+        """Read the run and whether its lease expired on the database's clock."""
+        expired = Case(
+            When(lease_expires_at__lte=DbNow(), then=Value(True)), default=Value(False), output_field=BooleanField()
+        )
+        row = self._runs().filter(pk=run_id).annotate(lease_expired=expired).first()
+        return row, bool(row is not None and row.lease_expired)  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _as_read(row: Run) -> Q:
+        """The compare of a claim: the run is still as this turn read it (R5a, R6)."""
+        cas = Q(pk=row.run_id, status=row.status, attempts=row.attempts)
+        if row.status == RunStatus.RUNNING:
+            cas &= Q(lease_owner=row.lease_owner, lease_expires_at__lte=DbNow())
+        return cas
+
+    def begin_turn(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        lease_seconds: float,
+        limits: Limits,
+        max_recoveries: int,
+        retry: RetryPolicy,
+        known: RunRecord | None = None,
+    ) -> Turn:
+        """Take the lease and admit or park the run in one transaction (S4, S5, R5, R6).
+
+        ``known`` is the run as this process just granted it (a handoff): its
+        claim is then a confirmation without a first read.
+        """
+        if known is not None and known.admitted and known.is_parked:
+            row: Run | None = self._row(known)
+            assert row is not None
+            row.attempts, row.singleton_slot, row.fencing_token = known.attempts, SlotState.HOLDER, known.fencing_token
+            row.step_count, row.started_at, row.recoveries = known.step_count, known.started_at, known.recoveries
+            row.cancel_requested, row.singleton_tracked = known.cancel_requested, known.tracked
+            expired = False
+        else:
+            row, expired = self._read_for_turn(run_id)
+        if row is None:
+            return Turn(TurnState.SKIPPED)
+        record = record_of(row)
+        if row.status in TERMINAL_STATUSES or (row.status == RunStatus.RUNNING and not expired):
+            return Turn(TurnState.SKIPPED, record)
+        recovered = row.status == RunStatus.RUNNING
+        if row.cancel_requested:
+            done = self._finish(record, self._as_read(row), RunStatus.CANCELLED, None, CANCELLED_ERROR, limits)
+            return Turn(
+                TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
+            )
+        if recovered and row.recoveries >= max_recoveries:
+            error = {"code": "max_recoveries", "message": f"lease expired {row.recoveries + 1} times"}
+            done = self._finish(record, self._as_read(row), RunStatus.DEAD, None, error, limits)
+            return Turn(
+                TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
+            )
+        take = {
+            "status": RunStatus.RUNNING,
             "lease_owner": owner,
-            "lease_expires_at": now + timedelta(seconds=lease_seconds),
+            "lease_expires_at": db_now_plus(lease_seconds),
             "wake_at": None,
             "attempts": row.attempts + 1,
             "recoveries": row.recoveries + (1 if recovered else 0),
-            "updated_at": now,
+            "started_at": Coalesce(F("started_at"), DbNow()),
+            "updated_at": DbNow(),
         }
-        if row.started_at is None:
-            changes["started_at"] = now
-        if not self._write_claim(run_id, row.status, row.attempts, row.lease_expires_at, changes):
-            return ClaimResult(None)
-        for name, value in changes.items():
-            setattr(row, name, value)
-        return ClaimResult(_record(row), recovered=recovered)
-
-    def _write_claim(
-        self, run_id: str, status: str, attempts: int, lease_expires_at: datetime | None, changes: dict[str, Any]
-    ) -> bool:
-        """Compare-and-set on (status, attempts, lease expiry): attempts grows
-        with every claim, so exactly one of two racing callers wins (R6), and a
-        renewal that lands between the read and the write voids a takeover (R5).
-        A takeover also needs the lease expired by the database's clock."""
-        runs = self._runs().filter(pk=run_id, status=status, attempts=attempts, lease_expires_at=lease_expires_at)
-        if status == "running":
-            runs = runs.filter(lease_expires_at__lte=Now())
-        return bool(runs.update(**changes))
-
-    def _leased(self, run_id: str, owner: str) -> Any:
-        """The run, if ``owner`` holds an unexpired lease on it by the database's clock (R5)."""
-        return self._runs().filter(pk=run_id, status="running", lease_owner=owner, lease_expires_at__gt=Now())
-
-    def renew_lease(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> bool:
-        """Extend the lease if ``owner`` still holds it, unexpired, on a running run (R5).
-
-        An expired lease is never renewed: its holder is fenced from then on,
-        whether or not another worker took the run over yet.
-        """
-        return bool(
-            self._leased(run_id, owner).update(lease_expires_at=now + timedelta(seconds=lease_seconds), updated_at=now)
+        now = timezone.now()
+        taken = record.evolve(
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            wake_at=None,
+            attempts=row.attempts + 1,
+            recoveries=row.recoveries + (1 if recovered else 0),
+            started_at=row.started_at or now,
         )
-
-    def check_boundary(self, run_id: str, owner: str, lease_seconds: float, now: datetime) -> str:
-        """Renew the lease at a step boundary; return "ok", "cancelled" or "fenced" (R5, D6)."""
-        expires = now + timedelta(seconds=lease_seconds)
-        if self._leased(run_id, owner).filter(cancel_requested=False).update(lease_expires_at=expires, updated_at=now):
-            return "ok"
-        if self._leased(run_id, owner).filter(cancel_requested=True).exists():
-            return "cancelled"
-        return "fenced"
-
-    def update_fields(self, run_id: str, owner: str, now: datetime, **changes: Any) -> bool:
-        """Apply ``changes`` to a running run leased by ``owner``; False if fenced."""
-        return bool(
-            self._runs().filter(pk=run_id, status="running", lease_owner=owner).update(updated_at=now, **changes)
+        is_holder = row.singleton_slot == SlotState.HOLDER or (
+            row.singleton_key is not None and not row.singleton_tracked and row.attempts > 0
         )
+        if row.singleton_key is None or is_holder:
+            # No admission needed: a plain run, or a holder's confirmation (S6).
+            if row.singleton_key is not None:
+                take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
+            if not self._runs().filter(self._as_read(row)).update(**take):
+                return Turn(TurnState.SKIPPED, record)
+            return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
+        return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry))
 
-    def settle(
-        self, run_id: str, owner: str | None, status: str, now: datetime, *, output: Any = None, error: Any = None
-    ) -> bool:
-        runs = self._runs().filter(pk=run_id, status__in=ACTIVE_STATUSES)
-        if owner is not None:
-            runs = runs.filter(status="running", lease_owner=owner)
-        return bool(runs.update(**_terminal_fields(status, now, output, error)))
+    def _admit(
+        self,
+        row: Run,
+        record: RunRecord,
+        taken: RunRecord,
+        take: dict[str, Any],
+        recovered: bool,
+        limits: Limits,
+        retry: RetryPolicy,
+    ) -> Turn:
+        """Admit or park a waiter, under its key's lock (S5, S9, S12, K1)."""
+        assert row.singleton_key is not None
+        runs = self._runs()
+        with transaction.atomic(using=self.db):
+            key_row = self._lock_key(row.workflow_name, row.singleton_key)
+            if not row.singleton_tracked:
+                # A run of an older release that never ran joins the queue (S12).
+                if not runs.filter(self._as_read(row)).update(singleton_slot=SlotState.WAITER, singleton_tracked=True):
+                    return Turn(TurnState.SKIPPED, record)
+            granted, front, token, holder = self._grant(
+                row.workflow_name, row.singleton_key, key_row, limits, claimant=row.run_id
+            )
+            if holder is not None:
+                # Another claim granted this run its slot meanwhile: this claim is a confirmation (S6).
+                take.update(attempts=holder.attempts + 1, recoveries=holder.recoveries)
+                if holder.status == RunStatus.RUNNING or not runs.filter(self._as_read(holder)).update(**take):
+                    return Turn(TurnState.SKIPPED, record, granted=tuple(granted))
+                run = record_of(holder).evolve(
+                    status=RunStatus.RUNNING,
+                    lease_owner=taken.lease_owner,
+                    lease_expires_at=taken.lease_expires_at,
+                    wake_at=None,
+                    attempts=holder.attempts + 1,
+                    started_at=holder.started_at or taken.started_at,
+                )
+                return Turn(TurnState.RUN, run, recovered=False, granted=tuple(granted))
+            if token:
+                take.update(
+                    singleton_slot=SlotState.HOLDER, singleton_tracked=True, fencing_token=token, admitted_at=DbNow()
+                )
+                if runs.filter(self._as_read(row), singleton_slot=SlotState.WAITER, cancel_requested=False).update(
+                    **take
+                ):
+                    run = taken.evolve(admitted=True, tracked=True, fencing_token=token, admitted_at=timezone.now())
+                    return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(granted))
+                transaction.set_rollback(True, using=self.db)  # changed under us: grant nothing (R5a)
+                return Turn(TurnState.SKIPPED, record)
+            parked = self._park_waiter(row, retry.seconds if front is not None else retry.backlog_seconds, retry)
+            return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))
 
-    def park(
-        self, run_id: str, owner: str, status: str, now: datetime, *, wake_at: datetime | None, reason: str = ""
-    ) -> bool:
+    def _park_waiter(self, row: Run, seconds: float, retry: RetryPolicy) -> bool:
+        """Park a denied waiter with its retry ``wake_at``, inside the claim (S5 step 5)."""
         return bool(
             self._runs()
-            .filter(pk=run_id, status="running", lease_owner=owner)
+            .filter(self._as_read(row), cancel_requested=False)
             .update(
-                status=status,
-                wake_at=wake_at,
-                park_reason=reason[:191],
+                status=RunStatus.SUSPENDED,
+                attempts=row.attempts + 1,
+                wake_at=db_now_plus(retry_delay(seconds, retry.jitter)),
                 lease_owner=None,
                 lease_expires_at=None,
-                updated_at=now,
+                park_reason="singleton",
+                updated_at=DbNow(),
             )
         )
 
-    def request_cancel(self, run_id: str, now: datetime) -> RunRecord | None:
-        def cancel() -> RunRecord | None:
-            with transaction.atomic(using=self.db):
-                row = self._runs().select_for_update().filter(pk=run_id).first()
-                if row is None or row.status not in ACTIVE_STATUSES:
-                    return _record(row) if row is not None else None
-                if row.status == "running":
-                    changes: dict[str, Any] = {"cancel_requested": True, "updated_at": now}
-                else:
-                    changes = _terminal_fields("cancelled", now, None, {"code": "cancelled", "message": "cancelled"})
-                    changes["cancel_requested"] = True
-                self._runs().filter(pk=run_id).update(**changes)
-                for name, value in changes.items():
-                    setattr(row, name, value)
-                return _record(row)
-
-        return self._retrying(cancel)
-
-    def reset_for_retry(
-        self, run_id: str, now: datetime, redelivery_seconds: float = 5.0, deadline_at: datetime | None = None
-    ) -> RunRecord | None:
-        """Put a failed or dead run back to ``pending``, through admission again,
-        with its stored key and no marker (D9)."""
-        row = self._runs().filter(pk=run_id, status__in=("failed", "dead")).first()
-        if row is None:
-            return None
-        changes = {
-            "status": "pending",
-            "error": None,
-            "output": None,
-            "singleton_slot": "waiter" if row.singleton_key is not None else None,
-            "singleton_tracked": row.singleton_key is not None,
-            "wake_at": now + timedelta(seconds=redelivery_seconds),
-            "recoveries": 0,
-            "finished_at": None,
-            "cancel_requested": False,
-            "deadline_at": deadline_at,
-            "admitted_at": None,
-            "updated_at": now,
-        }
-        if not self._runs().filter(pk=run_id, status=row.status).update(**changes):
-            return None
-        for name, value in changes.items():
-            setattr(row, name, value)
-        return _record(row)
-
-    # -- admission ---------------------------------------------------------
-    def try_admit_singleton(
-        self, run_id: str, owner: str, limit: int, now: datetime, *, workflow_name: str, key: str
-    ) -> AdmissionResult:
-        """Claim a slot for ``run_id`` or park it, atomically (S5, S9, S13).
-
-        In one transaction: lock the key row, then the run row; give up if the
-        run is no longer ours and running (a cancel is never undone); count the
-        holders; admit the run if it is among the oldest ``limit - holders``
-        waiters by (``created_at``, ``run_id``); otherwise park it
-        ``suspended`` with a retry ``wake_at`` and release the lease. The
-        first ``limit`` waiters retry after about 1 s; waiters further back
-        wait for the push and the tick's catch-up (S8a).
-        """
-
-        def claim() -> AdmissionResult:
-            with transaction.atomic(using=self.db):
-                key_row = self._lock_key(workflow_name, key, limit)
-                if key_row is not None and key_row.limit != limit:
-                    SingletonKey.objects.using(self.db).filter(pk=key_row.pk).update(limit=limit)
-                runs = self._runs()
-                row = (
-                    runs.select_for_update()
-                    .filter(pk=run_id)
-                    .values(
-                        "status", "lease_owner", "singleton_slot", "singleton_tracked", "cancel_requested", "attempts"
-                    )
-                    .first()
-                )
-                if row is None or row["status"] != "running" or row["lease_owner"] != owner:
-                    return AdmissionResult.GONE
-                if row["cancel_requested"]:
-                    return AdmissionResult.GONE  # a cancel landed during the claim: never undone (S9)
-                if row["singleton_slot"] == "holder":
-                    return AdmissionResult.ADMITTED  # a holder's later checks are confirmations (S6)
-                if not row["singleton_tracked"]:
-                    # A run of an older release (S12): one that had run before this
-                    # claim holds a slot already; one that never ran joins the queue.
-                    slot = "holder" if row["attempts"] > 1 else "waiter"
-                    runs.filter(pk=run_id).update(
-                        singleton_slot=slot,
-                        singleton_tracked=True,
-                        admitted_at=now if slot == "holder" else None,
-                        updated_at=now,
-                    )
-                    if slot == "holder":
-                        return AdmissionResult.ADMITTED
-                queue = runs.for_key(workflow_name, key)
-                holders = queue.filter(singleton_slot="holder").count()
-                holders += (
-                    queue.filter(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES).exclude(pk=run_id).count()
-                )
-                free = limit - holders
-                front = list(queue.waiting().values_list("run_id", flat=True)[: max(free, limit)])
-                if run_id in front[: max(free, 0)]:
-                    runs.filter(pk=run_id).update(
-                        singleton_slot="holder", singleton_tracked=True, admitted_at=now, updated_at=now
-                    )
-                    return AdmissionResult.ADMITTED
-                seconds = self.admission_retry_seconds if run_id in front[:limit] else self.backlog_retry_seconds
-                self._park_denied(
-                    run_id, now + timedelta(seconds=retry_delay(seconds, self.admission_retry_jitter)), now
-                )
-                return AdmissionResult.PARKED
-
-        return self._retrying(claim)
-
-    def _park_denied(self, run_id: str, wake_at: datetime, now: datetime) -> None:
-        """Park a denied run, inside the claim's transaction (S5 step 5)."""
-        self._runs().filter(pk=run_id).update(
-            status="suspended",
-            wake_at=wake_at,
-            lease_owner=None,
-            lease_expires_at=None,
-            park_reason="singleton",
-            updated_at=now,
-        )
-
-    def wake_singleton_waiters(self, workflow_name: str, key: str, limit: int, now: datetime) -> list[str]:
-        """Make the key's oldest ``limit`` waiters due now (S7).
-
-        Takes the key's lock first, so a release is serialized with a claim
-        that is parking a waiter: the waiter's park is committed before the
-        release reads the queue, and no wake-up is lost (F6).
-        """
-
-        def wake() -> list[str]:
-            with transaction.atomic(using=self.db):
-                self._lock_key(workflow_name, key, None)
-                runs = self._runs()
-                front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:limit])
-                if front:
-                    runs.filter(pk__in=front, status__in=("pending", "suspended")).update(wake_at=now)
-                return front
-
-        return self._retrying(wake)
-
-    def singleton_catch_up(self, now: datetime, limits: dict[str, int]) -> list[str]:
-        runs = self._runs()
-        key_runs = runs.filter(workflow_name=OuterRef("workflow_name"), singleton_key=OuterRef("key"))
-        holders = (
-            key_runs.filter(singleton_slot="holder")
-            .order_by()
-            .values("singleton_key")
-            .annotate(n=Count("pk"))
-            .values("n")
-        )
-        keys = (
-            SingletonKey.objects.using(self.db)
-            .filter(workflow_name__in=list(limits))
-            .annotate(
-                holders=Coalesce(Subquery(holders), 0),
-                has_waiter=Exists(key_runs.filter(singleton_slot="waiter")),
-            )
-            .filter(has_waiter=True, holders__lt=F("limit"))
-            .values_list("workflow_name", "key", "limit", "holders")
-        )
-        woken: list[str] = []
-        for workflow_name, key, key_limit, holder_count in keys:
-            limit = limits.get(workflow_name, key_limit)
-            free = limit - holder_count
-            front = list(runs.for_key(workflow_name, key).waiting().values_list("run_id", flat=True)[:free])
-            if front and runs.filter(pk__in=front, status__in=("pending", "suspended")).filter(
-                Q(wake_at__isnull=True) | Q(wake_at__gt=now)
-            ).update(wake_at=now):
-                woken.extend(front)
-        return woken
-
-    def due_runs(self, now: datetime, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
-        later = now + timedelta(seconds=redelivery_seconds)
-        db = self.db
-        skip_locked = connections[db].features.has_select_for_update_skip_locked
-
-        def take() -> list[str]:
-            with transaction.atomic(using=db):
-                runs = self._runs()
-                parked = runs.due(now).order_by("wake_at")
-                expired = runs.lease_expired(now).order_by("lease_expires_at")
-                if skip_locked:
-                    parked = parked.select_for_update(skip_locked=True)
-                    expired = expired.select_for_update(skip_locked=True)
-                due = list(parked.values_list("run_id", "workflow_name")[:batch])
-                due += list(expired.values_list("run_id", "workflow_name")[: max(batch - len(due), 0)])
-                if due:
-                    runs.filter(pk__in=[run_id for run_id, _ in due]).update(wake_at=later)
-                return due
-
-        return self._retrying(take)
-
-    def overdue_runs(self, now: datetime, batch: int) -> list[str]:
-        """Return active runs whose execution deadline passed (D5)."""
-        return list(
+    def renew_lease(self, run_id: str, owner: str, lease_seconds: float) -> bool:
+        return bool(
             self._runs()
-            .filter(status__in=ACTIVE_STATUSES, deadline_at__lte=now)
-            .values_list("run_id", flat=True)[:batch]
+            .filter(pk=run_id)
+            .leased_by(owner)
+            .update(lease_expires_at=db_now_plus(lease_seconds), updated_at=DbNow())
         )
 
-    # -- reads -------------------------------------------------------------
-    def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
-        rows = (
-            self._runs().for_key(workflow_name, key).filter(status__in=ACTIVE_STATUSES).order_by("created_at", "run_id")
-        )
-        return [_record(r) for r in rows]
-
-    def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
-        """Count the key's active runs, in ``namespace`` if given (S15)."""
-        runs = self._runs().for_key(workflow_name, key).filter(status__in=ACTIVE_STATUSES)
-        if namespace is not None:
-            runs = runs.filter(namespace=namespace)
-        return runs.count()
-
-    def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
-        runs = self._runs().order_by("created_at", "run_id")
-        if workflow_name is not None:
-            runs = runs.filter(workflow_name=workflow_name)
-        if namespace is not None:
-            runs = runs.filter(namespace=namespace)
-        return [_record(r) for r in runs]
-
-    # -- steps and signals -------------------------------------------------
-    def load_steps(self, run_id: str) -> dict[int, StepRecord]:
-        return {
-            s.position: StepRecord(s.position, s.name, s.result, s.started_at, s.finished_at)
-            for s in Step.objects.using(self.db).filter(run_id=run_id)
-        }
+    def check_boundary(self, run_id: str, owner: str, lease_seconds: float) -> str:
+        leased = self._runs().filter(pk=run_id).leased_by(owner)
+        if leased.filter(cancel_requested=False).update(
+            lease_expires_at=db_now_plus(lease_seconds), updated_at=DbNow()
+        ):
+            return "ok"
+        return "cancelled" if leased.filter(cancel_requested=True).exists() else "fenced"
 
     def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
         try:
             with transaction.atomic(using=self.db):
-                if not self._leased(run_id, owner).filter(cancel_requested=False).update(updated_at=step.finished_at):
+                fenced = self._runs().filter(pk=run_id, cancel_requested=False).leased_by(owner)
+                if not fenced.update(step_count=F("step_count") + 1, updated_at=DbNow()):
                     return False
                 Step.objects.using(self.db).create(
                     run_id=run_id,
@@ -595,21 +600,220 @@ class DjangoStore:
         except IntegrityError:
             return False
 
-    def add_signal(self, run_id: str, name: str, payload: Any, now: datetime) -> RunRecord | None:
-        """Buffer a signal for an active run and make a run waiting on it due (D2)."""
+    def load_steps(self, run_id: str) -> dict[int, StepRecord]:
+        return {
+            s.position: StepRecord(s.position, s.name, s.result, s.started_at, s.finished_at)
+            for s in Step.objects.using(self.db).filter(run_id=run_id)
+        }
+
+    def park(self, run_id: str, owner: str, status: str, *, wake_at: datetime | None, reason: str = "") -> str:
+        leased = self._runs().filter(pk=run_id).leased_by(owner)
+        if leased.filter(cancel_requested=False).update(
+            status=status,
+            wake_at=wake_at,
+            park_reason=reason[:191],
+            lease_owner=None,
+            lease_expires_at=None,
+            updated_at=DbNow(),
+        ):
+            return "parked"
+        return "cancelled" if leased.filter(cancel_requested=True).exists() else "fenced"
+
+    def finish(
+        self,
+        run: RunRecord,
+        owner: str | None,
+        status: str,
+        *,
+        output: Any = None,
+        error: Any = None,
+        limits: Limits,
+        expect: Sequence[str] | None = None,
+    ) -> Finish:
+        if owner is not None:
+            cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
+        else:
+            cas = Q(pk=run.run_id, status__in=[s for s in (expect or PARKED_STATUSES) if s != RunStatus.RUNNING])
+        return self._finish(run, cas, status, output, error, limits)
+
+    def _finish(self, run: RunRecord, cas: Q, status: str, output: Any, error: Any, limits: Limits) -> Finish:
+        """Settle by compare-and-set and hand the slot off, in one transaction (S7, S12, R5a)."""
+
+        def settle() -> Finish:
+            with transaction.atomic(using=self.db):
+                key_row = self._lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
+                if not self._runs().filter(cas).update(**_terminal_fields(status, output, error)):
+                    return Finish(None)
+                granted: list[RunRecord] = []
+                if key_row is not None and run.singleton_key is not None:
+                    granted = self._grant(run.workflow_name, run.singleton_key, key_row, limits)[0]
+                return Finish(_settled(run, status, output, error), tuple(granted))
+
+        return self._retrying(settle)
+
+    # -- operator actions ----------------------------------------------------------
+    def request_cancel(self, run_id: str, *, limits: Limits) -> Finish | RunRecord | None:
+        for _ in range(self.claim_retries + 1):
+            run = self.get_run(run_id)
+            if run is None or run.is_terminal:
+                return run
+            if run.status == RunStatus.RUNNING:
+                if (
+                    self._runs()
+                    .filter(pk=run_id, status=RunStatus.RUNNING)
+                    .update(cancel_requested=True, wake_at=DbNow(), updated_at=DbNow())
+                ):
+                    return run.evolve(cancel_requested=True)
+                continue
+            error = CANCELLED_ERROR
+            done = self._finish(run, Q(pk=run_id, status=run.status), RunStatus.CANCELLED, None, error, limits)
+            if done.settled:
+                return done
+        return self.get_run(run_id)
+
+    def reset_for_retry(self, run_id: str, redelivery_seconds: float, deadline_at: datetime | None) -> RunRecord | None:
+        row = self._runs().filter(pk=run_id, status__in=(RunStatus.FAILED, RunStatus.DEAD)).first()
+        if row is None:
+            return None
+        changes: dict[str, Any] = {
+            "status": RunStatus.PENDING,
+            "error": None,
+            "output": None,
+            "singleton_slot": SlotState.WAITER if row.singleton_key is not None else None,
+            "singleton_tracked": row.singleton_key is not None,
+            "recoveries": 0,
+            "finished_at": None,
+            "cancel_requested": False,
+            "deadline_at": deadline_at,
+            "admitted_at": None,
+            "fencing_token": None,
+        }
+        if (
+            not self._runs()
+            .filter(pk=run_id, status=row.status)
+            .update(wake_at=db_now_plus(redelivery_seconds), updated_at=DbNow(), **changes)
+        ):
+            return None
+        for name, value in changes.items():
+            setattr(row, name, value)
+        return record_of(row)
+
+    def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
+        def grant() -> tuple[RunRecord, ...]:
+            with transaction.atomic(using=self.db):
+                return tuple(self._grant(workflow_name, key, self._lock_key(workflow_name, key), limits)[0])
+
+        return self._retrying(grant)
+
+    def add_signal(self, run_id: str, name: str, payload: Any) -> RunRecord | None:
         with transaction.atomic(using=self.db):
             row = self._runs().select_for_update().filter(pk=run_id).first()
             if row is None or row.status not in ACTIVE_STATUSES:
                 return None
-            Signal.objects.using(self.db).create(run_id=run_id, name=name, payload=payload, created_at=now)
-            if row.status in ("suspended", "blocked") and row.park_reason.startswith("signal:"):
-                self._runs().filter(pk=run_id).update(wake_at=now, updated_at=now)
-                row.wake_at = now
-            return _record(row)
+            Signal.objects.using(self.db).create(run_id=run_id, name=name, payload=payload, created_at=timezone.now())
+            if row.status in PARKED_STATUSES and row.park_reason.startswith("signal:"):
+                self._runs().filter(pk=run_id, status=row.status).update(wake_at=DbNow(), updated_at=DbNow())
+                row.wake_at = timezone.now()
+            return record_of(row)
 
     def load_signals(self, run_id: str) -> list[SignalRecord]:
-        """Return the run's buffered signals in the order they were sent."""
         return [
             SignalRecord(s.pk, s.name, s.payload, s.created_at)
             for s in Signal.objects.using(self.db).filter(run_id=run_id).order_by("pk")
         ]
+
+    def children(self, run_id: str) -> list[str]:
+        return list(self._runs().active().filter(parent_run_id=run_id).values_list("run_id", flat=True))
+
+    # -- the tick ------------------------------------------------------------------
+    def _take(self, queryset: Any, order: str, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        """Take a batch, oldest first, pushing each run's next send by the redelivery window (S7a)."""
+        skip_locked = connections[self.db].features.has_select_for_update_skip_locked
+
+        def take() -> list[tuple[str, str]]:
+            with transaction.atomic(using=self.db):
+                rows = queryset.order_by(order)
+                if skip_locked:
+                    rows = rows.select_for_update(skip_locked=True)
+                due = [(str(a), str(b)) for a, b in rows.values_list("run_id", "workflow_name")[:batch]]
+                if due:
+                    queryset.filter(pk__in=[run_id for run_id, _ in due]).update(
+                        wake_at=db_now_plus(redelivery_seconds)
+                    )
+                return due
+
+        return self._retrying(take)
+
+    def due_runs(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        return self._take(self._runs().due(), "wake_at", redelivery_seconds, batch)
+
+    def expired_leases(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        return self._take(self._runs().lease_expired(), "lease_expires_at", redelivery_seconds, batch)
+
+    def overdue_runs(self, batch: int) -> list[RunRecord]:
+        return [record_of(r) for r in self._runs().overdue().order_by("deadline_at")[:batch]]
+
+    def request_timeout_cancel(self, run_id: str) -> bool:
+        return bool(
+            self._runs()
+            .filter(pk=run_id, status=RunStatus.RUNNING, cancel_requested=False)
+            .update(cancel_requested=True, updated_at=DbNow())
+        )
+
+    def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
+        """Grant the free slots of keys that have a waiter and fewer holders than
+        their limit; one query finds them, oldest key first (S8a, S8b)."""
+        if not limits:
+            return ()
+        key_runs = self._runs().filter(workflow_name=OuterRef("workflow_name"), singleton_key=OuterRef("key"))
+        holders = (
+            key_runs.filter(singleton_slot=SlotState.HOLDER)
+            .order_by()
+            .values("singleton_key")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        declared = Case(
+            *[When(workflow_name=name, then=Value(limit)) for name, limit in limits.items()], default=Value(1)
+        )
+        keys = (
+            SingletonKey.objects.using(self.db)
+            .filter(workflow_name__in=list(limits), paused=False)
+            .annotate(
+                holders=Coalesce(Subquery(holders), 0),
+                has_waiter=Exists(key_runs.filter(singleton_slot=SlotState.WAITER)),
+                key_limit=Coalesce("limit_override", declared),
+            )
+            .filter(has_waiter=True, holders__lt=F("key_limit"))
+            .order_by("pk")
+            .values_list("workflow_name", "key")[:batch]
+        )
+        granted: list[RunRecord] = []
+        for workflow_name, key in list(keys):
+            granted.extend(self.release(workflow_name, key, limits=limits))
+        return tuple(granted)
+
+    # -- reads -----------------------------------------------------------------------
+    def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
+        rows = self._runs().for_key(workflow_name, key).active().order_by("created_at", "run_id")
+        return [record_of(r) for r in rows]
+
+    def _count_active(self, workflow_name: str, key: str, namespace: str | None, cap: int) -> int:
+        runs = self._runs().for_key(workflow_name, key).active()
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        return len(list(self._locking(runs.order_by()).values_list("pk", flat=True)[:cap]))
+
+    def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
+        runs = self._runs().for_key(workflow_name, key).active()
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        return int(runs.count())
+
+    def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
+        runs = self._runs().order_by("created_at", "run_id")
+        if workflow_name is not None:
+            runs = runs.filter(workflow_name=workflow_name)
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        return [record_of(r) for r in runs]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from django import template
 
-from ..engine import get_engine
 from ..exceptions import DurableSingletonError
 from ..explain import Explanation
+from ..runtime import get_engine
 
 register = template.Library()
 

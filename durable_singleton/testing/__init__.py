@@ -20,7 +20,8 @@ from typing import Any
 from ..conf import Settings
 from ..definitions import Registry, registry
 from ..dispatch import ManualDispatcher
-from ..engine import Engine, build_store
+from ..engine import Engine
+from ..runtime import build_store
 
 __all__ = ["ManualDispatcher", "make_engine"]
 
@@ -42,6 +43,8 @@ def make_engine(
     conf = Settings.from_mapping({"DISPATCH": "manual", **settings})
     if isinstance(store, str):
         store = build_store(Settings.from_mapping({"DISPATCH": "manual", "STORE": store, **settings}))
+        if clock is not None and hasattr(store, "clock"):
+            store.clock = clock  # the in-memory store's clock is the one clock of its leases (R5)
     dispatcher = ManualDispatcher(store)
     engine = Engine(
         store, dispatcher, registry=registry, namespace=namespace, scope_reads=scope_reads, settings=conf, clock=clock

@@ -42,7 +42,7 @@ def durable_engine() -> Iterator[Engine]:
     from django.conf import settings
     from django.test import override_settings
 
-    from ..engine import get_engine
+    from ..runtime import get_engine
     from . import make_engine
 
     overrides = {**(getattr(settings, "DURABLE_SINGLETON", None) or {}), "STORE": "memory", "DISPATCH": "manual"}

@@ -8,8 +8,8 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
-from durable_singleton.engine import get_engine
 from durable_singleton.exceptions import RunNotFoundError, SingletonQueueFullError, ValidationError
+from durable_singleton.runtime import get_engine
 
 from .workflows import SyncInventory
 

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...engine import get_engine
 from ...exceptions import DurableSingletonError
+from ...runtime import get_engine
 
 
 class Command(BaseCommand):

@@ -28,7 +28,8 @@ from durable_singleton.admission import ACTIVE_STATUSES
 from durable_singleton.conf import get_settings
 from durable_singleton.definitions import registry
 from durable_singleton.dispatch import CeleryDispatcher, ThreadDispatcher
-from durable_singleton.engine import Engine, build_store
+from durable_singleton.engine import Engine
+from durable_singleton.runtime import build_store
 from testproject.demo import live as demo
 from testproject.inventory.models import BodyAudit
 
