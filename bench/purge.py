@@ -115,9 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     from django.db import connection
     from django.utils import timezone
 
-    from durable_singleton.engine import get_engine
     from durable_singleton.models import Run, Signal, Step
     from durable_singleton.retention import CHUNK, purge_finished
+    from durable_singleton.runtime import get_engine
 
     call_command("migrate", verbosity=0)
     Step.objects.all().delete()

@@ -8,6 +8,7 @@ nothing above it; :mod:`durable_singleton.runtime` builds engines from settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -592,10 +593,8 @@ class Engine(AsyncEngineMixin, ExplainMixin):
         self.dispatcher.on_commit(lambda: signals.run_finished.send(sender=Engine, run=run))
         if run.status == RunStatus.CANCELLED:
             for child_id in self.store.children(run.run_id):
-                try:
+                with contextlib.suppress(RunNotFoundError):  # it ended meanwhile
                     self.cancel(child_id)
-                except RunNotFoundError:
-                    pass
         if run.parent_run_id:
             self._wake_parent(run.parent_run_id)
 

@@ -116,8 +116,8 @@ class DatabaseCollector(Collector):
         from django.utils import timezone
 
         from .audit import FindingKind, audit_slots
-        from .engine import get_engine
         from .models import Run
+        from .runtime import get_engine
 
         engine = get_engine()
         db = getattr(engine.store, "db", None)

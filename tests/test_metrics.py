@@ -12,8 +12,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from durable_singleton.engine import Engine, get_engine
+from durable_singleton.engine import Engine
 from durable_singleton.models import Run
+from durable_singleton.runtime import get_engine
 
 prometheus_client = pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

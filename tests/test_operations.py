@@ -17,9 +17,10 @@ from django.utils import timezone
 from durable_singleton import heartbeat
 from durable_singleton.audit import FindingKind
 from durable_singleton.definitions import Registry
-from durable_singleton.engine import Engine, get_engine
+from durable_singleton.engine import Engine
 from durable_singleton.heartbeat import record_tick
 from durable_singleton.models import Heartbeat, Run
+from durable_singleton.runtime import get_engine
 from durable_singleton.testing import make_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -22,9 +22,10 @@ except ImportError:  # pragma: no cover - Django 5.2: on the run list and the ke
     ActionLocation = None  # type: ignore[assignment,misc]
 
 from ..admission import ACTIVE_STATUSES
-from ..engine import Engine, get_engine
+from ..engine import Engine
 from ..exceptions import DurableSingletonError
 from ..models import Run
+from ..runtime import get_engine
 
 StrOrPromise = str | Promise
 

@@ -515,10 +515,11 @@ class DjangoStore(BaseStore):
         runs = self._runs()
         with transaction.atomic(using=self.db):
             key_row = self._lock_key(row.workflow_name, row.singleton_key)
-            if not row.singleton_tracked:
-                # A run of an older release that never ran joins the queue (S12).
-                if not runs.filter(self._as_read(row)).update(singleton_slot=SlotState.WAITER, singleton_tracked=True):
-                    return Turn(TurnState.SKIPPED, record)
+            # A run of an older release that never ran joins the queue (S12).
+            if not row.singleton_tracked and not runs.filter(self._as_read(row)).update(
+                singleton_slot=SlotState.WAITER, singleton_tracked=True
+            ):
+                return Turn(TurnState.SKIPPED, record)
             granted, front, token, holder = self._grant(
                 row.workflow_name, row.singleton_key, key_row, limits, claimant=row.run_id
             )

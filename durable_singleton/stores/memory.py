@@ -96,11 +96,12 @@ class MemoryStore(BaseStore):
             existing = self._runs.get(run.run_id)
             if existing is not None:
                 return existing, False
-            if cap is not None and run.singleton_key is not None:
-                if self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace) >= cap:
-                    raise SingletonQueueFullError(
-                        run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1)
-                    )
+            if (
+                cap is not None
+                and run.singleton_key is not None
+                and self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace) >= cap
+            ):
+                raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1))
             self._runs[run.run_id] = run
             return run, True
 

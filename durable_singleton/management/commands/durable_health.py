@@ -35,7 +35,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print the report as JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from ...engine import get_engine
+        from ...runtime import get_engine
 
         engine = get_engine()
         stale = options["stale_seconds"]

@@ -40,7 +40,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from ...engine import get_engine
+        from ...runtime import get_engine
 
         action = options["action"]
         filters = [options[name] for name in ("workflow", "key", "status", "older_than")]
