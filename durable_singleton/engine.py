@@ -574,7 +574,9 @@ class Engine(AsyncEngineMixin, ExplainMixin):
 
     def _finish(self, run: RunRecord, owner: str, status: str, *, output: Any = None, error: Any = None) -> str:
         """Settle ``run`` by compare-and-set and hand its slot off (R2, R5a, S7)."""
-        done = self.store.finish(run, owner, status, output=output, error=error, limits=self.limits())
+        done = self.store.finish(
+            run, owner, status, output=output, error=error, limits=self.limits(), finished_at=self.now()
+        )
         if not done.settled:
             return Outcome.FENCED
         self._settled(done)

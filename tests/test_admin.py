@@ -454,8 +454,9 @@ def test_the_step_a_holder_is_running_is_shown(admin_client: Client, admin_engin
     SignalFactory(run=holder, name="approve")
     second = Run.objects.get(pk="S-1")
     later = admin_engine.now() + timedelta(minutes=5)
-    assert admin_engine.store.park(
-        "S-1", second.lease_owner, "suspended", admin_engine.now(), wake_at=later, reason="signal:approve"
+    assert (
+        admin_engine.store.park("S-1", second.lease_owner, "suspended", wake_at=later, reason="signal:approve")
+        == "parked"
     )
     key_page = admin_client.get(key_url(WIDE, "store:S")).content.decode()
     text = re.sub(r"<[^>]+>", "", row_of(key_page, "S-0"))

@@ -343,6 +343,7 @@ class BaseStore(ABC):
         error: Any = None,
         limits: Limits,
         expect: Sequence[str] | None = None,
+        finished_at: datetime | None = None,
     ) -> Finish:
         """Settle a run terminal and grant its freed slot, in one transaction (R2, S7, S12).
 
@@ -350,7 +351,8 @@ class BaseStore(ABC):
         only a run whose status is in ``expect`` (default: parked statuses),
         never a running one (R5a). The same write drops the markers; the
         oldest waiters that fit the key's free slots become holders with a
-        fencing token (K1) and are returned, to be dispatched.
+        fencing token (K1) and are returned, to be dispatched. ``finished_at``
+        stamps the run (default: the store's clock).
         """
 
     # -- operator actions --------------------------------------------------------

@@ -7,8 +7,9 @@ front of its queue through the ``ds_run_queue_idx`` index, so it costs the
 same with 10 or 10,000 waiters (S5, S13). On PostgreSQL and MySQL/MariaDB the
 lock is ``select_for_update``; on SQLite, which has no row locks, an UPDATE of
 the key row takes the database write lock before anything is read. On
-MySQL/MariaDB the reads after the lock are locking reads, so they see the
-latest commits at REPEATABLE READ too (S13a).
+MySQL/MariaDB the reads after the lock see the latest commits at REPEATABLE
+READ too: the lock is the transaction's first statement, and inside a
+caller's transaction the reads are locking reads (S13a).
 
 Every write to a run is a compare-and-set on what was read (R5a); lease
 expiry, wake times and deadlines are compared with :class:`DbNow`, the
@@ -107,7 +108,7 @@ def record_of(row: Run) -> RunRecord:
     )
 
 
-def _terminal_fields(status: str, output: Any, error: Any) -> dict[str, Any]:
+def _terminal_fields(status: str, output: Any, error: Any, finished_at: datetime | None = None) -> dict[str, Any]:
     # One write sets the terminal status and drops the markers (S12).
     return {
         "status": status,
@@ -118,7 +119,7 @@ def _terminal_fields(status: str, output: Any, error: Any) -> dict[str, Any]:
         "lease_owner": None,
         "lease_expires_at": None,
         "wake_at": None,
-        "finished_at": DbNow(),
+        "finished_at": finished_at or DbNow(),
         "updated_at": DbNow(),
     }
 
@@ -225,8 +226,17 @@ class DjangoStore(BaseStore):
         raise OperationalError("database is locked: the key row vanished while being locked")
 
     def _locking(self, queryset: Any) -> Any:
-        """On MySQL/MariaDB, read the latest commits whatever the isolation level (S13a)."""
-        return queryset.select_for_update() if self._vendor == "mysql" else queryset
+        """Read the latest commits after the key's lock, whatever the isolation level (S13a).
+
+        Our own transaction's first statement is the key lock, so its later
+        reads see every commit before the lock, at READ COMMITTED and at
+        REPEATABLE READ alike (InnoDB takes the snapshot at the first plain
+        read). Nested in a caller's transaction on MySQL/MariaDB, an earlier
+        read may have fixed the snapshot: there the read is a locking read,
+        which always sees the latest commits.
+        """
+        nested = len(connections[self.db].atomic_blocks) > 1
+        return queryset.select_for_update() if nested and self._vendor == "mysql" else queryset
 
     def _front(self, workflow_name: str, key: str, rows: int) -> tuple[list[Run], int]:
         """Read the key's holders then its oldest waiters, ``rows`` at most, and
@@ -630,25 +640,36 @@ class DjangoStore(BaseStore):
         error: Any = None,
         limits: Limits,
         expect: Sequence[str] | None = None,
+        finished_at: datetime | None = None,
     ) -> Finish:
         if owner is not None:
             cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
         else:
             cas = Q(pk=run.run_id, status__in=[s for s in (expect or PARKED_STATUSES) if s != RunStatus.RUNNING])
-        return self._finish(run, cas, status, output, error, limits)
+        return self._finish(run, cas, status, output, error, limits, finished_at)
 
-    def _finish(self, run: RunRecord, cas: Q, status: str, output: Any, error: Any, limits: Limits) -> Finish:
+    def _finish(
+        self,
+        run: RunRecord,
+        cas: Q,
+        status: str,
+        output: Any,
+        error: Any,
+        limits: Limits,
+        finished_at: datetime | None = None,
+    ) -> Finish:
         """Settle by compare-and-set and hand the slot off, in one transaction (S7, S12, R5a)."""
 
         def settle() -> Finish:
             with transaction.atomic(using=self.db):
                 key_row = self._lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
-                if not self._runs().filter(cas).update(**_terminal_fields(status, output, error)):
+                if not self._runs().filter(cas).update(**_terminal_fields(status, output, error, finished_at)):
                     return Finish(None)
                 granted: list[RunRecord] = []
                 if key_row is not None and run.singleton_key is not None:
                     granted = self._grant(run.workflow_name, run.singleton_key, key_row, limits)[0]
-                return Finish(_settled(run, status, output, error), tuple(granted))
+                settled = _settled(run, status, output, error)
+                return Finish(settled.evolve(finished_at=finished_at or settled.finished_at), tuple(granted))
 
         return self._retrying(settle)
 

@@ -317,6 +317,7 @@ class MemoryStore(BaseStore):
         error: Any = None,
         limits: Limits,
         expect: Sequence[str] | None = None,
+        finished_at: datetime | None = None,
     ) -> Finish:
         with self._critical():
             current = self._leased(run.run_id, owner) if owner is not None else self._runs.get(run.run_id)
