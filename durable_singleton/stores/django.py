@@ -645,7 +645,8 @@ class DjangoStore(BaseStore):
         if owner is not None:
             cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
         else:
-            cas = Q(pk=run.run_id, status__in=[s for s in (expect or PARKED_STATUSES) if s != RunStatus.RUNNING])
+            # Never a running run (its owner settles it, R5a), never a terminal one (R2).
+            cas = Q(pk=run.run_id, status__in=[s for s in (expect or PARKED_STATUSES) if s in PARKED_STATUSES])
         return self._finish(run, cas, status, output, error, limits, finished_at)
 
     def _finish(

@@ -323,8 +323,9 @@ class MemoryStore(BaseStore):
             current = self._leased(run.run_id, owner) if owner is not None else self._runs.get(run.run_id)
             if current is None:
                 return Finish(None)
+            # Never a running run (its owner settles it, R5a), never a terminal one (R2).
             if owner is None and (
-                current.status == RunStatus.RUNNING or current.status not in (expect or PARKED_STATUSES)
+                current.status not in PARKED_STATUSES or current.status not in (expect or PARKED_STATUSES)
             ):
                 return Finish(None)
             return self._settle(current, status, output, error, limits)

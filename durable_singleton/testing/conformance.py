@@ -1,0 +1,283 @@
+"""The store conformance suite: the store contract stated as tests.
+
+Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
+(S5, S9, R6), FIFO admission (S5 step 3), the handoff (S7, S7a), fencing
+(R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
+(D5), cancel (D6) and, for a store without an atomic claim, the fallback
+warning (S14). Subclass :class:`StoreConformance` in a test module and give it
+a ``store`` fixture that returns a fresh, empty store::
+
+    import pytest
+    from durable_singleton.testing.conformance import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        @pytest.fixture
+        def store(self):
+            return MyStore()
+
+A store on a database needs real commits (``pytest.mark.django_db(transaction=True)``
+on the subclass). The suite needs pytest; it is imported only by tests.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from typing import Any
+
+import pytest
+
+from ..definitions import Registry
+from ..engine import Engine
+from ..exceptions import SingletonFallbackWarning, SingletonQueueFullError
+from ..stores.base import BaseStore, TurnState
+from . import make_engine
+
+__all__ = ["StoreConformance"]
+
+LEASE = 0.3  # seconds: short, so the suite can let a lease expire
+
+
+class _Bodies:
+    """Records body entries per key and the highest number running at once."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: dict[str, int] = {}
+        self.highest: dict[str, int] = {}
+        self.entered: list[str] = []
+        self.tokens: list[int | None] = []
+
+    def enter(self, key: str, run_id: str, token: int | None) -> None:
+        with self.lock:
+            self.running[key] = self.running.get(key, 0) + 1
+            self.highest[key] = max(self.highest.get(key, 0), self.running[key])
+            self.entered.append(run_id)
+            self.tokens.append(token)
+
+    def exit(self, key: str) -> None:
+        with self.lock:
+            self.running[key] -= 1
+
+
+class StoreConformance:
+    """The contract every store keeps; subclass it and provide a ``store`` fixture."""
+
+    @pytest.fixture
+    def registry(self) -> Registry:
+        return Registry()
+
+    @pytest.fixture
+    def bodies(self) -> _Bodies:
+        return _Bodies()
+
+    @pytest.fixture
+    def engine(self, store: BaseStore, registry: Registry, bodies: _Bodies) -> Engine:
+        registry.add_step("conformance:step", lambda x: x)
+
+        def body(ctx: Any, input: dict[str, Any]) -> str:
+            key = input["k"]
+            bodies.enter(key, ctx.run_id, ctx.fencing_token)
+            try:
+                ctx.step("conformance:step", input.get("n", 0))
+                return ctx.run_id
+            finally:
+                bodies.exit(key)
+
+        for limit in (1, 2):
+            registry.add(
+                f"conf-{limit}",
+                "1",
+                body,
+                singleton={"key": lambda i: i["k"], "limit": limit, "max_queue_depth": None},
+                timeout=3600,
+            )
+        registry.add("conf-capped", "1", body, singleton={"key": lambda i: i["k"], "max_queue_depth": 2})
+        registry.add("conf-timeout", "1", body, singleton={"key": lambda i: i["k"]}, timeout=LEASE)
+        return make_engine(store, registry=registry, LEASE_SECONDS=LEASE, LEASE_RENEW_SECONDS=LEASE / 3)
+
+    @staticmethod
+    def _turn(engine: Engine, run_id: str, owner: str, lease: float = 30.0) -> Any:
+        return engine.store.begin_turn(
+            run_id,
+            owner,
+            lease_seconds=lease,
+            limits=engine.limits(),
+            max_recoveries=engine.settings.MAX_RECOVERIES,
+            retry=engine._retry_policy(),
+        )
+
+    # -- the claim ------------------------------------------------------------------
+    def test_claim_admits_at_most_limit_holders(self, engine: Engine) -> None:
+        """S5, S6: limit 2 and four waiters: two claims run, two park; a holder's
+        next claim is a confirmation."""
+        for n in range(4):
+            engine.start("conf-2", {"k": "K"}, run_id=f"r{n}")
+        states = [self._turn(engine, f"r{n}", f"w{n}").state for n in range(4)]
+        assert states.count(TurnState.RUN) == 2 and states.count(TurnState.PARKED) == 2
+        holders = [r for r in engine.store.active_runs_for_key("conf-2", "K") if r.admitted]
+        assert sorted(r.run_id for r in holders) == ["r0", "r1"]
+
+    def test_waiters_are_admitted_oldest_first(self, engine: Engine, bodies: _Bodies) -> None:
+        """S5 step 3, S7: whatever order their turns arrive in, runs of a key are
+        admitted by (created_at, run_id), one at a time for limit 1."""
+        for n in range(5):
+            engine.start("conf-1", {"k": "K"}, run_id=f"r{n}")
+        for n in (4, 2, 3, 1, 0):
+            engine.execute(f"r{n}")
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        assert bodies.entered == [f"r{n}" for n in range(5)]
+        assert bodies.highest["K"] == 1
+
+    def test_racing_claims_admit_one(self, engine: Engine, bodies: _Bodies) -> None:
+        """S5, S9, R6: eight turns of one key's runs and duplicate deliveries at
+        once: one body at a time, each body once, every run completes."""
+        for n in range(8):
+            engine.start("conf-1", {"k": "K"}, run_id=f"r{n}")
+        barrier = threading.Barrier(16, timeout=30)
+        errors: list[BaseException] = []
+
+        def racer(i: int) -> None:
+            try:
+                barrier.wait()
+                engine.execute(f"r{i % 8}")
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                engine.close_thread_resources()
+
+        threads = [threading.Thread(target=racer, args=(i,)) for i in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        _settle_all(engine)
+        assert bodies.highest["K"] == 1 and sorted(bodies.entered) == [f"r{n}" for n in range(8)]
+
+    # -- the handoff and the token -----------------------------------------------
+    def test_release_grants_the_oldest_waiter_with_a_larger_token(self, engine: Engine, bodies: _Bodies) -> None:
+        """S7, S7a, K1: a settled holder's slot goes to the oldest waiter in the same
+        write; the waiter is sent once; tokens strictly increase per key."""
+        for n in range(3):
+            engine.start("conf-1", {"k": "K"}, run_id=f"r{n}")
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        assert engine.execute("r2") == "parked"
+        assert engine.execute("r1") == "parked"
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        assert engine.execute("r0") == "completed"
+        assert list(engine.dispatcher.queue) == ["r1"]  # type: ignore[attr-defined]
+        assert engine.get("r1").admitted and not engine.get("r2").admitted
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        tokens = [t for t in bodies.tokens]
+        assert bodies.entered == ["r0", "r1", "r2"]
+        assert all(t is not None for t in tokens) and tokens == sorted(tokens) and len(set(tokens)) == 3
+
+    # -- fencing ---------------------------------------------------------------------
+    def test_a_taken_over_lease_fences_every_write(self, engine: Engine) -> None:
+        """R5, R5a, D4: once a lease expired and another executor took the run, the
+        first executor's renewal, step, park and settle are all refused."""
+        engine.start("conf-1", {"k": "K"}, run_id="A")
+        first = self._turn(engine, "A", "slow", lease=LEASE)
+        assert first.state is TurnState.RUN
+        time.sleep(LEASE + 0.2)
+        second = self._turn(engine, "A", "fast")
+        assert second.state is TurnState.RUN and second.recovered
+        store = engine.store
+        assert not store.renew_lease("A", "slow", 30)
+        assert store.check_boundary("A", "slow", 30) == "fenced"
+        from ..stores.base import StepRecord
+
+        step = StepRecord(0, "conformance:step", 1, engine.now(), engine.now())
+        assert not store.save_step("A", "slow", step)
+        assert store.park("A", "slow", "suspended", wake_at=engine.now(), reason="sleep") == "fenced"
+        run = engine.get("A")
+        assert not store.finish(run, "slow", "completed", limits=engine.limits()).settled
+        assert store.finish(run, "fast", "completed", limits=engine.limits()).settled
+        assert engine.get("A").status == "completed"
+
+    def test_a_terminal_run_never_changes(self, engine: Engine) -> None:
+        """R2: settles are compare-and-set: a completed run is not settled again,
+        not claimed, not cancelled."""
+        engine.start("conf-1", {"k": "K"}, run_id="A")
+        assert engine.execute("A") == "completed"
+        run = engine.get("A")
+        assert not engine.store.finish(run, None, "failed", limits=engine.limits(), expect=("completed",)).settled
+        assert self._turn(engine, "A", "late").state is TurnState.SKIPPED
+        assert engine.cancel("A").status == "completed"
+
+    # -- the cap ---------------------------------------------------------------------
+    def test_the_queue_cap_counts_active_runs_and_ids_dedupe_first(self, engine: Engine) -> None:
+        """S15, S16, R3: limit 1 + depth 2 admits three starts; the fourth is
+        refused and writes nothing; a start of an existing id returns it."""
+        for n in range(3):
+            engine.start("conf-capped", {"k": "K"}, run_id=f"c{n}")
+        with pytest.raises(SingletonQueueFullError):
+            engine.start("conf-capped", {"k": "K"}, run_id="c3")
+        assert engine.store.get_run("c3") is None
+        assert engine.start("conf-capped", {"k": "K"}, run_id="c0").run_id == "c0"
+        assert engine.start("conf-capped", {"k": "other"}, run_id="o0").singleton_key == "other"
+
+    # -- recovery, timeouts, cancel --------------------------------------------------
+    def test_an_expired_holder_is_redriven_and_keeps_its_slot(self, engine: Engine, bodies: _Bodies) -> None:
+        """S10, D4: a holder whose worker died keeps its slot while its lease is
+        live; the tick re-drives it after expiry, before the waiter runs."""
+        engine.start("conf-1", {"k": "K"}, run_id="A")
+        engine.start("conf-1", {"k": "K"}, run_id="B")
+        assert self._turn(engine, "A", "dead-worker", lease=LEASE).state is TurnState.RUN
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        assert engine.execute("B") == "parked"
+        time.sleep(LEASE + 0.2)
+        report = engine.tick()
+        assert "A" in report.recovered
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        _settle_all(engine)
+        assert bodies.entered == ["A", "B"] and engine.get("A").recoveries == 1
+
+    def test_a_timeout_settles_a_parked_run_and_stops_a_running_one(self, engine: Engine) -> None:
+        """D5, R5a: an overdue parked run is settled cancelled (execution_timeout)
+        and its slot handed off; an overdue running run is only asked to stop."""
+        engine.start("conf-timeout", {"k": "K"}, run_id="A")
+        engine.start("conf-timeout", {"k": "K"}, run_id="B")
+        assert self._turn(engine, "A", "w").state is TurnState.RUN
+        time.sleep(LEASE + 0.2)
+        report = engine.tick()
+        assert set(report.timed_out) == {"A", "B"}
+        assert engine.get("A").status == "running" and engine.get("A").cancel_requested
+        b = engine.get("B")
+        assert b.status == "cancelled" and b.error["code"] == "execution_timeout"
+
+    def test_cancel_settles_a_parked_run_and_hands_its_slot_off(self, engine: Engine) -> None:
+        """D6, S7, F11: cancelling the head waiter passes the next slot on; a
+        cancelled run is never admitted."""
+        for n in range(3):
+            engine.start("conf-1", {"k": "K"}, run_id=f"r{n}")
+        assert self._turn(engine, "r0", "w").state is TurnState.RUN
+        engine.cancel("r1")
+        assert engine.get("r1").status == "cancelled"
+        run = engine.get("r0")
+        done = engine.store.finish(run, "w", "completed", limits=engine.limits())
+        assert [r.run_id for r in done.granted] == ["r2"]
+
+    def test_a_store_without_an_atomic_claim_warns_once(self, engine: Engine) -> None:
+        """S14: a store that sets ``supports_atomic_admission = False`` gets the
+        scan fallback and one SingletonFallbackWarning per engine."""
+        if engine.store.supports_atomic_admission:
+            pytest.skip("this store claims atomically: the fallback does not apply")
+        engine.start("conf-1", {"k": "K"}, run_id="a")
+        engine.start("conf-1", {"k": "K"}, run_id="b")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.execute("a")
+            engine.execute("b")
+        assert len([w for w in caught if issubclass(w.category, SingletonFallbackWarning)]) == 1
+
+
+def _settle_all(engine: Engine, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while any(not r.is_terminal for r in engine.store.list_runs()):
+        assert time.monotonic() < deadline, "runs did not finish"
+        engine.tick()
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        time.sleep(0.02)
