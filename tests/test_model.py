@@ -1,0 +1,321 @@
+"""A stateful model-based test of the turn protocol (issue #8), with hypothesis.
+
+Random interleavings of start, turn (claim), a holder's step, sleep and wake,
+a signal, cancel, execution timeout, a worker crash with lease expiry and the
+takeover, the tick, a limit change between deploys, and the holder's settle,
+run against the real store (in memory, and the Django store on the DATABASE_URL
+database). A small reference model keeps what the store must agree with.
+
+Invariants after every step:
+
+* at most ``limit`` holders per key, counting the limit in force when each
+  holder was admitted (a lowered limit never evicts, K2, S8b);
+* admission is FIFO among the key's waiters (S5 step 3);
+* no body of a cancelled run resumes (D6, F13);
+* fencing tokens strictly increase per key in admission order (K1);
+* at the end, once the holders finish, every waiter is admitted and every run
+  ends (S7, S8).
+
+Bodies are driven step by step by the state machine: a "turn" claims through
+the store (``begin_turn``), and the body's later writes are the store's fenced
+calls, so each rule is one atomic store call, as in a worker.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import os
+
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from durable_singleton.definitions import Registry
+from durable_singleton.stores.base import StepRecord, TurnState
+from durable_singleton.stores.django import DjangoStore
+from durable_singleton.stores.memory import MemoryStore
+from durable_singleton.testing import make_engine
+
+KEYS = ("A", "B")
+EXAMPLES = 25
+STEPS = 40
+
+
+class Clock:
+    """The memory store's clock, moved by the machine (lease expiry, wake times)."""
+
+    def __init__(self) -> None:
+        from django.utils import timezone
+
+        self.now = timezone.now()
+
+    def __call__(self) -> Any:
+        return self.now
+
+
+class TurnProtocol(RuleBasedStateMachine):
+    """The machine; ``make_store`` is set by the test that runs it."""
+
+    make_store: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.store = self.make_store(self.clock)
+        self.registry = Registry()
+        self.limit = 2
+        self._declare(self.limit)
+        self.engine = make_engine(
+            self.store, registry=self.registry, clock=self.clock if isinstance(self.store, MemoryStore) else None
+        )
+        self.created: list[str] = []
+        self.key_of: dict[str, str] = {}
+        self.owner: dict[str, str] = {}  # run -> owner of the turn this machine is "executing"
+        self.admitted_order: dict[str, list[str]] = {k: [] for k in KEYS}
+        self.tokens: dict[str, list[int]] = {k: [] for k in KEYS}
+        self.limit_at_admission: dict[str, int] = {}
+        self.cancelled_seen: set[str] = set()
+        self.n = 0
+
+    def _declare(self, limit: int) -> None:
+        registry = Registry()
+        registry.add_step("m:step", lambda x: x)
+        registry.add("m", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "limit": limit}, timeout=3600)
+        self.registry = registry
+        if hasattr(self, "engine"):
+            self.engine.registry = registry
+
+    # -- helpers -------------------------------------------------------------------
+    def _run(self, run_id: str) -> Any:
+        return self.store.get_run(run_id)
+
+    def _active(self) -> list[str]:
+        return [r for r in self.created if not self._run(r).is_terminal]
+
+    def _record_admission(self, run: Any) -> None:
+        key = self.key_of[run.run_id]
+        if run.run_id in self.admitted_order[key]:
+            return
+        # FIFO (S5 step 3): every older waiter of the key was admitted or ended first.
+        for other in self.created:
+            if other == run.run_id or self.key_of[other] != key:
+                continue
+            older = self._run(other)
+            if (older.created_at, older.run_id) < (run.created_at, run.run_id):
+                assert other in self.admitted_order[key] or older.is_terminal or older.admitted, (
+                    f"{run.run_id} admitted before older waiter {other}"
+                )
+        self.admitted_order[key].append(run.run_id)
+        assert run.fencing_token is not None
+        self.tokens[key].append(run.fencing_token)
+        self.limit_at_admission[run.run_id] = self.limit
+
+    def _sync_admissions(self) -> None:
+        holders = [r for r in map(self._run, self.created) if r.admitted]
+        for run in sorted(holders, key=lambda r: r.fencing_token or 0):
+            self._record_admission(run)
+
+    # -- rules ---------------------------------------------------------------------
+    @rule(key=st.sampled_from(KEYS))
+    def start(self, key: str) -> None:
+        self.n += 1
+        self.clock.now += timedelta(microseconds=10)
+        run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}")
+        self.created.append(run.run_id)
+        self.key_of[run.run_id] = key
+
+    @precondition(lambda self: self.created)
+    @rule(data=st.data())
+    def turn(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(self.created))
+        owner = f"o{self.n}-{run_id}-{len(self.owner)}"
+        self.n += 1
+        turn = self.store.begin_turn(
+            run_id,
+            owner,
+            lease_seconds=30,
+            limits=self.engine.limits(),
+            max_recoveries=3,
+            retry=self.engine._retry_policy(),
+        )
+        admitted = [self._run(g.run_id) for g in turn.granted]
+        if turn.state is TurnState.RUN:
+            run = self._run(run_id)
+            assert run_id not in self.cancelled_seen, "a cancelled run's body resumed (D6, F13)"
+            assert run.admitted
+            admitted.append(run)
+            self.owner[run_id] = owner
+        for run in sorted(admitted, key=lambda r: r.fencing_token or 0):  # one claim's admissions, in token order
+            self._record_admission(run)
+
+    @precondition(lambda self: self.owner)
+    @rule(data=st.data())
+    def step(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(sorted(self.owner)))
+        run = self._run(run_id)
+        step = StepRecord(run.step_count, "m:step", 1, self.engine.now(), self.engine.now())
+        if not self.store.save_step(run_id, self.owner[run_id], step):
+            self.owner.pop(run_id)  # fenced or cancelled: the body stops here
+
+    @precondition(lambda self: self.owner)
+    @rule(data=st.data())
+    def settle(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(sorted(self.owner)))
+        owner = self.owner.pop(run_id)
+        done = self.store.finish(self._run(run_id), owner, "completed", limits=self.engine.limits())
+        for granted in done.granted:
+            self._record_admission(self._run(granted.run_id))
+
+    @precondition(lambda self: self.owner)
+    @rule(data=st.data())
+    def sleep(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(sorted(self.owner)))
+        owner = self.owner.pop(run_id)
+        verdict = self.store.park(run_id, owner, "suspended", wake_at=self.store.now(), reason="sleep")
+        if verdict == "cancelled":
+            done = self.store.finish(self._run(run_id), owner, "cancelled", limits=self.engine.limits())
+            for granted in done.granted:
+                self._record_admission(self._run(granted.run_id))
+
+    @precondition(lambda self: self.owner)
+    @rule(data=st.data())
+    def crash_and_expire(self, data: st.DataObject) -> None:
+        """The worker dies; its lease expires (the store's clock moves, or the row's expiry)."""
+        run_id = data.draw(st.sampled_from(sorted(self.owner)))
+        self.owner.pop(run_id)
+        past = self.store.now() - timedelta(seconds=1)
+        if isinstance(self.store, MemoryStore):
+            with self.store._critical():
+                self.store._runs[run_id] = self.store._runs[run_id].evolve(lease_expires_at=past)
+        else:
+            from durable_singleton.models import Run
+
+            Run.objects.filter(pk=run_id).update(lease_expires_at=past)
+
+    @precondition(lambda self: self.created)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(self.created))
+        run = self.engine.cancel(run_id)
+        self._sync_admissions()
+        if run.status == "cancelled":
+            self.cancelled_seen.add(run_id)
+            self.owner.pop(run_id, None)
+
+    @precondition(lambda self: self.created)
+    @rule(data=st.data())
+    def time_out(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(self.created))
+        past = self.store.now() - timedelta(seconds=1)
+        if isinstance(self.store, MemoryStore):
+            with self.store._critical():
+                self.store._runs[run_id] = self.store._runs[run_id].evolve(deadline_at=past)
+        else:
+            from durable_singleton.models import Run
+
+            Run.objects.filter(pk=run_id).update(deadline_at=past)
+        self.tick()
+
+    @rule()
+    def tick(self) -> None:
+        report = self.engine.tick()
+        assert report.errors == []
+        self.engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        self._sync_admissions()
+        for run_id in report.timed_out:
+            if self._run(run_id).status == "cancelled":
+                self.cancelled_seen.add(run_id)
+
+    @rule(limit=st.sampled_from((1, 2, 3)))
+    def deploy_with_limit(self, limit: int) -> None:
+        self.limit = limit
+        self._declare(limit)
+
+    # -- invariants ----------------------------------------------------------------
+    @invariant()
+    def holders_within_the_limit_they_were_admitted_under(self) -> None:
+        for key in KEYS:
+            holders = [r for r in self.store.active_runs_for_key("m", key) if r.admitted]
+            if holders:
+                allowed = max(self.limit_at_admission.get(r.run_id, self.limit) for r in holders)
+                assert len(holders) <= allowed, f"{len(holders)} holders of {key} over limit {allowed}"
+
+    @invariant()
+    def tokens_strictly_increase_per_key(self) -> None:
+        for key in KEYS:
+            tokens = self.tokens[key]
+            assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), tokens
+
+    @invariant()
+    def cancelled_runs_stay_cancelled(self) -> None:
+        for run_id in self.cancelled_seen:
+            assert self._run(run_id).status == "cancelled"
+
+    def teardown(self) -> None:
+        """Liveness (S7, S8): the holders finish, the tick catches up; every run ends."""
+        deadline = time.monotonic() + 30
+        self.engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        for run_id in list(self.owner):
+            self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())
+        while self._active():
+            assert time.monotonic() < deadline, f"runs never finished: {self._active()}"
+            past = self.store.now() - timedelta(seconds=1)
+            for run_id in self._active():
+                run = self._run(run_id)
+                if run.status == "running":  # a crashed holder: its lease expires
+                    if isinstance(self.store, MemoryStore):
+                        with self.store._critical():
+                            self.store._runs[run_id] = self.store._runs[run_id].evolve(lease_expires_at=past)
+                    else:
+                        from durable_singleton.models import Run
+
+                        Run.objects.filter(pk=run_id).update(lease_expires_at=past)
+            if isinstance(self.store, MemoryStore):
+                self.clock.now += timedelta(hours=2)  # every wake time and backlog retry comes
+            else:
+                from durable_singleton.models import Run
+
+                Run.objects.filter(wake_at__isnull=False).update(wake_at=past)
+            self.engine.tick()
+            self.engine.dispatcher.drain()  # type: ignore[attr-defined]
+            self._sync_admissions()
+        for key in KEYS:
+            tokens = self.tokens[key]
+            assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), (key, tokens, self.admitted_order[key])
+
+
+def _run_machine(make_store: Any) -> None:
+    machine = type("Machine", (TurnProtocol,), {"make_store": staticmethod(make_store)})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            database=None,
+            phases=[Phase.explicit, Phase.reuse, Phase.generate] if os.environ.get("DS_NO_SHRINK") else list(Phase),
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+
+
+def test_protocol_model_on_the_memory_store() -> None:
+    """Issue #8: the model-based test on the in-memory store (S5, S7, K1, D5, D6)."""
+    _run_machine(lambda clock: MemoryStore(clock=clock))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_protocol_model_on_the_django_store() -> None:
+    """Issue #8: the model-based test on the Django store of the DATABASE_URL database."""
+    from durable_singleton.models import Run, SingletonKey
+
+    def fresh(clock: Any) -> DjangoStore:
+        Run.objects.all().delete()
+        SingletonKey.objects.all().delete()
+        return DjangoStore()
+
+    _run_machine(fresh)
