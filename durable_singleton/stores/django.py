@@ -474,7 +474,9 @@ class DjangoStore(BaseStore):
             )
         if recovered and row.recoveries >= max_recoveries:
             error = {"code": "max_recoveries", "message": f"lease expired {row.recoveries + 1} times"}
-            done = self._finish(record, self._as_read(row), RunStatus.DEAD, None, error, limits)
+            # The expired lease counts as one more recovery, then the run is dead (D4).
+            dead = record.evolve(recoveries=row.recoveries + 1)
+            done = self._finish(dead, self._as_read(row), RunStatus.DEAD, None, error, limits, recovered=True)
             return Turn(
                 TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
             )
@@ -658,13 +660,17 @@ class DjangoStore(BaseStore):
         error: Any,
         limits: Limits,
         finished_at: datetime | None = None,
+        recovered: bool = False,
     ) -> Finish:
         """Settle by compare-and-set and hand the slot off, in one transaction (S7, S12, R5a)."""
+        fields = _terminal_fields(status, output, error, finished_at)
+        if recovered:
+            fields["recoveries"] = F("recoveries") + 1
 
         def settle() -> Finish:
             with transaction.atomic(using=self.db):
                 key_row = self._lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
-                if not self._runs().filter(cas).update(**_terminal_fields(status, output, error, finished_at)):
+                if not self._runs().filter(cas).update(**fields):
                     return Finish(None)
                 granted: list[RunRecord] = []
                 if key_row is not None and run.singleton_key is not None:

@@ -184,6 +184,8 @@ class MemoryStore(BaseStore):
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
             if recovered and run.recoveries >= max_recoveries:
                 error = {"code": "max_recoveries", "message": f"lease expired {run.recoveries + 1} times"}
+                # The expired lease counts as one more recovery, then the run is dead (D4).
+                run = self._replace(run, recoveries=run.recoveries + 1)
                 done = self._settle(run, RunStatus.DEAD, None, error, limits)
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
             now = self.clock()
