@@ -23,13 +23,12 @@ calls, so each rule is one atomic store call, as in a worker.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import os
-
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
