@@ -32,7 +32,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--tick", type=float, default=1.0, help="tick period in seconds (default 1)")
     parser.add_argument("--djq-poll", type=float, default=0.1, help="dj-queue worker polling interval (default 0.1 s)")
     parser.add_argument("--pc-poll", type=float, default=0.01, help="procrastinate fetch polling interval (0.01 s)")
-    parser.add_argument("--patch", default="", help="apply prototypes from bench/proposals.py, e.g. P1")
     parser.add_argument("--trace", action="store_true", help="trace each turn's stages (adds Redis writes)")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="results folder")
     return parser.parse_args(argv)
@@ -61,7 +60,6 @@ def main(argv: list[str]) -> int:
             "DURABLE_DISPATCH": "celery",
             "BENCH_TICK_SECONDS": str(args.tick),
             "BENCH_TRACE": "1" if args.trace else "0",
-            "BENCH_PATCH": args.patch,
         }
     )
     import django
@@ -104,7 +102,6 @@ def main(argv: list[str]) -> int:
             "tick_seconds": args.tick,
             "conn_max_age": None,
             "db_reuse_max": "CELERY_DB_REUSE_MAX=100000",
-            "patch": args.patch or None,
         },
         "sizes": vars(sizes),
         "errors": {},
@@ -141,6 +138,10 @@ def main(argv: list[str]) -> int:
         if "many" in only:
             raw["many_keys"] = attempt(
                 "4 many keys", lambda: scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys)
+            )
+            raw["many_keys_bulk"] = attempt(
+                "4 many keys, bulk start",
+                lambda: scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys, bulk=True),
             )
         burst = None
         if "lane" in only or "backlog" in only:

@@ -13,13 +13,6 @@ class BenchConfig(AppConfig):
     verbose_name = "durable_singleton benchmarks"
 
     def ready(self) -> None:
-        import os
-
         from . import trace
 
         trace.connect()
-        patch = os.environ.get("BENCH_PATCH")
-        if patch:  # measure a proposed core change (bench/proposals.py) in every process
-            from . import proposals
-
-            proposals.apply(patch)

@@ -22,7 +22,6 @@ from typing import Any
 
 from django.db import connection, connections
 from django.test.utils import CaptureQueriesContext
-from django.utils import timezone
 
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run
@@ -309,12 +308,21 @@ def hot_key(engine: Engine, name: str, runs: int) -> dict[str, Any]:
     }
 
 
-def many_keys(engine: Engine, runs: int, keys: int) -> dict[str, Any]:
-    """Start ``runs`` runs over ``keys`` keys (limit 1 each) and wait for all (scenario 4)."""
-    tag = new_tag("many")
+def many_keys(engine: Engine, runs: int, keys: int, *, bulk: bool = False) -> dict[str, Any]:
+    """Start ``runs`` runs over ``keys`` keys (limit 1 each) and wait for all (scenario 4).
+
+    ``bulk``: start them with ``engine.start_many`` in batches of 500 (one
+    INSERT and one send per batch) instead of one ``start`` each.
+    """
+    tag = new_tag("many-bulk" if bulk else "many")
     started_at = time.time()
-    for n in range(runs):
-        start(engine, tag, f"{tag}:{n % keys}")
+    if bulk:
+        inputs = [{"tag": tag, "key": f"{tag}:{n % keys}"} for n in range(runs)]
+        for first in range(0, runs, 500):
+            engine.start_many(WORKFLOW, inputs[first : first + 500])
+    else:
+        for n in range(runs):
+            start(engine, tag, f"{tag}:{n % keys}")
     sent_at = time.time()
     wait_until(lambda: audit.done_count(tag) >= runs, 600, f"{runs} runs over {keys} keys", every=0.02)
     seconds = last_exit(tag) - started_at
@@ -505,11 +513,11 @@ def setup_claim_key(engine: Engine, waiters: int) -> dict[str, str]:
 
 
 def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> dict[str, Any]:
-    """Time ``DjangoStore.try_admit_singleton`` for the last waiter of each key and count its statements.
+    """Time one claim (``begin_turn``) of the last waiter of each key and count its statements.
 
-    The waiter is made running by ``claim_run`` (as a worker's turn does),
-    then the claim is timed; it parks the waiter again. Sizes are interleaved
-    so they share the machine's noise.
+    The key's holder is parked, so the claim reads the queue front and parks
+    the waiter again: the denial path, in one transaction (S5). Sizes are
+    interleaved so they share the machine's noise.
     """
     store = engine.store
     alias = store.db
@@ -529,35 +537,23 @@ def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> d
     statements: dict[int, list[int]] = {size: [] for size in keys}
     outcomes: dict[int, set[str]] = {size: set() for size in keys}
 
-    merged = "P1" in os.environ.get("BENCH_PATCH", "")
-
     def one(size: int, n: int, capture: bool) -> None:
-        run_id = tails[size]
         owner = f"bench-claim:{size}:{n}"
-        if merged:  # bench/proposals.py P1: claim_run claims and admits (here: parks) in one transaction
-            with CaptureQueriesContext(connections[alias]) as queries:
-                began = time.perf_counter()
-                claimed = store.claim_run(run_id, owner, settings.LEASE_SECONDS, timezone.now())
-                elapsed = time.perf_counter() - began
-            if capture:
-                statements[size].append(len(queries.captured_queries))
-            else:
-                timings[size].append(elapsed)
-            outcomes[size].add("PARKED" if claimed.run is None else "ADMITTED")
-            return
-        claimed = store.claim_run(run_id, owner, settings.LEASE_SECONDS, timezone.now())
-        if claimed.run is None:
-            raise RuntimeError(f"could not claim waiter {run_id}")
-        kwargs = {"workflow_name": WORKFLOW, "key": keys[size]["key"]}
+        options = {
+            "lease_seconds": settings.LEASE_SECONDS,
+            "limits": engine.limits(),
+            "max_recoveries": settings.MAX_RECOVERIES,
+            "retry": engine._retry_policy(),
+        }
+        with CaptureQueriesContext(connections[alias]) as queries:
+            began = time.perf_counter()
+            turn = store.begin_turn(tails[size], owner, **options)
+            elapsed = time.perf_counter() - began
         if capture:
-            with CaptureQueriesContext(connections[alias]) as queries:
-                verdict = store.try_admit_singleton(run_id, owner, 1, timezone.now(), **kwargs)
             statements[size].append(len(queries.captured_queries))
         else:
-            began = time.perf_counter()
-            verdict = store.try_admit_singleton(run_id, owner, 1, timezone.now(), **kwargs)
-            timings[size].append(time.perf_counter() - began)
-        outcomes[size].add(str(getattr(verdict, "name", verdict)))
+            timings[size].append(elapsed)
+        outcomes[size].add(turn.state.name)
 
     for n in range(5):
         for size in keys:

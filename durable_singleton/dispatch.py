@@ -91,6 +91,25 @@ class CeleryDispatcher(_DjangoCommit):
 
         self.on_commit(send)
 
+    def dispatch_many(self, run_ids: list[str], queue: str | None = None) -> None:
+        """Send many turns after commit through one producer (one broker connection)."""
+
+        def send() -> None:
+            from .tasks import execute_run
+
+            options: dict[str, Any] = {"retry": True, "retry_policy": {"max_retries": 1, "interval_start": 0.1}}
+            if queue:
+                options["queue"] = queue
+            try:
+                with execute_run.app.producer_or_acquire() as producer:
+                    for run_id in run_ids:
+                        execute_run.apply_async((run_id,), producer=producer, **options)
+            except Exception:  # broker down: the durable timer re-sends (S8, F4)
+                logger.exception("could not send %d turns; the tick will re-send them", len(run_ids))
+
+        if run_ids:
+            self.on_commit(send)
+
 
 class ThreadDispatcher(_DjangoCommit):
     """The embedded worker: ``threads`` worker threads and a tick thread, in process.

@@ -44,7 +44,9 @@ class DbNow(Func):
         return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra)
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        return self.as_sql(compiler, connection, template="STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')", **extra)
+        # Doubled twice: once for the template, once for the backend's %-formatting of debug SQL.
+        template = "STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%f', 'NOW')"
+        return self.as_sql(compiler, connection, template=template, **extra)
 
 
 def db_now_plus(seconds: float) -> ExpressionWrapper:
