@@ -667,6 +667,13 @@ class DjangoStore(BaseStore):
         if recovered:
             fields["recoveries"] = F("recoveries") + 1
 
+        if run.singleton_key is None:
+            # No slot to hand off: the compare-and-set alone (R5a).
+            if not self._runs().filter(cas).update(**fields):
+                return Finish(None)
+            settled = _settled(run, status, output, error)
+            return Finish(settled.evolve(finished_at=finished_at or settled.finished_at))
+
         def settle() -> Finish:
             with transaction.atomic(using=self.db):
                 key_row = self._lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
