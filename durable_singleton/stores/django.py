@@ -507,10 +507,28 @@ class DjangoStore(BaseStore):
             # No admission needed: a plain run, or a holder's confirmation (S6).
             if row.singleton_key is not None:
                 take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
+                if recovered:
+                    return self._retrying(lambda: self._take_over(row, record, taken, take))
             if not self._runs().filter(self._as_read(row)).update(**take):
                 return Turn(TurnState.SKIPPED, record)
             return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
         return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry))
+
+    def _take_over(self, row: Run, record: RunRecord, taken: RunRecord, take: dict[str, Any]) -> Turn:
+        """Recover a holder whose lease expired, with a new token from its key's counter (K1, R5).
+
+        The stalled executor may still wake up and write to an external system
+        with the token it was given: the takeover's token is larger, so a
+        system that keeps the highest token seen refuses the stale write.
+        """
+        assert row.singleton_key is not None
+        with transaction.atomic(using=self.db):
+            key_row = self._lock_key(row.workflow_name, row.singleton_key)
+            token = key_row["last_token"] + 1
+            if not self._runs().filter(self._as_read(row)).update(**take, fencing_token=token):
+                return Turn(TurnState.SKIPPED, record)
+            SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
+        return Turn(TurnState.RUN, taken.evolve(admitted=True, tracked=True, fencing_token=token), recovered=True)
 
     def _admit(
         self,

@@ -202,6 +202,11 @@ class MemoryStore(BaseStore):
             if key is None or run.admitted or (not run.tracked and run.attempts > 0):
                 if key is not None:
                     take.update(admitted=True, tracked=True)
+                    if recovered:
+                        # A takeover gets a new token: the stalled executor's is smaller (K1, R5).
+                        token = self._tokens.get((run.workflow_name, key), 0) + 1
+                        self._tokens[(run.workflow_name, key)] = token
+                        take.update(fencing_token=token)
                 return Turn(TurnState.RUN, self._replace(run, **take), recovered=recovered)
             if not run.tracked:
                 run = self._replace(run, tracked=True)  # an older release's run joins the queue (S12)
