@@ -27,6 +27,7 @@ from .admission import RESERVED_TAGS, compute_singleton_key
 from .aio import AsyncEngineMixin
 from .conf import Settings, get_settings
 from .context import Suspend, WorkflowCtx, check_text, printable, to_json_value
+from .controls import KeyControlsMixin
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
 from .exceptions import (
     InvalidInputError,
@@ -154,7 +155,7 @@ class StoreClock:
         return self._local() + self._offset
 
 
-class Engine(AsyncEngineMixin, ExplainMixin):
+class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
     """Runs durable workflows over a store and a dispatcher.
 
     ``store``: a :class:`~durable_singleton.stores.base.BaseStore`.

@@ -18,6 +18,7 @@ __all__ = [
     "PARKED_STATUSES",
     "TERMINAL_STATUSES",
     "Heartbeat",
+    "KeyControlChange",
     "Run",
     "RunStatus",
     "ScheduleFiring",
@@ -278,3 +279,27 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} at {self.at:%Y-%m-%d %H:%M:%S}"
+class KeyControlChange(models.Model):
+    """One change of a key's runtime controls (K2): who, when, old and new value, why.
+
+    ``key`` is empty for a change of every key of the workflow (``keys`` counts them).
+    """
+
+    workflow_name = ExactCharField(_("workflow"), max_length=191)
+    key = ExactCharField(_("key"), max_length=KEY_MAX_LENGTH, blank=True, default="")
+    field = models.CharField(_("control"), max_length=16)
+    old_value = models.JSONField(_("old value"), null=True, blank=True)
+    new_value = models.JSONField(_("new value"), null=True, blank=True)
+    keys = models.PositiveIntegerField(_("keys changed"), default=1)
+    changed_by = models.CharField(_("changed by"), max_length=150, blank=True, default="")
+    reason = models.TextField(_("reason"), blank=True, default="")
+    changed_at = models.DateTimeField(_("changed at"))
+
+    class Meta:
+        verbose_name = _("key control change")
+        verbose_name_plural = _("key control changes")
+        ordering = ["-changed_at", "-id"]
+        indexes = [models.Index(fields=["workflow_name", "key", "changed_at"], name="ds_control_key_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.workflow_name} {self.key or '*'} {self.field}: {self.old_value} -> {self.new_value}"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import router
 from django.db.models import (
     Case,
     Count,
@@ -35,9 +36,9 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce
 
-from .admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES
+from .admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES, effective_limit
 from .definitions import Registry, registry
-from .models import Run, Step
+from .models import Run, SingletonKey, Step
 
 __all__ = [
     "FILTERS",
@@ -316,6 +317,7 @@ class KeyQueue:
     waiters: list[QueuedRun]
     waiting: int
     offset: int
+    paused: bool = False
 
     @property
     def capacity(self) -> int | None:
@@ -345,7 +347,7 @@ def key_queue(
     reg: Registry = registry,
     using: str | None = None,
 ) -> KeyQueue:
-    """Return the queue of one workflow and key in three queries.
+    """Return the queue of one workflow and key in four queries.
 
     Holders are ``holders()`` in creation order (at most 200 are listed),
     with the steps each has finished; waiters are ``waiting()``, exactly the claim's order (S5 step 3),
@@ -366,10 +368,19 @@ def key_queue(
     else:
         stored = [r.singleton_limit for r in [*holder_rows, *waiter_rows] if r.singleton_limit]
         key_limit, depth = (max(stored) if stored else 1), None
+    # The key's runtime controls (K2): the limit in force and whether it admits.
+    controls = (
+        SingletonKey.objects.using(using or router.db_for_read(SingletonKey))
+        .filter(workflow_name=workflow, key=key)
+        .values_list("limit_override", "paused")
+        .first()
+    )
+    override, paused = controls if controls is not None else (None, False)
     return KeyQueue(
         workflow=workflow,
         key=key,
-        limit=key_limit,
+        limit=effective_limit(key_limit, override),
+        paused=bool(paused),
         max_queue_depth=depth,
         holders=[QueuedRun(r, None, r.first_step_at, r.steps_done or 0, r.last_step) for r in holder_rows],
         waiters=[QueuedRun(r, offset + n + 1, r.first_step_at) for n, r in enumerate(waiter_rows)],

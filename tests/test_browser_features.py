@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -29,7 +30,7 @@ pytestmark = [
 
 def _log_in(browser: Browser, django_user_model: Any, next_url: str) -> None:
     django_user_model.objects.create_superuser("admin", password="pw-browser")
-    browser.goto(f"/admin/login/?next={next_url}")
+    browser.goto(f"/admin/login/?next={quote(next_url)}")
 
     def log_in(page: Any) -> None:
         page.fill("#id_username", "admin")
@@ -106,3 +107,42 @@ def test_schedules_page_lists_next_windows_and_pauses_a_schedule(
         assert time.monotonic() < deadline
         time.sleep(0.1)
     assert "paused" in browser.do(listed)
+
+
+def test_key_page_controls_pause_override_and_record_who(
+    browser: Browser, thread_workers: Engine, django_user_model: Any
+) -> None:
+    """K2: on a key's page a superuser pauses the key with a reason and overrides
+    its limit; the page shows the state and the recorded changes with the user's
+    name; a run started meanwhile waits (paused) until the key is resumed."""
+    from durable_singleton.models import KeyControlChange
+
+    url = "/admin/durable_singleton/run/queues/key/?workflow=sync-inventory-wide&key=store:CTL"
+    thread_workers.start("sync-inventory-wide", {"store_id": "CTL", "duration": 0.2}, run_id="ctl-0")
+    wait_until(lambda: thread_workers.get("ctl-0").status == "completed", 20, "the first run")
+    _log_in(browser, django_user_model, url)
+
+    def control(page: Any, button: str, reason: str = "", limit: str | None = None) -> str:
+        page.fill("#ds-controls-form input[name=reason]", reason)
+        if limit is not None:
+            page.fill("#ds-controls-form input[name=limit]", limit)
+        with page.expect_navigation():
+            page.click(f"#ds-controls-form button[value={button}]")
+        return str(page.inner_text("#ds-controls"))
+
+    text = browser.do(lambda page: control(page, "pause", "supplier outage"))
+    assert "Paused" in text and "supplier outage" in text and "admin" in text, text
+    text = browser.do(lambda page: control(page, "limit", "", "5"))
+    assert "overridden to 5" in text, text
+    browser.shot("admin-key-controls")
+    _top_shot(browser, "admin-key-controls", 900)
+    thread_workers.start("sync-inventory-wide", {"store_id": "CTL", "duration": 0.2}, run_id="ctl-1")
+    time.sleep(1.5)
+    assert thread_workers.get("ctl-1").status != "completed", "a paused key admits nothing"
+    browser.do(lambda page: control(page, "resume", "fixed"))
+    wait_until(lambda: thread_workers.get("ctl-1").status == "completed", 20, "the run after resuming")
+    assert list(KeyControlChange.objects.order_by("changed_at").values_list("field", "changed_by", "reason")) == [
+        ("paused", "admin", "supplier outage"),
+        ("limit_override", "admin", ""),
+        ("paused", "admin", "fixed"),
+    ]

@@ -150,12 +150,13 @@ def test_key_queue_lists_waiters_in_the_order_the_claim_admits_them() -> None:
 
 
 @pytest.mark.django_db
-def test_key_queue_pages_waiters_with_positions_in_three_queries() -> None:
-    """Issue #5 points 2 and 5: positions continue across pages; three queries whatever the length."""
+def test_key_queue_pages_waiters_with_positions_in_four_queries() -> None:
+    """Issue #5 points 2 and 5: positions continue across pages; four queries whatever the
+    length (holders, waiting count, a page of waiters, the key's controls row, K2)."""
     bulk_queue(["K"], holders=1, waiters=250, legacy_holders=1)
     with CaptureQueriesContext(connection) as queries:
         queue = key_queue("wf", "K", offset=200, limit=100, reg=Registry())
-    assert len(queries) == 3
+    assert len(queries) == 4
     assert queue.waiting == 250
     assert [w.position for w in queue.waiters] == list(range(201, 251))
     assert [h.run.run_id for h in queue.holders] == ["wf-K-0", "wf-K-252"]

@@ -259,7 +259,7 @@ class QueuePagesMixin:
         def page_url(n: int) -> str:
             return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
 
-        free_slots = max(queue.limit - len(queue.holders), 0)
+        free_slots = 0 if queue.paused else max(queue.limit - len(queue.holders), 0)
 
         def entry(item: queues.QueuedRun) -> dict[str, Any]:
             run = item.run
