@@ -22,18 +22,20 @@ from .schedules import FiringRecord, Schedule, ScheduleRow, ScheduleStore
 __all__ = ["DjangoScheduleStore", "spec_of"]
 
 
-def spec_of(row: ScheduleState) -> Schedule:
-    """Return the validated :class:`Schedule` a row describes.
+def spec_of(row: ScheduleState, codec: Any = None) -> Schedule:
+    """Return the validated :class:`Schedule` a row describes; ``codec`` decodes its input (S13).
 
     Raises :class:`~durable_singleton.exceptions.InvalidWorkflowError` for a row
-    whose fields are invalid (an operator's typo in the admin).
+    whose fields are invalid (an operator's typo in the admin), and
+    :class:`~durable_singleton.codecs.PayloadDecodeError` for an input ``codec``
+    cannot decode.
     """
     return Schedule(
         name=row.name,
         every=row.every_seconds,
         cron=row.cron or None,
         timezone=row.timezone,
-        input=row.input,
+        input=codec.decode(row.input) if codec is not None else row.input,
         overlap=row.overlap,
         catch_up=row.catch_up,
         catch_up_limit=row.catch_up_limit,
@@ -58,8 +60,9 @@ def _fields_of(spec: Schedule) -> dict[str, Any]:
 class DjangoScheduleStore(ScheduleStore):
     """Schedule state in the database of a :class:`~durable_singleton.stores.django.DjangoStore`."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Any, codec: Any = None) -> None:
         self.store = store
+        self.codec = codec
 
     @property
     def db(self) -> str:
@@ -76,6 +79,10 @@ class DjangoScheduleStore(ScheduleStore):
         for spec in specs:
             fields = _fields_of(spec)
             row = existing.get(spec.name)
+            if self.codec is not None:
+                fields["input"] = self.codec.encode(spec.input)
+                if row is not None and self.codec.decode(row.input) == spec.input:
+                    fields["input"] = row.input  # the same input: keep its ciphertext
             if row is None:
                 try:
                     with transaction.atomic(using=self.db):
@@ -96,7 +103,7 @@ class DjangoScheduleStore(ScheduleStore):
     def due(self, now: datetime, batch: int) -> list[str]:
         for state in self._rows().filter(paused=False, next_fire_at__isnull=True)[:batch]:
             # A row an operator added without a cursor starts at its first window from now.
-            first = spec_of(state).first_window_at_or_after(now)
+            first = spec_of(state, self.codec).first_window_at_or_after(now)
             self._rows().filter(pk=state.pk, next_fire_at__isnull=True).update(next_fire_at=first, updated_at=now)
         return list(
             self._rows()
@@ -118,7 +125,7 @@ class DjangoScheduleStore(ScheduleStore):
                 yield None
                 return
             row = ScheduleRow(
-                spec=spec_of(state),
+                spec=spec_of(state, self.codec),
                 source=state.source,
                 paused=state.paused,
                 next_fire_at=state.next_fire_at,
@@ -157,7 +164,7 @@ class DjangoScheduleStore(ScheduleStore):
                 return False
             changes: dict[str, Any] = {"paused": paused, "updated_at": now}
             if state.paused and not paused:
-                changes["next_fire_at"] = spec_of(state).first_window_at_or_after(now)
+                changes["next_fire_at"] = spec_of(state, self.codec).first_window_at_or_after(now)
             self._rows().filter(pk=state.pk).update(**changes)
             return True
 
@@ -172,7 +179,7 @@ class DjangoScheduleStore(ScheduleStore):
         if state is None:
             return None
         return ScheduleRow(
-            spec=spec_of(state),
+            spec=spec_of(state, self.codec),
             source=state.source,
             paused=state.paused,
             next_fire_at=state.next_fire_at,

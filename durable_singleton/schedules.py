@@ -385,9 +385,11 @@ def schedule_store_for(store: Any) -> ScheduleStore:
     """Return the schedule state store that goes with run store ``store``.
 
     A store wrapping another (``inner``, as the codec store does) shares its
-    inner store's schedules. A store with a database alias (``db``) keeps
-    schedules in the database; any other keeps them in memory beside it.
+    inner store's schedules, and a codec store's codec encodes their inputs
+    (S13). A store with a database alias (``db``) keeps schedules in the
+    database; any other keeps them in memory beside it.
     """
+    codec = getattr(store, "codec", None)
     while getattr(store, "inner", None) is not None:
         store = store.inner
     with _stores_lock:
@@ -396,7 +398,7 @@ def schedule_store_for(store: Any) -> ScheduleStore:
             if getattr(store, "db", None) is not None:
                 from .schedule_store import DjangoScheduleStore
 
-                found = DjangoScheduleStore(store)
+                found = DjangoScheduleStore(store, codec)
             else:
                 found = MemoryScheduleStore()
             _stores[store] = found

@@ -1,0 +1,206 @@
+"""The codec store (S13): any store, with payloads encoded at rest.
+
+``CodecStore(inner, codec)`` wraps a :class:`~durable_singleton.stores.base.BaseStore`
+and encodes with ``codec`` (a :class:`~durable_singleton.codecs.Codec`) every
+payload on its way in: a run's input, output and error, step results and
+signal payloads (and, through :mod:`durable_singleton.schedules`, schedule
+inputs). What comes back out is decoded. Run ids, keys, statuses, tags and
+times stay clear, so the claim, the queue pages and the tick work on them as
+before; the admin shows encoded payloads as envelopes.
+
+Every method is forwarded to ``inner``, the claim included, so admission
+stays the inner store's one atomic call; the capability flags are the inner
+store's. A payload this process cannot decode (a wrong key, another codec)
+raises :class:`~durable_singleton.codecs.PayloadDecodeError` from the read.
+
+To use it, name a subclass that builds it in ``DURABLE_SINGLETON["STORE"]``::
+
+    # myproject/stores.py
+    class EncryptedStore(CodecStore):
+        def __init__(self) -> None:
+            keys = settings.DURABLE_PAYLOAD_KEYS  # newest first
+            super().__init__(DjangoStore(), ChainCodec(ZlibCodec(), FernetCodec(keys)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from ..codecs import Codec
+from .base import BaseStore, Finish, Limits, RetryPolicy, RunRecord, SignalRecord, StepRecord, Turn
+
+__all__ = ["CodecStore"]
+
+
+class CodecStore(BaseStore):
+    """Wrap ``inner`` (a BaseStore) so payloads are stored encoded by ``codec`` (S13)."""
+
+    def __init__(self, inner: BaseStore, codec: Codec) -> None:
+        self.inner = inner
+        self.codec = codec
+        self.supports_atomic_admission = inner.supports_atomic_admission
+        self.supports_bulk_start = inner.supports_bulk_start
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else the inner store offers (its database alias ``db``, for
+        # the dispatcher's on-commit hooks) is the inner store's.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    # -- encoding ------------------------------------------------------------------
+    def _in(self, run: RunRecord) -> RunRecord:
+        enc = self.codec.encode
+        return run.evolve(input=enc(run.input), output=enc(run.output), error=enc(run.error))
+
+    def _out(self, value: Any) -> Any:
+        dec = self.codec.decode
+        if value is None:
+            return None
+        if isinstance(value, RunRecord):
+            return value.evolve(input=dec(value.input), output=dec(value.output), error=dec(value.error))
+        if isinstance(value, Turn | Finish):
+            return replace(value, run=self._out(value.run), granted=tuple(self._out(r) for r in value.granted))
+        if isinstance(value, StepRecord):
+            return replace(value, result=dec(value.result))
+        if isinstance(value, SignalRecord):
+            return replace(value, payload=dec(value.payload))
+        if isinstance(value, tuple):
+            return tuple(self._out(v) for v in value)
+        if isinstance(value, list):
+            return [self._out(v) for v in value]
+        return value
+
+    # -- the store -------------------------------------------------------------------
+    def now(self) -> datetime:
+        return self.inner.now()
+
+    def create_run(
+        self, run: RunRecord, *, cap: int | None, cap_namespace: str | None = None
+    ) -> tuple[RunRecord, bool]:
+        stored, created = self.inner.create_run(self._in(run), cap=cap, cap_namespace=cap_namespace)
+        return self._out(stored), created
+
+    def create_runs(
+        self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
+    ) -> list[tuple[RunRecord, bool] | BaseException]:
+        results = self.inner.create_runs([self._in(r) for r in runs], caps=caps, cap_namespace=cap_namespace)
+        return [r if isinstance(r, BaseException) else (self._out(r[0]), r[1]) for r in results]
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        return self._out(self.inner.get_run(run_id))  # type: ignore[no-any-return]
+
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
+        return self.inner.queue_is_deep(workflow_name, key, limit)
+
+    def begin_turn(
+        self,
+        run_id: str,
+        owner: str,
+        *,
+        lease_seconds: float,
+        limits: Limits,
+        max_recoveries: int,
+        retry: RetryPolicy,
+        known: RunRecord | None = None,
+    ) -> Turn:
+        turn = self.inner.begin_turn(
+            run_id,
+            owner,
+            lease_seconds=lease_seconds,
+            limits=limits,
+            max_recoveries=max_recoveries,
+            retry=retry,
+            known=self._in(known) if known is not None else None,
+        )
+        return self._out(turn)  # type: ignore[no-any-return]
+
+    def claim_run(self, run_id: str, owner: str, lease_seconds: float) -> Turn:
+        return self._out(self.inner.claim_run(run_id, owner, lease_seconds))  # type: ignore[no-any-return]
+
+    def renew_lease(self, run_id: str, owner: str, lease_seconds: float) -> bool:
+        return self.inner.renew_lease(run_id, owner, lease_seconds)
+
+    def check_boundary(self, run_id: str, owner: str, lease_seconds: float) -> str:
+        return self.inner.check_boundary(run_id, owner, lease_seconds)
+
+    def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
+        return self.inner.save_step(run_id, owner, replace(step, result=self.codec.encode(step.result)))
+
+    def load_steps(self, run_id: str) -> dict[int, StepRecord]:
+        return {position: self._out(step) for position, step in self.inner.load_steps(run_id).items()}
+
+    def park(self, run_id: str, owner: str, status: str, *, wake_at: datetime | None, reason: str = "") -> str:
+        return self.inner.park(run_id, owner, status, wake_at=wake_at, reason=reason)
+
+    def finish(
+        self,
+        run: RunRecord,
+        owner: str | None,
+        status: str,
+        *,
+        output: Any = None,
+        error: Any = None,
+        limits: Limits,
+        expect: Sequence[str] | None = None,
+        finished_at: datetime | None = None,
+    ) -> Finish:
+        done = self.inner.finish(
+            self._in(run),
+            owner,
+            status,
+            output=self.codec.encode(output),
+            error=self.codec.encode(error),
+            limits=limits,
+            expect=expect,
+            finished_at=finished_at,
+        )
+        return self._out(done)  # type: ignore[no-any-return]
+
+    def request_cancel(self, run_id: str, *, limits: Limits) -> Finish | RunRecord | None:
+        return self._out(self.inner.request_cancel(run_id, limits=limits))  # type: ignore[no-any-return]
+
+    def reset_for_retry(self, run_id: str, redelivery_seconds: float, deadline_at: datetime | None) -> RunRecord | None:
+        return self._out(self.inner.reset_for_retry(run_id, redelivery_seconds, deadline_at))  # type: ignore[no-any-return]
+
+    def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
+        return self._out(self.inner.release(workflow_name, key, limits=limits))  # type: ignore[no-any-return]
+
+    def delete_run(self, run_id: str) -> RunRecord | None:
+        return self._out(self.inner.delete_run(run_id))  # type: ignore[no-any-return]
+
+    def add_signal(self, run_id: str, name: str, payload: Any) -> RunRecord | None:
+        return self._out(self.inner.add_signal(run_id, name, self.codec.encode(payload)))  # type: ignore[no-any-return]
+
+    def load_signals(self, run_id: str) -> list[SignalRecord]:
+        return self._out(self.inner.load_signals(run_id))  # type: ignore[no-any-return]
+
+    def children(self, run_id: str) -> list[str]:
+        return self.inner.children(run_id)
+
+    def due_runs(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        return self.inner.due_runs(redelivery_seconds=redelivery_seconds, batch=batch)
+
+    def expired_leases(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
+        return self.inner.expired_leases(redelivery_seconds=redelivery_seconds, batch=batch)
+
+    def overdue_runs(self, batch: int) -> list[RunRecord]:
+        return self._out(self.inner.overdue_runs(batch))  # type: ignore[no-any-return]
+
+    def request_timeout_cancel(self, run_id: str) -> bool:
+        return self.inner.request_timeout_cancel(run_id)
+
+    def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
+        return self._out(self.inner.catch_up(limits=limits, batch=batch))  # type: ignore[no-any-return]
+
+    def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
+        return self._out(list(self.inner.active_runs_for_key(workflow_name, key)))  # type: ignore[no-any-return]
+
+    def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
+        return self.inner.count_active_for_key(workflow_name, key, namespace)
+
+    def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
+        return self._out(self.inner.list_runs(workflow_name=workflow_name, namespace=namespace))  # type: ignore[no-any-return]
