@@ -14,6 +14,8 @@ import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 PLUGIN = "durable_singleton.testing.plugin"
 
@@ -21,7 +23,7 @@ USER_TESTS = """
 import time
 
 from durable_singleton import BaseWorkflow, Singleton, workflow
-from durable_singleton.runtime import get_engine
+from durable_singleton import get_engine
 
 
 @workflow(name="plugin-double", singleton=Singleton(key=lambda i: "one", limit=1))
@@ -99,3 +101,51 @@ def test_a_users_tests_run_workflows_on_the_fixtures(tmp_path: Path) -> None:
     done = subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "4 passed" in done.stdout, done.stdout
+
+
+USER_STORES = """
+from durable_singleton.stores.memory import MemoryStore
+
+
+class MyStore(MemoryStore):
+    '''A user's store: the in-memory one under the user's own name.'''
+
+
+class CaplessStore(MemoryStore):
+    '''A broken store: it ignores the queue cap.'''
+
+    def create_run(self, run, *, cap, cap_namespace=None):
+        return super().create_run(run, cap=None, cap_namespace=cap_namespace)
+"""
+
+
+def run_conformance(tmp_path: Path, store: str) -> subprocess.CompletedProcess[str]:
+    """Run the packaged conformance suite in a separate pytest on ``--durable-store=store``."""
+    args = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "error", "-rf"]
+    if not _entry_point_installed():
+        args += ["-p", PLUGIN]
+    args += ["--pyargs", "durable_singleton.testing.test_store_conformance", f"--durable-store={store}"]
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        # SQLite, its own test database file: never the test database of this session
+        "DATABASE_URL": "",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    return subprocess.run(args, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_the_conformance_suite_runs_on_a_store_named_on_the_command_line(tmp_path: Path) -> None:
+    """S13: the store conformance suite, exposed through the plugin, passes on a
+    user's store class named by its dotted path and on the Django store (given
+    the test database with real commits), and fails on a store that ignores the
+    queue cap (S15), naming the broken rule."""
+    (tmp_path / "mystores.py").write_text(USER_STORES)
+    for store in ("mystores.MyStore", "django"):
+        good = run_conformance(tmp_path, store)
+        assert good.returncode == 0, good.stdout + good.stderr
+        assert " passed" in good.stdout and "failed" not in good.stdout
+    bad = run_conformance(tmp_path, "mystores.CaplessStore")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAILED" in bad.stdout and "cap" in bad.stdout, bad.stdout

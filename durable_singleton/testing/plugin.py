@@ -17,6 +17,19 @@ Installed with the package, so every project's pytest has its fixtures:
     later time stays parked: give the engine a clock
     (``durable_singleton.testing.make_engine(clock=...)``) to move it on.
 
+``durable_store``
+    A fresh store of the kind named by ``--durable-store`` (or the ini option
+    ``durable_store``): ``memory`` (the default), ``django`` (the test
+    database, with real commits: the tests that use the fixture are marked
+    ``django_db(transaction=True)``) or the dotted path of a
+    :class:`~durable_singleton.stores.base.BaseStore` subclass, as the
+    ``STORE`` setting takes.
+
+The store conformance suite (:mod:`durable_singleton.testing.conformance`)
+runs on that store with no code::
+
+    pytest --pyargs durable_singleton.testing.test_store_conformance --durable-store=myapp.stores.MyStore
+
 Every fixture imports Django lazily, so the plugin loads in any project.
 """
 
@@ -29,8 +42,9 @@ import pytest
 
 if TYPE_CHECKING:
     from ..engine import Engine
+    from ..stores.base import BaseStore
 
-__all__ = ["durable_drain", "durable_engine"]
+__all__ = ["durable_drain", "durable_engine", "durable_store", "pytest_addoption", "pytest_collection_modifyitems"]
 
 #: Ticks ``durable_drain`` runs at most after its first drain.
 MAX_TICK_ROUNDS = 100
@@ -78,3 +92,55 @@ def durable_drain(durable_engine: Engine) -> Callable[..., int]:
         return turns
 
     return drain
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Add ``--durable-store`` and the ini option ``durable_store``."""
+    help_text = (
+        "store of the durable_store fixture and the store conformance suite: 'memory', 'django' "
+        "or the dotted path of a BaseStore subclass"
+    )
+    parser.getgroup("durable_singleton").addoption("--durable-store", dest="durable_store", help=help_text)
+    parser.addini("durable_store", help_text, default="memory")
+
+
+def _store_name(config: pytest.Config) -> str:
+    return str(config.getoption("durable_store") or config.getini("durable_store") or "memory")
+
+
+def _on_the_database(name: str) -> bool:
+    """Tell whether store ``name`` is the Django store (or a subclass): it needs the test database."""
+    from django.utils.module_loading import import_string
+
+    from ..stores.django import DjangoStore
+
+    try:
+        store_class = import_string("durable_singleton.stores.django.DjangoStore" if name == "django" else name)
+    except ImportError:
+        return False  # "memory", or a bad path that the fixture reports
+    return isinstance(store_class, type) and issubclass(store_class, DjangoStore)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give the tests that use ``durable_store`` the test database with real commits when the
+    store is the Django store (turns are sent after commit)."""
+    if not any("durable_store" in getattr(item, "fixturenames", ()) for item in items):
+        return
+    if not _on_the_database(_store_name(config)):
+        return
+    for item in items:
+        if "durable_store" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.django_db(transaction=True))
+
+
+@pytest.fixture
+def durable_store(request: pytest.FixtureRequest) -> BaseStore:
+    """Return a fresh store named by ``--durable-store`` (default ``memory``).
+
+    Raises :class:`~durable_singleton.exceptions.ConfigurationError` for a
+    name that is neither ``memory``, ``django`` nor a store class's dotted path.
+    """
+    from ..conf import Settings
+    from ..runtime import build_store
+
+    return build_store(Settings.from_mapping({"STORE": _store_name(request.config)}))
