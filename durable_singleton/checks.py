@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core import checks
 
-__all__ = ["check_celery", "check_settings", "check_sqlite", "register"]
+__all__ = ["check_celery", "check_settings", "check_sqlite", "check_time_zone", "register"]
 
 _JSON_CONTENT = frozenset({"json", "application/json"})
 
@@ -87,6 +87,51 @@ def check_sqlite(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return []
 
 
+def check_time_zone(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E012/E013: on SQLite and MySQL/MariaDB stored times must be UTC, the database clock's zone (R5, S13a).
+
+    Leases, wake times and deadlines are compared in SQL with the database's
+    UTC clock. These databases have no time zone type: with ``USE_TZ = False``
+    Django stores naive local times, and a ``DATABASES[...]['TIME_ZONE']``
+    other than UTC stores times in that zone: every comparison is then off by the zone's
+    offset (at UTC-5, a run with a one-hour timeout is cancelled at the
+    first tick; a sleep ends at once).
+    """
+    from django.conf import settings as django_settings
+    from django.db import connections
+
+    settings = _settings_or_none()
+    if settings is None or settings.STORE != "django":
+        return []
+    alias = settings.DATABASE or "default"
+    if alias not in connections.settings:
+        return []  # E011
+    db = connections.settings[alias]
+    engine = str(db.get("ENGINE", ""))
+    if "sqlite3" not in engine and "mysql" not in engine:
+        return []  # PostgreSQL stores time zones natively
+    if not django_settings.USE_TZ:
+        return [
+            checks.Error(
+                "USE_TZ is False: durable_singleton compares stored times with the database's UTC clock, "
+                "and naive local times make leases, wake times and deadlines wrong by the zone's offset.",
+                hint="Set USE_TZ = True (Django's default).",
+                id="durable_singleton.E012",
+            )
+        ]
+    zone = db.get("TIME_ZONE")
+    if zone not in (None, "UTC", "Etc/UTC"):
+        return [
+            checks.Error(
+                f"DATABASES[{alias!r}]['TIME_ZONE'] is {zone!r}: times are stored in that zone and compared "
+                "with the database's UTC clock, so leases, wake times and deadlines are off by its offset.",
+                hint="Leave DATABASES[...]['TIME_ZONE'] unset (UTC) for the database durable_singleton uses.",
+                id="durable_singleton.E013",
+            )
+        ]
+    return []
+
+
 def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """W001: the tick is missing from the beat schedule; E020: non-JSON serializer."""
     settings = _settings_or_none()
@@ -139,4 +184,5 @@ def register() -> None:
     """Register the checks with Django (called from ``ready()``)."""
     checks.register(check_settings, "durable_singleton")
     checks.register(check_sqlite, "durable_singleton")
+    checks.register(check_time_zone, "durable_singleton")
     checks.register(check_celery, "durable_singleton")
