@@ -32,12 +32,12 @@ def test_sleep_parks_and_the_tick_resumes(engine: Engine, registry: Registry) ->
 
 
 def test_sleep_until_an_aware_datetime(engine: Engine, registry: Registry) -> None:
-    target = engine.now() + timedelta(seconds=0.05)
+    target = engine.now() + timedelta(seconds=1)
     registry.add("until", "1", lambda ctx, i: ctx.sleep_until(target) or "ok")
     run = engine.start("until")
     assert engine.execute(run.run_id) == "suspended"
     assert engine.get(run.run_id).wake_at == target
-    time.sleep(0.06)
+    time.sleep(max(0.0, (target - engine.now()).total_seconds()) + 0.05)
     assert engine.execute(run.run_id) == "completed"
 
 

@@ -538,3 +538,22 @@ def test_a_stale_holder_is_refused_by_a_token_checking_store(engine: Engine, reg
     assert external.write("B", b.fencing_token)
     assert not external.write("A (late)", old_token)
     assert external.writes == [("B", b.fencing_token)]
+
+
+@django_only
+def test_the_tick_and_a_turn_work_with_debug_sql_logging(registry: Registry, monitor: Monitor) -> None:
+    """R5, S8b: with DEBUG on (a new project's default), Django formats each SQL
+    statement for its log; the database clock's SQL must survive that, so no
+    tick job fails and turns run."""
+    audited(registry, monitor)
+    engine = make_engine("django", registry=registry)
+    engine.start("wf", {"k": "K"}, run_id="A")
+    engine.start("wf", {"k": "K"}, run_id="B")
+    connection.force_debug_cursor = True
+    try:
+        assert engine.tick().errors == []
+        engine.dispatcher.drain()
+        assert engine.tick().errors == []
+    finally:
+        connection.force_debug_cursor = False
+    assert engine.get("A").status == "completed" and engine.get("B").status == "completed"
