@@ -67,6 +67,7 @@ APT_PACKAGES = (
     "libmariadb-dev",
     "pkg-config",
     "chromium",
+    "spin",  # the model check of the turn protocol (tools/model)
 )
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 15.0
