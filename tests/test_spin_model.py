@@ -28,8 +28,8 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "sqlite", reason="database-independent: runs on the SQLite pass only"),
 ]
 
-SAFE = [c for c in check.CONFIGS if not c.expect_violation]
-BROKEN = [c for c in check.CONFIGS if c.expect_violation]
+SAFE = [c for c in check.CONFIGS if c.ci and not c.expect_violation]
+BROKEN = [c for c in check.CONFIGS if c.ci and c.expect_violation]
 
 
 @pytest.mark.parametrize("config", SAFE, ids=[c.name for c in SAFE])

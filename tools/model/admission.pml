@@ -183,22 +183,19 @@ inline send(r) {
 /* Settle run r terminal (inside a transaction): slot and lease go with it (R2, S12). */
 inline settle(r, outcome) {
   assert(ACTIVE(r));
-  assert(!(outcome == COMP && creq[r]));   /* a stored cancel is never overwritten by a completion */
   printf("    run %d settled (status %d)\n", r, outcome);
   st[r] = outcome; hold[r] = 0; live[r] = 0; own[r] = NOBODY; wake[r] = W_NONE;
   if :: outcome == CANC -> wascanc[r] = 1 :: else -> skip fi
 }
 
-/* The handoff, inside the settle's transaction with the key row locked:
- * grant free slots of key k to its oldest waiters, stamp tokens, make them due.
+/* The grant (DjangoStore._grant), inside a transaction with the key row locked:
+ * give the free slots of key k to its oldest waiters: holder, token, a wake
+ * time one redelivery window ahead (their turns are sent or run at once).
  * g gets a bitmask of the runs granted. */
-inline handoff(k, g) {
+inline grant(k, g) {
   h = HOLDERS(k);
   i = 0;
   g = 0;
-#ifdef BROKEN_NO_WAKE
-  i = NR;   /* the broken variant: a release wakes nobody */
-#endif
   do
   :: i < NR ->
      if
@@ -210,8 +207,8 @@ inline handoff(k, g) {
         :: else -> break
         od;
         last[k]++; tok[i] = last[k];   /* K1: ++key.last_token */
-        printf("    handoff: run %d granted the slot of key %d, token %d, made due\n", i, k, tok[i]);
-        wake[i] = W_DUE;
+        printf("    handoff: run %d granted the slot of key %d, token %d\n", i, k, tok[i]);
+        wake[i] = W_LATER;             /* wake_at one redelivery window ahead */
         g = g | (1 << i)
      :: else -> skip
      fi;
@@ -219,6 +216,13 @@ inline handoff(k, g) {
   :: else -> break
   od
 }
+
+/* The handoff of a settle: the same grant, in the settle's transaction. */
+#ifdef BROKEN_NO_WAKE
+inline handoff(k, g) { g = 0 }   /* the broken variant: a settle hands nothing off */
+#else
+inline handoff(k, g) { grant(k, g) }
+#endif
 
 /* Send a turn to every run in bitmask g (after commit). */
 inline send_all(g) {
@@ -281,21 +285,9 @@ inline claim(r) {
      :: else ->
         if
         :: !hold[r] ->
-           h = HOLDERS(k); f = 0; i = 0;
-           do
-           :: i < r -> if :: KEY_OF(i) == k && PARKED(i) && !hold[i] -> f++ :: else -> skip fi; i++
-           :: else -> break
-           od;
-           if
-           :: f + h < LIM(k) ->                                           /* among the first limit - holders */
-              j = 0;
-              do
-              :: j < NR -> assert(!(hold[j] && KEY_OF(j) == k && tok[j] > last[k])); j++
-              :: else -> break
-              od;
-              hold[r] = 1; last[k]++; tok[r] = last[k]                    /* K1 */
-           :: else -> skip
-           fi
+           /* a waiter: the free slots go to the oldest waiters, this one among them or not */
+           grant(k, g);
+           g = g & ~(1 << r)
         :: else -> skip                                                   /* a holder: confirmation (S6) */
         fi;
         if
@@ -315,7 +307,7 @@ inline claim(r) {
      fi
   fi;
   f = 0; h = 0; i = 0; j = 0;
-  if :: res == 0 -> RESET_LOCALS :: else -> skip fi
+  if :: res == 0 && g == 0 -> RESET_LOCALS :: else -> skip fi
 }
 
 /* Leave the body (inside the transaction that ends the turn). */
@@ -344,8 +336,12 @@ end_idle:
        };
 next_turn:
        if
-       :: res == 0 -> goto turn_done
        :: res == 2 -> goto handed_off
+       :: res != 2 && g != 0 -> atomic { send_all(g); g = 0; i = 0 }   /* Engine._hand_off(turn.granted) */
+       :: else -> skip
+       fi;
+       if
+       :: res == 0 -> atomic { RESET_LOCALS }; goto turn_done
        :: else -> skip
        fi;
        /* the body, replaying stored steps.  ctx.step: the boundary check (renew,
@@ -383,7 +379,7 @@ next_turn:
             /* the body returned: settle + handoff, fenced (R5a) */
             if
             :: LEASED(r, w) -> printf("worker %d: run %d body returned\n", w, r);
-               if :: creq[r] -> settle(r, CANC) :: else -> settle(r, COMP) fi; handoff(k, g); res = 2
+               settle(r, COMP); handoff(k, g); res = 2   /* a body that returned completes (owner CAS only) */
             :: else -> res = 0; printf("worker %d: run %d settle fenced\n", w, r)
             fi
          fi;
@@ -556,10 +552,18 @@ end_tick:
           send_all(g)
        :: else -> skip
        fi;
-       /* 2. recovery: re-drive expired leases */
-       r = 0;
+       /* 2. per-key catch-up: a key with a free slot and a waiter grants it (DjangoStore.catch_up) */
+       k = 0;
+#ifdef BROKEN_NO_WAKE
+       k = 2;   /* the broken variant: no catch-up */
+#endif
        do
-       :: r < NR -> if :: st[r] == RUN && !live[r] -> send(r) :: else -> skip fi; r++
+       :: k < 2 ->
+          if
+          :: HOLDERS(k) < LIM(k) -> grant(k, g); send_all(g)
+          :: else -> skip
+          fi;
+          k++
        :: else -> break
        od;
        /* 3. due wakes: send, push the wake ahead (S7a) */
@@ -573,25 +577,10 @@ end_tick:
           r++
        :: else -> break
        od;
-       /* 4. per-key catch-up: a key with a free slot makes its oldest waiters due */
-       k = 0;
-#ifdef BROKEN_NO_WAKE
-       k = 2;   /* the broken variant: no catch-up */
-#endif
+       /* 4. recovery: re-drive expired leases */
+       r = 0;
        do
-       :: k < 2 ->
-          n = LIM(k) - HOLDERS(k);
-          i = 0;
-          do
-          :: i < NR && n > 0 ->
-             if
-             :: KEY_OF(i) == k && PARKED(i) && !hold[i] -> n--; if :: wake[i] != W_DUE -> wake[i] = W_DUE :: else -> skip fi
-             :: else -> skip
-             fi;
-             i++
-          :: else -> break
-          od;
-          k++
+       :: r < NR -> if :: st[r] == RUN && !live[r] -> send(r) :: else -> skip fi; r++
        :: else -> break
        od;
        r = 0; g = 0; h = 0; i = 0; j = 0; k = 0; n = 0; seen = 0
