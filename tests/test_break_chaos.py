@@ -137,11 +137,32 @@ def _chaos(engine: Engine, registry: Registry, *, keys: int, limit: int, runs: i
     }
 
 
+@pytest.fixture
+def mysql_session(store_kind: str) -> Any:
+    """On MySQL/MariaDB, every new connection of the test runs at REPEATABLE READ
+    with a non-UTC session time zone (S13a)."""
+    from django.db import connection
+    from django.db.backends.signals import connection_created
+
+    def setup(sender: Any, connection: Any, **kwargs: Any) -> None:
+        if connection.vendor == "mysql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                cursor.execute("SET time_zone = '-05:00'")
+
+    if store_kind == "django" and connection.vendor == "mysql":
+        connection_created.connect(setup)
+        setup(None, connection)
+    yield
+    connection_created.disconnect(setup)
+
+
 @pytest.mark.parametrize("limit", [1, 2])
-def test_chaos(make: Any, registry: Registry, store_kind: str, limit: int) -> None:
-    """S9, K1, R6, D6: under racing workers, ticks, duplicates and cancels, at
-    most ``limit`` bodies per key; tokens strictly increase in admission
-    order; steps run once; every run ends."""
+def test_chaos(make: Any, registry: Registry, store_kind: str, limit: int, mysql_session: Any) -> None:
+    """S9, S13a, K1, R6, D6: under racing workers, ticks, duplicates and cancels,
+    at most ``limit`` bodies per key; tokens strictly increase in admission
+    order; steps run once; every run ends. On MySQL/MariaDB at REPEATABLE READ
+    with a session time zone of -05:00."""
     engine = make(
         LEASE_SECONDS=3.0,
         LEASE_RENEW_SECONDS=0.5,

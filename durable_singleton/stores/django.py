@@ -430,8 +430,9 @@ class DjangoStore(BaseStore):
 
     @staticmethod
     def _as_read(row: Run) -> Q:
-        """The compare of a claim: the run is still as this turn read it (R5a, R6)."""
-        cas = Q(pk=row.run_id, status=row.status, attempts=row.attempts)
+        """The compare of a claim: the run is still as this turn read it, its cancel
+        flag included, so a cancel landing after the read is never run over (R5a, R6, S9)."""
+        cas = Q(pk=row.run_id, status=row.status, attempts=row.attempts, cancel_requested=row.cancel_requested)
         if row.status == RunStatus.RUNNING:
             cas &= Q(lease_owner=row.lease_owner, lease_expires_at__lte=DbNow())
         return cas
