@@ -16,11 +16,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connections
+from django.utils import timezone
 
 from durable_singleton.dispatch import CeleryDispatcher
 from durable_singleton.engine import Engine
@@ -149,8 +151,15 @@ def thread_workers(settings: Any) -> Iterator[Engine]:
     yield from _thread_workers(settings)
 
 
-def waiting_of(key: str) -> Callable[[Any], int | None]:
+def waiting_of(key: str, after: datetime | None = None) -> Callable[[Any], int | None]:
+    """Read the key's waiting count from the open queue page; with ``after``, only from a
+    refresh taken after that moment (the page refreshes itself while runs are being started)."""
+
     def read(page: Any) -> int | None:
+        if after is not None:
+            stamp = page.get_attribute(".ds-live-status time", "datetime")
+            if stamp is None or datetime.fromisoformat(stamp) <= after:
+                return None
         cell = page.query_selector(f'tr[data-key="{key}"] td.field-waiting')
         return int(cell.inner_text().strip()) if cell else None
 
@@ -191,8 +200,10 @@ def test_watch_a_burst_drain_and_cancel_a_waiter(browser: Browser, workers: Engi
         (WIDE, "C"): [workers.start(WIDE, {"store_id": "C", "duration": 2.0}).run_id for _ in range(3)],
     }
 
-    # The page refreshes itself: the burst appears without a reload.
-    first = wait_until(lambda: browser.do(waiting_of("store:A")), 20, "store:A on the queue page")
+    # The page refreshes itself: the burst appears without a reload. A refresh may land while
+    # the burst is still being started; the count is read from the first one after it.
+    started = timezone.now()
+    first = wait_until(lambda: browser.do(waiting_of("store:A", after=started)), 20, "store:A on the queue page")
     assert first >= 6, f"10 of 12 runs wait behind 2 holders at first, the page showed {first}"
 
     def b_full(page: Any) -> str | None:
@@ -269,16 +280,20 @@ def test_watch_a_burst_drain_and_cancel_a_waiter(browser: Browser, workers: Engi
         assert most <= limit, f"{key}: {most} bodies at once, limit {limit}"
 
 
-def test_view_only_staff_watch_without_actions(
-    browser: Browser, thread_workers: Engine, django_user_model: Any
-) -> None:
+def test_view_only_staff_watch_without_actions(browser: Browser, settings: Any, django_user_model: Any) -> None:
     """Issue #5 point 3 in the browser: a staff user with only the view permission sees the queue
-    and the key's waiters, and is offered no action and no checkbox."""
+    and the key's waiters, and is offered no action and no checkbox. The queue stays put while
+    the page is read: one holder and two waiters claimed through the store, no worker (S5)."""
     from django.contrib.auth.models import Permission
 
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
     user = django_user_model.objects.create_user("watcher", password="pw-view", is_staff=True)
     user.user_permissions.add(Permission.objects.get(codename="view_run"))
-    ids = [thread_workers.start(CAPPED, {"store_id": "V", "duration": 3.0}).run_id for _ in range(3)]
+    ids = [engine.start(CAPPED, {"store_id": "V", "duration": 3.0}).run_id for _ in range(3)]
+    for run_id in ids:
+        claim(engine, run_id, 1)
+    engine.dispatcher.queue.clear()
     browser.goto(
         "/admin/login/?next=/admin/durable_singleton/run/queues/key/%3Fworkflow%3Dsync-inventory%26key%3Dstore%3AV"
     )
