@@ -1,8 +1,8 @@
 """Read-only views of the per-key queues, for the admin and ``manage.py durable_queues``.
 
 Every figure comes from a bounded number of queries, whatever the number of
-keys and runs: the queue table is one grouped query (plus one for its totals),
-a key's page three. The order of a key's waiters is the claim's order,
+keys and runs: the queue table is one grouped query (plus one for its totals
+and one for the runtime controls of the page's keys, K2), a key's page four. The order of a key's waiters is the claim's order,
 ``Run.objects.for_key(...).waiting()`` by (``created_at``, ``run_id``) (S5),
 and its holders are ``holders()``: admitted runs and untracked runs of an
 older release (S12). Nothing here writes.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -106,6 +106,8 @@ class QueueRow:
     active: int
     oldest_waiter_at: datetime | None
     max_queue_depth: int | None
+    paused: bool = False
+    limit_override: int | None = None
 
     @property
     def capacity(self) -> int | None:
@@ -145,6 +147,8 @@ class QueueRow:
             "max_queue_depth": self.max_queue_depth,
             "capacity": self.capacity,
             "fullness": self.fullness,
+            "paused": self.paused,
+            "limit_override": self.limit_override,
         }
 
 
@@ -195,6 +199,29 @@ def _grouped(options: dict[str, tuple[int, int | None]], using: str | None) -> Q
         )
         .annotate(fullness=Cast(F("active"), FloatField()) / Cast(F("capacity"), FloatField()))
     )
+
+
+def _with_controls(page: list[QueueRow], using: str | None) -> list[QueueRow]:
+    """Mark the page's paused keys and keys with a limit override (K2), in one query."""
+    if not page:
+        return page
+    keys = SingletonKey.objects.using(using or router.db_for_read(SingletonKey))
+    controlled = {
+        (w, k): (paused, override)
+        for w, k, paused, override in keys.filter(
+            workflow_name__in={row.workflow for row in page}, key__in={row.key for row in page}
+        )
+        .filter(Q(paused=True) | Q(limit_override__isnull=False))
+        .values_list("workflow_name", "key", "paused", "limit_override")
+    }
+    out = []
+    for row in page:
+        found = controlled.get((row.workflow, row.key))
+        if found is not None:
+            paused, override = found
+            row = replace(row, paused=paused, limit_override=override)
+        out.append(row)
+    return out
 
 
 def _order(sort: str) -> list[Any]:
@@ -261,6 +288,7 @@ def queue_table(
         )
         for r in window
     ]
+    page = _with_controls(page, using)
     if window:
         first = window[0]
         return QueuePage(page, int(first["total_keys"]), int(first["total_holders"]), int(first["total_waiting"]))
@@ -318,11 +346,15 @@ class KeyQueue:
     waiting: int
     offset: int
     paused: bool = False
+    declared_limit: int | None = None
 
     @property
     def capacity(self) -> int | None:
-        """Return ``limit + max_queue_depth``, or None without a cap."""
-        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
+        """Return the declared ``limit + max_queue_depth`` (the cap ``start`` applies, S15), or
+        None without a cap. ``limit`` is the limit in force, a runtime override included (K2)."""
+        if self.max_queue_depth is None:
+            return None
+        return (self.declared_limit or self.limit) + self.max_queue_depth
 
 
 def _first_step_at() -> Subquery:
@@ -381,6 +413,7 @@ def key_queue(
         key=key,
         limit=effective_limit(key_limit, override),
         paused=bool(paused),
+        declared_limit=key_limit,
         max_queue_depth=depth,
         holders=[QueuedRun(r, None, r.first_step_at, r.steps_done or 0, r.last_step) for r in holder_rows],
         waiters=[QueuedRun(r, offset + n + 1, r.first_step_at) for n, r in enumerate(waiter_rows)],

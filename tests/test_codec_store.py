@@ -196,3 +196,31 @@ class TestCodecStoreOverDjango(StoreConformance):
     @pytest.fixture
     def store(self) -> BaseStore:
         return CodecStore(DjangoStore(), _codec(KEY_A))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_admin_shows_payloads_decoded_only_where_the_codec_is_configured(
+    admin_client: Any, settings: Any, registry: Registry
+) -> None:
+    """S13: the run page shows an encoded payload decoded in a process whose store
+    has the codec and key, and as an encoded payload in one that has not."""
+    from django.urls import reverse
+
+    from durable_singleton.definitions import registry as default_registry
+
+    codec_stores.KEYS[:] = [KEY_A]
+    try:
+        writer = make_engine(CodecStore(build_store_django(), _codec(KEY_A)), registry=default_registry)
+        writer.start("sync-inventory", {"store_id": "ENC", "note": "hush"}, run_id="enc-1")
+        url = reverse("admin:durable_singleton_run_change", args=["enc-1"])
+        plain = admin_client.get(url).content.decode()
+        assert "encoded payload (zlib+fernet)" in plain and "hush" not in plain
+        settings.DURABLE_SINGLETON = {
+            **settings.DURABLE_SINGLETON,
+            "DISPATCH": "manual",
+            "STORE": "tests.codec_stores.EncryptedDjangoStore",
+        }
+        decoded = admin_client.get(url).content.decode()
+        assert "hush" in decoded and "decoded (stored encoded)" in decoded
+    finally:
+        codec_stores.KEYS[:] = []

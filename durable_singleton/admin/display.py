@@ -42,10 +42,41 @@ BACKLOG_NOTE = gettext_noop(
 )
 
 
+def _decoded(value: Any) -> tuple[bool, Any]:
+    """Decode an encoded payload (S13) with this process's codec store, if it has one that can."""
+    from ..codecs import PayloadDecodeError
+    from ..runtime import get_engine
+
+    codec = getattr(get_engine().store, "codec", None)
+    if codec is None:
+        return False, value
+    try:
+        return True, codec.decode(value)
+    except PayloadDecodeError:
+        return False, value
+
+
 def pretty_json(value: Any) -> SafeString:
-    """Return ``value`` as indented JSON in a ``<pre>``; ``null`` quietly."""
+    """Return ``value`` as indented JSON in a ``<pre>``; ``null`` quietly.
+
+    An encoded payload (the codec store, S13) is shown decoded when this
+    process's store has the codec and key for it, else as what it is.
+    """
+    from ..codecs import ENVELOPE_KEY, is_envelope
+
     if value is None:
         return format_html('<span class="quiet">{}</span>', "null")
+    if is_envelope(value):
+        ok, plain = _decoded(value)
+        if not ok:
+            return format_html(
+                '<span class="ds-tag ds-tag-marker">{}</span>',
+                f"encoded payload ({value[ENVELOPE_KEY]}); this process has no codec and key that decode it",
+            )
+        text = json.dumps(plain, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+        return format_html(
+            '<pre class="ds-json">{}</pre><span class="quiet">{}</span>', text, "decoded (stored encoded)"
+        )
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
     return format_html('<pre class="ds-json">{}</pre>', text)
 
