@@ -2,7 +2,8 @@
 
 Every figure comes from a bounded number of queries, whatever the number of
 keys and runs: the queue table is one grouped query (plus one for its totals
-and one for the runtime controls of the page's keys, K2), a key's page four. The order of a key's waiters is the claim's order,
+and one for the runtime controls of the page's keys, K2), a key's page four.
+The order of a key's waiters is the claim's order,
 ``Run.objects.for_key(...).waiting()`` by (``created_at``, ``run_id``) (S5),
 and its holders are ``holders()``: admitted runs and untracked runs of an
 older release (S12). Nothing here writes.
