@@ -192,7 +192,8 @@ class WorkflowCtx:
                 self._record(position, _SIGNAL, {"seq": signal.seq, "payload": signal.payload}, self.engine.now())
                 return signal.payload
         now = self.engine.now()
-        deadline = datetime.fromisoformat(started_rec["deadline"]) if started_rec.get("deadline") else None
+        stored_deadline = started_rec.get("deadline")
+        deadline = datetime.fromisoformat(stored_deadline) if stored_deadline else None
         if deadline is not None and now >= deadline:
             self._record(position, _SIGNAL, {"timeout": True}, now)
             raise SignalTimeoutError(f"signal {name!r} did not arrive within {timeout} s")

@@ -46,7 +46,7 @@ class _DjangoCommit:
     def _alias(self) -> str | None:
         return getattr(self.store, "db", None)
 
-    def on_commit(self, fn: Callable[[], None]) -> None:
+    def on_commit(self, fn: Callable[[], object]) -> None:
         alias = self._alias()
         if alias is None:
             fn()

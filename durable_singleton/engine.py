@@ -9,6 +9,7 @@ nothing above it; :mod:`durable_singleton.runtime` builds engines from settings.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -66,7 +67,7 @@ class Dispatcher(Protocol):
         """Send one turn of ``run_id``; never raise for a lost send (the tick re-sends)."""
         ...
 
-    def on_commit(self, fn: Callable[[], None]) -> None:
+    def on_commit(self, fn: Callable[[], object]) -> None:
         """Call ``fn`` after the current transaction commits (at once outside one)."""
         ...
 
@@ -394,7 +395,7 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
                     created.append(result[0])
         queue = self._queue_of(name)
         for run in created:
-            self.dispatcher.on_commit(lambda run=run: signals.run_created.send(sender=Engine, run=run))
+            self.dispatcher.on_commit(functools.partial(signals.run_created.send, sender=Engine, run=run))
         send_many = getattr(self.dispatcher, "dispatch_many", None)
         if send_many is not None:
             send_many([r.run_id for r in created], queue)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -218,6 +219,7 @@ def _queue_facts(store: Any, run: RunRecord) -> _QueueFacts:
 
 def _recent_durations(store: Any, workflow: str, key: str) -> list[float]:
     """Seconds from admission (or start) to finish of the key's last completed runs."""
+    rows: Iterable[tuple[datetime | None, datetime | None]]
     if getattr(store, "db", None) is not None:
         from django.db.models.functions import Coalesce
 

@@ -241,7 +241,7 @@ class ScheduleState(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.name
+        return str(self.name)
 
 
 class ScheduleFiring(models.Model):

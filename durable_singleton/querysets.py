@@ -12,16 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.models import ExpressionWrapper, Func, Value
+from django.db.models.expressions import CombinedExpression
 
 from .admission import HOLDING_LEGACY_STATUSES
 from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
 
 if TYPE_CHECKING:
-    from .models import Run
-
-    _Base = models.QuerySet[Run]
-else:
-    _Base = models.QuerySet
+    from .models import Run  # noqa: F401  (the queryset's type argument, as a string)
 
 __all__ = ["DbNow", "RunQuerySet", "db_now_plus"]
 
@@ -49,12 +46,12 @@ class DbNow(Func):
         return self.as_sql(compiler, connection, template=template, **extra)
 
 
-def db_now_plus(seconds: float) -> ExpressionWrapper:
+def db_now_plus(seconds: float) -> ExpressionWrapper[CombinedExpression]:
     """Return the expression "database now + ``seconds``" (R5)."""
     return ExpressionWrapper(DbNow() + Value(timedelta(seconds=seconds)), output_field=models.DateTimeField())
 
 
-class RunQuerySet(_Base):
+class RunQuerySet(models.QuerySet["Run"]):
     """Query helpers that name the admission vocabulary (holder, waiter, due, lease)."""
 
     def active(self) -> RunQuerySet:

@@ -172,7 +172,7 @@ def singleton_options(reg: Registry = registry) -> dict[str, tuple[int, int | No
     }
 
 
-def _by_workflow(options: dict[str, int], default: Any) -> Any:
+def _by_workflow(options: dict[str, int], default: Any) -> Max:
     """Return ``MAX(CASE workflow_name WHEN ... END)``: a per-workflow constant as an aggregate,
     so that it stays out of the GROUP BY (MariaDB groups much slower on expressions)."""
     whens = [When(workflow_name=name, then=Value(value)) for name, value in options.items()]
@@ -371,6 +371,15 @@ def _last_step() -> Subquery:
     return Subquery(Step.objects.filter(run=OuterRef("pk")).order_by("-position").values("name")[:1])
 
 
+def _annotated(run: Run, name: str) -> Any:
+    """Return the value ``annotate(name=...)`` put on ``run``.
+
+    The type checker cannot see annotations made through a custom queryset
+    class (``RunQuerySet``), so they are read by name here, in one place.
+    """
+    return getattr(run, name)
+
+
 def key_queue(
     workflow: str,
     key: str,
@@ -416,8 +425,13 @@ def key_queue(
         paused=bool(paused),
         declared_limit=key_limit,
         max_queue_depth=depth,
-        holders=[QueuedRun(r, None, r.first_step_at, r.steps_done or 0, r.last_step) for r in holder_rows],
-        waiters=[QueuedRun(r, offset + n + 1, r.first_step_at) for n, r in enumerate(waiter_rows)],
+        holders=[
+            QueuedRun(
+                r, None, _annotated(r, "first_step_at"), _annotated(r, "steps_done") or 0, _annotated(r, "last_step")
+            )
+            for r in holder_rows
+        ],
+        waiters=[QueuedRun(r, offset + n + 1, _annotated(r, "first_step_at")) for n, r in enumerate(waiter_rows)],
         waiting=total,
         offset=offset,
     )

@@ -43,16 +43,23 @@ def build_store(settings: Settings) -> BaseStore:
     retry = RetryPolicy(
         settings.ADMISSION_RETRY_SECONDS, settings.ADMISSION_RETRY_JITTER_SECONDS, settings.BACKLOG_RETRY_SECONDS
     )
+    # The two stores of this package take their options from settings (the
+    # class is imported again by name so its constructor is typed); a store
+    # named by another dotted path is built without arguments.
     if path == _STORES["django"]:
-        return cls(
+        from .stores.django import DjangoStore
+
+        return DjangoStore(
             settings.DATABASE,
             claim_retries=settings.CLAIM_RETRIES,
             retry=retry,
             redelivery_seconds=settings.REDELIVERY_SECONDS,
-        )  # type: ignore[no-any-return]
+        )
     if path == _STORES["memory"]:
-        return cls(retry=retry, redelivery_seconds=settings.REDELIVERY_SECONDS)  # type: ignore[no-any-return]
-    return cls()  # type: ignore[no-any-return]
+        from .stores.memory import MemoryStore
+
+        return MemoryStore(retry=retry, redelivery_seconds=settings.REDELIVERY_SECONDS)
+    return cls()
 
 
 def build_engine(settings: Settings) -> Engine:

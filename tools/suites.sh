@@ -19,6 +19,8 @@ run() {
 }
 PYTEST_ARGS=("$@")
 .venv/bin/ruff check --quiet . || status=1
+echo "=== mypy --strict with the django-stubs plugin (setup.cfg [mypy]) ==="
+.venv/bin/python -m mypy || status=1
 echo "=== docs: sphinx-build -W -n (warnings are errors, every reference resolves) ==="
 docs_out=$(mktemp -d)
 .venv/bin/python -m sphinx -W --keep-going -n -q -b html docs "$docs_out" || status=1

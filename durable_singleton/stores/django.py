@@ -170,7 +170,7 @@ class DjangoStore(BaseStore):
         return self.using or router.db_for_write(Run)
 
     def _runs(self) -> RunQuerySet:
-        return Run.objects.using(self.db)  # type: ignore[no-any-return]
+        return Run.objects.using(self.db)
 
     @property
     def _vendor(self) -> str:
@@ -215,9 +215,10 @@ class DjangoStore(BaseStore):
         for _ in range(2):
             if self._vendor == "sqlite":
                 if keys.update(last_token=F("last_token")):
-                    return keys.values(*fields).get()
+                    locked: dict[str, Any] = keys.values(*fields).get()
+                    return locked
             else:
-                row = keys.select_for_update().values(*fields).first()
+                row: dict[str, Any] | None = keys.select_for_update().values(*fields).first()
                 if row is not None:
                     return row
             SingletonKey.objects.using(self.db).bulk_create(
@@ -246,7 +247,7 @@ class DjangoStore(BaseStore):
             runs.filter(RunQuerySet.legacy_q()).order_by().values("singleton_key").annotate(n=Count("pk")).values("n")
         )
         front = list(self._locking(runs.queue_front().annotate(legacy=Coalesce(Subquery(legacy), 0)))[:rows])
-        return front, (front[0].legacy if front else 0)  # type: ignore[attr-defined]
+        return front, (front[0].legacy if front else 0)
 
     def _limit(self, workflow_name: str, key_row: Mapping[str, Any], limits: Limits, stored: int | None) -> int:
         return effective_limit(limits.get(workflow_name, stored), key_row["limit_override"])

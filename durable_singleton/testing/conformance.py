@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 
+from ..context import WorkflowCtx
 from ..definitions import Registry
 from ..engine import Engine
 from ..exceptions import SingletonFallbackWarning, SingletonQueueFullError
@@ -76,7 +77,7 @@ class StoreConformance:
     def engine(self, store: BaseStore, registry: Registry, bodies: _Bodies) -> Engine:
         registry.add_step("conformance:step", lambda x: x)
 
-        def body(ctx: Any, input: dict[str, Any]) -> str:
+        def body(ctx: WorkflowCtx, input: dict[str, Any]) -> str:
             key = input["k"]
             bodies.enter(key, ctx.run_id, ctx.fencing_token)
             try:
@@ -170,9 +171,9 @@ class StoreConformance:
         assert list(engine.dispatcher.queue) == ["r1"]  # type: ignore[attr-defined]
         assert engine.get("r1").admitted and not engine.get("r2").admitted
         engine.dispatcher.drain()  # type: ignore[attr-defined]
-        tokens = [t for t in bodies.tokens]
+        tokens = [t for t in bodies.tokens if t is not None]
         assert bodies.entered == ["r0", "r1", "r2"]
-        assert all(t is not None for t in tokens) and tokens == sorted(tokens) and len(set(tokens)) == 3
+        assert len(tokens) == len(bodies.tokens) and tokens == sorted(tokens) and len(set(tokens)) == 3
 
     # -- fencing ---------------------------------------------------------------------
     def test_a_taken_over_lease_fences_every_write(self, engine: Engine) -> None:
