@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from .exceptions import ConfigurationError
 from .models import Run, ScheduleState, Signal, Step
 from .stores.codec import CodecStore
 
@@ -29,9 +30,13 @@ def reencode_all(store: CodecStore, *, batch: int = 500, dry_run: bool = False) 
     """Re-encode every payload column; return {table: (rows seen, rows changed)}.
 
     Raises :class:`~durable_singleton.codecs.PayloadDecodeError` for a payload the
-    codec cannot decode (nothing of that batch is written).
+    codec cannot decode (nothing of that batch is written), and
+    :class:`~durable_singleton.exceptions.ConfigurationError` when the codec
+    store does not wrap a database store.
     """
-    db = store.inner.db
+    db = getattr(store.inner, "db", None)
+    if not isinstance(db, str):
+        raise ConfigurationError("re-encoding rewrites database rows; the codec store does not wrap a database store")
     counts: dict[str, tuple[int, int]] = {}
     for model, columns in _TABLES:
         seen = changed = 0
