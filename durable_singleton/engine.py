@@ -490,11 +490,7 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
             if self.store.park(run_id, owner, RunStatus.PENDING, wake_at=self.now()) == "parked":
                 self.dispatcher.dispatch(run_id, definition.queue)
             return Outcome.PARKED
-        if (
-            run.admitted
-            and run.fencing_token is not None
-            and (known is not None or run.attempts == 1 or turn.recovered)
-        ):
+        if turn.admitted:
             signals.run_admitted.send(sender=Engine, run=run)
         return self._run_body(definition, run, owner)
 
@@ -528,6 +524,8 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         """Send the turns of waiters just granted a slot (S7): the first runs next
         on this thread when inside :meth:`execute_chain`, the rest go to workers."""
         follow_ups = getattr(self._local, "follow_ups", None)
+        for run in granted:
+            signals.run_admitted.send(sender=Engine, run=run)  # the grant admitted it (S7)
         for n, run in enumerate(granted):
             queue = self._queue_of(run)
             if n == 0 and follow_ups is not None and queue is None:
@@ -587,9 +585,9 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
     def _settled(self, done: Finish) -> None:
         """Everything that follows a settle, wherever it happened: the handoff,
         the signals, the dead-letter hook, the children, the parent (S7, D4, D6, D7)."""
-        self._hand_off(done.granted)
         if done.run is not None:
             self._after_settle(done.run)
+        self._hand_off(done.granted)
 
     def _after_settle(self, run: RunRecord) -> None:
         if run.status == RunStatus.DEAD:

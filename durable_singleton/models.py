@@ -279,6 +279,8 @@ class Heartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} at {self.at:%Y-%m-%d %H:%M:%S}"
+
+
 class KeyControlChange(models.Model):
     """One change of a key's runtime controls (K2): who, when, old and new value, why.
 

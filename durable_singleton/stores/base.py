@@ -165,13 +165,16 @@ class Turn:
 
     ``run`` is the run as this turn left it (None if it does not exist);
     ``recovered`` tells that an expired lease was taken over (D4);
-    ``granted`` are waiters given a slot by a settle in this claim (S7).
+    ``granted`` are waiters given a slot by a settle in this claim (S7);
+    ``admitted`` tells that this claim gave the run its slot (not a
+    confirmation of an earlier admission).
     """
 
     state: TurnState
     run: RunRecord | None = None
     recovered: bool = False
     granted: tuple[RunRecord, ...] = ()
+    admitted: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,7 +297,7 @@ class BaseStore(ABC):
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)
         ]
         if decide_admission(candidates, run_id, limit):
-            return Turn(TurnState.RUN, run.evolve(admitted=True), recovered=turn.recovered)
+            return Turn(TurnState.RUN, run.evolve(admitted=True), recovered=turn.recovered, admitted=True)
         wake = self.now() + _seconds(retry_delay(retry.seconds, retry.jitter))
         if self.park(run_id, owner, RunStatus.SUSPENDED, wake_at=wake, reason="singleton") == "parked":
             return Turn(TurnState.PARKED, run)

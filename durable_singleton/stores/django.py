@@ -577,7 +577,7 @@ class DjangoStore(BaseStore):
                     **take
                 ):
                     run = taken.evolve(admitted=True, tracked=True, fencing_token=token, admitted_at=timezone.now())
-                    return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(granted))
+                    return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(granted), admitted=True)
                 transaction.set_rollback(True, using=self.db)  # changed under us: grant nothing (R5a)
                 return Turn(TurnState.SKIPPED, record)
             parked = self._park_waiter(row, retry.seconds if front is not None else retry.backlog_seconds, retry)

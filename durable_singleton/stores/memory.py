@@ -213,7 +213,7 @@ class MemoryStore(BaseStore):
             granted, in_front, token = self._grant(run.workflow_name, key, limits, claimant=run_id)
             if token:
                 taken = self._replace(run, admitted=True, fencing_token=token, admitted_at=now, **take)
-                return Turn(TurnState.RUN, taken, recovered=recovered, granted=tuple(granted))
+                return Turn(TurnState.RUN, taken, recovered=recovered, granted=tuple(granted), admitted=True)
             seconds = retry.seconds if in_front else retry.backlog_seconds
             parked = self._replace(
                 run,
