@@ -145,23 +145,11 @@ def _key_limit(engine: Engine, run: RunRecord) -> int:
 
 
 def _key_controls(store: Any, workflow: str, key: str) -> KeyControls:
-    """Read the key's pause and limit override (K2) where the store keeps them."""
-    reader = getattr(store, "key_controls", None)
-    if reader is not None:
-        found = reader(workflow, key)
-        return found if isinstance(found, KeyControls) else KeyControls(**found) if found else KeyControls()
-    if getattr(store, "db", None) is not None:
-        from .models import SingletonKey
+    """Read the key's pause and limit override (K2) where the controls keep them."""
+    from .controls import control_store_for
 
-        names = {f.name for f in SingletonKey._meta.get_fields()}
-        if "paused" not in names and "limit_override" not in names:
-            return KeyControls()  # this schema keeps no runtime controls
-        row = SingletonKey.objects.using(store.db).filter(workflow_name=workflow, key=key).first()
-        if row is not None:
-            return KeyControls(
-                paused=bool(getattr(row, "paused", False)), override=getattr(row, "limit_override", None)
-            )
-    return KeyControls()
+    paused, override = control_store_for(store).state(workflow, key)
+    return KeyControls(paused=paused, override=override)
 
 
 @dataclass(frozen=True)

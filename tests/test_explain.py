@@ -39,13 +39,30 @@ def _queue(engine: Engine, registry: Registry, monitor: Monitor, *names: str) ->
 def test_holder_is_explained_with_its_slot_since_and_state(
     engine: Engine, registry: Registry, monitor: Monitor
 ) -> None:
-    """K3: a holder's explanation says it holds a slot of its key, since when, and what it is doing."""
+    """K3, K1: a holder's explanation says it holds a slot of its key, since when, with
+    which fencing token, and what it is doing."""
     _queue(engine, registry, monitor, "A", "B")
     found = engine.explain("A")
     assert found.state is ExplainState.HOLDER and found.key == "key:K" and found.limit == 1
     assert found.holder_since is not None and found.holder_count == 1 and found.depth == 1
     assert found.sentence.startswith("Run A holds a slot of key 'key:K' of wf since ")
+    assert found.fencing_token == engine.get("A").fencing_token and found.fencing_token is not None
+    assert f"fencing token {found.fencing_token}" in found.sentence
     assert "it is running (lease held by w)" in found.sentence
+
+
+def test_waiter_explanation_names_the_keys_pause_and_override(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
+    """K3, K2: behind a paused key with an overridden limit, the waiter's explanation
+    says the key is paused and which limit is in force, and gives no estimate."""
+    _queue(engine, registry, monitor, "A", "B")
+    engine.pause_key("wf", "key:K", by="ops")
+    engine.override_limit("wf", "key:K", 2, by="ops")  # paused: the new slot is not granted
+    found = engine.explain("B")
+    assert found.state is ExplainState.WAITER and found.paused and found.limit_override == 2 and found.limit == 2
+    assert "the key is paused: no run is admitted until it is resumed" in found.sentence
+    assert "limit 2 (overridden from 1)" in found.sentence and found.estimated_wait_seconds is None
 
 
 def test_waiter_is_explained_with_position_holders_depth_and_limit(
