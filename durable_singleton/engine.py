@@ -471,7 +471,12 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
             retry=self._retry_policy(),
             known=known,
         )
-        self._hand_off(turn.granted)
+        if turn.state is TurnState.RUN:
+            # This thread runs a body next: the waiters the claim granted go to workers now (S7).
+            for granted in turn.granted:
+                self.dispatcher.dispatch(granted.run_id, self._queue_of(granted))
+        else:
+            self._hand_off(turn.granted)
         run = turn.run
         if turn.state is TurnState.SKIPPED or run is None:
             return Outcome.SKIPPED

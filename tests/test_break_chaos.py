@@ -25,7 +25,16 @@ from durable_singleton.exceptions import RunNotFoundError
 pytestmark = pytest.mark.slow
 
 
-def _chaos(engine: Engine, registry: Registry, *, keys: int, limit: int, runs: int, seconds: float) -> dict[str, Any]:
+def _chaos(
+    engine: Engine,
+    registry: Registry,
+    *,
+    keys: int,
+    limit: int,
+    runs: int,
+    seconds: float,
+    timeout: float | None = None,
+) -> dict[str, Any]:
     lock = threading.Lock()
     current: dict[str, int] = defaultdict(int)
     highest: dict[str, int] = defaultdict(int)
@@ -62,7 +71,7 @@ def _chaos(engine: Engine, registry: Registry, *, keys: int, limit: int, runs: i
             with lock:
                 current[key] -= 1
 
-    registry.add("chaos", "1", body, singleton={"key": lambda i: i["k"], "limit": limit}, timeout=None)
+    registry.add("chaos", "1", body, singleton={"key": lambda i: i["k"], "limit": limit}, timeout=timeout)
     rng = random.Random(int(os.environ.get("CHAOS_SEED", "1")))
     ids = []
     for i in range(runs):
@@ -157,8 +166,11 @@ def mysql_session(store_kind: str) -> Any:
     connection_created.disconnect(setup)
 
 
+@pytest.mark.parametrize("timeout", [None, 0.4])
 @pytest.mark.parametrize("limit", [1, 2])
-def test_chaos(make: Any, registry: Registry, store_kind: str, limit: int, mysql_session: Any) -> None:
+def test_chaos(
+    make: Any, registry: Registry, store_kind: str, limit: int, timeout: float | None, mysql_session: Any
+) -> None:
     """S9, S13a, K1, R6, D6: under racing workers, ticks, duplicates and cancels,
     at most ``limit`` bodies per key; tokens strictly increase in admission
     order; steps run once; every run ends. On MySQL/MariaDB at REPEATABLE READ
@@ -178,6 +190,7 @@ def test_chaos(make: Any, registry: Registry, store_kind: str, limit: int, mysql
         limit=limit,
         runs=int(os.environ.get("CHAOS_RUNS", "60")),
         seconds=float(os.environ.get("CHAOS_SECONDS", "60")),
+        timeout=timeout,
     )
     assert not out["errors"], out["errors"]
     assert max(out["highest"].values()) <= limit, out["highest"]
