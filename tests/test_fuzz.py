@@ -143,7 +143,7 @@ def fz() -> Engine:
     def body(ctx: Any, input: Any) -> Any:
         return input
 
-    registry.add("fz-plain", "1", body)
+    registry.add("fz-plain", "1", body, events=["fz-event"])
     registry.add("fz-key", "1", body, singleton=Singleton(key=lambda i: i["k"], limit=1))
     registry.add("fz-capped", "1", body, singleton=Singleton(key=lambda i: i["k"], limit=1, max_queue_depth=1))
     return engine
@@ -251,6 +251,58 @@ def test_tags(fz: Engine, tags: Any) -> None:
         assert list(stored) == expected
 
     attempt("tags", lambda: fz.start("fz-plain", 1, tags=tags), check)
+
+
+@FUZZ
+@given(
+    event=st.one_of(st.just("fz-event"), hostile_text),
+    event_id=st.one_of(st.none(), hostile_text),
+    payload=json_like,
+)
+def test_events(fz: Engine, event: Any, event_id: Any, payload: Any) -> None:
+    """D8, R3: an event starts its subscribers with the payload stored, once
+    per event id, or raises a typed error and writes nothing."""
+
+    def check(runs: Any) -> None:
+        for run in runs:
+            assert _same(fz.get(run.run_id).input, _json_round_trip(payload))
+        if event_id is not None:
+            assert [r.run_id for r in fz.emit(event, payload, event_id=event_id)] == [r.run_id for r in runs]
+
+    attempt("emit", lambda: fz.emit(event, payload, event_id=event_id), check)
+
+
+@FUZZ
+@given(run_id=hostile_text, signal=hostile_text, namespace=st.one_of(st.none(), hostile_text))
+def test_signal_with_start_and_namespaces(fz: Engine, run_id: str, signal: str, namespace: Any) -> None:
+    """S18, D10: signal_with_start and a start in a namespace store what they
+    were given, or raise a typed error and write nothing."""
+
+    def check_sws(run: Any) -> None:
+        assert fz.get(run_id).run_id == run_id
+        assert fz.store.load_signals(run_id)[-1].name == signal
+
+    attempt("signal-with-start", lambda: fz.signal_with_start("fz-plain", 1, run_id=run_id, signal=signal), check_sws)
+
+    def check_ns(run: Any) -> None:
+        assert fz.get(run.run_id).namespace == (namespace if namespace is not None else fz.namespace)
+
+    attempt("namespace", lambda: fz.start("fz-plain", 1, namespace=namespace), check_ns)
+
+
+@FUZZ
+@given(run_ids=st.lists(st.one_of(st.none(), hostile_text), min_size=1, max_size=4))
+def test_start_many_run_ids(fz: Engine, run_ids: list[Any]) -> None:
+    """R1, R3, S15: a bulk start stores every run under its id (duplicates
+    deduped), or raises a typed error and writes nothing."""
+
+    def check(results: Any) -> None:
+        for run_id, result in zip(run_ids, results, strict=True):
+            assert not isinstance(result, BaseException)
+            if run_id is not None:
+                assert result.run_id == run_id and fz.get(run_id).run_id == run_id
+
+    attempt("start-many", lambda: fz.start_many("fz-plain", [1] * len(run_ids), run_ids=run_ids), check)
 
 
 @FUZZ
