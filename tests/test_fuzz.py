@@ -10,6 +10,7 @@ module (``pytest -s`` or the terminal summary).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from collections import Counter
@@ -35,6 +36,7 @@ from durable_singleton.testing import make_engine
 pytestmark = pytest.mark.django_db(transaction=True)
 
 TRIED: Counter[str] = Counter()
+_UNIQUE = itertools.count(1)
 FUZZ = settings(
     max_examples=40,
     deadline=None,
@@ -262,6 +264,8 @@ def test_tags(fz: Engine, tags: Any) -> None:
 def test_events(fz: Engine, event: Any, event_id: Any, payload: Any) -> None:
     """D8, R3: an event starts its subscribers with the payload stored, once
     per event id, or raises a typed error and writes nothing."""
+    if event_id is not None:
+        event_id = f"{next(_UNIQUE)}{event_id}"  # unique per example: an id seen before returns its runs (R3)
 
     def check(runs: Any) -> None:
         for run in runs:
