@@ -27,6 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from durable_singleton import exceptions
+from durable_singleton.admission import RESERVED_TAGS
 from durable_singleton.conf import Settings
 from durable_singleton.definitions import Registry, Singleton
 from durable_singleton.engine import Engine
@@ -50,7 +51,20 @@ hostile_text = st.one_of(
     st.text(max_size=40),
     st.text(st.characters(codec=None, categories=None), max_size=40),
     st.sampled_from(
-        ["", " ", "\t\n", "\x00", "a\x00b", "\ud800", "x\udfff", "\u200b", "\ufeff", "😀" * 3, "'; DROP TABLE x; --"]
+        [
+            "",
+            " ",
+            "\t\n",
+            "\x00",
+            "a\x00b",
+            "\ud800",
+            "x\udfff",
+            "\u200b",
+            "\ufeff",
+            "😀" * 3,
+            "'; DROP TABLE x; --",
+            "durable:singleton:admitted",
+        ]
     ),
     st.integers(150, 400).map(lambda n: "k" * n),
     st.text(min_size=1, max_size=5).map(lambda t: t * 60),
@@ -249,7 +263,7 @@ def test_tags(fz: Engine, tags: Any) -> None:
 
     def check(run: Any) -> None:
         stored = fz.get(run.run_id).user_tags
-        expected = [t for t in dict.fromkeys(tags) if not t.startswith("durable:singleton:")]
+        expected = [t for t in dict.fromkeys(tags) if t not in RESERVED_TAGS]
         assert list(stored) == expected
 
     attempt("tags", lambda: fz.start("fz-plain", 1, tags=tags), check)
