@@ -208,10 +208,31 @@ class DjangoStore(BaseStore):
         """Lock the key's row, creating it if missing; return its fields.
 
         Must run inside a transaction. SQLite has no row locks: an UPDATE of
-        the row takes the database write lock before anything is read.
+        the row takes the database write lock before anything is read. On
+        MySQL/MariaDB an upsert takes the row's exclusive lock (creating the
+        row if missing) without the gap lock a ``SELECT ... FOR UPDATE`` of a
+        missing row takes at REPEATABLE READ, which made first claims of a new
+        key deadlock with each other (S13a).
         """
         keys = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
         fields = ("pk", "last_token", "paused", "limit_override")
+        if self._vendor == "mysql":
+            connection = connections[self.db]
+            table = connection.ops.quote_name(SingletonKey._meta.db_table)
+            columns = ", ".join(
+                connection.ops.quote_name(c)
+                for c in ("created", "modified", "workflow_name", "key", "last_token", "paused")
+            )
+            token = connection.ops.quote_name("last_token")
+            now = timezone.now().replace(tzinfo=None)  # Django stores UTC, naive, on MySQL
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 0, 0) "
+                    f"ON DUPLICATE KEY UPDATE {token} = {token}",
+                    [now, now, workflow_name, key],
+                )
+            locked_row: dict[str, Any] = keys.select_for_update().values(*fields).get()  # ours already: no wait
+            return locked_row
         for _ in range(2):
             if self._vendor == "sqlite":
                 if keys.update(last_token=F("last_token")):
@@ -544,6 +565,7 @@ class DjangoStore(BaseStore):
     ) -> Turn:
         """Admit or park a waiter, under its key's lock (S5, S9, S12, K1)."""
         assert row.singleton_key is not None
+        take = dict(take)  # a retried transaction starts from the claim as read, never a stale token
         runs = self._runs()
         with transaction.atomic(using=self.db):
             key_row = self._lock_key(row.workflow_name, row.singleton_key)
