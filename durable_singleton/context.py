@@ -35,12 +35,35 @@ _SIGNAL = "durable:signal"
 _CHILD = "durable:child"
 
 
+#: Deepest nesting of lists and objects accepted in a JSON value, counting the
+#: outermost: within MariaDB's limit for a JSON column (32, counting a leaf),
+#: so every store accepts the same values.
+MAX_JSON_DEPTH = 30
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Tell whether ``value`` nests lists/dicts deeper than ``limit`` (iteratively, no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict | list | tuple):
+            if depth > limit:
+                return True
+            children = node.values() if isinstance(node, dict) else node
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def to_json_value(value: Any, what: str) -> Any:
     """Return ``value`` as it reads back from JSON; raise :class:`InvalidInputError`.
 
     Refused too: NUL characters and lone surrogates, which some databases
-    cannot store (PostgreSQL), so every store behaves the same.
+    cannot store (PostgreSQL), and nesting deeper than :data:`MAX_JSON_DEPTH`
+    (MySQL/MariaDB's limit; deeper values also break Python's JSON encoder), so
+    every store behaves the same (section 7).
     """
+    if _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise InvalidInputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         text.encode("utf-8")

@@ -20,7 +20,7 @@ from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import IntegrityError, connection
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from hypothesis import HealthCheck, given, settings
@@ -212,19 +212,13 @@ def test_huge_inputs(fz: Engine, depth: int, size: int) -> None:
     attempt("input-huge", lambda: fz.start("fz-plain", value), check)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(RecursionError, IntegrityError),
-    reason="bug (#12 fuzz, #8 defect 11): nesting depth is not limited. On MariaDB an input nested more than "
-    "32 deep fails the JSON CHECK constraint (IntegrityError 4025); on every database one nested about "
-    "1,000-1,500 deep passes to_json_value, then RecursionError escapes from the JSONField on insert, or "
-    "the run is stored and every read of it raises",
-)
 @settings(FUZZ, max_examples=30, report_multiple_bugs=False)
 @given(depth=st.integers(31, 5000))
 def test_deeply_nested_inputs(fz: Engine, depth: int) -> None:
     """Section 7: a deeply nested input is stored and read back, or
-    InvalidInputError and no row."""
+    InvalidInputError and no row (nesting past MAX_JSON_DEPTH is refused on
+    every database: found by this test as an IntegrityError on MariaDB and a
+    RecursionError on insert or read everywhere)."""
     value = _nested(depth)
 
     def check(run: Any) -> None:
@@ -421,3 +415,15 @@ def test_admin_query_strings(admin_client: Client, params: list[tuple[str, str]]
     query = urlencode([(k, v.encode("utf-8", "surrogatepass")) for k, v in params])
     response = admin_client.get(f"{reverse('admin:durable_singleton_' + page)}?{query}")
     assert response.status_code < 500, (page, params, response.status_code)
+
+
+def test_nesting_up_to_the_limit_is_stored_and_deeper_is_refused(fz: Engine) -> None:
+    """Section 7: MAX_JSON_DEPTH levels are stored and read back on every database; one more is refused."""
+    from durable_singleton.context import MAX_JSON_DEPTH
+
+    deepest = _nested(MAX_JSON_DEPTH - 1)  # MAX_JSON_DEPTH lists
+    run = fz.start("fz-plain", {"deep": _nested(MAX_JSON_DEPTH - 2)})
+    assert _same(fz.get(run.run_id).input, {"deep": _nested(MAX_JSON_DEPTH - 2)})
+    assert _same(fz.get(fz.start("fz-plain", deepest).run_id).input, deepest)
+    with pytest.raises(exceptions.InvalidInputError):
+        fz.start("fz-plain", [deepest])
