@@ -99,10 +99,6 @@ class AuditReport:
         }
 
 
-def _limits(engine: Engine) -> dict[str, int]:
-    return engine.limits()
-
-
 def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = None) -> AuditReport:
     """Check the slot invariants of SPEC K4 on ``engine``'s store; repair the
     safe findings when ``repair`` is true.
@@ -122,7 +118,7 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
 
     runs = Run.objects.using(db)
     grace = now - timedelta(seconds=2 * engine.settings.TICK_SECONDS)
-    limits = _limits(engine)
+    limits = engine.limits()
 
     for row in runs.filter(singleton_slot="holder").exclude(status__in=ACTIVE_STATUSES)[:MAX_LISTED]:
         repaired = False
