@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
     ChildWorkflowError,
+    DurableSingletonError,
     InvalidInputError,
     LeaseLostError,
     RunCancelledError,
@@ -111,6 +112,44 @@ class Suspend(BaseException):
     recheck: Callable[[], bool] | None = None
 
 
+class Interrupted(BaseException):
+    """Raised inside a body when a store call failed (the database or the
+    network went away, a connection was killed); caught by the engine.
+
+    The failure is the infrastructure's, not the workflow's: the engine ends
+    the turn without failing the run, which keeps its slot and resumes from
+    its stored steps (R4, S6, D4). A ``BaseException`` so a body's ``except
+    Exception`` cannot swallow it. ``__cause__`` is the store's exception.
+    """
+
+
+class _GuardedStore:
+    """The engine's store as a body's context calls it: an exception other
+    than this package's typed errors becomes :class:`Interrupted`."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return guarded(method, *args, **kwargs)
+
+        return call
+
+
+def guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; re-raise this package's typed errors, and raise
+    :class:`Interrupted` from any other exception (a store or broker failure)."""
+    try:
+        return fn(*args, **kwargs)
+    except DurableSingletonError:
+        raise
+    except Exception as exc:
+        raise Interrupted(f"{getattr(fn, '__name__', fn)!s} failed: {exc!r}") from exc
+
+
 class WorkflowCtx:
     """What a running body may do. Created by the engine for one turn."""
 
@@ -120,6 +159,7 @@ class WorkflowCtx:
         self.owner = owner
         self._steps = steps
         self._position = 0
+        self._store = _GuardedStore(engine.store)
 
     @property
     def run_id(self) -> str:
@@ -144,7 +184,7 @@ class WorkflowCtx:
 
     def _boundary(self) -> None:
         """Stop at a step boundary if the run was cancelled or taken over (D6, R5)."""
-        verdict = self.engine.store.check_boundary(self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS)
+        verdict = self._store.check_boundary(self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS)
         if verdict == "cancelled":
             raise RunCancelledError(f"run {self.run.run_id!r} was cancelled")
         if verdict != "ok":
@@ -153,7 +193,7 @@ class WorkflowCtx:
     def _record(self, position: int, name: str, result: Any, started_at: datetime) -> Any:
         result = to_json_value(result, f"result of step {name!r}")
         record = StepRecord(position, name, result, started_at, self.engine.now())
-        if not self.engine.store.save_step(self.run.run_id, self.owner, record):
+        if not self._store.save_step(self.run.run_id, self.owner, record):
             self._boundary()  # raises: cancelled or fenced
             raise LeaseLostError(f"run {self.run.run_id!r}: step {position} was stored by another executor")
         self._steps[position] = record
@@ -210,7 +250,7 @@ class WorkflowCtx:
                 raise SignalTimeoutError(f"signal {name!r} did not arrive within {timeout} s")
             return stored.result["payload"]
         consumed = {s.result.get("seq") for s in self._steps.values() if s.name == _SIGNAL}
-        for signal in self.engine.store.load_signals(self.run.run_id):
+        for signal in self._store.load_signals(self.run.run_id):
             if signal.name == name and signal.seq not in consumed:
                 self._record(position, _SIGNAL, {"seq": signal.seq, "payload": signal.payload}, self.engine.now())
                 return signal.payload
@@ -243,8 +283,14 @@ class WorkflowCtx:
             self._boundary()
             child_id = run_id or f"{self.run.run_id}:child:{position}"
             try:
-                self.engine.start(
-                    name, input, run_id=child_id, tags=tags, parent_run_id=self.run.run_id, namespace=self.run.namespace
+                guarded(
+                    self.engine.start,
+                    name,
+                    input,
+                    run_id=child_id,
+                    tags=tags,
+                    parent_run_id=self.run.run_id,
+                    namespace=self.run.namespace,
                 )
                 result = {"run_id": child_id}
             except SingletonQueueFullError as exc:
@@ -262,7 +308,7 @@ class WorkflowCtx:
         was rejected by its queue cap (S16).
         """
         child_id = self.start_child(name, input, run_id=run_id)
-        child = self.engine.store.get_run(child_id)
+        child = self._store.get_run(child_id)
         if child is not None and child.is_terminal:
             if child.status == "completed":
                 return child.output

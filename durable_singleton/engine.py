@@ -27,7 +27,7 @@ from . import heartbeat, retention, schedules, signals
 from .admission import RESERVED_TAGS, compute_singleton_key
 from .aio import AsyncEngineMixin
 from .conf import Settings, get_settings
-from .context import Suspend, WorkflowCtx, check_text, printable, to_json_value
+from .context import Interrupted, Suspend, WorkflowCtx, check_text, printable, to_json_value
 from .controls import KeyControlsMixin
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
 from .exceptions import (
@@ -565,6 +565,9 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         except LeaseLostError:
             logger.warning("run %s: lease lost; this turn's writes are fenced", run.run_id)
             return Outcome.FENCED
+        except Interrupted as interrupted:
+            self._resume_interrupted(definition, run, owner, interrupted)
+            return Outcome.INTERRUPTED
         except RunCancelledError:
             return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception as exc:  # the body may raise anything: it fails the run
@@ -576,6 +579,24 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
             }
             return self._finish(run, owner, RunStatus.FAILED, error=error)
         return self._finish(run, owner, RunStatus.COMPLETED, output=output)
+
+    def _resume_interrupted(
+        self, definition: WorkflowDefinition, run: RunRecord, owner: str, interrupted: Interrupted
+    ) -> None:
+        """End a turn whose store call failed under the body, without failing the run.
+
+        The run keeps its slot (S6). It is handed back as ``pending`` and sent
+        again at once when the store answers; otherwise its lease expires and
+        the tick re-drives it (D4). Its stored steps are replayed; the step
+        whose result was not stored runs again (R4).
+        """
+        logger.warning("run %s: %s; the turn ends and the run resumes", run.run_id, interrupted)
+        try:
+            self.store.discard_broken_connection()
+            if self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=self.now()) == "parked":
+                self.dispatcher.dispatch(run.run_id, definition.queue)
+        except Exception:  # the store is still away: recovery after the lease takes over (D4)
+            logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id)
 
     def _finish(self, run: RunRecord, owner: str, status: str, *, output: Any = None, error: Any = None) -> str:
         """Settle ``run`` by compare-and-set and hand its slot off (R2, R5a, S7)."""

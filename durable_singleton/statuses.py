@@ -58,3 +58,4 @@ class Outcome(enum.StrEnum):
     CANCELLED = "cancelled"
     DEAD = "dead"
     FENCED = "fenced"  # this executor's lease was taken over: its writes were refused (R5)
+    INTERRUPTED = "interrupted"  # a store call failed under the body: the run resumes from its stored steps (D4)

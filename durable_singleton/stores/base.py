@@ -216,6 +216,13 @@ class BaseStore(ABC):
     def now(self) -> datetime:
         """Return the store's current time (aware, UTC): the clock of leases (R5)."""
 
+    # -- connections -----------------------------------------------------------
+    def discard_broken_connection(self) -> None:
+        """Drop this thread's connection to the store if a failure left it
+        unusable, so the next call opens a new one. The default does nothing
+        (a store without connections)."""
+        return None
+
     # -- starting ------------------------------------------------------------
     @abstractmethod
     def create_run(

@@ -188,6 +188,14 @@ class DjangoStore(BaseStore):
         raise AssertionError("unreachable")
 
     # -- the clock -----------------------------------------------------------
+    def discard_broken_connection(self) -> None:
+        """Close this thread's connection if an error left it unusable (outside
+        a transaction), so the next query reconnects; Django does this only
+        between requests."""
+        conn = connections[self.db]
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
+
     def now(self) -> datetime:
         """Return the database server's time in UTC (R5)."""
         sql = {
