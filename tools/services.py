@@ -295,6 +295,41 @@ def _launch(
     raise ServiceError(f"{name}: no free port after {PORT_ATTEMPTS} attempts\n{_tail(log)}")
 
 
+def _relauncher(
+    name: str,
+    build_cmd: Callable[[int], list[str]],
+    port: int,
+    log: Path,
+    is_ready: Callable[[int], bool],
+    *,
+    stop_signal: signal.Signals,
+    popen_kwargs: dict[str, Any],
+) -> Callable[[], subprocess.Popen[bytes]]:
+    """Return a function that starts the server again on the same ``port`` and
+    data and waits until ``is_ready(port)`` (used by :meth:`Service.restart`)."""
+
+    def relaunch() -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            again = subprocess.Popen(
+                build_cmd(port),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent(stop_signal),
+                **popen_kwargs,
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while not is_ready(port):
+            if again.poll() is not None or time.monotonic() > deadline:
+                _terminate(again, stop_signal, STOP_TIMEOUT)
+                raise ServiceError(f"{name} did not restart; log {log}:\n{_tail(log)}")
+            time.sleep(POLL_INTERVAL)
+        return again
+
+    return relaunch
+
+
 # --------------------------------------------------------------------------
 # Servers
 # --------------------------------------------------------------------------
@@ -368,26 +403,15 @@ def start_postgres(root: Path) -> Service:
         popen_kwargs={"cwd": base, "env": env, **as_user},
     )
 
-    def relaunch() -> subprocess.Popen[bytes]:
-        with log.open("ab") as out:
-            again = subprocess.Popen(
-                command(port),
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                preexec_fn=_die_with_parent(signal.SIGINT),
-                cwd=base,
-                env=env,
-                **as_user,
-            )
-        deadline = time.monotonic() + START_TIMEOUT
-        while not is_ready(port):
-            if again.poll() is not None or time.monotonic() > deadline:
-                _terminate(again, signal.SIGINT, STOP_TIMEOUT)
-                raise ServiceError(f"postgres did not restart; log {log}:\n{_tail(log)}")
-            time.sleep(POLL_INTERVAL)
-        return again
+    relaunch = _relauncher(
+        "postgres",
+        command,
+        port,
+        log,
+        is_ready,
+        stop_signal=signal.SIGINT,
+        popen_kwargs={"cwd": base, "env": env, **as_user},
+    )
 
     service = Service(
         "postgres",
@@ -476,15 +500,17 @@ def start_mariadb(root: Path) -> Service:
     def is_ready(_port: int) -> bool:
         return sock.exists() and _succeeds([*root_client, "-e", "SELECT 1"])
 
-    process, port = _launch(
-        "mariadb", command, log, is_ready, stop_signal=signal.SIGTERM, popen_kwargs={"cwd": base, "env": env, **as_user}
-    )
+    popen_kwargs = {"cwd": base, "env": env, **as_user}
+    process, port = _launch("mariadb", command, log, is_ready, stop_signal=signal.SIGTERM, popen_kwargs=popen_kwargs)
     password = secrets.token_hex(16)
     service = Service(
         "mariadb",
         f"mysql://{DB_USER}:{password}@127.0.0.1:{port}/{DB_NAME}",
         process,
         log,
+        _relaunch=_relauncher(
+            "mariadb", command, port, log, is_ready, stop_signal=signal.SIGTERM, popen_kwargs=popen_kwargs
+        ),
     )
     accounts = [f"'{DB_USER}'@'{host}'" for host in ("%", "127.0.0.1", "localhost")]
     setup = (
@@ -554,15 +580,10 @@ def start_redis(root: Path) -> Service:
         except OSError:
             return False
 
-    process, port = _launch(
-        "redis",
-        command,
-        log,
-        is_ready,
-        stop_signal=signal.SIGTERM,
-        popen_kwargs={"cwd": base, "env": _server_env(base)},
-    )
-    return Service("redis", f"redis://127.0.0.1:{port}/0", process, log)
+    popen_kwargs = {"cwd": base, "env": _server_env(base)}
+    process, port = _launch("redis", command, log, is_ready, stop_signal=signal.SIGTERM, popen_kwargs=popen_kwargs)
+    relaunch = _relauncher("redis", command, port, log, is_ready, stop_signal=signal.SIGTERM, popen_kwargs=popen_kwargs)
+    return Service("redis", f"redis://127.0.0.1:{port}/0", process, log, _relaunch=relaunch)
 
 
 @contextlib.contextmanager
