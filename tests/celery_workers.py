@@ -34,7 +34,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,12 +175,15 @@ class CeleryWorkers:
         extra_args: tuple[str, ...] = (),
         wait: bool = True,
         app: str = "testproject",
+        prefix: Sequence[str] = (),
     ) -> list[WorkerProcess]:
         """Start ``count`` workers with ``concurrency`` pool processes each and
         wait until all are ready (unless ``wait`` is false).
 
         ``env`` defaults to :func:`worker_env`; ``queues`` is passed as ``-Q``;
         ``app`` is the Celery app (``-A``), another service's for a remote body.
+        ``prefix`` is a command the worker runs under that execs it in place (so
+        the PID stays the worker's), e.g. ``("ip", "netns", "exec", name)``.
         """
         env = dict(env) if env is not None else worker_env()
         started = []
@@ -188,7 +191,7 @@ class CeleryWorkers:
             name = f"w{len(self.workers)}-{os.getpid()}"
             log_path = self.log_dir / f"{name}.log"
             args = [
-                sys.executable, "-m", "celery", "-A", app, "worker",
+                *prefix, sys.executable, "-m", "celery", "-A", app, "worker",
                 "--loglevel=INFO", f"--pool={pool}", f"--concurrency={concurrency}", "-n", f"{name}@%h",
                 "--without-gossip", "--without-mingle", "--without-heartbeat",
             ]  # fmt: skip

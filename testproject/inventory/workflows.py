@@ -6,11 +6,17 @@ Discovered automatically: durable_singleton imports every installed app's
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import time
+import urllib.error
+import urllib.request
 from typing import Any
+from urllib.parse import quote
 
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, step, workflow
@@ -199,3 +205,83 @@ def remote_parent(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     """Call ``remote-sync`` as a child and return its output with this process's id (D7)."""
     child = ctx.call_child("remote-sync", input)
     return {"child": child, "parent_pid": os.getpid()}
+
+
+# -- network partition test (tests/test_partition.py) --------------------------
+
+#: The environment variable that gives a worker the fencing store's address as
+#: that worker reaches it (the test sets it per worker: the host end of the
+#: veth pair inside a network namespace, 127.0.0.1 outside).
+PARTITION_FENCE_URL_ENV = "DS_PARTITION_FENCE_URL"
+PARTITION_QUEUE = "ds-partition"
+#: How long a body waits at the test's gate at most, in seconds.
+PARTITION_GATE_SECONDS = 60.0
+
+
+def _fence_call(path: str, payload: dict[str, Any] | None = None, timeout: float = 10.0) -> dict[str, Any]:
+    """POST ``payload`` (GET without one) to the fencing store; return its JSON
+    answer (a refusal, HTTP 409, included). Raises OSError when unreachable."""
+    url = os.environ[PARTITION_FENCE_URL_ENV] + path
+    data = None if payload is None else json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            answer: dict[str, Any] = json.loads(response.read())
+    except urllib.error.HTTPError as refused:
+        with refused:
+            answer = json.loads(refused.read())
+    return answer
+
+
+def _partition_effect(args: dict[str, Any]) -> dict[str, Any]:
+    """Wait until the test opens the gate for ``args["entry"]`` if ``args["wait"]``
+    (asking every 0.1 s; a request that cannot get through is asked again), then do the side effect: a write
+    to the fencing store carrying the fencing token, which it refuses if it has
+    seen a higher token for the key (K1)."""
+    if args["wait"]:
+        deadline = time.monotonic() + PARTITION_GATE_SECONDS
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                if _fence_call(f"/gate?entry={quote(args['entry'], safe='')}", timeout=0.5).get("open"):
+                    break
+            time.sleep(0.1)
+    answer = _fence_call("/write", {"key": args["key"], "token": args["token"], "entry": args["entry"]})
+    return {"pid": os.getpid(), "token": args["token"], "accepted": answer["accepted"]}
+
+
+@step("partition:effect")
+def partition_effect(args: dict[str, Any]) -> dict[str, Any]:
+    """The side effect as a step: its result is stored only if the turn still holds its lease (R4, R5a)."""
+    return _partition_effect(args)
+
+
+@workflow(
+    name="partition-fenced",
+    version="1",
+    singleton=Singleton(key=store_key, limit=1),
+    steps=("partition:effect",),
+    queue=PARTITION_QUEUE,
+)
+def partition_fenced(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """Hold ``store:<store_id>`` and write to the fencing store with the run's token (K1).
+
+    Each body entry writes a ``BodyAudit`` row ``<run_id>#<attempts>`` stamped
+    with the database's clock, tells the fencing store its token ("begin"),
+    then does the side effect: inside step ``partition:effect``
+    (``input["effect_in"] == "step"``, the default) or in the body itself
+    (``"body"``, so the late write is the settle). With ``input["gate"]`` each
+    body entry waits until the test opens the gate for it before the side
+    effect; the test partitions the worker meanwhile.
+    """
+    entry = f"{ctx.run_id}#{ctx.run.attempts}"
+    key = ctx.run.singleton_key
+    BodyAudit.objects.create(
+        run_id=entry, workflow_name=ctx.run.workflow_name, key=key, entered_at=Now(), pid=os.getpid()
+    )
+    token = ctx.fencing_token
+    begun = _fence_call("/begin", {"key": key, "token": token, "entry": entry})
+    args = {"entry": entry, "key": key, "token": token, "wait": bool(input.get("gate"))}
+    in_body = input.get("effect_in", "step") == "body"
+    result = _partition_effect(args) if in_body else ctx.step("partition:effect", args)
+    BodyAudit.objects.filter(run_id=entry).update(exited_at=Now())
+    return {"store_id": input["store_id"], "begun": begun["accepted"], **result}
