@@ -1,0 +1,360 @@
+"""The soak's independent checker: ``python -m soak.check FOLDER``.
+
+It reads only three files of a soak's output folder, never the product's
+code: ``audit.jsonl`` (what the bodies did, appended by every worker process,
+see :mod:`soak.audit`), ``events.jsonl`` (what the driver did: starts,
+cancels, signals, retries, duplicate deliveries and faults) and
+``final.json`` (the database after the drain). It reports figures and a list
+of violations, each naming the rule it breaks:
+
+* ``over_admission`` (S9, S5): at some instant a key had more runs holding it
+  than its limit. A body holds its key from its ``enter`` until the last
+  write the store accepted from it: its exit when the park or settle that
+  follows was accepted (the ``parked`` / ``settled`` audit events, sent only
+  after an accepted write), else its last accepted step. A body fenced
+  after a freeze or a partition keeps running on its own, but nothing it
+  does is accepted: it is counted as a fenced overlap, not a holder.
+* ``fifo`` (S5, S9): a run admitted before an older run of its key (by
+  ``created_at``, ``run_id``), judged by first-admission fencing tokens.
+* ``token_reused``, ``token_decreased``, ``token_behind_key`` (K1): two runs
+  of a key shared a token; a run's token went down; a key's stored counter
+  is below a token a body saw.
+* ``step_reexecuted`` (R4, R6): a step of a run executed with a token not
+  older than the one whose success was already stored (a stale token's late
+  execution is counted as refused by a token-checking store instead, K1);
+  ``step_stored_twice``: two bodies were both told their result of one step
+  was stored.
+* ``entered_after_cancel``, ``cancel_undone`` (D6, S9): a body entered after
+  its cancel was stored; a run cancelled at once ended otherwise.
+* ``not_terminal``, ``lost``, ``unexpected_outcome``, ``signal_lost`` (R2, D2,
+  D4, D5, D7): a run still active after the drain; a started run missing; a
+  run that ended other than its plan says (completed, or cancelled by the
+  driver or its execution timeout); a run whose signal was stored but which
+  timed out waiting for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+TERMINAL = ("completed", "failed", "cancelled", "dead")
+LIMIT_OF = {"soak-l1": 1, "soak-l2": 2, "soak-l3": 3, "soak-timeout": 1, "soak-child": 1}
+#: Exits after which the engine writes a park or a settle (accepted or not).
+FENCED_EXITS = ("LeaseLostError",)
+
+
+@dataclass
+class Body:
+    """One entry of a body: from ``enter`` to ``exit`` in one process."""
+
+    run: str
+    wf: str
+    key: str
+    token: int | None
+    pid: int
+    enter_t: float
+    recoveries: int
+    exit_t: float | None = None
+    how: str | None = None
+    accepted_exit: bool = False
+    stored_t: list[float] = field(default_factory=list)
+
+    @property
+    def accepted_end(self) -> float:
+        """The time of the last write the store accepted from this body."""
+        if self.accepted_exit and self.exit_t is not None:
+            return self.exit_t
+        return max([self.enter_t, *self.stored_t])
+
+
+def _read_lines(path: Path) -> tuple[list[dict[str, Any]], int]:
+    items, bad = [], 0
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                items.append(json.loads(line))
+            except ValueError:
+                bad += 1
+    return items, bad
+
+
+def bodies_of(audit: list[dict[str, Any]]) -> list[Body]:
+    """Pair each ``enter`` with its ``exit``, steps and accepted park/settle, per process."""
+    bodies: list[Body] = []
+    open_by_pid: dict[int, Body] = {}
+    last_exit: dict[tuple[int, str], Body] = {}
+    for event in sorted(audit, key=lambda e: e["t"]):
+        kind, pid = event["e"], event["pid"]
+        if kind == "enter":
+            body = Body(
+                event["run"], event["wf"], event["key"], event["token"], pid, event["t"], event.get("recoveries", 0)
+            )
+            bodies.append(body)
+            open_by_pid[pid] = body
+            last_exit.pop((pid, event["run"]), None)
+        elif kind == "stored":
+            body = open_by_pid.get(pid)
+            if body is not None and body.run == event["run"]:
+                body.stored_t.append(event["t"])
+        elif kind == "exit":
+            body = open_by_pid.pop(pid, None)
+            if body is not None and body.run == event["run"]:
+                body.exit_t, body.how = event["t"], event["how"]
+                last_exit[(pid, body.run)] = body
+        elif kind in ("parked", "settled"):
+            body = last_exit.pop((pid, event["run"]), None)
+            if body is not None and body.how not in FENCED_EXITS:
+                body.accepted_exit = True
+    return bodies
+
+
+def _max_overlap(intervals: list[tuple[float, float, str]]) -> tuple[int, float, list[str]]:
+    """Return the highest number of distinct runs whose intervals overlap, when, and which."""
+    by_run: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for start, end, run in intervals:
+        by_run[run].append((start, end))
+    points: list[tuple[float, int, str]] = []
+    for run, spans in by_run.items():
+        spans.sort()
+        merged = [list(spans[0])]
+        for start, end in spans[1:]:
+            if start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], end)
+            else:
+                merged.append([start, end])
+        for start, end in merged:
+            # An entry with no later accepted write still held the key for an instant.
+            points += [(start, 1, run), (max(end, start + 1e-6), 0, run)]  # at a tie, an end comes first
+    points.sort()
+    inside: set[str] = set()
+    best, when, who = 0, 0.0, []
+    for t, is_start, run in points:
+        if is_start:
+            inside.add(run)
+            if len(inside) > best:
+                best, when, who = len(inside), t, sorted(inside)
+        else:
+            inside.discard(run)
+    return best, when, who
+
+
+def check(out: Path) -> dict[str, Any]:
+    """Check the soak in folder ``out``; return figures and ``violations`` (a list of dicts)."""
+    audit, bad_audit = _read_lines(out / "audit.jsonl")
+    events, bad_events = _read_lines(out / "events.jsonl")
+    final = json.loads((out / "final.json").read_text()) if (out / "final.json").exists() else {}
+    runs = {r["run_id"]: r for r in final.get("runs", [])}
+    violations: list[dict[str, Any]] = []
+
+    def violate(rule: str, **detail: Any) -> None:
+        violations.append({"rule": rule, **detail})
+
+    bodies = bodies_of(audit)
+    by_key: dict[tuple[str, str], list[Body]] = defaultdict(list)
+    for body in bodies:
+        by_key[(body.wf, body.key)].append(body)
+
+    # -- holders at every instant (S5, S9) ------------------------------------
+    max_holders: dict[int, int] = defaultdict(int)
+    fenced_overlap_keys = 0
+    for (wf, key), group in by_key.items():
+        limit = LIMIT_OF.get(wf, 1)
+        held, when, who = _max_overlap([(b.enter_t, b.accepted_end, b.run) for b in group])
+        max_holders[limit] = max(max_holders[limit], held)
+        if held > limit:
+            violate("over_admission", workflow=wf, key=key, limit=limit, holders=held, at=when, runs=who)
+        raw, _, _ = _max_overlap([(b.enter_t, b.exit_t or b.accepted_end, b.run) for b in group])
+        if raw > limit:
+            fenced_overlap_keys += 1
+
+    # -- fencing tokens (K1) ---------------------------------------------------
+    retried_at: dict[str, float] = {}
+    for event in events:
+        if event["e"] == "retry":
+            retried_at.setdefault(event["run"], event["t"])
+    key_tokens = {(k["workflow_name"], k["key"]): k["last_token"] for k in final.get("keys", [])}
+    for (wf, key), group in by_key.items():
+        owners: dict[int, set[str]] = defaultdict(set)
+        for body in group:
+            if body.token is not None:
+                owners[body.token].add(body.run)
+        for token, owned in owners.items():
+            if len(owned) > 1:
+                violate("token_reused", workflow=wf, key=key, token=token, runs=sorted(owned))
+        seen = max(owners, default=0)
+        if final and key_tokens.get((wf, key), 0) < seen:
+            violate("token_behind_key", workflow=wf, key=key, stored=key_tokens.get((wf, key)), seen=seen)
+    per_run: dict[str, list[Body]] = defaultdict(list)
+    for body in bodies:
+        per_run[body.run].append(body)
+    for run_id, group in per_run.items():
+        tokens = [b.token for b in sorted(group, key=lambda b: b.enter_t) if b.token is not None]
+        retry = retried_at.get(run_id)
+        if retry is None and any(later < earlier for earlier, later in itertools.pairwise(tokens)):
+            violate("token_decreased", run=run_id, tokens=tokens)
+
+    # -- FIFO admission by first-admission token (S5, S9) ----------------------
+    first_token: dict[str, int] = {}
+    for run_id, group in per_run.items():
+        retry = retried_at.get(run_id, float("inf"))
+        first = min(group, key=lambda b: b.enter_t)
+        if first.recoveries == 0 and first.enter_t < retry and first.token is not None:
+            first_token[run_id] = first.token
+    fifo_checked = 0
+    for (wf, key), group in by_key.items():
+        admitted = sorted(
+            (r for r in {b.run for b in group} if r in first_token and r in runs),
+            key=lambda r: (runs[r]["created_at"], r),
+        )
+        fifo_checked += len(admitted)
+        highest: tuple[int, str] | None = None
+        for run_id in admitted:
+            token = first_token[run_id]
+            if highest is not None and token < highest[0]:
+                violate("fifo", workflow=wf, key=key, older=run_id, older_token=token, younger=highest[1],
+                        younger_token=highest[0])  # fmt: skip
+            if highest is None or token > highest[0]:
+                highest = (token, run_id)
+
+    # -- steps (R4, R6) ----------------------------------------------------------
+    stored: dict[tuple[str, int], list[float]] = defaultdict(list)
+    stored_token: dict[tuple[str, int], int | None] = {}
+    body_token: dict[tuple[int, str], int | None] = {}
+    for event in sorted(audit, key=lambda e: e["t"]):
+        if event["e"] == "stored":
+            stored[(event["run"], event["i"])].append(event["t"])
+            stored_token.setdefault((event["run"], event["i"]), event["token"])
+    for step, times in stored.items():
+        if len(times) > 1:
+            violate("step_stored_twice", run=step[0], step=step[1], times=times)
+    executions = refused_late = 0
+    for event in audit:
+        if event["e"] != "exec":
+            continue
+        executions += 1
+        step = (event["run"], event["i"])
+        if step in stored and event["t"] > min(stored[step]):
+            winner = stored_token.get(step)
+            if winner is not None and event["token"] is not None and event["token"] < winner:
+                refused_late += 1  # a stale holder's late side effect: a token-checking store refuses it (K1)
+            else:
+                violate("step_reexecuted", run=step[0], step=step[1], at=event["t"], token=event["token"],
+                        stored_at=min(stored[step]), stored_token=winner)  # fmt: skip
+    del body_token
+
+    # -- cancels (D6, S9) ----------------------------------------------------------
+    cancels = [e for e in events if e["e"] == "cancel"]
+    cancelled_at: dict[str, float] = {}
+    for event in cancels:
+        if event["status"] == "cancelled" or event.get("requested"):
+            cancelled_at.setdefault(event["run"], event["t"])
+            final_run = runs.get(event["run"])
+            if event["status"] == "cancelled" and final_run is not None and final_run["status"] != "cancelled":
+                violate("cancel_undone", run=event["run"], final=final_run["status"])
+    for body in bodies:
+        cancel = cancelled_at.get(body.run)
+        if cancel is not None and body.enter_t > cancel:
+            violate("entered_after_cancel", run=body.run, entered=body.enter_t, cancelled=cancel)
+
+    # -- every run terminal, nothing lost, outcomes as planned ------------------------
+    started = {e["run"]: e for e in events if e["e"] == "start"}
+    signalled = Counter(e["run"] for e in events if e["e"] == "signal")
+    for run_id in started:
+        if run_id not in runs and final:
+            violate("lost", run=run_id)
+    statuses: Counter[str] = Counter()
+    for run_id, run in runs.items():
+        status = run["status"]
+        statuses[status] += 1
+        if status not in TERMINAL:
+            violate("not_terminal", run=run_id, status=status)
+            continue
+        error = run.get("error") or {}
+        code = error.get("code") if isinstance(error, dict) else None
+        parent = runs.get(run.get("parent_run_id") or "")
+        expected = {"completed"}
+        if (
+            run_id in cancelled_at
+            or run["workflow_name"] == "soak-timeout"
+            or (parent is not None and (parent["status"] == "cancelled" or parent["run_id"] in cancelled_at))
+        ):
+            expected.add("cancelled")
+        if status not in expected:
+            rule = "signal_lost" if error.get("type") == "SignalTimeoutError" and run_id in signalled else None
+            violate(rule or "unexpected_outcome", run=run_id, status=status, code=code, error=error.get("type"))
+
+    faults = Counter(e["kind"] for e in events if e["e"] == "fault")
+    takeovers = sum(1 for b in bodies if b.recoveries > 0)
+    return {
+        "runs": len(runs),
+        "runs_started_by_driver": len(started),
+        "statuses": dict(statuses),
+        "bodies_entered": len(bodies),
+        "takeovers_seen": takeovers,
+        "fenced_bodies": sum(1 for b in bodies if b.how in FENCED_EXITS),
+        "bodies_without_exit": sum(1 for b in bodies if b.exit_t is None),
+        "keys_with_fenced_overlap": fenced_overlap_keys,
+        "step_executions": executions,
+        "late_executions_refused_by_token": refused_late,
+        "fifo_runs_checked": fifo_checked,
+        "max_holders_by_limit": {str(k): v for k, v in sorted(max_holders.items())},
+        "faults": dict(sorted(faults.items())),
+        "faults_total": sum(faults.values()),
+        "cancels": len(cancels),
+        "retries": sum(1 for e in events if e["e"] == "retry"),
+        "signals": sum(signalled.values()),
+        "duplicate_deliveries": sum(1 for e in events if e["e"] == "dup"),
+        "unreadable_lines": bad_audit + bad_events,
+        "violations_by_rule": dict(Counter(v["rule"] for v in violations)),
+        "violations": violations,
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    """Return the summary as a plain-text table."""
+    rows = [
+        ("database", summary.get("db", "")),
+        ("seed", summary.get("seed", "")),
+        ("load / drain (s)", f"{summary.get('load_seconds', 0):.0f} / {summary.get('drain_seconds', 0):.0f}"),
+        ("runs (started by the driver)", f"{summary['runs']} ({summary['runs_started_by_driver']})"),
+        ("final statuses", ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items()))),
+        ("bodies entered / takeovers", f"{summary['bodies_entered']} / {summary['takeovers_seen']}"),
+        ("fenced bodies / keys with a fenced overlap", f"{summary['fenced_bodies']} / "
+         f"{summary['keys_with_fenced_overlap']}"),
+        ("step executions (late ones refused by token)", f"{summary['step_executions']} "
+         f"({summary['late_executions_refused_by_token']})"),
+        ("highest holders per key, by limit", ", ".join(f"limit {k}: {v}"
+         for k, v in summary["max_holders_by_limit"].items())),
+        ("runs checked for FIFO", summary["fifo_runs_checked"]),
+        ("cancels / retries / signals / duplicate deliveries",
+         f"{summary['cancels']} / {summary['retries']} / {summary['signals']} / {summary['duplicate_deliveries']}"),
+        ("faults injected", f"{summary['faults_total']}: " + ", ".join(f"{k} {v}"
+         for k, v in summary["faults"].items())),
+        ("violations", sum(summary["violations_by_rule"].values()) or "none"),
+    ]  # fmt: skip
+    width = max(len(r[0]) for r in rows)
+    lines = [f"{name:<{width}}  {value}" for name, value in rows]
+    for violation in summary["violations"][:20]:
+        lines.append(f"  VIOLATION {json.dumps(violation, default=str)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Check the folder given; print the table; exit 1 if anything was violated."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m soak.check FOLDER", file=sys.stderr)
+        return 2
+    report = check(Path(args[0]))
+    print(render({"db": "?", "seed": "?", **report}))
+    return 1 if report["violations"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,583 @@
+"""The soak's driver: services, workers, ticks, workload, faults, drain, dump.
+
+Everything it does to the system is appended to ``events.jsonl`` in the
+output folder (starts, cancels, signals, retries, duplicate deliveries and
+each fault with its PIDs and times); the bodies append to ``audit.jsonl``;
+at the end the database is dumped to ``final.json``. :mod:`soak.check`
+reads only those three files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_MARK = b" ready."
+TERMINAL = ("completed", "failed", "cancelled", "dead")
+WORKFLOWS = ("soak-l1", "soak-l2", "soak-l3", "soak-timeout")
+
+
+def _services() -> Any:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        import services
+    finally:
+        sys.path.pop(0)
+    return services
+
+
+class Log:
+    """An append-only JSON-lines file, safe to write from several threads."""
+
+    def __init__(self, path: Path) -> None:
+        self._lock = threading.Lock()
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 (closed in close())
+
+    def write(self, event: str, **fields: Any) -> None:
+        with self._lock:
+            self._file.write(json.dumps({"e": event, "t": time.time(), **fields}, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return sorted(found)
+
+
+@dataclass
+class Worker:
+    """One ``celery worker`` (a group of ``concurrency`` pool processes) by its node name."""
+
+    name: str
+    env: dict[str, str]
+    log_dir: Path
+    concurrency: int = 2
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log_path = self.log_dir / f"{self.name}.{self.starts}.log"
+        args = [
+            sys.executable, "-m", "celery", "-A", "soak.celery_app", "worker", "--loglevel=INFO",
+            "--pool=prefork", f"--concurrency={self.concurrency}", "-n", f"{self.name}@%h",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+        ]  # fmt: skip
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                args, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.log_path = log_path
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while READY_MARK not in self.log_path.read_bytes():
+            if not self.alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"worker {self.name} did not start:\n{self.log_path.read_text()[-3000:]}")
+            time.sleep(0.05)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def pool(self) -> list[int]:
+        return _children(self.proc.pid) if self.alive() and self.proc else []
+
+    def kill_group(self) -> list[int]:
+        assert self.proc is not None
+        pids = [self.proc.pid, *self.pool()]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+        return pids
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGCONT)
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(15)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5)
+
+
+@dataclass
+class Plan:
+    """The random choices of one soak (seeded)."""
+
+    rng: random.Random
+    keys: int
+
+    def run(self, n: int) -> tuple[str, dict[str, Any]]:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.04:
+            plan: list[list[Any]] = [["work", 2500]] if rng.random() < 0.2 else [["sleep", 3.0]]
+            return "soak-timeout", {"key": f"t{rng.randrange(2)}", "plan": plan}
+        workflow = "soak-l1" if roll < 0.5 else "soak-l2" if roll < 0.75 else "soak-l3"
+        ops = []
+        for _ in range(rng.randint(1, 2)):
+            op = rng.random()
+            if op < 0.68:
+                ops.append(["work", rng.randint(0, 20)])
+            elif op < 0.79:
+                ops.append(["sleep", round(rng.uniform(0.2, 1.0), 2)])
+            elif op < 0.87:
+                ops.append(["signal"])
+            elif op < 0.95:
+                ops.append(["flaky", rng.randint(0, 10)])
+            else:
+                ops.append(["child", f"c{rng.randrange(3)}"])
+        return workflow, {"key": f"{workflow[-2:]}-k{rng.randrange(self.keys)}", "plan": ops}
+
+
+@dataclass
+class Soak:
+    """One soak: call :meth:`run`."""
+
+    args: argparse.Namespace
+    out: Path
+    events: Log = field(init=False)
+    stop_load: threading.Event = field(default_factory=threading.Event)
+    stop_faults: threading.Event = field(default_factory=threading.Event)  # set to end the faults early
+    stop_all: threading.Event = field(default_factory=threading.Event)
+    workers: list[Worker] = field(default_factory=list)
+    started: list[str] = field(default_factory=list)
+    signals_due: list[tuple[float, str]] = field(default_factory=list)
+    counts: dict[str, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    frozen: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        self.events = Log(self.out / "events.jsonl")
+        self.rng = random.Random(self.args.seed)
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[what] = self.counts.get(what, 0) + n
+
+    # -- the pieces --------------------------------------------------------
+
+    def _db(self, fn: Callable[[], Any], *, attempts: int = 60) -> Any:
+        """Call ``fn`` (a database call), retrying with a fresh connection for
+        about ``attempts`` half-seconds while the server is away."""
+        from django.db import connection
+
+        for attempt in range(attempts):
+            try:
+                return fn()
+            except Exception as exc:
+                if not _is_transient(exc) or attempt == attempts - 1:
+                    raise
+                self.count("driver_db_retries")
+                with contextlib.suppress(Exception):
+                    connection.close()
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    def tick_loop(self, n: int) -> None:
+        from django.db import connection
+
+        from durable_singleton.runtime import get_engine
+
+        engine = get_engine()
+        rng = random.Random(self.args.seed + 100 + n)
+        while not self.stop_all.is_set():
+            try:
+                engine.tick()
+                self.count("ticks")
+            except Exception:
+                self.count("tick_errors")
+                with contextlib.suppress(Exception):
+                    connection.close()
+            self.stop_all.wait(self.args.tick * rng.uniform(0.8, 1.2))
+        connection.close()
+
+    def load_loop(self) -> None:
+        from django.db import connection
+
+        from durable_singleton.runtime import get_engine
+        from durable_singleton.tasks import execute_run
+
+        engine = get_engine()
+        plan = Plan(random.Random(self.args.seed), self.args.keys)
+        rng = random.Random(self.args.seed + 1)
+        begin = time.monotonic()
+        n = 0
+        while not self.stop_load.is_set():
+            n += 1
+            run_id = f"s{n:06d}"
+            workflow, input = plan.run(n)
+            t_req = time.time()
+            try:
+                self._db(lambda: engine.start(workflow, input, run_id=run_id))  # noqa: B023 (called at once)
+            except Exception as exc:
+                self.events.write("start_failed", run=run_id, error=repr(exc))
+                self.count("start_failed")
+                continue
+            self.events.write("start", run=run_id, wf=workflow, key=input["key"], plan=input["plan"], t_req=t_req)
+            self.started.append(run_id)
+            for op in input["plan"]:  # one signal per wait, each sent once, some before the wait (D2)
+                if op[0] == "signal":
+                    with self.lock:
+                        self.signals_due.append((time.time() + rng.uniform(0, 3), run_id))
+            if rng.random() < 0.05:  # a duplicate delivery of a recent run's turn (R6, F15)
+                victim = rng.choice(self.started[-50:])
+                with contextlib.suppress(Exception):
+                    execute_run.apply_async((victim,), retry=False)
+                    self.events.write("dup", run=victim)
+                    self.count("duplicate_deliveries")
+            if rng.random() < 0.03:  # a cancel of a recent run, wherever it is (D6)
+                self.cancel(engine, rng.choice(self.started[-100:]))
+            ahead = n / self.args.rate - (time.monotonic() - begin)
+            if ahead > 0:
+                self.stop_load.wait(ahead)
+        connection.close()
+
+    def cancel(self, engine: Any, run_id: str) -> None:
+        t_req = time.time()
+        try:
+            run = self._db(lambda: engine.cancel(run_id), attempts=10)
+        except Exception as exc:
+            self.events.write("cancel_failed", run=run_id, error=repr(exc))
+            return
+        self.events.write("cancel", run=run_id, t_req=t_req, status=run.status, requested=run.cancel_requested)
+        self.count("cancels")
+
+    def service_loop(self) -> None:
+        """Send due signals and retry the runs failed by a flaky step (D2, D9)."""
+        from django.db import connection
+
+        from durable_singleton.exceptions import DurableSingletonError
+        from durable_singleton.models import Run
+        from durable_singleton.runtime import get_engine
+
+        engine = get_engine()
+        last_retry = 0.0
+        while not self.stop_all.is_set():
+            now = time.time()
+            with self.lock:
+                due = [s for s in self.signals_due if s[0] <= now]
+                self.signals_due = [s for s in self.signals_due if s[0] > now]
+            for _, run_id in due:
+                try:
+                    self._db(lambda: engine.signal(run_id, "go", {"at": time.time()}), attempts=1)  # noqa: B023
+                    self.events.write("signal", run=run_id)
+                    self.count("signals")
+                except DurableSingletonError as exc:
+                    status = self._db(lambda: engine.get(run_id).status, attempts=5)  # noqa: B023
+                    if status == "failed":  # failed by a flaky step: the retry brings it back; signal it then
+                        with self.lock:
+                            self.signals_due.append((now + 0.5, run_id))
+                    else:  # ended meanwhile (cancelled, timed out)
+                        self.events.write("signal_refused", run=run_id, error=repr(exc), status=status)
+                except Exception:
+                    with self.lock:
+                        self.signals_due.append((now + 0.5, run_id))
+                    with contextlib.suppress(Exception):
+                        connection.close()
+            if now - last_retry > 1.0:
+                last_retry = now
+                try:
+                    failed = list(
+                        Run.objects.filter(status="failed", workflow_name__startswith="soak-").values_list(
+                            "run_id", "error"
+                        )
+                    )
+                    for run_id, error in failed:
+                        if (error or {}).get("type") == "FlakyStepError":
+                            engine.retry(run_id)
+                            self.events.write("retry", run=run_id)
+                            self.count("retries")
+                except Exception:
+                    with contextlib.suppress(Exception):
+                        connection.close()
+            self.stop_all.wait(0.1)
+        connection.close()
+
+    # -- faults ------------------------------------------------------------
+
+    def fault_loop(self, db: Any, redis: Any, seconds: float) -> None:
+        """Inject a random fault every ``--fault-every`` seconds (on average) for
+        ``seconds``. Runs on the main thread: a server restarted here gets a
+        parent-death signal tied to this thread (tools/services.py), which
+        outlives it."""
+        from django.db import connection
+
+        rng = random.Random(self.args.seed + 2)
+        kinds = [
+            "kill_pool",
+            "kill_worker",
+            "freeze_short",
+            "freeze_past_lease",
+            "redis_restart",
+            "db_kill_connections",
+        ]
+        if self.args.db == "mariadb":
+            kinds.append("db_restart")
+        lease = self.args.lease
+        until = time.monotonic() + seconds
+        while (left := until - time.monotonic()) > 0:
+            self.stop_faults.wait(min(left, self.args.fault_every * rng.uniform(0.5, 1.5)))
+            if time.monotonic() >= until:
+                break
+            kind = rng.choice(kinds)
+            try:
+                if kind == "kill_pool":
+                    worker = rng.choice([w for w in self.workers if w.alive()])
+                    pool = [p for p in worker.pool() if p not in self.frozen]
+                    if pool:
+                        pid = rng.choice(pool)
+                        os.kill(pid, signal.SIGKILL)
+                        self.events.write("fault", kind=kind, pids=[pid], until=time.time())
+                elif kind == "kill_worker":
+                    worker = rng.choice([w for w in self.workers if w.alive()])
+                    t = time.time()
+                    pids = worker.kill_group()
+                    self.events.write("fault", kind=kind, pids=pids, t=t, until=t)
+                    self.stop_faults.wait(rng.uniform(0.5, 2.0))
+                    worker.start()
+                    worker.wait_ready()
+                elif kind in ("freeze_short", "freeze_past_lease"):
+                    seconds = rng.uniform(0.3, lease * 0.4) if kind == "freeze_short" else lease + rng.uniform(1, 3)
+                    worker = rng.choice([w for w in self.workers if w.alive()])
+                    pool = [p for p in worker.pool() if p not in self.frozen]
+                    if pool:
+                        threading.Thread(target=self._freeze, args=(kind, rng.choice(pool), seconds)).start()
+                elif kind == "redis_restart":
+                    t = time.time()
+                    redis.restart()
+                    self.events.write("fault", kind=kind, t=t, until=time.time())
+                elif kind == "db_restart":
+                    t = time.time()
+                    db.restart()
+                    self.events.write("fault", kind=kind, t=t, until=time.time())
+                elif kind == "db_kill_connections":
+                    killed = self._kill_connections(rng.randint(1, 3))
+                    self.events.write("fault", kind=kind, connections=killed, until=time.time())
+                self.count(f"fault:{kind}")
+                print(f"soak: {seconds - (until - time.monotonic()):.0f} s, {len(self.started)} runs started, "
+                      f"fault {kind}", flush=True)  # fmt: skip
+            except Exception as exc:
+                self.events.write("fault_error", kind=kind, error=repr(exc))
+                self.count("fault_errors")
+                with contextlib.suppress(Exception):
+                    connection.close()
+        connection.close()
+
+    def _freeze(self, kind: str, pid: int, seconds: float) -> None:
+        with self.lock:
+            self.frozen.add(pid)
+        t = time.time()
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            return
+        try:
+            self.stop_all.wait(seconds)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            self.events.write("fault", kind=kind, pids=[pid], t=t, until=time.time())
+            with self.lock:
+                self.frozen.discard(pid)
+
+    def _kill_connections(self, n: int) -> int:
+        from django.db import connection
+
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+                )
+                pids = [row[0] for row in cursor.fetchall()]
+                chosen = random.sample(pids, min(n, len(pids)))
+                for pid in chosen:
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            else:
+                cursor.execute(
+                    "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                )
+                ids = [row[0] for row in cursor.fetchall()]
+                chosen = random.sample(ids, min(n, len(ids)))
+                for id_ in chosen:
+                    with contextlib.suppress(Exception):
+                        cursor.execute(f"KILL CONNECTION {int(id_)}")
+        return len(chosen)
+
+    # -- the whole soak ----------------------------------------------------
+
+    def active(self) -> int:
+        from durable_singleton.models import Run
+
+        return int(self._db(lambda: Run.objects.exclude(status__in=TERMINAL).count()))
+
+    def run(self, db: Any, redis: Any) -> dict[str, Any]:
+        args = self.args
+        threads = [threading.Thread(target=self.tick_loop, args=(n,), name=f"tick{n}") for n in range(3)]
+        threads.append(threading.Thread(target=self.service_loop, name="service"))
+        loader = threading.Thread(target=self.load_loop, name="load")
+        began = time.time()
+        for thread in [*threads, loader]:
+            thread.start()
+        self.fault_loop(db, redis, args.seconds)
+        self.stop_load.set()
+        loader.join()
+        while self.frozen:
+            time.sleep(0.1)
+        load_end = time.time()
+        self.events.write("load_end")
+        for worker in self.workers:  # a fault may have left a group down
+            if not worker.alive():
+                worker.start()
+                worker.wait_ready()
+        drain_deadline = time.monotonic() + args.drain
+        while (left := self.active()) and time.monotonic() < drain_deadline:
+            print(f"soak: draining, {left} runs active", flush=True)
+            time.sleep(2.0)
+        self.events.write("drain_end", active=left)
+        self.stop_all.set()
+        for thread in threads:
+            thread.join()
+        return {"load_seconds": load_end - began, "drain_seconds": time.time() - load_end, "active_left": left}
+
+    def dump(self) -> None:
+        from durable_singleton.models import Run, SingletonKey, Step
+
+        def epoch(value: Any) -> float | None:
+            return value.timestamp() if value is not None else None
+
+        runs = [
+            {**row, **{k: epoch(row[k]) for k in ("created_at", "admitted_at", "finished_at")}}
+            for row in Run.objects.values(
+                "run_id", "workflow_name", "singleton_key", "singleton_limit", "status", "error", "created_at",
+                "admitted_at", "finished_at", "fencing_token", "attempts", "recoveries", "parent_run_id",
+                "cancel_requested", "step_count",
+            )
+        ]  # fmt: skip
+        steps = [
+            {**row, "finished_at": epoch(row["finished_at"])}
+            for row in Step.objects.values("run_id", "position", "name", "finished_at")
+        ]
+        keys = list(SingletonKey.objects.values("workflow_name", "key", "last_token"))
+        (self.out / "final.json").write_text(json.dumps({"runs": runs, "steps": steps, "keys": keys}))
+
+
+def _is_transient(exc: BaseException) -> bool:
+    from django.db import DatabaseError, InterfaceError, OperationalError
+
+    return isinstance(exc, (OperationalError, InterfaceError, DatabaseError, ConnectionError, OSError))
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m soak", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=("postgresql", "mariadb"), default="postgresql")
+    parser.add_argument("--seconds", type=float, default=120.0, help="load phase, seconds (faults run meanwhile)")
+    parser.add_argument("--rate", type=float, default=15.0, help="runs started per second")
+    parser.add_argument("--keys", type=int, default=6, help="keys per workflow")
+    parser.add_argument("--fault-every", type=float, default=3.0, help="mean seconds between faults")
+    parser.add_argument("--lease", type=float, default=4.0, help="LEASE_SECONDS of the workers, seconds")
+    parser.add_argument("--tick", type=float, default=0.5, help="seconds between ticks of each of the 3 tick loops")
+    parser.add_argument("--drain", type=float, default=90.0, help="at most this many seconds to let runs finish")
+    parser.add_argument("--min-runs", type=int, default=0, help="fail unless at least this many runs were started")
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=None, help="output folder (default artifacts/soak-<db>-<time>)")
+    parser.add_argument("--keep", action="store_true", help="keep the servers' folder")
+    args = parser.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1 << 30)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out = args.out or ROOT / "artifacts" / f"soak-{args.db}-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("audit.jsonl", "events.jsonl", "final.json", "summary.json"):
+        (out / name).unlink(missing_ok=True)
+    services = _services()
+    root = Path(tempfile.mkdtemp(prefix="ds-soak-"))
+    root.chmod(0o755)
+    print(f"soak: --db {args.db} --seconds {args.seconds:g} --rate {args.rate:g} --seed {args.seed}; output {out}")
+    db = services.start_postgres(root) if args.db == "postgresql" else services.start_mariadb(root)
+    redis = services.start_redis(root)
+    env = {
+        "DJANGO_SETTINGS_MODULE": "soak.settings",
+        "DATABASE_URL": db.url,
+        "CELERY_BROKER_URL": redis.url,
+        "DURABLE_DISPATCH": "celery",
+        "SOAK_AUDIT": str(out / "audit.jsonl"),
+        "SOAK_DIR": str(out),
+        "DURABLE_LEASE_SECONDS": str(args.lease),
+        "DURABLE_LEASE_RENEW_SECONDS": str(max(args.lease / 4, 0.5)),
+        "DURABLE_TICK_SECONDS": str(args.tick),
+        "DATABASE_CONN_MAX_AGE": "60",  # persistent connections, as a deployment keeps them
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    os.environ.update(env)
+    soak = Soak(args, out)
+    summary: dict[str, Any] = {"db": args.db, "seed": args.seed, "args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+
+        call_command("migrate", verbosity=0)
+        (out / "workers").mkdir(exist_ok=True)
+        soak.workers = [Worker(f"soak-{group}", dict(os.environ), out / "workers") for group in ("a", "b")]
+        for worker in soak.workers:
+            worker.start()
+        for worker in soak.workers:
+            worker.wait_ready()
+        summary.update(soak.run(db, redis))
+        for worker in soak.workers:  # quiescent before the dump: nothing writes after it
+            worker.stop()
+        soak.dump()
+    finally:
+        for worker in soak.workers:
+            worker.stop()
+        soak.events.close()
+        redis.stop()
+        db.stop()
+        if not args.keep:
+            import shutil
+
+            shutil.rmtree(root, ignore_errors=True)
+    from . import check
+
+    summary["driver"] = dict(sorted(soak.counts.items()))
+    report = check.check(out)
+    summary.update(report)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    print(check.render(summary))
+    ok = not report["violations"] and report["runs"] >= args.min_runs and not summary.get("active_left")
+    print(f"soak: {'PASS' if ok else 'FAIL'} ({out / 'summary.json'})")
+    return 0 if ok else 1

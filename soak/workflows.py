@@ -1,0 +1,126 @@
+"""The soak's workflows: one body under the audit, keyed with limits 1, 2 and 3.
+
+A run's ``input["plan"]`` lists what its body does, in order:
+
+* ``["work", ms]``: a step that records its execution and works ``ms`` milliseconds;
+* ``["flaky", ms]``: the same step, failing the first time it runs for the
+  run (the driver retries the failed run through admission, D9);
+* ``["sleep", seconds]``: ``ctx.sleep`` (parked with its slot, D1);
+* ``["signal"]``: ``ctx.wait_for_signal("go", timeout=SIGNAL_TIMEOUT)`` (D2);
+* ``["child", key]``: ``ctx.call_child("soak-child", ...)`` on a limit-1 key (D7).
+
+``soak-timeout`` runs have ``timeout=TIMEOUT_SECONDS`` and a step longer
+than that, so the tick's execution timeout ends them (D5).
+
+The audit (:mod:`soak.audit`) gets ``enter`` with the fencing token (K1),
+``exec`` when a step handler starts, ``stored`` once a step this body executed
+was accepted by the store, and ``exit`` with how the body left (``return``,
+``park`` or the exception's name).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from durable_singleton import BaseWorkflow, Singleton, WorkflowCtx, step, workflow
+from durable_singleton.context import Suspend
+
+from . import audit
+
+#: The limit of each keyed workflow of the soak.
+LIMITS = {"soak-l1": 1, "soak-l2": 2, "soak-l3": 3, "soak-timeout": 1, "soak-child": 1}
+TIMEOUT_SECONDS = 2.0
+SIGNAL_TIMEOUT = 30.0
+
+_local = threading.local()
+
+
+class FlakyStepError(RuntimeError):
+    """The first execution of a ``flaky`` step for a run."""
+
+
+@step("soak:work")
+def work(args: dict[str, Any]) -> dict[str, Any]:
+    """Record the execution (``exec``), fail once if ``flaky``, then work ``ms`` milliseconds."""
+    _local.executed = True
+    audit.emit("exec", run=args["run"], i=args["i"], token=args["token"], key=args["key"])
+    if args.get("flaky"):
+        marker = (
+            Path(os.environ.get("SOAK_DIR", "/tmp"))
+            / "flaky"
+            / f"{hashlib.sha1(args['run'].encode()).hexdigest()}-{args['i']}"
+        )
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(marker, "x"):
+                pass
+        except FileExistsError:
+            pass
+        else:
+            raise FlakyStepError(f"step {args['i']} of {args['run']} fails once")
+    time.sleep(float(args.get("ms", 0)) / 1000)
+    return {"i": args["i"], "pid": os.getpid()}
+
+
+def _key(input: dict[str, Any]) -> str:
+    return str(input["key"])
+
+
+def _body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    run_id, key, token = ctx.run_id, ctx.run.singleton_key, ctx.fencing_token
+    audit.emit(
+        "enter",
+        run=run_id,
+        key=key,
+        wf=ctx.run.workflow_name,
+        token=token,
+        attempts=ctx.run.attempts,
+        recoveries=ctx.run.recoveries,
+    )
+    how = "return"
+    try:
+        for i, op in enumerate(input["plan"]):
+            kind = op[0]
+            if kind in ("work", "flaky"):
+                _local.executed = False
+                args = {"run": run_id, "i": i, "token": token, "key": key, "ms": op[1], "flaky": kind == "flaky"}
+                ctx.step("soak:work", args)
+                if _local.executed:
+                    audit.emit("stored", run=run_id, i=i, token=token)
+            elif kind == "sleep":
+                ctx.sleep(float(op[1]))
+            elif kind == "signal":
+                ctx.wait_for_signal("go", timeout=SIGNAL_TIMEOUT)
+            elif kind == "child":
+                ctx.call_child("soak-child", {"key": op[1], "plan": [["work", 5]]})
+        return {"done": len(input["plan"])}
+    except Suspend:
+        how = "park"
+        raise
+    except BaseException as exc:
+        how = type(exc).__name__
+        raise
+    finally:
+        audit.emit("exit", run=run_id, token=token, how=how)
+
+
+def _declare(name: str, limit: int, timeout: float | None = None) -> type[BaseWorkflow]:
+    @workflow(name=name, version="1", singleton=Singleton(key=_key, limit=limit), timeout=timeout)
+    class SoakWorkflow(BaseWorkflow):
+        def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+            return _body(ctx, input)
+
+    SoakWorkflow.__name__ = SoakWorkflow.__qualname__ = name.replace("-", "_")
+    return SoakWorkflow
+
+
+SoakL1 = _declare("soak-l1", 1)
+SoakL2 = _declare("soak-l2", 2)
+SoakL3 = _declare("soak-l3", 3)
+SoakTimeout = _declare("soak-timeout", 1, timeout=TIMEOUT_SECONDS)
+SoakChild = _declare("soak-child", 1)
