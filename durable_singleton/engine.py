@@ -459,6 +459,7 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         """
         owner = f"{self._owner_prefix}:{uuid.uuid4().hex[:12]}"
         settings = self.settings
+        self.store.discard_broken_connection()  # a turn after a failed one reconnects (F7)
         if not self.store.supports_atomic_admission and not self._warned_fallback:
             self._warned_fallback = True
             warn_fallback(self.store)
@@ -779,11 +780,14 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
             ("retention", self._tick_retention),
         ):
             try:
+                # A job that failed on a dropped connection must not fail the next ones with it.
+                self.store.discard_broken_connection()
                 job(report)
             except Exception:  # one failing job must not starve the others (S8b)
                 logger.exception("tick job %s failed", name)
                 report.errors.append(name)
         try:
+            self.store.discard_broken_connection()
             heartbeat.record_tick(self, self.now())  # for manage.py durable_health (O3)
         except Exception:
             logger.exception("tick: recording the heartbeat failed")

@@ -12,6 +12,7 @@ again (at least once, docs/durability.rst).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -107,3 +108,29 @@ def test_a_store_failure_under_the_body_interrupts_the_turn_and_the_run_resumes(
     assert (done.status, done.output, done.error) == ("completed", 41, None)
     assert executions[:2] == [20, 20], "the interrupted step ran again: at least once (R4)"
     assert engine.get(waiter.run_id).status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tick_and_a_turn_after_a_killed_connection_reconnect() -> None:
+    """S8b, D4: the connection the tick uses is killed by the server (a
+    database restart or failover does the same to every connection). Found by
+    the chaos soak on MariaDB: every later tick job failed on the dead
+    connection, forever, so no waiter was woken and no lease recovered. Now
+    only the job that met the dead connection fails; the next jobs, ticks and
+    turns of this thread reconnect."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to kill a connection")
+    engine = make_engine("django", registry=Registry())
+    engine.registry.add("reconnect", "1", lambda ctx, input: input, singleton={"key": lambda i: "k"})
+    engine.tick()
+    _break_this_connection()
+    first = engine.tick()
+    assert len(first.errors) <= 1, f"only the job that met the dead connection fails: {first.errors}"
+    assert engine.tick().errors == []
+
+    run = engine.start("reconnect", {"n": 1}, run_id="reconnect-1")
+    _break_this_connection()
+    with contextlib.suppress(Exception):  # the turn that meets the dead connection may fail, unwritten
+        engine.execute(run.run_id)
+    engine.dispatcher.drain()
+    assert engine.get(run.run_id).status == "completed"
