@@ -363,11 +363,11 @@ class Soak:
                     worker.start()
                     worker.wait_ready()
                 elif kind in ("freeze_short", "freeze_past_lease"):
-                    seconds = rng.uniform(0.3, lease * 0.4) if kind == "freeze_short" else lease + rng.uniform(1, 3)
+                    pause = rng.uniform(0.3, lease * 0.4) if kind == "freeze_short" else lease + rng.uniform(1, 3)
                     worker = rng.choice([w for w in self.workers if w.alive()])
                     pool = [p for p in worker.pool() if p not in self.frozen]
                     if pool:
-                        threading.Thread(target=self._freeze, args=(kind, rng.choice(pool), seconds)).start()
+                        threading.Thread(target=self._freeze, args=(kind, rng.choice(pool), pause)).start()
                 elif kind == "redis_restart":
                     t = time.time()
                     redis.restart()

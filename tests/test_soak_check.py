@@ -1,0 +1,166 @@
+"""The soak's checker (soak/check.py) finds each violation it names, and none in a clean history.
+
+The checker is the soak's only judge (issue #12), so each rule it reports is
+shown to fire on a small hand-written audit that breaks it, and to stay quiet
+on the same history without the break. Files only: no database, no workers.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from soak.check import check, render
+
+T0 = 1_800_000_000.0
+
+
+def _write(folder: Path, audit: list[dict[str, Any]], events: list[dict[str, Any]], runs: list[dict[str, Any]],
+           keys: list[dict[str, Any]] | None = None) -> Path:  # fmt: skip
+    (folder / "audit.jsonl").write_text("".join(json.dumps(a) + "\n" for a in audit))
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    if keys is None:
+        tokens: dict[tuple[str, str], int] = {}
+        for a in audit:
+            if a["e"] == "enter":
+                tokens[(a["wf"], a["key"])] = max(tokens.get((a["wf"], a["key"]), 0), a["token"])
+        keys = [{"workflow_name": wf, "key": k, "last_token": t} for (wf, k), t in tokens.items()]
+    (folder / "final.json").write_text(json.dumps({"runs": runs, "steps": [], "keys": keys}))
+    return folder
+
+
+def _run(run_id: str, created: float, status: str = "completed", wf: str = "soak-l1", **extra: Any) -> dict[str, Any]:
+    return {"run_id": run_id, "workflow_name": wf, "singleton_key": "k", "status": status, "error": None,
+            "created_at": T0 + created, "parent_run_id": None, **extra}  # fmt: skip
+
+
+def _body(run: str, pid: int, token: int, enter: float, leave: float, *, wf: str = "soak-l1", steps: int = 1,
+          settle: str | None = "settled", recoveries: int = 0) -> list[dict[str, Any]]:  # fmt: skip
+    """One body: enter, ``steps`` executed and stored steps, exit, and its accepted settle."""
+    events = [{"e": "enter", "t": T0 + enter, "pid": pid, "run": run, "key": "k", "wf": wf, "token": token,
+               "attempts": 1, "recoveries": recoveries}]  # fmt: skip
+    span = (leave - enter) / (steps + 1)
+    for i in range(steps):
+        at = T0 + enter + span * (i + 0.5)
+        events.append({"e": "exec", "t": at, "pid": pid, "run": run, "i": i, "token": token, "key": "k"})
+        events.append({"e": "stored", "t": at + span / 4, "pid": pid, "run": run, "i": i, "token": token})
+    events.append({"e": "exit", "t": T0 + leave, "pid": pid, "run": run, "token": token, "how": "return"})
+    if settle:
+        events.append({"e": settle, "t": T0 + leave + 0.001, "pid": pid, "run": run, "status": "completed"})
+    return events
+
+
+def _starts(*runs: str) -> list[dict[str, Any]]:
+    return [{"e": "start", "t": T0 + n * 0.01, "run": r, "wf": "soak-l1", "key": "k", "plan": []}
+            for n, r in enumerate(runs)]  # fmt: skip
+
+
+def _clean(tmp_path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 2, 2.5, 3.5) + _body("c", 10, 3, 4.0, 5.0)
+    runs = [_run("a", 0.1), _run("b", 0.2), _run("c", 0.3)]
+    return audit, _starts("a", "b", "c"), runs
+
+
+def _rules(folder: Path) -> set[str]:
+    return {v["rule"] for v in check(folder)["violations"]}
+
+
+def test_a_clean_history_has_no_violation(tmp_path: Path) -> None:
+    """The baseline for the tests below: three runs of a limit-1 key one after another."""
+    report = check(_write(tmp_path, *_clean(tmp_path)))
+    assert report["violations"] == []
+    assert report["max_holders_by_limit"] == {"1": 1}
+    assert report["fifo_runs_checked"] == 3
+    assert "violations" in render({"db": "x", "seed": 1, **report})
+
+
+def test_two_accepted_bodies_at_once_on_a_limit_1_key_are_over_admission(tmp_path: Path) -> None:
+    """S9: b enters while a, which goes on storing steps, still holds the key."""
+    audit = _body("a", 10, 1, 1.0, 3.0) + _body("b", 11, 2, 2.0, 4.0)
+    report = check(_write(tmp_path, audit, _starts("a", "b"), [_run("a", 0.1), _run("b", 0.2)]))
+    assert [v["rule"] for v in report["violations"]] == ["over_admission"]
+    assert report["violations"][0]["runs"] == ["a", "b"]
+
+
+def test_a_fenced_body_running_on_is_not_a_holder(tmp_path: Path) -> None:
+    """R5: a's body was frozen past its lease and taken over (token 2); it runs
+    on until its boundary, but none of its writes after the freeze is accepted
+    (no stored step, its exit is a LeaseLostError and nothing settles): the key
+    had one holder at a time, and its late execution is refused by token (K1)."""
+    audit = _body("a", 10, 1, 1.0, 1.5, steps=0, settle=None)[:1]  # entered, then frozen
+    audit += [
+        {"e": "exec", "t": T0 + 6.0, "pid": 10, "run": "a", "i": 0, "token": 1, "key": "k"},
+        {"e": "exit", "t": T0 + 6.1, "pid": 10, "run": "a", "token": 1, "how": "LeaseLostError"},
+    ]
+    audit += _body("a", 11, 2, 5.0, 7.0, recoveries=1)
+    report = check(_write(tmp_path, audit, _starts("a"), [_run("a", 0.1)]))
+    assert report["violations"] == []
+    assert report["late_executions_refused_by_token"] == 1
+    assert report["fenced_bodies"] == 1
+
+
+def test_a_younger_run_admitted_first_breaks_fifo(tmp_path: Path) -> None:
+    """S5: b was created after a but got the lower first-admission token."""
+    audit = _body("b", 10, 1, 1.0, 2.0) + _body("a", 11, 2, 2.5, 3.5)
+    assert _rules(_write(tmp_path, audit, _starts("a", "b"), [_run("a", 0.1), _run("b", 0.2)])) == {"fifo"}
+
+
+@pytest.mark.parametrize("rule", ["token_reused", "token_decreased", "token_behind_key"])
+def test_fencing_token_faults_are_found(tmp_path: Path, rule: str) -> None:
+    """K1: two runs with one token; a run whose token went down; a key counter behind a seen token."""
+    runs = [_run("a", 0.1), _run("b", 0.2)]
+    keys = None
+    if rule == "token_reused":
+        audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 1, 2.5, 3.5)
+    elif rule == "token_decreased":
+        audit = _body("a", 10, 2, 1.0, 2.0, steps=0) + _body("a", 10, 1, 2.5, 3.0, recoveries=0, steps=0)
+        audit += _body("b", 11, 3, 3.5, 4.0)
+    else:
+        audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 2, 2.5, 3.5)
+        keys = [{"workflow_name": "soak-l1", "key": "k", "last_token": 1}]
+    assert rule in _rules(_write(tmp_path, audit, _starts("a", "b"), runs, keys))
+
+
+def test_a_step_executed_again_after_its_result_was_stored_is_found(tmp_path: Path) -> None:
+    """R4: after a's step 0 was stored, a later body of a (same token) executes it again."""
+    audit = _body("a", 10, 1, 1.0, 2.0)
+    audit += [
+        {"e": "enter", "t": T0 + 3.0, "pid": 11, "run": "a", "key": "k", "wf": "soak-l1", "token": 1, "attempts": 2,
+         "recoveries": 0},
+        {"e": "exec", "t": T0 + 3.1, "pid": 11, "run": "a", "i": 0, "token": 1, "key": "k"},
+    ]  # fmt: skip
+    assert _rules(_write(tmp_path, audit, _starts("a"), [_run("a", 0.1)])) == {"step_reexecuted"}
+
+
+def test_a_step_stored_twice_is_found(tmp_path: Path) -> None:
+    """R4, R6: two bodies were both told their result of step 0 was stored."""
+    audit = _body("a", 10, 1, 1.0, 2.0)
+    audit.append({"e": "stored", "t": T0 + 1.9, "pid": 10, "run": "a", "i": 0, "token": 1})
+    assert "step_stored_twice" in _rules(_write(tmp_path, audit, _starts("a"), [_run("a", 0.1)]))
+
+
+def test_a_body_entering_after_its_cancel_and_a_cancel_undone_are_found(tmp_path: Path) -> None:
+    """D6, S9: b's cancel was stored (it returned cancelled) at 2.2; b entered
+    at 2.5 and ended completed."""
+    audit, events, runs = _clean(tmp_path)
+    events.append({"e": "cancel", "t": T0 + 2.2, "run": "b", "status": "cancelled", "requested": False})
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"entered_after_cancel", "cancel_undone"}
+
+
+def test_lost_stuck_and_unexpected_runs_are_found(tmp_path: Path) -> None:
+    """R2, D2: a started run missing from the database, one still suspended,
+    one failed without a cause in its plan, one whose signal was sent but which
+    timed out waiting."""
+    audit, events, runs = _clean(tmp_path)
+    events += _starts("a", "b", "c", "gone", "stuck", "boom", "deaf")[3:]
+    events.append({"e": "signal", "t": T0 + 1, "run": "deaf"})
+    runs += [
+        _run("stuck", 0.4, "suspended"),
+        _run("boom", 0.5, "failed", error={"type": "RuntimeError", "code": "exception"}),
+        _run("deaf", 0.6, "failed", error={"type": "SignalTimeoutError", "code": "exception"}),
+    ]
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"lost", "not_terminal", "unexpected_outcome",
+                                                             "signal_lost"}  # fmt: skip
