@@ -1,9 +1,17 @@
 """Fixtures: engines on the in-memory store and on the Django store (the
 database named by DATABASE_URL), a fresh registry per test, and a body audit
-that records the highest number of concurrent bodies per key."""
+that records the highest number of concurrent bodies per key.
+
+Vendor-agnostic tests run in the SQLite passes only (see tools/suites.sh):
+those marked ``vendor_agnostic`` and the ``memory`` case of every test on
+``store_kind``. On PostgreSQL and MariaDB they are deselected, and the
+terminal summary says how many and where they run. ``DS_ALL_VENDORS=1``
+runs them on any database.
+"""
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -16,6 +24,63 @@ from django.db import connection, connections
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.testing import make_engine
+
+#: Fixtures that give a test the database: a vendor-agnostic test must use none of them.
+DATABASE_FIXTURES = frozenset(
+    {
+        "db",
+        "transactional_db",
+        "django_db_reset_sequences",
+        "django_db_serialized_rollback",
+        "live_server",
+        "admin_client",
+        "admin_user",
+        "django_user_model",
+        "django_username_field",
+        "durable_store",
+    }
+)
+AGNOSTIC_WHERE = "the SQLite passes of tools/suites.sh (Python 3.12 / Django 6.1, and .venv-alt)"
+
+
+def is_vendor_agnostic(item: pytest.Item) -> bool:
+    """Tell whether ``item`` cannot depend on the database vendor: it is marked
+    ``vendor_agnostic``, or it is the ``memory`` case of a ``store_kind`` test
+    (no ``django_db`` mark, so pytest-django refuses it any database access)."""
+    if item.get_closest_marker("vendor_agnostic"):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("store_kind") == "memory"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Refuse a vendor-agnostic test that asks for the database; on PostgreSQL and
+    MariaDB, deselect the vendor-agnostic tests (they run in the SQLite passes)."""
+    agnostic = [item for item in items if is_vendor_agnostic(item)]
+    for item in agnostic:
+        uses = DATABASE_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if item.get_closest_marker("django_db") or uses:
+            raise pytest.UsageError(
+                f"{item.nodeid} is vendor-agnostic but uses the database ({', '.join(sorted(uses)) or 'django_db'}):"
+                " drop the vendor_agnostic mark or the database"
+            )
+    if connections["default"].vendor == "sqlite" or os.environ.get("DS_ALL_VENDORS") == "1" or not agnostic:
+        return
+    chosen = set(map(id, agnostic))
+    items[:] = [item for item in items if id(item) not in chosen]
+    config.hook.pytest_deselected(items=agnostic)
+    config.stash[_DESELECTED] = len(agnostic)
+
+
+_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if count := config.stash.get(_DESELECTED, 0):
+        terminalreporter.write_line(
+            f"{count} vendor-agnostic tests deselected on {connections['default'].vendor}:"
+            f" they run in {AGNOSTIC_WHERE} (DS_ALL_VENDORS=1 runs them here)"
+        )
 
 
 def vendor() -> str:

@@ -17,6 +17,8 @@ json_values = st.recursive(
 )
 KEY_OLD, KEY_NEW = Fernet.generate_key(), Fernet.generate_key()
 
+pytestmark = pytest.mark.vendor_agnostic  # pure Python: no store, no database
+
 
 @settings(max_examples=60, deadline=None)
 @given(json_values)

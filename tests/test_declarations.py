@@ -15,6 +15,8 @@ from durable_singleton.exceptions import (
 )
 from durable_singleton.testing import make_engine
 
+pytestmark = pytest.mark.vendor_agnostic  # the registry and the in-memory store only
+
 
 def test_decorated_class_is_registered_with_its_singleton(registry: Registry) -> None:
     @workflow(name="w1", version="2", singleton=Singleton(key=lambda i: i["k"], limit=3), registry=registry)

@@ -15,6 +15,8 @@ from durable_singleton.conf import DEFAULTS
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT.parent / "shared" / "SPEC.md"
 
+pytestmark = pytest.mark.vendor_agnostic  # text files only
+
 
 @pytest.mark.skipif(not SPEC.exists(), reason="the contract (../shared/SPEC.md) is not beside this checkout")
 def test_spec_page_is_generated_from_the_current_contract() -> None:

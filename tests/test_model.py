@@ -302,6 +302,7 @@ def _run_machine(make_store: Any) -> None:
     )
 
 
+@pytest.mark.vendor_agnostic
 def test_protocol_model_on_the_memory_store() -> None:
     """Issue #8: the model-based test on the in-memory store (S5, S7, K1, D5, D6)."""
     _run_machine(lambda clock: MemoryStore(clock=clock))

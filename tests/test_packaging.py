@@ -22,6 +22,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Files and a fresh virtualenv on its own SQLite file: the same on every database pass.
+pytestmark = pytest.mark.vendor_agnostic
+
 
 def setup_cfg() -> configparser.ConfigParser:
     parser = configparser.ConfigParser(interpolation=None)
@@ -180,9 +183,6 @@ def get_json(url: str, method: str = "GET") -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    bool(os.environ.get("DATABASE_URL")), reason="database-independent: runs once, in the SQLite pass of CI"
-)
 def test_wheel_installs_into_a_clean_virtualenv_and_runs_a_workflow(tmp_path: Path) -> None:
     """Build the sdist and the wheel, check the sdist ships no tests, install the
     wheel (no extras) into a new virtualenv outside the repository, generate a

@@ -3,6 +3,14 @@
 # DS_MYSQL_URL and DS_REDIS_URL set), then once more on SQLite with the other
 # tested combination in .venv-alt (Python 3.13 and Django 5.2, see
 # tools/bootstrap.sh alt). Exits non-zero if any run failed or ran no test.
+#
+# The pass split: every test that touches the database of the run (the Django
+# store, claims, transactions, the database clock, real worker processes) runs
+# in every database pass. Vendor-agnostic tests (marker vendor_agnostic: pure
+# Python, docs, packaging, the spin model, the pytest plugin's subprocesses,
+# and the memory case of each store_kind test) run in the two SQLite passes
+# only: tests/conftest.py deselects them on PostgreSQL and MariaDB and says so
+# in the summary. Slow tests run in the first SQLite pass, not in .venv-alt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
