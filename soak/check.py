@@ -24,8 +24,11 @@ of violations, each naming the rule it breaks:
   execution is counted as refused by a token-checking store instead, K1);
   ``step_stored_twice``: two bodies were both told their result of one step
   was stored.
-* ``entered_after_cancel``, ``cancel_undone`` (D6, S9): a body entered after
-  its cancel was stored; a run cancelled at once ended otherwise.
+* ``worked_after_cancel``, ``cancel_undone`` (D6, S9): a body executed a step
+  after its run's cancel was stored (a body claimed just before the cancel
+  may still enter, but stops at its first boundary), unless its process was
+  frozen after passing that boundary (counted apart: nothing can stop a
+  paused process's code); a run cancelled at once ended otherwise.
 * ``not_terminal``, ``lost``, ``unexpected_outcome``, ``signal_lost`` (R2, D2,
   D4, D5, D7): a run still active after the drain; a started run missing; a
   run that ended other than its plan says (completed, or cancelled by the
@@ -64,6 +67,7 @@ class Body:
     how: str | None = None
     accepted_exit: bool = False
     stored_t: list[float] = field(default_factory=list)
+    exec_t: list[float] = field(default_factory=list)
 
     @property
     def accepted_end(self) -> float:
@@ -98,6 +102,10 @@ def bodies_of(audit: list[dict[str, Any]]) -> list[Body]:
             bodies.append(body)
             open_by_pid[pid] = body
             last_exit.pop((pid, event["run"]), None)
+        elif kind == "exec":
+            body = open_by_pid.get(pid)
+            if body is not None and body.run == event["run"]:
+                body.exec_t.append(event["t"])
         elif kind == "stored":
             body = open_by_pid.get(pid)
             if body is not None and body.run == event["run"]:
@@ -257,10 +265,23 @@ def check(out: Path) -> dict[str, Any]:
             final_run = runs.get(event["run"])
             if event["status"] == "cancelled" and final_run is not None and final_run["status"] != "cancelled":
                 violate("cancel_undone", run=event["run"], final=final_run["status"])
+    frozen: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for event in events:
+        if event["e"] == "fault" and event["kind"].startswith("freeze"):
+            for pid in event.get("pids", []):
+                frozen[pid].append((event["t"], event["until"]))
+    frozen_late_after_cancel = 0
     for body in bodies:
         cancel = cancelled_at.get(body.run)
-        if cancel is not None and body.enter_t > cancel:
-            violate("entered_after_cancel", run=body.run, entered=body.enter_t, cancelled=cancel)
+        if cancel is None:
+            continue
+        for at in body.exec_t:
+            if at <= cancel:
+                continue
+            if any(body.enter_t <= start <= at for start, _ in frozen.get(body.pid, [])):
+                frozen_late_after_cancel += 1
+            else:
+                violate("worked_after_cancel", run=body.run, executed=at, cancelled=cancel)
 
     # -- every run terminal, nothing lost, outcomes as planned ------------------------
     started = {e["run"]: e for e in events if e["e"] == "start"}
@@ -302,6 +323,7 @@ def check(out: Path) -> dict[str, Any]:
         "keys_with_fenced_overlap": fenced_overlap_keys,
         "step_executions": executions,
         "late_executions_refused_by_token": refused_late,
+        "frozen_executions_after_cancel": frozen_late_after_cancel,
         "fifo_runs_checked": fifo_checked,
         "max_holders_by_limit": {str(k): v for k, v in sorted(max_holders.items())},
         "faults": dict(sorted(faults.items())),
@@ -327,8 +349,8 @@ def render(summary: dict[str, Any]) -> str:
         ("bodies entered / takeovers", f"{summary['bodies_entered']} / {summary['takeovers_seen']}"),
         ("fenced bodies / keys with a fenced overlap", f"{summary['fenced_bodies']} / "
          f"{summary['keys_with_fenced_overlap']}"),
-        ("step executions (late ones refused by token)", f"{summary['step_executions']} "
-         f"({summary['late_executions_refused_by_token']})"),
+        ("step executions (late: refused by token / frozen past a cancel)", f"{summary['step_executions']} "
+         f"({summary['late_executions_refused_by_token']} / {summary['frozen_executions_after_cancel']})"),
         ("highest holders per key, by limit", ", ".join(f"limit {k}: {v}"
          for k, v in summary["max_holders_by_limit"].items())),
         ("runs checked for FIFO", summary["fifo_runs_checked"]),

@@ -433,9 +433,16 @@ class Soak:
     # -- the whole soak ----------------------------------------------------
 
     def active(self) -> int:
+        """Count the runs not yet ended: active ones, and those failed by their
+        flaky step that the service loop has yet to retry."""
         from durable_singleton.models import Run
 
-        return int(self._db(lambda: Run.objects.exclude(status__in=TERMINAL).count()))
+        def count() -> int:
+            failed = Run.objects.filter(status="failed").values_list("error", flat=True)
+            retrying = sum(1 for error in failed if (error or {}).get("type") == "FlakyStepError")
+            return Run.objects.exclude(status__in=TERMINAL).count() + retrying
+
+        return int(self._db(count))
 
     def run(self, db: Any, redis: Any) -> dict[str, Any]:
         args = self.args

@@ -31,9 +31,18 @@ DURABLE_SINGLETON = {
     "SIGNAL_FALLBACK_SECONDS": float(os.environ.get("DURABLE_SIGNAL_FALLBACK_SECONDS", "10")),
 }
 
+# The engine's warnings (a failed tick job while a server restarts, a fenced
+# turn) go to SOAK_DIR/engine.log, appended by every process of the soak.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"durable_singleton": {"handlers": ["console"], "level": os.environ.get("DURABLE_LOG_LEVEL", "ERROR")}},
+    "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"}},
+    "handlers": {
+        "file": {
+            "class": "logging.FileHandler",
+            "filename": os.path.join(os.environ.get("SOAK_DIR", "."), "engine.log"),
+            "formatter": "plain",
+        }
+    },
+    "loggers": {"durable_singleton": {"handlers": ["file"], "level": os.environ.get("DURABLE_LOG_LEVEL", "WARNING")}},
 }

@@ -15,6 +15,8 @@ import pytest
 
 from soak.check import check, render
 
+pytestmark = pytest.mark.vendor_agnostic
+
 T0 = 1_800_000_000.0
 
 
@@ -142,12 +144,34 @@ def test_a_step_stored_twice_is_found(tmp_path: Path) -> None:
     assert "step_stored_twice" in _rules(_write(tmp_path, audit, _starts("a"), [_run("a", 0.1)]))
 
 
-def test_a_body_entering_after_its_cancel_and_a_cancel_undone_are_found(tmp_path: Path) -> None:
+def test_a_body_working_after_its_cancel_and_a_cancel_undone_are_found(tmp_path: Path) -> None:
     """D6, S9: b's cancel was stored (it returned cancelled) at 2.2; b entered
-    at 2.5 and ended completed."""
+    at 2.5, executed a step and ended completed."""
     audit, events, runs = _clean(tmp_path)
     events.append({"e": "cancel", "t": T0 + 2.2, "run": "b", "status": "cancelled", "requested": False})
-    assert _rules(_write(tmp_path, audit, events, runs)) == {"entered_after_cancel", "cancel_undone"}
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"worked_after_cancel", "cancel_undone"}
+
+
+def test_a_body_claimed_before_its_cancel_may_enter_and_stop_at_its_first_boundary(tmp_path: Path) -> None:
+    """D6: the cancel of a running run (requested) lands between the claim and
+    the body's first line; the body enters and stops at its first boundary
+    without executing a step: not a violation. A body frozen after passing its
+    boundary that executes after the cancel is counted apart."""
+    audit, events, runs = _clean(tmp_path)
+    audit = [a for a in audit if not (a["run"] == "b" and a["e"] in ("exec", "stored"))]
+    for a in audit:
+        if a["run"] == "b" and a["e"] == "exit":
+            a["how"] = "RunCancelledError"
+    runs[1]["status"] = "cancelled"
+    events.append({"e": "cancel", "t": T0 + 2.4, "run": "b", "status": "running", "requested": True})
+    report = check(_write(tmp_path, audit, events, runs))
+    assert report["violations"] == []
+
+    audit.append({"e": "exec", "t": T0 + 3.0, "pid": 11, "run": "b", "i": 0, "token": 2, "key": "k"})
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"worked_after_cancel"}
+    events.append({"e": "fault", "t": T0 + 2.6, "kind": "freeze_past_lease", "pids": [11], "until": T0 + 2.9})
+    report = check(_write(tmp_path, audit, events, runs))
+    assert (report["violations"], report["frozen_executions_after_cancel"]) == ([], 1)
 
 
 def test_lost_stuck_and_unexpected_runs_are_found(tmp_path: Path) -> None:

@@ -36,6 +36,18 @@ rm -rf "$docs_out"
 run sqlite .venv/bin/python DATABASE_URL= CELERY_BROKER_URL="${DS_REDIS_URL:-}"
 run postgresql .venv/bin/python DATABASE_URL="${DS_PG_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"
 run mariadb .venv/bin/python DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}"
+# The chaos soak of #12 (soak/, docs/reliability.rst): its own servers, two groups of real
+# Celery workers, three ticks and random faults for 150 s on each database, then the
+# independent checker; at least 3,000 runs each. DS_SOAK=0 skips it (e.g. with -k).
+if [ "${DS_SOAK:-1}" != 0 ]; then
+  for db in postgresql mariadb; do
+    echo "=== chaos soak on ${db} (python -m soak) ==="
+    if ! .venv/bin/python -m soak --db "$db" --seconds 150 --rate 20 --min-runs 3000 --out "artifacts/soak-ci-${db}"; then
+      echo "=== chaos soak on ${db} failed: artifacts/soak-ci-${db}/summary.json ==="
+      status=1
+    fi
+  done
+fi
 if [ -x .venv-alt/bin/python ]; then
   alt=$(.venv-alt/bin/python -c 'import sys, django; print(f"Python {sys.version_info[0]}.{sys.version_info[1]}, Django {django.get_version()}")')
   # The other combination runs what is not marked slow (browser, packaging, real
