@@ -1,0 +1,68 @@
+"""``python -m soak.table FOLDER...``: the figures of several soaks as one
+reStructuredText table (docs/reliability.rst), one column per soak."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Return (figure, value) pairs of one soak's ``summary.json``."""
+    args = summary.get("args", {})
+    faults = summary["faults"]
+    return [
+        ("database", summary["db"]),
+        ("load / drain", f"{float(summary['load_seconds']):.0f} s / {float(summary['drain_seconds']):.0f} s"),
+        ("runs (started by the driver)", f"{summary['runs']:,} ({summary['runs_started_by_driver']:,})"),
+        ("completed / cancelled / other", "{:,} / {:,} / {:,}".format(
+            summary["statuses"].get("completed", 0), summary["statuses"].get("cancelled", 0),
+            summary["runs"] - summary["statuses"].get("completed", 0) - summary["statuses"].get("cancelled", 0))),
+        ("bodies entered / taken over", f"{summary['bodies_entered']:,} / {summary['takeovers_seen']:,}"),
+        ("fenced bodies", f"{summary['fenced_bodies']:,}"),
+        ("step executions", f"{summary['step_executions']:,}"),
+        ("late, refused by token", f"{summary['late_executions_refused_by_token']:,}"),
+        ("highest holders (limit 1 / 2 / 3)", " / ".join(
+            str(summary["max_holders_by_limit"].get(k, "-")) for k in ("1", "2", "3"))),
+        ("runs checked for FIFO", f"{summary['fifo_runs_checked']:,}"),
+        ("cancels / retries / signals", f"{summary['cancels']:,} / {summary['retries']:,} / {summary['signals']:,}"),
+        ("duplicate deliveries", f"{summary['duplicate_deliveries']:,}"),
+        ("faults injected", f"{summary['faults_total']:,}"),
+        *((f"faults: {kind}", str(n)) for kind, n in sorted(faults.items())),
+        ("violations", str(sum(summary["violations_by_rule"].values()))),
+        ("seed", str(args.get("seed", summary.get("seed")))),
+    ]  # fmt: skip
+
+
+def table(summaries: list[dict[str, Any]]) -> str:
+    """Return an RST simple table with one column per summary."""
+    kinds = sorted({k for s in summaries for k in s["faults"]})
+    for s in summaries:  # every fault kind on every column, 0 where it was not injected
+        s["faults"] = {k: s["faults"].get(k, 0) for k in kinds}
+    columns = [rows(s) for s in summaries]
+    names = [name for name, _ in columns[0]]
+    widths = [max(len(n) for n in names)] + [max(len(v) for _, v in col) for col in columns]
+    rule = "  ".join("=" * w for w in widths)
+    out = [rule]
+    for i, name in enumerate(names):
+        cells = [name.ljust(widths[0])] + [col[i][1].ljust(widths[j + 1]) for j, col in enumerate(columns)]
+        out.append("  ".join(cells).rstrip())
+        if i == 0:
+            out.append(rule)
+    out.append(rule)
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    folders = sys.argv[1:] if argv is None else argv
+    if not folders:
+        print("usage: python -m soak.table FOLDER...", file=sys.stderr)
+        return 2
+    print(table([json.loads((Path(f) / "summary.json").read_text()) for f in folders]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
