@@ -124,8 +124,9 @@ class Interrupted(BaseException):
 
 
 class _GuardedStore:
-    """The engine's store as a body's context calls it: an exception other
-    than this package's typed errors becomes :class:`Interrupted`."""
+    """The engine's store as a body's context calls it: an exception by which
+    the store says it is unreachable (:meth:`BaseStore.is_unreachable`)
+    becomes :class:`Interrupted`; any other propagates (and fails the run)."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
@@ -134,19 +135,19 @@ class _GuardedStore:
         method = getattr(self._store, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return guarded(method, *args, **kwargs)
+            return guarded(self._store, method, *args, **kwargs)
 
         return call
 
 
-def guarded(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """Call ``fn``; re-raise this package's typed errors, and raise
-    :class:`Interrupted` from any other exception (a store or broker failure)."""
+def guarded(store: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; raise :class:`Interrupted` from an exception ``store``
+    classes as the store being unreachable, re-raise any other."""
     try:
         return fn(*args, **kwargs)
-    except DurableSingletonError:
-        raise
     except Exception as exc:
+        if isinstance(exc, DurableSingletonError) or not store.is_unreachable(exc):
+            raise
         raise Interrupted(f"{getattr(fn, '__name__', fn)!s} failed: {exc!r}") from exc
 
 
@@ -284,6 +285,7 @@ class WorkflowCtx:
             child_id = run_id or f"{self.run.run_id}:child:{position}"
             try:
                 guarded(
+                    self.engine.store,
                     self.engine.start,
                     name,
                     input,

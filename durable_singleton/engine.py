@@ -567,7 +567,7 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
             logger.warning("run %s: lease lost; this turn's writes are fenced", run.run_id)
             return Outcome.FENCED
         except Interrupted as interrupted:
-            self._resume_interrupted(definition, run, owner, interrupted)
+            self._resume_interrupted(run, owner, interrupted)
             return Outcome.INTERRUPTED
         except RunCancelledError:
             return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
@@ -581,21 +581,21 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
             return self._finish(run, owner, RunStatus.FAILED, error=error)
         return self._finish(run, owner, RunStatus.COMPLETED, output=output)
 
-    def _resume_interrupted(
-        self, definition: WorkflowDefinition, run: RunRecord, owner: str, interrupted: Interrupted
-    ) -> None:
+    def _resume_interrupted(self, run: RunRecord, owner: str, interrupted: Interrupted) -> None:
         """End a turn whose store call failed under the body, without failing the run.
 
-        The run keeps its slot (S6). It is handed back as ``pending`` and sent
-        again at once when the store answers; otherwise its lease expires and
-        the tick re-drives it (D4). Its stored steps are replayed; the step
-        whose result was not stored runs again (R4).
+        The run keeps its slot (S6). It is handed back as ``pending`` with a
+        ``wake_at`` ``ADMISSION_RETRY_SECONDS`` ahead, which the tick sends
+        (so a store failing every time costs one turn per interval, never a
+        busy loop); if the store does not answer, its lease expires and the
+        tick re-drives it (D4). Its stored steps are replayed; the step whose
+        result was not stored runs again (R4).
         """
         logger.warning("run %s: %s; the turn ends and the run resumes", run.run_id, interrupted)
         try:
             self.store.discard_broken_connection()
-            if self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=self.now()) == "parked":
-                self.dispatcher.dispatch(run.run_id, definition.queue)
+            wake_at = self.now() + timedelta(seconds=self.settings.ADMISSION_RETRY_SECONDS)
+            self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at)
         except Exception:  # the store is still away: recovery after the lease takes over (D4)
             logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -48,21 +49,28 @@ def _break_this_connection() -> None:
 
 
 class FlakyMemoryStore(MemoryStore):
-    """The in-memory store whose next ``save_step`` raises ``ConnectionError`` once."""
+    """The in-memory store whose next ``save_step`` raises ``fail_next_save`` once."""
 
-    fail_next_save = False
+    fail_next_save: Exception | None = None
 
     def save_step(self, *args: Any, **kwargs: Any) -> bool:
-        if self.fail_next_save:
-            self.fail_next_save = False
-            raise ConnectionError("the store went away")
+        if self.fail_next_save is not None:
+            exc, self.fail_next_save = self.fail_next_save, None
+            raise exc
         return super().save_step(*args, **kwargs)
 
 
 def _engine(store_kind: str) -> Engine:
     registry = Registry()
     store: Any = FlakyMemoryStore() if store_kind == "memory" else "django"
-    return make_engine(store, registry=registry)
+    return make_engine(store, registry=registry, ADMISSION_RETRY_SECONDS=0.1)
+
+
+def _resume(engine: Engine) -> None:
+    """Let the interrupted run's ``wake_at`` (ADMISSION_RETRY_SECONDS) come, tick, run the turns sent."""
+    time.sleep(0.15)
+    engine.tick()
+    engine.dispatcher.drain()
 
 
 @pytest.mark.parametrize(
@@ -83,7 +91,7 @@ def test_a_store_failure_under_the_body_interrupts_the_turn_and_the_run_resumes(
         executions.append(n)
         if len(executions) == 1:
             if isinstance(engine.store, FlakyMemoryStore):
-                engine.store.fail_next_save = True
+                engine.store.fail_next_save = ConnectionError("the store went away")
             else:
                 _break_this_connection()
         return n * 2
@@ -102,8 +110,9 @@ def test_a_store_failure_under_the_body_interrupts_the_turn_and_the_run_resumes(
     interrupted = engine.get(run.run_id)
     assert interrupted.status != "failed", interrupted.error
     assert interrupted.admitted, "the interrupted run keeps its slot (S6)"
+    assert interrupted.status == "pending", "handed back, due after ADMISSION_RETRY_SECONDS"
 
-    engine.dispatcher.drain()
+    _resume(engine)
     done = engine.get(run.run_id)
     assert (done.status, done.output, done.error) == ("completed", 41, None)
     assert executions[:2] == [20, 20], "the interrupted step ran again: at least once (R4)"
@@ -133,4 +142,26 @@ def test_a_tick_and_a_turn_after_a_killed_connection_reconnect() -> None:
     with contextlib.suppress(Exception):  # the turn that meets the dead connection may fail, unwritten
         engine.execute(run.run_id)
     engine.dispatcher.drain()
+    if engine.get(run.run_id).status != "completed":
+        _resume(engine)
     assert engine.get(run.run_id).status == "completed"
+
+
+def test_a_store_error_that_is_not_the_store_being_away_still_fails_the_run() -> None:
+    """Section 7, R2: only an unreachable store interrupts a turn
+    (``BaseStore.is_unreachable``); any other error of a store call under the
+    body fails the run as before, so a write the store refuses every time
+    (a value it cannot hold) never loops."""
+    engine = _engine("memory")
+    assert isinstance(engine.store, FlakyMemoryStore)
+    engine.registry.add_step("store-errors:refused", lambda n: n)
+
+    def body(ctx: Any, input: Any) -> Any:
+        engine.store.fail_next_save = ValueError("the store refuses this value")
+        return ctx.step("store-errors:refused", 1)
+
+    engine.registry.add("store-errors-refused", "1", body)
+    run = engine.start("store-errors-refused", None, run_id="ser-1")
+    assert engine.execute(run.run_id) == Outcome.FAILED
+    failed = engine.get(run.run_id)
+    assert (failed.status, failed.error["type"]) == ("failed", "ValueError")

@@ -217,6 +217,14 @@ class BaseStore(ABC):
         """Return the store's current time (aware, UTC): the clock of leases (R5)."""
 
     # -- connections -----------------------------------------------------------
+    def is_unreachable(self, exc: BaseException) -> bool:
+        """Tell whether ``exc``, raised by a call to this store, means the
+        store could not be reached (a dropped connection, a restart, a
+        timeout) rather than a fault of the call itself. A body whose store
+        call fails so is interrupted, not failed (docs/durability.rst). The
+        default: ``ConnectionError`` and ``TimeoutError``."""
+        return isinstance(exc, (ConnectionError, TimeoutError))
+
     def discard_broken_connection(self) -> None:
         """Drop this thread's connection to the store if a failure left it
         unusable, so the next call opens a new one. The default does nothing

@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import IntegrityError, OperationalError, connections, router, transaction
+from django.db import IntegrityError, InterfaceError, OperationalError, connections, router, transaction
 from django.db.models import BooleanField, Case, Count, Exists, F, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -188,6 +188,12 @@ class DjangoStore(BaseStore):
         raise AssertionError("unreachable")
 
     # -- the clock -----------------------------------------------------------
+    def is_unreachable(self, exc: BaseException) -> bool:
+        """Also Django's ``OperationalError`` and ``InterfaceError``: the
+        drivers raise them for a lost or refused connection, a server
+        shutdown, a lock or statement timeout, a deadlock."""
+        return isinstance(exc, (OperationalError, InterfaceError)) or super().is_unreachable(exc)
+
     def discard_broken_connection(self) -> None:
         """Close this thread's connection if an error left it unusable (outside
         a transaction), so the next query reconnects; Django does this only
