@@ -42,7 +42,8 @@ run mariadb .venv/bin/python DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL=
 if [ "${DS_SOAK:-1}" != 0 ]; then
   for db in postgresql mariadb; do
     echo "=== chaos soak on ${db} (python -m soak) ==="
-    if ! .venv/bin/python -m soak --db "$db" --seconds 150 --rate 20 --min-runs 3000 --out "artifacts/soak-ci-${db}"; then
+    if ! timeout --kill-after=30 600 .venv/bin/python -m soak --db "$db" --seconds 150 --rate 20 --drain 120 \
+      --min-runs 3000 --out "artifacts/soak-ci-${db}"; then
       echo "=== chaos soak on ${db} failed: artifacts/soak-ci-${db}/summary.json ==="
       status=1
     fi
