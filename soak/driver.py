@@ -521,8 +521,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)  # through the finally blocks that stop workers and servers
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "artifacts" / f"soak-{args.db}-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
