@@ -546,7 +546,9 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
 
     def _run_body(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
         assert definition.body is not None
-        steps = self.store.load_steps(run.run_id) if run.step_count else {}
+        # Read after the claim, never skipped on the step count the claim read: a
+        # frozen holder's step may commit between that read and the claim (R4).
+        steps = self.store.load_steps(run.run_id)
         ctx = WorkflowCtx(self, run, owner, steps)
         try:
             with _LeaseKeeper(self, run.run_id, owner):
