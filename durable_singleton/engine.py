@@ -106,17 +106,17 @@ class _LeaseKeeper:
         self._thread.join()
 
     def _loop(self) -> None:
-        from django.db import DatabaseError
-
         settings = self.engine.settings
         try:
             while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
                 try:
                     renewed = self.engine.store.renew_lease(self.run_id, self.owner, settings.LEASE_SECONDS)
-                except DatabaseError:
-                    # A dropped connection (server restart, pg_terminate_backend):
-                    # close it and renew on a new one next time (O1). An expired
-                    # lease is never renewed, so a late retry cannot revive it (R5).
+                except Exception:
+                    # A dropped connection (server restart, pg_terminate_backend;
+                    # Django's InterfaceError is no DatabaseError, a store of
+                    # another kind raises its own): close it and renew on a new
+                    # one next time, never stop renewing a live body (O1, S9). An
+                    # expired lease is never renewed, so a late retry cannot revive it (R5).
                     logger.warning("run %s: lease renewal failed; retrying", self.run_id, exc_info=True)
                     self.engine.close_thread_resources()
                     continue
