@@ -580,6 +580,8 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
                 "message": printable(str(exc)),
                 "traceback": printable(traceback.format_exc(limit=20)),
             }
+            # The body's own query may have met (and left) a dead connection: settle on a new one.
+            self.store.discard_broken_connection()
             return self._finish(run, owner, RunStatus.FAILED, error=error)
         return self._finish(run, owner, RunStatus.COMPLETED, output=output)
 
