@@ -7,21 +7,32 @@ cancels, signals, retries, duplicate deliveries and faults) and
 ``final.json`` (the database after the drain). It reports figures and a list
 of violations, each naming the rule it breaks:
 
-* ``over_admission`` (S9, S5): at some instant a key had more runs holding it
+* ``over_admission`` (S9, S5, S6): at some instant a key had more runs holding it
   than its limit. A body holds its key from its ``enter`` until the last
   write the store accepted from it: its exit when the park or settle that
   follows was accepted (the ``parked`` / ``settled`` audit events, sent only
   after an accepted write), else its last accepted step. A body fenced
   after a freeze or a partition keeps running on its own, but nothing it
-  does is accepted: it is counted as a fenced overlap, not a holder.
+  does is accepted: it is counted as a fenced overlap, not a holder. A run
+  holds its slot between its bodies too (a sleep, a signal wait, a child, a
+  recovery, S6): from its first body's ``enter`` to its last body's last
+  accepted write. A ``retry`` event starts a new tenure (D9: the run failed,
+  which freed its slot) from the exit of the body that failed before it (the
+  driver writes the line after the retry, when the new body may have entered).
 * ``fifo`` (S5, S9): a run admitted before an older run of its key (by
-  ``created_at``, ``run_id``), judged by first-admission fencing tokens.
+  ``created_at``, ``run_id``), judged by first-admission fencing tokens: a
+  first body's, or, for a run never recovered nor retried, the token in the
+  final dump (a run granted its slot but cancelled before its body entered).
 * ``token_reused``, ``token_decreased``, ``token_behind_key`` (K1): two runs
   of a key shared a token; a run's token went down; a key's stored counter
   is below a token a body saw.
 * ``step_reexecuted`` (R4, R6): a step of a run executed with a token not
   older than the one whose success was already stored (a stale token's late
-  execution is counted as refused by a token-checking store instead, K1);
+  execution is counted as refused by a token-checking store instead, K1). A
+  step the final dump holds, with the token that executed it in its result,
+  counts as stored from its ``finished_at`` (plus ``STORED_MARGIN`` for the
+  two clocks) even when its ``stored`` line is missing (the process died
+  between the commit and the line, or the commit's reply was lost);
   ``step_stored_twice``: two bodies were both told their result of one step
   was stored.
 * ``worked_after_cancel``, ``cancel_undone`` (D6, S9): a body executed a step
@@ -50,6 +61,11 @@ TERMINAL = ("completed", "failed", "cancelled", "dead")
 LIMIT_OF = {"soak-l1": 1, "soak-l2": 2, "soak-l3": 3, "soak-timeout": 1, "soak-child": 1}
 #: Exits after which the engine writes a park or a settle (accepted or not).
 FENCED_EXITS = ("LeaseLostError",)
+#: Exits that never fail the run (the others are the body's exception: the run fails).
+NOT_FAILING_EXITS = ("return", "park", "Interrupted", "RunCancelledError")
+#: Seconds between a step's ``finished_at`` (the engine's clock, corrected to
+#: the database's) and the audit's ``time.time()`` that still count as "before".
+STORED_MARGIN = 0.05
 
 
 @dataclass
@@ -122,17 +138,24 @@ def bodies_of(audit: list[dict[str, Any]]) -> list[Body]:
     return bodies
 
 
-def _max_overlap(intervals: list[tuple[float, float, str]]) -> tuple[int, float, list[str]]:
-    """Return the highest number of distinct runs whose intervals overlap, when, and which."""
-    by_run: dict[str, list[tuple[float, float]]] = defaultdict(list)
+def _max_overlap(
+    intervals: list[tuple[float, float, str]], tenure: dict[tuple[float, str], int] | None = None
+) -> tuple[int, float, list[str]]:
+    """Return the highest number of distinct runs whose intervals overlap, when, and which.
+
+    With ``tenure`` (the tenure number of each interval, by its (start, run)),
+    the intervals of one run's tenure count as one, from the first start to
+    the last end: the run held its slot in between (S6).
+    """
+    by_run: dict[tuple[str, int], list[tuple[float, float]]] = defaultdict(list)
     for start, end, run in intervals:
-        by_run[run].append((start, end))
+        by_run[(run, tenure.get((start, run), 0) if tenure is not None else 0)].append((start, end))
     points: list[tuple[float, int, str]] = []
-    for run, spans in by_run.items():
+    for (run, _), spans in by_run.items():
         spans.sort()
         merged = [list(spans[0])]
         for start, end in spans[1:]:
-            if start <= merged[-1][1]:
+            if tenure is not None or start <= merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], end)
             else:
                 merged.append([start, end])
@@ -168,12 +191,24 @@ def check(out: Path) -> dict[str, Any]:
     for body in bodies:
         by_key[(body.wf, body.key)].append(body)
 
-    # -- holders at every instant (S5, S9) ------------------------------------
+    # A retry's tenure begins after the exit of the body whose exception failed the run (D9).
+    failed_exits: dict[str, list[float]] = defaultdict(list)
+    for body in bodies:
+        if body.exit_t is not None and body.how not in (*NOT_FAILING_EXITS, *FENCED_EXITS):
+            failed_exits[body.run].append(body.exit_t)
+    retries: dict[str, list[float]] = defaultdict(list)
+    for event in events:
+        if event["e"] == "retry":
+            before = [t for t in failed_exits.get(event["run"], ()) if t < event["t"]]
+            retries[event["run"]].append(max(before, default=event["t"]))
+
+    # -- holders at every instant (S5, S6, S9) ---------------------------------
     max_holders: dict[int, int] = defaultdict(int)
     fenced_overlap_keys = 0
+    tenure = {(b.enter_t, b.run): sum(1 for t in retries.get(b.run, ()) if t < b.enter_t) for b in bodies}
     for (wf, key), group in by_key.items():
         limit = LIMIT_OF.get(wf, 1)
-        held, when, who = _max_overlap([(b.enter_t, b.accepted_end, b.run) for b in group])
+        held, when, who = _max_overlap([(b.enter_t, b.accepted_end, b.run) for b in group], tenure)
         max_holders[limit] = max(max_holders[limit], held)
         if held > limit:
             violate("over_admission", workflow=wf, key=key, limit=limit, holders=held, at=when, runs=who)
@@ -214,10 +249,24 @@ def check(out: Path) -> dict[str, Any]:
         first = min(group, key=lambda b: b.enter_t)
         if first.recoveries == 0 and first.enter_t < retry and first.token is not None:
             first_token[run_id] = first.token
-    fifo_checked = 0
+    for run_id, run in runs.items():  # granted, never entered: the grant's token is in the dump
+        if (
+            run_id not in per_run
+            and run.get("fencing_token")
+            and not run.get("recoveries")
+            and run_id not in retried_at
+        ):
+            first_token[run_id] = run["fencing_token"]
+    members: dict[tuple[str, str], set[str]] = defaultdict(set)
     for (wf, key), group in by_key.items():
+        members[(wf, key)].update(b.run for b in group)
+    for run_id, run in runs.items():
+        if run_id not in per_run and run.get("singleton_key") is not None:
+            members[(run["workflow_name"], run["singleton_key"])].add(run_id)
+    fifo_checked = 0
+    for (wf, key), group_runs in members.items():
         admitted = sorted(
-            (r for r in {b.run for b in group} if r in first_token and r in runs),
+            (r for r in group_runs if r in first_token and r in runs),
             key=lambda r: (runs[r]["created_at"], r),
         )
         fifo_checked += len(admitted)
@@ -225,8 +274,9 @@ def check(out: Path) -> dict[str, Any]:
         for run_id in admitted:
             token = first_token[run_id]
             if highest is not None and token < highest[0]:
-                violate("fifo", workflow=wf, key=key, older=run_id, older_token=token, younger=highest[1],
-                        younger_token=highest[0])  # fmt: skip
+                # run_id was created after highest[1] but admitted before it.
+                violate("fifo", workflow=wf, key=key, older=highest[1], older_token=highest[0], younger=run_id,
+                        younger_token=token)  # fmt: skip
             if highest is None or token > highest[0]:
                 highest = (token, run_id)
 
@@ -241,6 +291,16 @@ def check(out: Path) -> dict[str, Any]:
     for step, times in stored.items():
         if len(times) > 1:
             violate("step_stored_twice", run=step[0], step=step[1], times=times)
+    stored_from_dump = 0
+    for row in final.get("steps", []):
+        result = row.get("result")
+        if not isinstance(result, dict) or result.get("token") is None or row.get("finished_at") is None:
+            continue
+        step_key = (row["run_id"], result.get("i"))
+        if step_key not in stored:  # stored, but its ``stored`` line never came
+            stored_from_dump += 1
+            stored[step_key].append(row["finished_at"] + STORED_MARGIN)
+            stored_token[step_key] = result["token"]
     executions = refused_late = 0
     for event in audit:
         if event["e"] != "exec":
@@ -322,6 +382,7 @@ def check(out: Path) -> dict[str, Any]:
         "bodies_without_exit": sum(1 for b in bodies if b.exit_t is None),
         "keys_with_fenced_overlap": fenced_overlap_keys,
         "step_executions": executions,
+        "steps_stored_without_audit_line": stored_from_dump,
         "late_executions_refused_by_token": refused_late,
         "frozen_executions_after_cancel": frozen_late_after_cancel,
         "fifo_runs_checked": fifo_checked,

@@ -502,7 +502,7 @@ class Soak:
         ]  # fmt: skip
         steps = [
             {**row, "finished_at": epoch(row["finished_at"])}
-            for row in Step.objects.values("run_id", "position", "name", "finished_at")
+            for row in Step.objects.values("run_id", "position", "name", "finished_at", "result")
         ]
         keys = list(SingletonKey.objects.values("workflow_name", "key", "last_token"))
         (self.out / "final.json").write_text(json.dumps({"runs": runs, "steps": steps, "keys": keys}))

@@ -64,7 +64,7 @@ def work(args: dict[str, Any]) -> dict[str, Any]:
         else:
             raise FlakyStepError(f"step {args['i']} of {args['run']} fails once")
     time.sleep(float(args.get("ms", 0)) / 1000)
-    return {"i": args["i"], "pid": os.getpid()}
+    return {"i": args["i"], "pid": os.getpid(), "token": args["token"]}  # the checker's proof of who stored it
 
 
 def _key(input: dict[str, Any]) -> str:

@@ -188,3 +188,66 @@ def test_lost_stuck_and_unexpected_runs_are_found(tmp_path: Path) -> None:
     ]
     assert _rules(_write(tmp_path, audit, events, runs)) == {"lost", "not_terminal", "unexpected_outcome",
                                                              "signal_lost"}  # fmt: skip
+
+
+def test_a_run_admitted_while_a_holder_sleeps_is_over_admission(tmp_path: Path) -> None:
+    """S6, S9: a holder keeps its slot while it sleeps. a enters, parks for its
+    sleep (accepted), and resumes later; b is admitted and runs entirely inside
+    a's sleep. No two bodies ever ran at once, but the key had two holders: a
+    slot lost by a parked holder is found, not only overlapping bodies."""
+    audit = _body("a", 10, 1, 1.0, 2.0, settle="parked") + _body("b", 11, 2, 2.5, 3.5)
+    audit += _body("a", 12, 1, 4.0, 5.0, steps=0)
+    for event in audit:
+        if event["run"] == "a" and event["e"] == "exit" and event["t"] == T0 + 2.0:
+            event["how"] = "park"
+    report = check(_write(tmp_path, audit, _starts("a", "b"), [_run("a", 0.1), _run("b", 0.2)]))
+    assert [v["rule"] for v in report["violations"]] == ["over_admission"]
+    assert report["violations"][0]["runs"] == ["a", "b"]
+
+
+def test_a_retried_run_holds_no_slot_between_its_failure_and_its_retry(tmp_path: Path) -> None:
+    """D9: a failed (its slot freed), b ran, then a was retried and admitted
+    again: two tenures of a, with b between them, is not over-admission. The
+    driver writes its ``retry`` line after the retry returned, so a's new body
+    may enter before it: the tenure ends at the failing body's exit."""
+    audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 2, 2.5, 3.5) + _body("a", 12, 3, 4.0, 5.0, steps=0)
+    for event in audit:
+        if event["run"] == "a" and event["t"] in (T0 + 2.0, T0 + 2.001):
+            event.update(how="FlakyStepError") if event["e"] == "exit" else event.update(status="failed")
+    events = [*_starts("a", "b"), {"e": "retry", "t": T0 + 4.2, "run": "a"}]
+    assert check(_write(tmp_path, audit, events, [_run("a", 0.1), _run("b", 0.2)]))["violations"] == []
+
+
+def test_a_step_stored_without_its_audit_line_still_counts_as_stored(tmp_path: Path) -> None:
+    """R4: a's body stored step 0 (the database has it, executed by token 1) but
+    its process died before writing ``stored``; a later body of a with a newer
+    token executes step 0 again: found from the final dump's steps."""
+    audit = _body("a", 10, 1, 1.0, 2.0)
+    audit = [e for e in audit if e["e"] not in ("stored", "exit", "settled")]
+    audit += [e for e in _body("a", 11, 2, 5.0, 6.0, recoveries=1, settle=None) if e["e"] != "stored"]
+    folder = _write(tmp_path, audit, _starts("a"), [_run("a", 0.1)])
+    final = json.loads((folder / "final.json").read_text())
+    final["steps"] = [{"run_id": "a", "position": 0, "name": "soak:work", "finished_at": T0 + 1.4,
+                       "result": {"i": 0, "pid": 10, "token": 1}}]  # fmt: skip
+    (folder / "final.json").write_text(json.dumps(final))
+    assert _rules(folder) == {"step_reexecuted"}
+
+
+def test_a_fifo_break_names_the_older_and_the_younger_run(tmp_path: Path) -> None:
+    """S5: the report names the run created first as ``older``."""
+    audit = _body("b", 10, 1, 1.0, 2.0) + _body("a", 11, 2, 2.5, 3.5)
+    (violation,) = check(_write(tmp_path, audit, _starts("a", "b"), [_run("a", 0.1), _run("b", 0.2)]))["violations"]
+    assert (violation["older"], violation["older_token"], violation["younger"], violation["younger_token"]) == (
+        "a", 2, "b", 1)  # fmt: skip
+
+
+def test_a_younger_run_granted_before_an_older_one_that_never_entered_breaks_fifo(tmp_path: Path) -> None:
+    """S5: b (younger) was granted token 1 and a (older) token 2; b was
+    cancelled before its body entered. Its token in the final dump still
+    shows the order of the grants."""
+    audit = _body("a", 11, 2, 2.5, 3.5)
+    events = [*_starts("a", "b"), {"e": "cancel", "t": T0 + 2.0, "run": "b", "status": "cancelled",
+                                   "requested": False}]  # fmt: skip
+    runs = [_run("a", 0.1, fencing_token=2, recoveries=0), _run("b", 0.2, "cancelled", fencing_token=1, recoveries=0)]
+    keys = [{"workflow_name": "soak-l1", "key": "k", "last_token": 2}]
+    assert _rules(_write(tmp_path, audit, events, runs, keys)) == {"fifo"}
