@@ -54,6 +54,11 @@ DEFAULTS: dict[str, Any] = {
     # Largest run input, signal or event payload accepted, in bytes of its JSON
     # encoding (UTF-8); larger ones raise InvalidInputError. None: no limit.
     "MAX_INPUT_BYTES": 1_000_000,
+    # Largest step result or workflow output stored, in bytes of its JSON
+    # encoding (UTF-8); a larger one raises InvalidInputError in the body.
+    # Below MySQL/MariaDB's default max_allowed_packet (16 MB) with room for
+    # escaping. None: no limit.
+    "MAX_RESULT_BYTES": 4_000_000,
 }
 
 # What system check E001 holds each value to, beyond the type of its default
@@ -74,8 +79,9 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "SIGNAL_FALLBACK_SECONDS": (0, True),
     "RETENTION_SECONDS": (0, True),
     "RETENTION_BATCH": (1, False),
+    "MAX_RESULT_BYTES": (0, True),
 }
-_NULLABLE = frozenset({"DATABASE", "RETENTION_SECONDS"})
+_NULLABLE = frozenset({"DATABASE", "RETENTION_SECONDS", "MAX_INPUT_BYTES", "MAX_RESULT_BYTES"})
 
 
 def _kind(default: Any) -> tuple[str, Any]:
@@ -153,6 +159,7 @@ class Settings:
     RETENTION_SECONDS: float | None
     RETENTION_BATCH: int
     MAX_INPUT_BYTES: int | None
+    MAX_RESULT_BYTES: int | None
 
     @classmethod
     def from_mapping(cls, overrides: dict[str, Any] | None = None) -> Settings:

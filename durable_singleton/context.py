@@ -55,21 +55,24 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return False
 
 
-def to_json_value(value: Any, what: str) -> Any:
+def to_json_value(value: Any, what: str, *, max_bytes: int | None = None, setting: str = "MAX_RESULT_BYTES") -> Any:
     """Return ``value`` as it reads back from JSON; raise :class:`InvalidInputError`.
 
     Refused too: NUL characters and lone surrogates, which some databases
-    cannot store (PostgreSQL), and nesting deeper than :data:`MAX_JSON_DEPTH`
-    (MySQL/MariaDB's limit; deeper values also break Python's JSON encoder), so
-    every store behaves the same (section 7).
+    cannot store (PostgreSQL), nesting deeper than :data:`MAX_JSON_DEPTH`
+    (MySQL/MariaDB's limit; deeper values also break Python's JSON encoder),
+    and, with ``max_bytes``, an encoding (UTF-8) longer than that (the
+    ``setting`` named in the message), so every store behaves the same (section 7).
     """
     if _depth_exceeds(value, MAX_JSON_DEPTH):
         raise InvalidInputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-        text.encode("utf-8")
+        size = len(text.encode("utf-8"))
     except (TypeError, ValueError) as exc:
         raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from exc
+    if max_bytes is not None and size > max_bytes:
+        raise InvalidInputError(f"{what} is {size} bytes encoded; at most {setting} = {max_bytes} are allowed")
     if "\x00" in text or "\\u0000" in text:
         raise InvalidInputError(f"{what} contains a NUL character, which databases cannot store")
     return json.loads(text)
@@ -191,8 +194,8 @@ class WorkflowCtx:
         if verdict != "ok":
             raise LeaseLostError(f"run {self.run.run_id!r}: lease lost by {self.owner}")
 
-    def _record(self, position: int, name: str, result: Any, started_at: datetime) -> Any:
-        result = to_json_value(result, f"result of step {name!r}")
+    def _record(self, position: int, name: str, result: Any, started_at: datetime, max_bytes: int | None = None) -> Any:
+        result = to_json_value(result, f"result of step {name!r}", max_bytes=max_bytes)
         record = StepRecord(position, name, result, started_at, self.engine.now())
         if not self._store.save_step(self.run.run_id, self.owner, record):
             self._boundary()  # raises: cancelled or fenced
@@ -204,8 +207,10 @@ class WorkflowCtx:
         """Run step ``name`` once for this run and position; return its JSON result (R4).
 
         Raises :class:`UnknownStepError` for an unregistered name,
-        :class:`RunCancelledError` if the run was cancelled, and
-        :class:`LeaseLostError` if another executor took the run over.
+        :class:`InvalidInputError` for a result that is not JSON or is larger
+        than ``MAX_RESULT_BYTES`` (it is not stored: the run fails unless the
+        body handles it), :class:`RunCancelledError` if the run was cancelled,
+        and :class:`LeaseLostError` if another executor took the run over.
         """
         handler = self.engine.registry.get_step(name)
         position, stored = self._next()
@@ -213,7 +218,8 @@ class WorkflowCtx:
             return stored.result
         self._boundary()
         started = self.engine.now()
-        return self._record(position, name, handler(to_json_value(input, f"input of step {name!r}")), started)
+        result = handler(to_json_value(input, f"input of step {name!r}"))
+        return self._record(position, name, result, started, self.engine.settings.MAX_RESULT_BYTES)
 
     def sleep(self, seconds: float) -> None:
         """Park the run for ``seconds``; a holder keeps its slot (D1, S6)."""

@@ -553,7 +553,7 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         try:
             with _LeaseKeeper(self, run.run_id, owner):
                 output = definition.body(ctx, run.input)
-            output = to_json_value(output, "workflow output")
+            output = to_json_value(output, "workflow output", max_bytes=self.settings.MAX_RESULT_BYTES)
         except Suspend as parked:
             verdict = self.store.park(run.run_id, owner, parked.status, wake_at=parked.wake_at, reason=parked.reason)
             if verdict == "cancelled":
