@@ -604,13 +604,15 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         (so a store failing every time costs one turn per interval, never a
         busy loop); if the store does not answer, its lease expires and the
         tick re-drives it (D4). Its stored steps are replayed; the step whose
-        result was not stored runs again (R4).
+        result was not stored runs again (R4). A cancel that landed meanwhile
+        is settled now, which hands the slot off (D6, S7).
         """
         logger.warning("run %s: %s; the turn ends and the run resumes", run.run_id, interrupted)
         try:
             self.store.discard_broken_connection()
             wake_at = self.now() + timedelta(seconds=self.settings.ADMISSION_RETRY_SECONDS)
-            self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at)
+            if self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at) == "cancelled":
+                self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception:  # the store is still away: recovery after the lease takes over (D4)
             logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id)
 

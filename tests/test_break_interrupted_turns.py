@@ -1,0 +1,158 @@
+"""Interrupted turns at the points where a write landed and the next one did not.
+
+The breaker of issue #12 aimed store failures between two writes of a turn:
+
+* a child's row committed, then the parent's step record failed: the
+  resumed parent finds the child by its deterministic id and starts no second
+  one (R3, D7);
+* a cancel landed while the body ran, then its step record failed: the
+  hand-back sees the cancel and settles the run ``cancelled`` at once, so the
+  slot goes to the next run now instead of after the lease (D6, S7). Before,
+  the run was left ``running`` until its lease expired (30 s by default) and
+  the tick's recovery settled it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from durable_singleton.definitions import Registry
+from durable_singleton.models import Run
+from durable_singleton.statuses import Outcome
+from durable_singleton.stores.memory import MemoryStore
+from durable_singleton.testing import make_engine
+
+
+class FailNextSaveMemoryStore(MemoryStore):
+    """The in-memory store whose next ``save_step`` raises ``ConnectionError`` once, when armed."""
+
+    armed = False
+
+    def save_step(self, *args: Any, **kwargs: Any) -> bool:
+        if self.armed:
+            self.armed = False
+            raise ConnectionError("the store went away")
+        return super().save_step(*args, **kwargs)
+
+
+def _kill_after_the_child_insert() -> None:
+    """Kill this thread's connection from another one right after the next INSERT of a run."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        (backend,) = cursor.fetchone()
+    statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
+
+    def kill() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, [backend])
+        finally:
+            connection.close()
+
+    def after_insert(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if sql.lstrip().upper().startswith("INSERT") and Run._meta.db_table in sql:
+            connection.execute_wrappers.remove(after_insert)
+            killer = threading.Thread(target=kill)  # the child's row is committed (autocommit)
+            killer.start()
+            killer.join(30)
+        return result
+
+    connection.execute_wrappers.append(after_insert)
+
+
+@pytest.mark.parametrize(
+    "store_kind", ["memory", pytest.param("django", marks=pytest.mark.django_db(transaction=True))]
+)
+def test_a_child_committed_before_its_parents_step_record_failed_is_started_once(store_kind: str) -> None:
+    """R3, D7, R4: the child's row is written, then the store fails before the
+    parent's record of it (on PostgreSQL/MariaDB: the parent's connection is
+    killed by the server right after the child's INSERT). The parent is
+    interrupted, resumes, finds its child by id and completes with it; one
+    child exists and its body ran once."""
+    if store_kind == "django" and connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to kill a connection; the memory variant runs the engine's path")
+    store: Any = FailNextSaveMemoryStore() if store_kind == "memory" else "django"
+    engine = make_engine(store, registry=Registry(), ADMISSION_RETRY_SECONDS=0.05)
+    child_bodies: list[str] = []
+    engine.registry.add("kid", "1", lambda ctx, input: child_bodies.append(ctx.run_id) or "kid-done")
+    engine.registry.add_step("parent:arm", lambda _: True)
+
+    def parent(ctx: Any, input: Any) -> Any:
+        ctx.step("parent:arm")
+        if ctx.run.attempts == 1:  # the first turn only
+            if isinstance(engine.store, FailNextSaveMemoryStore):
+                engine.store.armed = True
+            else:
+                _kill_after_the_child_insert()
+        return ctx.call_child("kid", {"n": 1})
+
+    engine.registry.add("parent", "1", parent, singleton={"key": lambda i: "p"})
+    run = engine.start("parent", None, run_id="parent-1")
+    assert engine.execute(run.run_id) == Outcome.INTERRUPTED
+    connection.execute_wrappers.clear()
+    assert engine.get(f"{run.run_id}:child:1").status == "pending", "the child's row was committed"
+    for _ in range(20):
+        if engine.get(run.run_id).is_terminal:
+            break
+        threading.Event().wait(0.06)
+        engine.tick()
+        engine.dispatcher.drain()
+    done = engine.get(run.run_id)
+    assert (done.status, done.output) == ("completed", "kid-done")
+    children = [r.run_id for r in engine.store.list_runs(workflow_name="kid")]
+    assert children == [f"{run.run_id}:child:1"]
+    assert child_bodies == children
+
+
+@pytest.mark.parametrize(
+    "store_kind", ["memory", pytest.param("django", marks=pytest.mark.django_db(transaction=True))]
+)
+def test_a_cancel_that_landed_before_an_interruption_settles_at_once(store_kind: str) -> None:
+    """D6, S7, F12: A is cancelled while its step runs, and the step's record
+    fails (the store went away and came back). The turn ends interrupted, and
+    the hand-back finds the cancel: A is cancelled now, its slot handed to B,
+    which runs; A's step is never executed again."""
+    store = FailNextSaveMemoryStore() if store_kind == "memory" else _FailNextSaveDjangoStore()
+    engine = make_engine(store, registry=Registry(), LEASE_SECONDS=30.0)
+    executions: list[str] = []
+
+    def side_effect(run_id: str) -> str:
+        executions.append(run_id)
+        if run_id == "A":
+            engine.cancel("A")
+            store.armed = True
+        return run_id
+
+    engine.registry.add_step("cancel:side", side_effect)
+    engine.registry.add(
+        "cancelled", "1", lambda ctx, input: ctx.step("cancel:side", ctx.run_id), singleton={"key": lambda i: "k"}
+    )
+    engine.start("cancelled", None, run_id="A")
+    engine.start("cancelled", None, run_id="B")
+    assert engine.execute("A") == Outcome.INTERRUPTED
+    a = engine.get("A")
+    assert a.status == "cancelled", f"A is {a.status} until its lease expires at {a.lease_expires_at}"
+    engine.dispatcher.drain()
+    assert engine.get("B").status == "completed"
+    assert executions == ["A", "B"]
+
+
+def _FailNextSaveDjangoStore() -> Any:  # noqa: N802 - a factory named as the class it builds
+    from durable_singleton.stores.django import DjangoStore
+
+    class FailNextSaveDjangoStore(DjangoStore):
+        armed = False
+
+        def save_step(self, *args: Any, **kwargs: Any) -> bool:
+            if self.armed:
+                self.armed = False
+                raise ConnectionError("the store went away")
+            return super().save_step(*args, **kwargs)
+
+    return FailNextSaveDjangoStore()
