@@ -23,6 +23,10 @@ of violations, each naming the rule it breaks:
   ``created_at``, ``run_id``), judged by first-admission fencing tokens: a
   first body's, or, for a run never recovered nor retried, the token in the
   final dump (a run granted its slot but cancelled before its body entered).
+  Only an older run already in line counts: its row committed (its ``start``
+  line, or its parent's ``durable:child`` step in the dump) before the younger
+  one's ``admitted_at``; a row created earlier but committed later was not yet
+  a waiter (F3), and a run whose commit time is unknown is not judged.
 * ``token_reused``, ``token_decreased``, ``token_behind_key`` (K1): two runs
   of a key shared a token; a run's token went down; a key's stored counter
   is below a token a body saw.
@@ -30,7 +34,7 @@ of violations, each naming the rule it breaks:
   older than the one whose success was already stored (a stale token's late
   execution is counted as refused by a token-checking store instead, K1). A
   step the final dump holds, with the token that executed it in its result,
-  counts as stored from its ``finished_at`` (plus ``STORED_MARGIN`` for the
+  counts as stored from its ``finished_at`` (plus ``CLOCK_MARGIN`` for the
   two clocks) even when its ``stored`` line is missing (the process died
   between the commit and the line, or the commit's reply was lost);
   ``step_stored_twice``: two bodies were both told their result of one step
@@ -63,9 +67,11 @@ LIMIT_OF = {"soak-l1": 1, "soak-l2": 2, "soak-l3": 3, "soak-timeout": 1, "soak-c
 FENCED_EXITS = ("LeaseLostError",)
 #: Exits that never fail the run (the others are the body's exception: the run fails).
 NOT_FAILING_EXITS = ("return", "park", "Interrupted", "RunCancelledError")
-#: Seconds between a step's ``finished_at`` (the engine's clock, corrected to
-#: the database's) and the audit's ``time.time()`` that still count as "before".
-STORED_MARGIN = 0.05
+#: Seconds by which a time of the database's clock (a step's ``finished_at``,
+#: a run's ``admitted_at``) and a ``time.time()`` of the audit or the driver
+#: must differ to count as "before" (one machine; the engine corrects its
+#: clock to the database's).
+CLOCK_MARGIN = 0.05
 
 
 @dataclass
@@ -263,7 +269,12 @@ def check(out: Path) -> dict[str, Any]:
     for run_id, run in runs.items():
         if run_id not in per_run and run.get("singleton_key") is not None:
             members[(run["workflow_name"], run["singleton_key"])].add(run_id)
-    fifo_checked = 0
+    committed_by = {e["run"]: e["t"] for e in events if e["e"] == "start"}  # written after the commit
+    for row in final.get("steps", []):
+        result = row.get("result")
+        if row.get("name") == "durable:child" and isinstance(result, dict) and row.get("finished_at") is not None:
+            committed_by.setdefault(str(result.get("run_id")), row["finished_at"])  # recorded after the child's commit
+    fifo_checked = fifo_not_in_line = 0
     for (wf, key), group_runs in members.items():
         admitted = sorted(
             (r for r in group_runs if r in first_token and r in runs),
@@ -271,12 +282,18 @@ def check(out: Path) -> dict[str, Any]:
         )
         fifo_checked += len(admitted)
         highest: tuple[int, str] | None = None
-        for run_id in admitted:
+        for n, run_id in enumerate(admitted):
             token = first_token[run_id]
             if highest is not None and token < highest[0]:
-                # run_id was created after highest[1] but admitted before it.
-                violate("fifo", workflow=wf, key=key, older=highest[1], older_token=highest[0], younger=run_id,
-                        younger_token=token)  # fmt: skip
+                # run_id was created after older runs but admitted before them: were they in line yet?
+                in_line_by = (runs[run_id].get("admitted_at") or runs[run_id]["created_at"]) - CLOCK_MARGIN
+                older = next((r for r in admitted[:n] if first_token[r] > token
+                              and committed_by.get(r, float("inf")) < in_line_by), None)  # fmt: skip
+                if older is None:
+                    fifo_not_in_line += 1
+                else:
+                    violate("fifo", workflow=wf, key=key, older=older, older_token=first_token[older],
+                            younger=run_id, younger_token=token)  # fmt: skip
             if highest is None or token > highest[0]:
                 highest = (token, run_id)
 
@@ -299,7 +316,7 @@ def check(out: Path) -> dict[str, Any]:
         step_key = (row["run_id"], result.get("i"))
         if step_key not in stored:  # stored, but its ``stored`` line never came
             stored_from_dump += 1
-            stored[step_key].append(row["finished_at"] + STORED_MARGIN)
+            stored[step_key].append(row["finished_at"] + CLOCK_MARGIN)
             stored_token[step_key] = result["token"]
     executions = refused_late = 0
     for event in audit:
@@ -386,6 +403,7 @@ def check(out: Path) -> dict[str, Any]:
         "late_executions_refused_by_token": refused_late,
         "frozen_executions_after_cancel": frozen_late_after_cancel,
         "fifo_runs_checked": fifo_checked,
+        "fifo_older_not_yet_in_line": fifo_not_in_line,
         "max_holders_by_limit": {str(k): v for k, v in sorted(max_holders.items())},
         "faults": dict(sorted(faults.items())),
         "faults_total": sum(faults.values()),
@@ -414,7 +432,8 @@ def render(summary: dict[str, Any]) -> str:
          f"({summary['late_executions_refused_by_token']} / {summary['frozen_executions_after_cancel']})"),
         ("highest holders per key, by limit", ", ".join(f"limit {k}: {v}"
          for k, v in summary["max_holders_by_limit"].items())),
-        ("runs checked for FIFO", summary["fifo_runs_checked"]),
+        ("runs checked for FIFO (older runs not yet in line)", f"{summary['fifo_runs_checked']} "
+         f"({summary.get('fifo_older_not_yet_in_line', 0)})"),
         ("cancels / retries / signals / duplicate deliveries",
          f"{summary['cancels']} / {summary['retries']} / {summary['signals']} / {summary['duplicate_deliveries']}"),
         ("faults injected", f"{summary['faults_total']}: " + ", ".join(f"{k} {v}"

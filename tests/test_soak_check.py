@@ -251,3 +251,32 @@ def test_a_younger_run_granted_before_an_older_one_that_never_entered_breaks_fif
     runs = [_run("a", 0.1, fencing_token=2, recoveries=0), _run("b", 0.2, "cancelled", fencing_token=1, recoveries=0)]
     keys = [{"workflow_name": "soak-l1", "key": "k", "last_token": 2}]
     assert _rules(_write(tmp_path, audit, events, runs, keys)) == {"fifo"}
+
+
+def test_an_older_run_committed_after_a_younger_one_was_admitted_is_no_fifo_break(tmp_path: Path) -> None:
+    """S5, F3: a's ``created_at`` is older than b's, but its insert committed
+    (its ``start`` line, or its parent's record of it) only after b had been
+    admitted: a was not yet in line, so b's earlier admission is no FIFO break.
+    The same history with a committed before b's admission is one."""
+    audit = _body("b", 10, 1, 1.0, 2.0) + _body("a", 11, 2, 3.0, 4.0)
+    runs = [_run("a", 0.1, admitted_at=T0 + 2.9), _run("b", 0.2, admitted_at=T0 + 0.9)]
+    late = [{"e": "start", "t": T0 + 2.8, "run": "a", "wf": "soak-l1", "key": "k", "plan": []},
+            {"e": "start", "t": T0 + 0.3, "run": "b", "wf": "soak-l1", "key": "k", "plan": []}]  # fmt: skip
+    assert check(_write(tmp_path, audit, late, runs))["violations"] == []
+    late[0]["t"] = T0 + 0.25
+    assert _rules(_write(tmp_path, audit, late, runs)) == {"fifo"}
+
+
+def test_a_child_committed_after_a_younger_child_was_admitted_is_no_fifo_break(tmp_path: Path) -> None:
+    """S5, F3, D7: children have no ``start`` line; the parent's step that
+    recorded the child (in the final dump) bounds when its row committed."""
+    audit = _body("b", 10, 1, 1.0, 2.0) + _body("a", 11, 2, 3.0, 4.0)
+    runs = [_run("a", 0.1, admitted_at=T0 + 2.9), _run("b", 0.2, admitted_at=T0 + 0.9)]
+    folder = _write(tmp_path, audit, [], runs)
+    final = json.loads((folder / "final.json").read_text())
+    final["steps"] = [
+        {"run_id": "p1", "position": 0, "name": "durable:child", "finished_at": T0 + 2.8, "result": {"run_id": "a"}},
+        {"run_id": "p2", "position": 0, "name": "durable:child", "finished_at": T0 + 0.3, "result": {"run_id": "b"}},
+    ]
+    (folder / "final.json").write_text(json.dumps(final))
+    assert check(folder)["violations"] == []
