@@ -545,6 +545,22 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         return dict(CANCELLED_ERROR)
 
     def _run_body(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
+        try:
+            return self._run_body_and_settle(definition, run, owner)
+        except Exception as exc:
+            # The store became unreachable around the body: reading its steps, or
+            # parking or settling after it. The turn ends as an interrupted store
+            # call inside it does, not left running for its lease (R4, D4, S6). A
+            # park or settle that committed before its reply was lost is terminal
+            # or parked, so the hand-back's compare-and-set changes nothing (R5a).
+            if not self.store.is_unreachable(exc):
+                raise
+            interrupted = Interrupted(f"the store failed around the body: {exc!r}")
+            interrupted.__cause__ = exc
+            self._resume_interrupted(run, owner, interrupted)
+            return Outcome.INTERRUPTED
+
+    def _run_body_and_settle(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
         assert definition.body is not None
         # Read after the claim, never skipped on the step count the claim read: a
         # frozen holder's step may commit between that read and the claim (R4).

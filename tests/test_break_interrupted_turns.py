@@ -156,3 +156,80 @@ def _FailNextSaveDjangoStore() -> Any:  # noqa: N802 - a factory named as the cl
             return super().save_step(*args, **kwargs)
 
     return FailNextSaveDjangoStore()
+
+
+class FailNextFinishMemoryStore(MemoryStore):
+    """The in-memory store whose next ``finish`` raises ``ConnectionError`` once, when armed."""
+
+    armed = False
+
+    def finish(self, *args: Any, **kwargs: Any) -> Any:
+        if self.armed:
+            self.armed = False
+            raise ConnectionError("the store went away")
+        return super().finish(*args, **kwargs)
+
+
+def _kill_before_the_next_statement() -> None:
+    """Kill this thread's connection from another one just before its next statement runs."""
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        (backend,) = cursor.fetchone()
+    statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
+
+    def kill() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, [backend])
+        finally:
+            connection.close()
+
+    def before(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        connection.execute_wrappers.remove(before)
+        killer = threading.Thread(target=kill)
+        killer.start()
+        killer.join(30)
+        return execute(sql, params, many, context)
+
+    connection.execute_wrappers.append(before)
+
+
+@pytest.mark.parametrize(
+    "store_kind", ["memory", pytest.param("django", marks=pytest.mark.django_db(transaction=True))]
+)
+def test_a_settle_that_meets_an_unreachable_store_hands_the_run_back(store_kind: str) -> None:
+    """R4, D4, S6: the body returned; its settle met a dead connection (on
+    PostgreSQL/MariaDB the server killed it just before the settle's first
+    statement). The turn ends interrupted like a failed store call inside the
+    body: the run is handed back with its slot, not left running until its
+    lease expires and counted as a recovery; resumed, it replays its stored
+    step and completes."""
+    if store_kind == "django" and connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to kill a connection; the memory variant runs the engine's path")
+    store: Any = FailNextFinishMemoryStore() if store_kind == "memory" else "django"
+    engine = make_engine(store, registry=Registry(), ADMISSION_RETRY_SECONDS=0.05, LEASE_SECONDS=30.0)
+    executions: list[int] = []
+    engine.registry.add_step("settle:side", lambda n: executions.append(n) or n)
+
+    def body(ctx: Any, input: Any) -> Any:
+        result = ctx.step("settle:side", 5)
+        if ctx.run.attempts == 1:
+            if isinstance(engine.store, FailNextFinishMemoryStore):
+                engine.store.armed = True
+            else:
+                _kill_before_the_next_statement()
+        return result
+
+    engine.registry.add("settle", "1", body, singleton={"key": lambda i: "k"})
+    run = engine.start("settle", None, run_id="settle-1")
+    assert engine.execute(run.run_id) == Outcome.INTERRUPTED
+    connection.execute_wrappers.clear()
+    handed_back = engine.get(run.run_id)
+    assert (handed_back.status, handed_back.admitted) == ("pending", True)
+    threading.Event().wait(0.1)
+    engine.tick()
+    engine.dispatcher.drain()
+    done = engine.get(run.run_id)
+    assert (done.status, done.output, done.recoveries) == ("completed", 5, 0)
+    assert executions == [5]
