@@ -463,15 +463,21 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         if not self.store.supports_atomic_admission and not self._warned_fallback:
             self._warned_fallback = True
             warn_fallback(self.store)
-        turn = self.store.begin_turn(
-            run_id,
-            owner,
-            lease_seconds=settings.LEASE_SECONDS,
-            limits=self.limits(),
-            max_recoveries=settings.MAX_RECOVERIES,
-            retry=self._retry_policy(),
-            known=known,
-        )
+        try:
+            turn = self.store.begin_turn(
+                run_id,
+                owner,
+                lease_seconds=settings.LEASE_SECONDS,
+                limits=self.limits(),
+                max_recoveries=settings.MAX_RECOVERIES,
+                retry=self._retry_policy(),
+                known=known,
+            )
+        except Exception as exc:
+            if not self.store.is_unreachable(exc):
+                raise
+            self._claim_interrupted(run_id, owner, exc)
+            return Outcome.INTERRUPTED
         if turn.state is TurnState.RUN:
             # This thread runs a body next: the waiters the claim granted go to workers now (S7).
             for granted in turn.granted:
@@ -611,6 +617,23 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         except Exception:
             logger.warning("run %s: the re-check after its park failed; sending its turn", run.run_id, exc_info=True)
             return True
+
+    def _claim_interrupted(self, run_id: str, owner: str, exc: Exception) -> None:
+        """End a turn whose claim met an unreachable store. The claim may have
+        committed before its reply was lost: if the run is leased to this
+        turn's owner, hand it back as an interrupted body is (R5a, D4, S6);
+        otherwise nothing was taken, or the store is still away and the lease
+        expires as after a crash."""
+        try:
+            self.store.discard_broken_connection()
+            run = self.store.get_run(run_id)
+        except Exception:
+            logger.warning("run %s: its claim failed (%r) and the store is still away", run_id, exc)
+            return
+        if run is not None and run.status == RunStatus.RUNNING and run.lease_owner == owner:
+            interrupted = Interrupted(f"begin_turn failed: {exc!r}")
+            interrupted.__cause__ = exc
+            self._resume_interrupted(run, owner, interrupted)
 
     def _resume_interrupted(self, run: RunRecord, owner: str, interrupted: Interrupted) -> None:
         """End a turn whose store call failed under the body, without failing the run.

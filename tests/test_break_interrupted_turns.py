@@ -233,3 +233,41 @@ def test_a_settle_that_meets_an_unreachable_store_hands_the_run_back(store_kind:
     done = engine.get(run.run_id)
     assert (done.status, done.output, done.recoveries) == ("completed", 5, 0)
     assert executions == [5]
+
+
+class LostClaimReplyMemoryStore(MemoryStore):
+    """The in-memory store whose next claim commits, then raises ``ConnectionError``
+    (the reply lost on the way back), when armed."""
+
+    armed = False
+
+    def begin_turn(self, *args: Any, **kwargs: Any) -> Any:
+        turn = super().begin_turn(*args, **kwargs)
+        if self.armed:
+            self.armed = False
+            raise ConnectionError("connection reset by peer")
+        return turn
+
+
+def test_a_claim_whose_reply_was_lost_hands_the_run_back() -> None:
+    """R5a, D4, S6: the claim committed (the run is running, leased to this
+    turn's owner, admitted) but its reply was lost. The turn ends
+    ``interrupted`` and, the owner being this turn's, hands the run back with
+    its slot, instead of leaving it leased to nobody alive until the lease
+    expires and counting a recovery; it then completes with recoveries 0."""
+    store = LostClaimReplyMemoryStore()
+    engine = make_engine(store, registry=Registry(), ADMISSION_RETRY_SECONDS=0.05, LEASE_SECONDS=30.0)
+    bodies: list[str] = []
+    engine.registry.add(
+        "claim", "1", lambda ctx, input: bodies.append(ctx.run_id) or "ok", singleton={"key": lambda i: "k"}
+    )
+    run = engine.start("claim", None, run_id="claim-1")
+    store.armed = True
+    assert engine.execute(run.run_id) == Outcome.INTERRUPTED
+    handed_back = engine.get(run.run_id)
+    assert (handed_back.status, handed_back.admitted, handed_back.lease_owner) == ("pending", True, None)
+    threading.Event().wait(0.1)
+    engine.tick()
+    engine.dispatcher.drain()
+    done = engine.get(run.run_id)
+    assert (done.status, done.recoveries, bodies) == ("completed", 0, ["claim-1"])
