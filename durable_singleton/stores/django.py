@@ -197,10 +197,16 @@ class DjangoStore(BaseStore):
     def discard_broken_connection(self) -> None:
         """Close this thread's connection if an error left it unusable (outside
         a transaction), so the next query reconnects; Django does this only
-        between requests."""
+        between requests. A healthy connection is kept, whatever its age:
+        ``CONN_MAX_AGE`` is applied between tasks (``close_old_connections``),
+        not before every tick job and turn."""
         conn = connections[self.db]
-        if not conn.in_atomic_block:
-            conn.close_if_unusable_or_obsolete()
+        if conn.connection is None or conn.in_atomic_block or not conn.errors_occurred:
+            return
+        if conn.is_usable():
+            conn.errors_occurred = False
+        else:
+            conn.close()
 
     def now(self) -> datetime:
         """Return the database server's time in UTC (R5)."""
