@@ -688,7 +688,14 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         re-checks after it parks, so the wake-up is never lost."""
 
         def wake() -> None:
-            parent = self.store.get_run(parent_run_id)
+            try:
+                parent = self.store.get_run(parent_run_id)
+            except Exception:
+                # Cannot tell whether it waits: send its turn anyway (a spare turn is
+                # harmless, R6; a remote parent's turn is passed on to its queue).
+                logger.warning("run %s: reading the parent failed; sending its turn", parent_run_id, exc_info=True)
+                self.dispatcher.dispatch(parent_run_id, None)
+                return
             if parent is not None and parent.is_parked and parent.park_reason.startswith("child:"):
                 self.dispatcher.dispatch(parent_run_id, self._queue_of(parent))
 

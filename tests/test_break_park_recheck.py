@@ -66,3 +66,36 @@ def test_a_failed_recheck_after_a_park_sends_the_turn_anyway(store_kind: str) ->
     engine.dispatcher.drain()
     done = engine.get(run.run_id)
     assert (done.status, done.output) == ("completed", {"n": 1}), f"stranded until {done.wake_at}"
+
+
+class LostParentReadMemoryStore(MemoryStore):
+    """The in-memory store whose next ``get_run`` of ``victim`` raises ``ConnectionError``, when armed."""
+
+    victim = ""
+    armed = False
+
+    def get_run(self, run_id: str) -> Any:
+        if self.armed and run_id == self.victim:
+            self.armed = False
+            raise ConnectionError("connection reset by peer")
+        return super().get_run(run_id)
+
+
+def test_a_childs_end_wakes_its_parent_even_when_the_parents_read_fails() -> None:
+    """D7, R6: the child completes while its parent waits on it; the read of
+    the parent that decides whether to wake it fails (the store blinked). The
+    parent is sent its turn anyway (a spare turn is harmless) and completes
+    at once, not after SIGNAL_FALLBACK_SECONDS."""
+    store = LostParentReadMemoryStore()
+    engine = make_engine(store, registry=Registry())
+
+    def child(ctx: Any, input: Any) -> str:
+        store.victim, store.armed = "parent-1", True  # the parent's read after this child settles fails
+        return "kid"
+
+    engine.registry.add("kid", "1", child)
+    engine.registry.add("parent", "1", lambda ctx, input: ctx.call_child("kid"))
+    run = engine.start("parent", None, run_id="parent-1")
+    engine.dispatcher.drain()
+    done = engine.get(run.run_id)
+    assert (done.status, done.output) == ("completed", "kid"), f"the parent waits until {done.wake_at}"
