@@ -332,6 +332,24 @@ class Soak:
             self.stop_all.wait(0.1)
         connection.close()
 
+    def supervise(self) -> None:
+        """Start again, within about a second, every worker group that exited:
+        killed by a fault, or exited by itself (a Celery worker can end with
+        "Unrecoverable error" when its broker restarts), as systemd or
+        Kubernetes would in a deployment."""
+        while not self.stop_all.wait(1.0):
+            for worker in self.workers:
+                if worker.alive():
+                    continue
+                code = worker.proc.returncode if worker.proc else None
+                self.events.write("worker_exit", name=worker.name, code=code)
+                self.count("worker_exits_by_itself" if code not in (-signal.SIGKILL,) else "worker_restarts")
+                worker.start()
+                try:
+                    worker.wait_ready()
+                except RuntimeError as exc:  # still starting (its broker away): it retries by itself
+                    self.events.write("worker_slow_start", name=worker.name, error=str(exc)[-300:])
+
     # -- faults ------------------------------------------------------------
 
     def fault_loop(self, db: Any, redis: Any, seconds: float) -> None:
@@ -370,11 +388,8 @@ class Soak:
                 elif kind == "kill_worker":
                     worker = rng.choice([w for w in self.workers if w.alive()])
                     t = time.time()
-                    pids = worker.kill_group()
+                    pids = worker.kill_group()  # the supervisor starts it again
                     self.events.write("fault", kind=kind, pids=pids, t=t, until=t)
-                    self.stop_faults.wait(rng.uniform(0.5, 2.0))
-                    worker.start()
-                    worker.wait_ready()
                 elif kind in ("freeze_short", "freeze_past_lease"):
                     pause = rng.uniform(0.3, lease * 0.4) if kind == "freeze_short" else lease + rng.uniform(1, 3)
                     worker = rng.choice([w for w in self.workers if w.alive()])
@@ -461,6 +476,7 @@ class Soak:
         args = self.args
         threads = [threading.Thread(target=self.tick_loop, args=(n,), name=f"tick{n}") for n in range(3)]
         threads.append(threading.Thread(target=self.service_loop, name="service"))
+        threads.append(threading.Thread(target=self.supervise, name="supervisor"))
         loader = threading.Thread(target=self.load_loop, name="load")
         began = time.time()
         for thread in [*threads, loader]:
@@ -472,10 +488,6 @@ class Soak:
             time.sleep(0.1)
         load_end = time.time()
         self.events.write("load_end")
-        for worker in self.workers:  # a fault may have left a group down
-            if not worker.alive():
-                worker.start()
-                worker.wait_ready()
         drain_deadline = time.monotonic() + args.drain
         while (left := self.active()) and time.monotonic() < drain_deadline:
             print(f"soak: draining, {left} runs active", flush=True)

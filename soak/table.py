@@ -30,6 +30,7 @@ def rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("cancels / retries / signals", f"{summary['cancels']:,} / {summary['retries']:,} / {summary['signals']:,}"),
         ("duplicate deliveries", f"{summary['duplicate_deliveries']:,}"),
         ("faults injected", f"{summary['faults_total']:,}"),
+        ("worker groups that exited by themselves", str(summary.get("driver", {}).get("worker_exits_by_itself", 0))),
         *((f"faults: {kind}", str(n)) for kind, n in sorted(faults.items())),
         ("violations", str(sum(summary["violations_by_rule"].values()))),
         ("seed", str(args.get("seed", summary.get("seed")))),
