@@ -53,11 +53,22 @@ from .stores.base import (
     warn_fallback,
 )
 
-__all__ = ["RUN_ID_MAX_LENGTH", "Dispatcher", "Engine", "TickReport"]
+__all__ = ["ERROR_TEXT_CHARS", "RUN_ID_MAX_LENGTH", "Dispatcher", "Engine", "TickReport"]
 
 logger = logging.getLogger("durable_singleton")
 
 RUN_ID_MAX_LENGTH = 191
+
+#: Most characters of a body's exception message, and of its traceback, kept
+#: in a failed run's ``error`` (the rest is cut, with a marker), so the error
+#: always fits a row on every database (MySQL/MariaDB's ``max_allowed_packet``).
+ERROR_TEXT_CHARS = 10_000
+_CUT = "\n[... cut at ERROR_TEXT_CHARS]"
+
+
+def _bounded(text: str) -> str:
+    text = printable(text)
+    return text if len(text) <= ERROR_TEXT_CHARS else text[: ERROR_TEXT_CHARS - len(_CUT)] + _CUT
 
 
 class Dispatcher(Protocol):
@@ -599,8 +610,8 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
             error = {
                 "code": "exception",
                 "type": type(exc).__qualname__,
-                "message": printable(str(exc)),
-                "traceback": printable(traceback.format_exc(limit=20)),
+                "message": _bounded(str(exc)),
+                "traceback": _bounded(traceback.format_exc(limit=20)),
             }
             # The body's own query may have met (and left) a dead connection: settle on a new one.
             self.store.discard_broken_connection()

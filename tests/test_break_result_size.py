@@ -80,3 +80,34 @@ def test_results_and_outputs_over_the_setting_are_refused_and_none_lifts_it(stor
     assert unlimited.get(run.run_id).output == 5000
     with pytest.raises(ConfigurationError, match="MAX_RESULT_BYTES"):
         _engine(store_kind, MAX_RESULT_BYTES=0)
+
+
+@pytest.mark.parametrize(
+    "store_kind", ["memory", pytest.param("django", marks=pytest.mark.django_db(transaction=True))]
+)
+def test_a_body_exception_with_a_huge_message_fails_the_run_with_a_bounded_error(store_kind: str) -> None:
+    """R2, section 7: the run's stored error keeps at most ERROR_TEXT_CHARS of
+    the exception's message and of its traceback (which repeats the message).
+    On MariaDB a 17 MB message made the error past ``max_allowed_packet``: the
+    settle lost its connection, the turn was handed back and the body failed
+    the same way again, without end. The run fails once, on every database."""
+    from django.db import connection
+
+    from durable_singleton.engine import ERROR_TEXT_CHARS
+
+    engine = _engine(store_kind)
+    size = 17 * 1024 * 1024 if store_kind == "django" and connection.vendor == "mysql" else 200_000
+    bodies: list[int] = []
+
+    def body(ctx: Any, input: Any) -> None:
+        bodies.append(1)
+        raise ValueError("x" * size)
+
+    engine.registry.add("loud", "1", body, singleton={"key": lambda i: "k"})
+    run = engine.start("loud", None, run_id="loud-1")
+    assert engine.execute(run.run_id) == Outcome.FAILED
+    error = engine.get(run.run_id).error
+    assert error["type"] == "ValueError" and error["message"].startswith("xxx")
+    assert len(error["message"]) <= ERROR_TEXT_CHARS and len(error["traceback"]) <= ERROR_TEXT_CHARS
+    assert "ValueError" in error["traceback"]
+    assert bodies == [1]
