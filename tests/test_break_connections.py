@@ -15,6 +15,8 @@ unusable. Django closes obsolete connections between requests and tasks
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -53,3 +55,39 @@ def test_ticks_and_turns_keep_a_healthy_connection(settings: Any) -> None:
         connection_created.disconnect(count)
     assert [engine.get(r.run_id).status for r in runs] == ["completed"] * 3
     assert opened == [], f"{len(opened)} new connections for 3 ticks and 3 turns on a healthy one"
+
+
+def test_with_health_checks_a_connection_killed_while_idle_costs_no_tick_job() -> None:
+    """S8b, O1: with Django's ``CONN_HEALTH_CHECKS`` on (as the soak runs), a
+    connection killed by the server between two ticks (a failover, an idle
+    timeout, ``pg_terminate_backend``) is found by the health check before the
+    next tick's first query, as Django does at each request: no job of that
+    tick fails."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to kill a connection")
+    engine = make_engine("django", registry=Registry())
+    engine.registry.add("idle", "1", lambda ctx, input: input, singleton={"key": lambda i: "k"})
+    connection.settings_dict["CONN_HEALTH_CHECKS"] = True
+    connection.close()
+    try:
+        assert engine.tick().errors == []
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+            (backend,) = cursor.fetchone()
+        statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
+
+        def kill() -> None:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(statement, [backend])
+            finally:
+                connection.close()
+
+        killer = threading.Thread(target=kill)
+        killer.start()
+        killer.join(30)
+        time.sleep(0.2)  # the server has closed the idle connection
+        assert engine.tick().errors == []
+    finally:
+        connection.settings_dict["CONN_HEALTH_CHECKS"] = False
+        connection.close()

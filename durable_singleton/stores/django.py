@@ -201,7 +201,12 @@ class DjangoStore(BaseStore):
         ``CONN_MAX_AGE`` is applied between tasks (``close_old_connections``),
         not before every tick job and turn."""
         conn = connections[self.db]
-        if conn.connection is None or conn.in_atomic_block or not conn.errors_occurred:
+        if conn.connection is None or conn.in_atomic_block:
+            return
+        # With CONN_HEALTH_CHECKS on, the next query first checks the connection,
+        # as Django does at each request: one killed while idle is replaced.
+        conn.health_check_done = False
+        if not conn.errors_occurred:
             return
         if conn.is_usable():
             conn.errors_occurred = False
