@@ -205,7 +205,7 @@ class DjangoStore(BaseStore):
             return
         # With CONN_HEALTH_CHECKS on, the next query first checks the connection,
         # as Django does at each request: one killed while idle is replaced.
-        conn.health_check_done = False
+        conn.health_check_done = False  # type: ignore[attr-defined]  # not in django-stubs
         if not conn.errors_occurred:
             return
         if conn.is_usable():
