@@ -741,7 +741,9 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
 
         A parked run is cancelled at once and its slot handed off (S7); a
         running body stops at its next step boundary. Raises
-        :class:`RunNotFoundError`. A terminal run is returned unchanged.
+        :class:`RunNotFoundError`. A terminal run is returned unchanged; a
+        cancelled one has its active children cancelled again, so calling
+        ``cancel`` again completes a cascade that a store failure cut short.
         """
         self.get(run_id)
         result = self.store.request_cancel(run_id, limits=self.limits())
@@ -756,6 +758,10 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
                 self.cancel(child_id)
             # The holder may be dead: this turn re-drives it once its lease expires.
             self.dispatcher.dispatch(run_id, self._queue_of(result))
+        elif result.status == RunStatus.CANCELLED:
+            for child_id in self.store.children(run_id):
+                with contextlib.suppress(RunNotFoundError):  # it ended meanwhile
+                    self.cancel(child_id)
         return result
 
     def retry(self, run_id: str) -> RunRecord:

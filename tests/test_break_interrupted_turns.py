@@ -271,3 +271,37 @@ def test_a_claim_whose_reply_was_lost_hands_the_run_back() -> None:
     engine.dispatcher.drain()
     done = engine.get(run.run_id)
     assert (done.status, done.recoveries, bodies) == ("completed", 0, ["claim-1"])
+
+
+class LostChildrenReadMemoryStore(MemoryStore):
+    """The in-memory store whose next ``children`` read raises ``ConnectionError``, when armed."""
+
+    armed = False
+
+    def children(self, run_id: str) -> Any:
+        if self.armed:
+            self.armed = False
+            raise ConnectionError("connection reset by peer")
+        return super().children(run_id)
+
+
+def test_cancelling_a_cancelled_parent_again_cancels_the_children_its_first_cascade_missed() -> None:
+    """D6: the parent's cancel settled it, then the read of its children failed
+    (the store blinked), so the error reached the caller and the child ran
+    on. The caller cancels the parent again: the parent stays as it is and
+    the cascade is done now; before, a terminal parent was returned unchanged
+    and the child was never cancelled."""
+    store = LostChildrenReadMemoryStore()
+    engine = make_engine(store, registry=Registry())
+    engine.registry.add("kid", "1", lambda ctx, input: ctx.sleep(3600))
+    engine.registry.add("parent", "1", lambda ctx, input: ctx.call_child("kid"))
+    parent = engine.start("parent", None, run_id="parent-1")
+    engine.dispatcher.drain()
+    child_id = "parent-1:child:0"
+    assert (engine.get(parent.run_id).status, engine.get(child_id).status) == ("suspended", "suspended")
+    store.armed = True
+    with pytest.raises(ConnectionError):
+        engine.cancel(parent.run_id)
+    assert (engine.get(parent.run_id).status, engine.get(child_id).status) == ("cancelled", "suspended")
+    assert engine.cancel(parent.run_id).status == "cancelled"
+    assert engine.get(child_id).status == "cancelled"
