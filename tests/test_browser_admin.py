@@ -5,7 +5,8 @@ The workers are either the embedded ThreadDispatcher (worker threads and the tic
 live server's process, on whichever database DATABASE_URL names, or, on PostgreSQL with Redis,
 two ``celery worker`` processes. Screenshots go to ``artifacts/``. Playwright's sync API runs its
 own event loop, which Django's ORM refuses to share a thread with, so the browser lives on a
-thread of its own and the test hands it one step at a time.
+thread of its own and the test hands it one step at a time. One chromium serves a module's
+tests; each test gets a fresh browser context (no cookie or storage of an earlier test) and page.
 """
 
 from __future__ import annotations
@@ -58,11 +59,11 @@ pytestmark = [
 ]
 
 
-class Browser:
-    """A chromium page owned by one thread; :meth:`do` runs ``fn(page)`` there and returns its result."""
+class Chromium:
+    """Playwright's chromium owned by one thread; :meth:`call` runs ``fn(browser)`` there and
+    returns its result. Started once per module (launching takes seconds on a loaded machine)."""
 
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url
+    def __init__(self) -> None:
         self._steps: queue.Queue[tuple[Callable[[Any], Any], Future[Any]] | None] = queue.Queue()
         self._ready: Future[None] = Future()
         self._thread = threading.Thread(target=self._run, name="playwright", daemon=True)
@@ -76,13 +77,11 @@ class Browser:
             with sync_playwright() as playwright:
                 browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
                 try:
-                    page = browser.new_page(viewport={"width": 1400, "height": 900})
-                    page.set_default_timeout(30_000)
                     self._ready.set_result(None)
                     while (step := self._steps.get()) is not None:
                         fn, result = step
                         try:
-                            result.set_result(fn(page))
+                            result.set_result(fn(browser))
                         except BaseException as exc:  # handed to the test thread
                             result.set_exception(exc)
                 finally:
@@ -92,10 +91,34 @@ class Browser:
                 self._ready.set_exception(exc)
             raise
 
-    def do[T](self, fn: Callable[[Any], T], timeout: float = 90) -> T:
+    def call[T](self, fn: Callable[[Any], T], timeout: float = 90) -> T:
         result: Future[T] = Future()
         self._steps.put((fn, result))
         return result.result(timeout=timeout)
+
+    def close(self) -> None:
+        self._steps.put(None)
+        self._thread.join(30)
+
+
+class Browser:
+    """A page in a fresh context of ``chromium``; :meth:`do` runs ``fn(page)`` on chromium's
+    thread and returns its result."""
+
+    def __init__(self, chromium: Chromium, base_url: str) -> None:
+        self.base_url = base_url
+        self._chromium = chromium
+
+        def open_page(browser: Any) -> Any:
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            page = context.new_page()
+            page.set_default_timeout(30_000)
+            return page
+
+        self._page = chromium.call(open_page, timeout=60)
+
+    def do[T](self, fn: Callable[[Any], T], timeout: float = 90) -> T:
+        return self._chromium.call(lambda _: fn(self._page), timeout=timeout)
 
     def goto(self, path: str) -> None:
         self.do(lambda page: page.goto(self.base_url + path))
@@ -107,13 +130,21 @@ class Browser:
         return target
 
     def close(self) -> None:
-        self._steps.put(None)
-        self._thread.join(30)
+        self._chromium.call(lambda _: self._page.context.close(), timeout=30)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Chromium]:
+    c = Chromium()
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 @pytest.fixture
-def browser(live_server: Any) -> Iterator[Browser]:
-    b = Browser(live_server.url)
+def browser(chromium: Chromium, live_server: Any) -> Iterator[Browser]:
+    b = Browser(chromium, live_server.url)
     try:
         yield b
     finally:

@@ -15,9 +15,9 @@ from durable_singleton.engine import Engine
 from durable_singleton.models import ScheduleState
 from durable_singleton.schedules import fire_due_schedules
 
-from .test_browser_admin import ARTIFACTS, CAPPED, CHROMIUM, Browser, browser, thread_workers, wait_until
+from .test_browser_admin import ARTIFACTS, CAPPED, CHROMIUM, Browser, browser, chromium, thread_workers, wait_until
 
-__all__ = ["browser", "thread_workers"]  # fixtures, imported for this module's tests
+__all__ = ["browser", "chromium", "thread_workers"]  # fixtures, imported for this module's tests
 
 pytestmark = [
     pytest.mark.slow,
@@ -54,10 +54,13 @@ def test_run_page_says_why_a_run_waits_and_behind_whom(
     """K3: the waiter's run page opens with one sentence naming its position, the
     holder it waits behind and the limit; once the holder finished, the same page
     says the run holds the slot, or that it finished."""
+    # Logged in first: on a loaded machine the login (a password hash each way) could
+    # otherwise outlast the holder's 8 s body before the waiter's page is read.
+    _log_in(browser, django_user_model, "/admin/durable_singleton/run/")
     holder = thread_workers.start(CAPPED, {"store_id": "W", "duration": 8.0}, run_id="holder-W").run_id
     waiter = thread_workers.start(CAPPED, {"store_id": "W", "duration": 0.5}, run_id="waiter-W").run_id
     wait_until(lambda: thread_workers.get(holder).admitted, 20, "the holder's admission")
-    _log_in(browser, django_user_model, f"/admin/durable_singleton/run/{waiter}/change/")
+    browser.goto(f"/admin/durable_singleton/run/{waiter}/change/")
 
     def sentence(page: Any) -> str:
         page.reload()
