@@ -17,16 +17,23 @@ from .helpers import claim
 
 
 def test_sleep_parks_and_the_tick_resumes(engine: Engine, registry: Registry) -> None:
-    """D1: sleep parks the run suspended with wake_at; the tick resumes it."""
-    registry.add("nap", "1", lambda ctx, i: ctx.sleep(0.1) or "awake")
+    """D1: sleep parks the run suspended with wake_at; the tick resumes it, not before
+    wake_at. The sleep is 1 s so that the first tick comes before it even on a loaded
+    machine (0.1 s was outlasted there); the tick is then polled, not awaited blindly."""
+    registry.add("nap", "1", lambda ctx, i: ctx.sleep(1.0) or "awake")
     run = engine.start("nap")
     assert engine.execute(run.run_id) == "suspended"
     parked = engine.get(run.run_id)
     assert parked.status == "suspended" and parked.park_reason == "sleep"
+    assert parked.wake_at is not None
     engine.dispatcher.queue.clear()
     assert engine.tick().dispatched == []
-    time.sleep(0.12)
-    assert engine.tick().dispatched == [run.run_id]
+    deadline = time.monotonic() + 30
+    while not (dispatched := engine.tick().dispatched):
+        assert time.monotonic() < deadline, "the tick never resumed the sleeping run"
+        time.sleep(0.02)
+    assert dispatched == [run.run_id]
+    assert engine.store.now() >= parked.wake_at, "resumed before its wake time"
     engine.dispatcher.drain()
     assert engine.get(run.run_id).output == "awake"
 
