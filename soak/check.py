@@ -44,6 +44,10 @@ of violations, each naming the rule it breaks:
   may still enter, but stops at its first boundary), unless its process was
   frozen after passing that boundary (counted apart: nothing can stop a
   paused process's code); a run cancelled at once ended otherwise.
+* ``terminal_changed`` (R2, D6): a run's accepted settles (``settled`` audit
+  lines) wrote more than one terminal status without a ``retry`` between
+  them (only a failed or dead run is retried), or its final status is not
+  the one its last accepted settle wrote: a resurrected run, a cancel undone.
 * ``not_terminal``, ``lost``, ``unexpected_outcome``, ``signal_lost`` (R2, D2,
   D4, D5, D7): a run still active after the drain; a started run missing; a
   run that ended other than its plan says (completed, or cancelled by the
@@ -359,6 +363,22 @@ def check(out: Path) -> dict[str, Any]:
                 frozen_late_after_cancel += 1
             else:
                 violate("worked_after_cancel", run=body.run, executed=at, cancelled=cancel)
+
+    # -- a terminal run never changes status (R2) -------------------------------------
+    settles: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for event in audit:
+        if event["e"] == "settled":
+            settles[event["run"]].append((event["t"], event.get("status", "")))
+    for run_id, written in settles.items():
+        statuses = [status for _, status in sorted(written)]
+        retried = len(retries.get(run_id, ()))
+        final_status = runs.get(run_id, {}).get("status")
+        if (
+            any(status not in ("failed", "dead") for status in statuses[:-1])
+            or len(statuses) - 1 > retried
+            or (not retried and final_status is not None and final_status != statuses[-1])
+        ):
+            violate("terminal_changed", run=run_id, settled=statuses, final=final_status, retries=retried)
 
     # -- every run terminal, nothing lost, outcomes as planned ------------------------
     started = {e["run"]: e for e in events if e["e"] == "start"}

@@ -162,6 +162,8 @@ def test_a_body_claimed_before_its_cancel_may_enter_and_stop_at_its_first_bounda
     for a in audit:
         if a["run"] == "b" and a["e"] == "exit":
             a["how"] = "RunCancelledError"
+        if a["run"] == "b" and a["e"] == "settled":
+            a["status"] = "cancelled"
     runs[1]["status"] = "cancelled"
     events.append({"e": "cancel", "t": T0 + 2.4, "run": "b", "status": "running", "requested": True})
     report = check(_write(tmp_path, audit, events, runs))
@@ -280,3 +282,19 @@ def test_a_child_committed_after_a_younger_child_was_admitted_is_no_fifo_break(t
     ]
     (folder / "final.json").write_text(json.dumps(final))
     assert check(folder)["violations"] == []
+
+
+def test_a_terminal_run_that_changes_status_is_found(tmp_path: Path) -> None:
+    """R2, D6: b's settle as cancelled was accepted, then a later body of b
+    settled it completed with no retry in between (a resurrected cancel that
+    executes nothing new); and a run whose final status is not the one its
+    accepted settle wrote. A failed run retried and then completed is not one."""
+    audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 2, 2.5, 3.5, settle=None)
+    audit.append({"e": "settled", "t": T0 + 3.6, "pid": 11, "run": "b", "status": "cancelled"})
+    audit += _body("b", 12, 2, 6.0, 7.0, steps=0)
+    runs = [_run("a", 0.1), _run("b", 0.2)]
+    assert _rules(_write(tmp_path, audit, _starts("a", "b"), runs)) == {"terminal_changed"}
+
+    audit, events, runs = _clean(tmp_path)
+    runs[2]["status"] = "cancelled"  # c's accepted settle wrote completed
+    assert "terminal_changed" in _rules(_write(tmp_path, audit, events, runs))
