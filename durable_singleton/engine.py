@@ -59,6 +59,10 @@ logger = logging.getLogger("durable_singleton")
 
 RUN_ID_MAX_LENGTH = 191
 
+#: The park reason of a run handed back after an interrupted turn, followed by
+#: the number of interruptions in a row.
+INTERRUPTED_REASON = "interrupted:"
+
 #: Most characters of a body's exception message, and of its traceback, kept
 #: in a failed run's ``error`` (the rest is cut, with a marker), so the error
 #: always fits a row on every database (MySQL/MariaDB's ``max_allowed_packet``).
@@ -656,12 +660,26 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         tick re-drives it (D4). Its stored steps are replayed; the step whose
         result was not stored runs again (R4). A cancel that landed meanwhile
         is settled now, which hands the slot off (D6, S7).
+
+        The hand-back's park reason counts the interruptions in a row
+        (``interrupted:N``; any other park resets it). Past ``MAX_RECOVERIES``
+        of them the run is no longer handed back but left to its lease, whose
+        recoveries are counted: a store that refuses the same write every time
+        by dropping the connection ends the run ``dead`` (D4) instead of
+        running its body, and the step whose write fails, without end.
         """
         logger.warning("run %s: %s; the turn ends and the run resumes", run.run_id, interrupted)
+        count = 1
+        if run.park_reason.startswith(INTERRUPTED_REASON) and run.park_reason[len(INTERRUPTED_REASON) :].isdigit():
+            count = int(run.park_reason[len(INTERRUPTED_REASON) :]) + 1
+        if count > self.settings.MAX_RECOVERIES:
+            logger.warning("run %s: interrupted %d times in a row; it resumes after its lease (D4)", run.run_id, count)
+            return
         try:
             self.store.discard_broken_connection()
             wake_at = self.now() + timedelta(seconds=self.settings.ADMISSION_RETRY_SECONDS)
-            if self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at) == "cancelled":
+            reason = f"{INTERRUPTED_REASON}{count}"
+            if self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at, reason=reason) == "cancelled":
                 self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception:  # the store is still away: recovery after the lease takes over (D4)
             logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id)

@@ -310,7 +310,7 @@ def explain(engine: Engine, run_id: str) -> Explanation:
         }[run.status]
         token_words = f", fencing token {token}" if token is not None else ""
         held = f" (for {format_seconds((now - held_since).total_seconds())})" if held_since else ""
-        if run.is_parked and run.park_reason in ("", "singleton"):
+        if run.is_parked and (run.park_reason in ("", "singleton") or run.park_reason.startswith("interrupted:")):
             # Granted a slot by a handoff or the catch-up (S7, S8a); its turn has not been taken yet.
             due = run.wake_at is None or run.wake_at <= now
             sentence = (

@@ -15,6 +15,7 @@ The breaker of issue #12 aimed store failures between two writes of a turn:
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -305,3 +306,43 @@ def test_cancelling_a_cancelled_parent_again_cancels_the_children_its_first_casc
     assert (engine.get(parent.run_id).status, engine.get(child_id).status) == ("cancelled", "suspended")
     assert engine.cancel(parent.run_id).status == "cancelled"
     assert engine.get(child_id).status == "cancelled"
+
+
+class AlwaysRefusedMemoryStore(MemoryStore):
+    """The in-memory store on which storing a step always loses the connection,
+    as MariaDB answers a write past its packet limit."""
+
+    def save_step(self, *args: Any, **kwargs: Any) -> bool:
+        raise ConnectionError("Server has gone away")
+
+
+def test_a_write_refused_every_time_ends_the_run_dead_not_in_an_endless_loop() -> None:
+    """D4, R4: each turn's step write loses the connection. The run is handed
+    back MAX_RECOVERIES times in a row, then left to its lease, whose
+    recoveries are counted: it ends ``dead`` after a bounded number of turns,
+    instead of executing its step every ADMISSION_RETRY_SECONDS without end."""
+    engine = make_engine(
+        AlwaysRefusedMemoryStore(),
+        registry=Registry(),
+        MAX_RECOVERIES=2,
+        LEASE_SECONDS=0.3,
+        LEASE_RENEW_SECONDS=0.1,
+        ADMISSION_RETRY_SECONDS=0.02,
+        REDELIVERY_SECONDS=0.05,
+    )
+    executions: list[int] = []
+    engine.registry.add_step("refused:side", lambda n: executions.append(n) or n)
+    engine.registry.add(
+        "refused", "1", lambda ctx, input: ctx.step("refused:side", 1), singleton={"key": lambda i: "k"}
+    )
+    run = engine.start("refused", None, run_id="refused-1")
+    engine.dispatcher.drain()
+    assert engine.get(run.run_id).park_reason == "interrupted:1"
+    deadline = time.monotonic() + 15
+    while not engine.get(run.run_id).is_terminal and time.monotonic() < deadline:
+        time.sleep(0.05)
+        engine.tick()
+        engine.dispatcher.drain()
+    done = engine.get(run.run_id)
+    assert (done.status, done.error["code"]) == ("dead", "max_recoveries"), (done.status, len(executions))
+    assert len(executions) <= 2 * 2 + 2, f"the step ran {len(executions)} times"
