@@ -164,6 +164,10 @@ class WorkflowCtx:
         self._steps = steps
         self._position = 0
         self._store = _GuardedStore(engine.store)
+        #: Set when a boundary raised :class:`RunCancelledError` or
+        #: :class:`LeaseLostError`: a body that swallows either still ends
+        #: cancelled, or fenced, however it returns (D6, R5).
+        self.stopped_by: type[Exception] | None = None
 
     @property
     def run_id(self) -> str:
@@ -190,8 +194,10 @@ class WorkflowCtx:
         """Stop at a step boundary if the run was cancelled or taken over (D6, R5)."""
         verdict = self._store.check_boundary(self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS)
         if verdict == "cancelled":
+            self.stopped_by = RunCancelledError
             raise RunCancelledError(f"run {self.run.run_id!r} was cancelled")
         if verdict != "ok":
+            self.stopped_by = LeaseLostError
             raise LeaseLostError(f"run {self.run.run_id!r}: lease lost by {self.owner}")
 
     def _record(self, position: int, name: str, result: Any, started_at: datetime, max_bytes: int | None = None) -> Any:
@@ -199,6 +205,7 @@ class WorkflowCtx:
         record = StepRecord(position, name, result, started_at, self.engine.now())
         if not self._store.save_step(self.run.run_id, self.owner, record):
             self._boundary()  # raises: cancelled or fenced
+            self.stopped_by = LeaseLostError
             raise LeaseLostError(f"run {self.run.run_id!r}: step {position} was stored by another executor")
         self._steps[position] = record
         return result

@@ -590,6 +590,8 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         try:
             with _LeaseKeeper(self, run.run_id, owner):
                 output = definition.body(ctx, run.input)
+            if ctx.stopped_by is not None:  # the body swallowed its stop and returned: re-raise it
+                raise ctx.stopped_by(f"run {run.run_id!r}: the body returned after its boundary stopped it")
             output = to_json_value(output, "workflow output", max_bytes=self.settings.MAX_RESULT_BYTES)
         except Suspend as parked:
             verdict = self.store.park(run.run_id, owner, parked.status, wake_at=parked.wake_at, reason=parked.reason)
@@ -611,6 +613,10 @@ class Engine(AsyncEngineMixin, ExplainMixin, KeyControlsMixin):
         except RunCancelledError:
             return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception as exc:  # the body may raise anything: it fails the run
+            if ctx.stopped_by is RunCancelledError:  # ... unless it was stopped by a cancel first (D6)
+                return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
+            if ctx.stopped_by is LeaseLostError:
+                return Outcome.FENCED
             error = {
                 "code": "exception",
                 "type": type(exc).__qualname__,

@@ -165,3 +165,33 @@ def test_a_store_error_that_is_not_the_store_being_away_still_fails_the_run() ->
     assert engine.execute(run.run_id) == Outcome.FAILED
     failed = engine.get(run.run_id)
     assert (failed.status, failed.error["type"]) == ("failed", "ValueError")
+
+
+@pytest.mark.parametrize(
+    "ending", ["returns", "raises"], ids=["body-returns-after-swallowing", "body-raises-its-own-error-after"]
+)
+def test_a_body_that_swallows_its_cancel_still_ends_cancelled(ending: str) -> None:
+    """D6, S9: a body wraps ctx.step in ``except Exception`` (common Python),
+    so the RunCancelledError raised at its boundary after a cancel landed is
+    swallowed; whether the body then returns or raises something else, the
+    run ends cancelled: a cancel is never undone (found by the breaker of #12:
+    the run ended completed)."""
+    engine = make_engine("memory", registry=Registry())
+    engine.registry.add_step("swallow:after", lambda n: n)
+
+    def body(ctx: Any, input: Any) -> str:
+        # An operator cancels while the body runs: requested, applied at the next boundary.
+        assert engine.cancel(ctx.run_id).cancel_requested
+        try:  # noqa: SIM105 (the pattern under test: a broad except around a step)
+            ctx.step("swallow:after", 1)
+        except Exception:
+            pass
+        if ending == "raises":
+            raise RuntimeError("the body's own error after its cancel")
+        return "done anyway"
+
+    engine.registry.add("swallow", "1", body)
+    run = engine.start("swallow", None, run_id=f"swallow-{ending}")
+    engine.execute(run.run_id)
+    ended = engine.get(run.run_id)
+    assert (ended.status, ended.output) == ("cancelled", None), ended.error
