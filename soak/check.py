@@ -27,8 +27,14 @@ of violations, each naming the rule it breaks:
   line, or its parent's ``durable:child`` step in the dump) before the younger
   one's ``admitted_at``; a row created earlier but committed later was not yet
   a waiter (F3), and a run whose commit time is unknown is not judged.
+* ``stale_write_accepted`` (K1, R5): a body that entered with a token lower
+  than one its run had already entered with (a holder frozen between its
+  claim and its body, thawed after a takeover) had a write accepted. Such
+  stale bodies hold nothing and are left out of the other rules; the figures
+  count them.
 * ``token_reused``, ``token_decreased``, ``token_behind_key`` (K1): two runs
-  of a key shared a token; a run's token went down; a key's stored counter
+  of a key shared a token; a run's token went down among its live bodies (a
+  later body with a lower token is stale, above); a key's stored counter
   is below a token a body saw.
 * ``step_reexecuted`` (R4, R6): a step of a run executed with a token not
   older than the one whose success was already stored (a stale token's late
@@ -196,7 +202,22 @@ def check(out: Path) -> dict[str, Any]:
     def violate(rule: str, **detail: Any) -> None:
         violations.append({"rule": rule, **detail})
 
-    bodies = bodies_of(audit)
+    every_body = bodies_of(audit)
+    # A stale body: it entered with a token lower than one a body of its run
+    # had already entered with (a holder frozen between its claim and its
+    # body, thawed after a takeover). It holds nothing (K1, R5): none of its
+    # writes may be accepted, and it is left out of the holder and token rules.
+    stale: list[Body] = []
+    highest: dict[str, int] = {}
+    for body in sorted(every_body, key=lambda b: b.enter_t):
+        if body.token is not None and body.token < highest.get(body.run, -1):
+            stale.append(body)
+            if body.stored_t or body.accepted_exit:
+                violate("stale_write_accepted", run=body.run, token=body.token, newer=highest[body.run])
+        elif body.token is not None:
+            highest[body.run] = body.token
+    stale_ids = {id(b) for b in stale}
+    bodies = [b for b in every_body if id(b) not in stale_ids]
     by_key: dict[tuple[str, str], list[Body]] = defaultdict(list)
     for body in bodies:
         by_key[(body.wf, body.key)].append(body)
@@ -352,7 +373,7 @@ def check(out: Path) -> dict[str, Any]:
             for pid in event.get("pids", []):
                 frozen[pid].append((event["t"], event["until"]))
     frozen_late_after_cancel = 0
-    for body in bodies:
+    for body in every_body:
         cancel = cancelled_at.get(body.run)
         if cancel is None:
             continue
@@ -416,6 +437,7 @@ def check(out: Path) -> dict[str, Any]:
         "bodies_entered": len(bodies),
         "takeovers_seen": takeovers,
         "fenced_bodies": sum(1 for b in bodies if b.how in FENCED_EXITS),
+        "stale_bodies": len(stale),
         "bodies_without_exit": sum(1 for b in bodies if b.exit_t is None),
         "keys_with_fenced_overlap": fenced_overlap_keys,
         "step_executions": executions,
@@ -446,7 +468,8 @@ def render(summary: dict[str, Any]) -> str:
         ("runs (started by the driver)", f"{summary['runs']} ({summary['runs_started_by_driver']})"),
         ("final statuses", ", ".join(f"{k} {v}" for k, v in sorted(summary["statuses"].items()))),
         ("bodies entered / takeovers", f"{summary['bodies_entered']} / {summary['takeovers_seen']}"),
-        ("fenced bodies / keys with a fenced overlap", f"{summary['fenced_bodies']} / "
+        ("fenced / stale bodies / keys with a fenced overlap", f"{summary['fenced_bodies']} / "
+         f"{summary.get('stale_bodies', 0)} / "
          f"{summary['keys_with_fenced_overlap']}"),
         ("step executions (late: refused by token / frozen past a cancel)", f"{summary['step_executions']} "
          f"({summary['late_executions_refused_by_token']} / {summary['frozen_executions_after_cancel']})"),

@@ -21,7 +21,7 @@ def rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
             summary["statuses"].get("completed", 0), summary["statuses"].get("cancelled", 0),
             summary["runs"] - summary["statuses"].get("completed", 0) - summary["statuses"].get("cancelled", 0))),
         ("bodies entered / taken over", f"{summary['bodies_entered']:,} / {summary['takeovers_seen']:,}"),
-        ("fenced bodies", f"{summary['fenced_bodies']:,}"),
+        ("fenced bodies / stale bodies", f"{summary['fenced_bodies']:,} / {summary.get('stale_bodies', 0):,}"),
         ("step executions", f"{summary['step_executions']:,}"),
         ("late, refused by token", f"{summary['late_executions_refused_by_token']:,}"),
         ("highest holders (limit 1 / 2 / 3)", " / ".join(

@@ -110,14 +110,15 @@ def test_a_younger_run_admitted_first_breaks_fifo(tmp_path: Path) -> None:
     assert _rules(_write(tmp_path, audit, _starts("a", "b"), [_run("a", 0.1), _run("b", 0.2)])) == {"fifo"}
 
 
-@pytest.mark.parametrize("rule", ["token_reused", "token_decreased", "token_behind_key"])
+@pytest.mark.parametrize("rule", ["token_reused", "stale_write_accepted", "token_behind_key"])
 def test_fencing_token_faults_are_found(tmp_path: Path, rule: str) -> None:
-    """K1: two runs with one token; a run whose token went down; a key counter behind a seen token."""
+    """K1: two runs with one token; a run whose token went down with its
+    later body's settle accepted; a key counter behind a seen token."""
     runs = [_run("a", 0.1), _run("b", 0.2)]
     keys = None
     if rule == "token_reused":
         audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 1, 2.5, 3.5)
-    elif rule == "token_decreased":
+    elif rule == "stale_write_accepted":
         audit = _body("a", 10, 2, 1.0, 2.0, steps=0) + _body("a", 10, 1, 2.5, 3.0, recoveries=0, steps=0)
         audit += _body("b", 11, 3, 3.5, 4.0)
     else:
@@ -298,3 +299,24 @@ def test_a_terminal_run_that_changes_status_is_found(tmp_path: Path) -> None:
     audit, events, runs = _clean(tmp_path)
     runs[2]["status"] = "cancelled"  # c's accepted settle wrote completed
     assert "terminal_changed" in _rules(_write(tmp_path, audit, events, runs))
+
+
+def test_a_stale_body_entering_after_a_takeover_holds_nothing_unless_a_write_is_accepted(tmp_path: Path) -> None:
+    """K1, R5: a's holder was frozen between its claim (token 1) and its body;
+    a recovery ran a with token 3 and completed it, b was admitted (token 4);
+    then the frozen process thawed and its body entered with token 1 and left
+    at its first store call. Seen in the 30-minute soak: not a holder, not a
+    token going down. Had one of its writes been accepted, that is
+    ``stale_write_accepted``."""
+    audit = _body("a", 11, 3, 1.0, 2.0, recoveries=1) + _body("b", 12, 4, 2.1, 3.0)
+    stale = [
+        {"e": "enter", "t": T0 + 2.5, "pid": 10, "run": "a", "key": "k", "wf": "soak-l1", "token": 1, "attempts": 1,
+         "recoveries": 0},
+        {"e": "exit", "t": T0 + 2.6, "pid": 10, "run": "a", "token": 1, "how": "Interrupted"},
+    ]  # fmt: skip
+    runs = [_run("a", 0.1), _run("b", 0.2)]
+    report = check(_write(tmp_path, audit + stale, _starts("a", "b"), runs))
+    assert (report["violations"], report["stale_bodies"]) == ([], 1)
+
+    stale.insert(1, {"e": "stored", "t": T0 + 2.55, "pid": 10, "run": "a", "i": 0, "token": 1})
+    assert "stale_write_accepted" in _rules(_write(tmp_path, audit + stale, _starts("a", "b"), runs))
