@@ -187,13 +187,11 @@ class DjangoControlStore(ControlStore):
         rows = SingletonKey.objects.using(db)
         with transaction.atomic(using=db):
             if keys is not None:
-                missing = set(keys) - set(
-                    rows.filter(workflow_name=workflow, key__in=keys).values_list("key", flat=True)
-                )
-                if missing:
-                    rows.bulk_create(
-                        [SingletonKey(workflow_name=workflow, key=k) for k in sorted(missing)], ignore_conflicts=True
-                    )
+                # The claim's own key lock, in key order: it creates a missing row the
+                # way a claim does (on MySQL/MariaDB an upsert, which takes no gap lock:
+                # an INSERT IGNORE here deadlocked with racing claims, S13a).
+                for k in sorted(set(keys)):
+                    self.store.lock_key(workflow, k)
             scope = rows.filter(workflow_name=workflow, **({"key__in": list(keys)} if keys is not None else {}))
             if connections[db].vendor == "sqlite":
                 scope.update(paused=F("paused"))  # the write lock before the read (S13)

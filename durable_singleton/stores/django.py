@@ -229,7 +229,7 @@ class DjangoStore(BaseStore):
         return value  # type: ignore[no-any-return]
 
     # -- keys ------------------------------------------------------------------
-    def _lock_key(self, workflow_name: str, key: str) -> dict[str, Any]:
+    def lock_key(self, workflow_name: str, key: str) -> dict[str, Any]:
         """Lock the key's row, creating it if missing; return its fields.
 
         Must run inside a transaction. SQLite has no row locks: an UPDATE of
@@ -368,7 +368,7 @@ class DjangoStore(BaseStore):
             with transaction.atomic(using=self.db):
                 if capped:
                     assert run.singleton_key is not None and cap is not None
-                    self._lock_key(run.workflow_name, run.singleton_key)
+                    self.lock_key(run.workflow_name, run.singleton_key)
                     existing = self._locking(self._runs().filter(pk=run.run_id)).first()
                     if existing is not None:
                         return record_of(existing), False
@@ -571,7 +571,7 @@ class DjangoStore(BaseStore):
         """
         assert row.singleton_key is not None
         with transaction.atomic(using=self.db):
-            key_row = self._lock_key(row.workflow_name, row.singleton_key)
+            key_row = self.lock_key(row.workflow_name, row.singleton_key)
             token = key_row["last_token"] + 1
             if not self._runs().filter(self._as_read(row)).update(**take, fencing_token=token):
                 return Turn(TurnState.SKIPPED, record)
@@ -593,7 +593,7 @@ class DjangoStore(BaseStore):
         take = dict(take)  # a retried transaction starts from the claim as read, never a stale token
         runs = self._runs()
         with transaction.atomic(using=self.db):
-            key_row = self._lock_key(row.workflow_name, row.singleton_key)
+            key_row = self.lock_key(row.workflow_name, row.singleton_key)
             # A run of an older release that never ran joins the queue (S12).
             if not row.singleton_tracked and not runs.filter(self._as_read(row)).update(
                 singleton_slot=SlotState.WAITER, singleton_tracked=True
@@ -743,7 +743,7 @@ class DjangoStore(BaseStore):
 
         def settle() -> Finish:
             with transaction.atomic(using=self.db):
-                key_row = self._lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
+                key_row = self.lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
                 if not self._runs().filter(cas).update(**fields):
                     return Finish(None)
                 granted: list[RunRecord] = []
@@ -804,7 +804,7 @@ class DjangoStore(BaseStore):
     def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
         def grant() -> tuple[RunRecord, ...]:
             with transaction.atomic(using=self.db):
-                return tuple(self._grant(workflow_name, key, self._lock_key(workflow_name, key), limits)[0])
+                return tuple(self._grant(workflow_name, key, self.lock_key(workflow_name, key), limits)[0])
 
         return self._retrying(grant)
 
