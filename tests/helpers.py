@@ -109,3 +109,40 @@ def settle(engine: Any, run_id: str, status: str, **fields: Any) -> bool:
     if done.settled:
         engine._settled(done)
     return bool(done.settled)
+
+
+def backend_id() -> int:
+    """Return the server's id of this thread's database connection (PostgreSQL
+    ``pg_backend_pid()``, MySQL/MariaDB ``CONNECTION_ID()``), connecting if needed."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
+        (backend,) = cursor.fetchone()
+    return int(backend)
+
+
+def kill_backend(backend: int) -> None:
+    """Kill connection ``backend`` from the server's side, from another thread's
+    own connection, as an operator or a failover would (``pg_terminate_backend``,
+    ``KILL CONNECTION``); no error reaches the killed connection until it is used."""
+    from django.db import connection
+
+    statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
+
+    def kill() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(statement, [backend])
+        finally:
+            connection.close()
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    killer.join(30)
+
+
+def kill_this_connection() -> None:
+    """Kill the calling thread's database connection from the server's side (PostgreSQL, MariaDB)."""
+    kill_backend(backend_id())

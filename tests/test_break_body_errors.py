@@ -16,7 +16,6 @@ and the engine's store calls share one connection (docs/durability.rst,
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -28,27 +27,9 @@ from durable_singleton.models import Run
 from durable_singleton.statuses import Outcome
 from durable_singleton.testing import make_engine
 
+from .helpers import kill_this_connection
+
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _kill_this_connection() -> None:
-    """Kill the calling thread's connection from another one, as an operator or a failover would."""
-    connection.ensure_connection()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
-        (backend,) = cursor.fetchone()
-    statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
-
-    def kill() -> None:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(statement, [backend])
-        finally:
-            connection.close()
-
-    killer = threading.Thread(target=kill)
-    killer.start()
-    killer.join(30)
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +50,7 @@ def test_a_body_catching_exception_around_a_step_does_not_swallow_the_interrupti
     def side_effect(n: int) -> int:
         executions.append(n)
         if len(executions) == 1:
-            _kill_this_connection()
+            kill_this_connection()
         return n * 2
 
     engine.registry.add_step("swallow:double", side_effect)
@@ -105,7 +86,7 @@ def test_a_database_error_of_the_body_s_own_query_fails_the_run_even_on_the_conn
 
     def own_query(n: int) -> int:
         executions.append(n)
-        _kill_this_connection()
+        kill_this_connection()
         return Run.objects.count()  # the body's own query, on the killed connection
 
     engine.registry.add_step("own-query:count", own_query)

@@ -15,7 +15,6 @@ unusable. Django closes obsolete connections between requests and tasks
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any
 
@@ -25,6 +24,8 @@ from django.db.backends.signals import connection_created
 
 from durable_singleton.definitions import Registry
 from durable_singleton.testing import make_engine
+
+from .helpers import kill_this_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,21 +72,7 @@ def test_with_health_checks_a_connection_killed_while_idle_costs_no_tick_job() -
     connection.close()
     try:
         assert engine.tick().errors == []
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
-            (backend,) = cursor.fetchone()
-        statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
-
-        def kill() -> None:
-            try:
-                with connection.cursor() as cursor:
-                    cursor.execute(statement, [backend])
-            finally:
-                connection.close()
-
-        killer = threading.Thread(target=kill)
-        killer.start()
-        killer.join(30)
+        kill_this_connection()
         time.sleep(0.2)  # the server has closed the idle connection
         assert engine.tick().errors == []
     finally:

@@ -27,6 +27,8 @@ from durable_singleton.statuses import Outcome
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 
+from .helpers import backend_id, kill_backend
+
 
 class FailNextSaveMemoryStore(MemoryStore):
     """The in-memory store whose next ``save_step`` raises ``ConnectionError`` once, when armed."""
@@ -42,26 +44,13 @@ class FailNextSaveMemoryStore(MemoryStore):
 
 def _kill_after_the_child_insert() -> None:
     """Kill this thread's connection from another one right after the next INSERT of a run."""
-    connection.ensure_connection()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
-        (backend,) = cursor.fetchone()
-    statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
-
-    def kill() -> None:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(statement, [backend])
-        finally:
-            connection.close()
+    backend = backend_id()
 
     def after_insert(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         result = execute(sql, params, many, context)
         if sql.lstrip().upper().startswith("INSERT") and Run._meta.db_table in sql:
             connection.execute_wrappers.remove(after_insert)
-            killer = threading.Thread(target=kill)  # the child's row is committed (autocommit)
-            killer.start()
-            killer.join(30)
+            kill_backend(backend)  # the child's row is committed (autocommit)
         return result
 
     connection.execute_wrappers.append(after_insert)

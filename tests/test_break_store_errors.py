@@ -13,7 +13,6 @@ again (at least once, docs/durability.rst).
 from __future__ import annotations
 
 import contextlib
-import threading
 import time
 from typing import Any
 
@@ -26,26 +25,7 @@ from durable_singleton.statuses import Outcome
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 
-
-def _break_this_connection() -> None:
-    """Kill the calling thread's database connection from the server's side,
-    as ``pg_terminate_backend`` / ``KILL CONNECTION`` by an operator or a failover."""
-    connection.ensure_connection()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
-        (backend,) = cursor.fetchone()
-    statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
-
-    def kill() -> None:  # from another connection, as an operator or a failover would
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(statement, [backend])
-        finally:
-            connection.close()
-
-    killer = threading.Thread(target=kill)
-    killer.start()
-    killer.join(30)
+from .helpers import kill_this_connection
 
 
 class FlakyMemoryStore(MemoryStore):
@@ -93,7 +73,7 @@ def test_a_store_failure_under_the_body_interrupts_the_turn_and_the_run_resumes(
             if isinstance(engine.store, FlakyMemoryStore):
                 engine.store.fail_next_save = ConnectionError("the store went away")
             else:
-                _break_this_connection()
+                kill_this_connection()
         return n * 2
 
     engine.registry.add_step("store-errors:double", side_effect)
@@ -132,13 +112,13 @@ def test_a_tick_and_a_turn_after_a_killed_connection_reconnect() -> None:
     engine = make_engine("django", registry=Registry())
     engine.registry.add("reconnect", "1", lambda ctx, input: input, singleton={"key": lambda i: "k"})
     engine.tick()
-    _break_this_connection()
+    kill_this_connection()
     first = engine.tick()
     assert len(first.errors) <= 1, f"only the job that met the dead connection fails: {first.errors}"
     assert engine.tick().errors == []
 
     run = engine.start("reconnect", {"n": 1}, run_id="reconnect-1")
-    _break_this_connection()
+    kill_this_connection()
     with contextlib.suppress(Exception):  # the turn that meets the dead connection may fail, unwritten
         engine.execute(run.run_id)
     engine.dispatcher.drain()
