@@ -162,24 +162,11 @@ class FailNextFinishMemoryStore(MemoryStore):
 
 def _kill_before_the_next_statement() -> None:
     """Kill this thread's connection from another one just before its next statement runs."""
-    connection.ensure_connection()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()" if connection.vendor == "postgresql" else "SELECT CONNECTION_ID()")
-        (backend,) = cursor.fetchone()
-    statement = "SELECT pg_terminate_backend(%s)" if connection.vendor == "postgresql" else "KILL CONNECTION %s"
-
-    def kill() -> None:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(statement, [backend])
-        finally:
-            connection.close()
+    backend = backend_id()
 
     def before(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         connection.execute_wrappers.remove(before)
-        killer = threading.Thread(target=kill)
-        killer.start()
-        killer.join(30)
+        kill_backend(backend)
         return execute(sql, params, many, context)
 
     connection.execute_wrappers.append(before)
