@@ -23,7 +23,8 @@ def _settings_or_none() -> Any:
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E001: each key of ``DURABLE_SINGLETON`` is known, of its type and in range.
+    """E001: each key of ``DURABLE_SINGLETON`` is known, of its type and in range;
+    E002: ``STORE`` names a store the runtime can build.
 
     One E001 per problem, with a hint; the checks that compare settings
     (E004) run only once every value is valid.
@@ -31,16 +32,22 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
     from django.conf import settings as django_settings
 
     from .conf import problems
+    from .exceptions import ConfigurationError
+    from .stores.loading import store_class
 
     found = problems(getattr(django_settings, "DURABLE_SINGLETON", None))
     if found:
         return [checks.Error(message, hint=hint, id="durable_singleton.E001") for message, hint in found]
     settings = _settings_or_none()
     errors: list[checks.CheckMessage] = []
-    if settings.STORE not in ("django", "memory"):
+    try:
+        store_class(settings.STORE)  # what the composition root builds (#16)
+    except ConfigurationError as exc:
         errors.append(
             checks.Error(
-                f"STORE {settings.STORE!r} is unknown.", hint="Use 'django' or 'memory'.", id="durable_singleton.E002"
+                str(exc),
+                hint="Use 'django', 'memory' or the dotted path of a BaseStore subclass built with no arguments.",
+                id="durable_singleton.E002",
             )
         )
     if settings.DISPATCH not in ("celery", "thread", "manual"):

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 import threading
 
-from django.utils.module_loading import import_string
-
 from .conf import Settings, get_settings
 from .dispatch import build_dispatcher
 from .engine import Engine
-from .exceptions import ConfigurationError
 from .stores.base import BaseStore, RetryPolicy
+from .stores.loading import STORE_ALIASES, store_class
 
 __all__ = ["build_engine", "build_store", "get_engine"]
-
-_STORES = {
-    "django": "durable_singleton.stores.django.DjangoStore",
-    "memory": "durable_singleton.stores.memory.MemoryStore",
-}
 
 _engines: dict[Settings, Engine] = {}
 _engines_lock = threading.Lock()
@@ -26,27 +19,20 @@ _engines_lock = threading.Lock()
 
 def build_store(settings: Settings) -> BaseStore:
     """Return the store named by ``settings.STORE``: "django", "memory" or a dotted path
-    to a :class:`~durable_singleton.stores.base.BaseStore` subclass.
+    to a :class:`~durable_singleton.stores.base.BaseStore` subclass, resolved by
+    :func:`~durable_singleton.stores.loading.store_class` (as system check E002 does).
 
     Raises :class:`~durable_singleton.exceptions.ConfigurationError`.
     """
-    path = _STORES.get(settings.STORE, settings.STORE)
-    try:
-        cls = import_string(path)
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"DURABLE_SINGLETON['STORE'] must be 'django', 'memory' or a dotted path to a store class, "
-            f"got {settings.STORE!r}: {exc}"
-        ) from None
-    if not (isinstance(cls, type) and issubclass(cls, BaseStore)):
-        raise ConfigurationError(f"DURABLE_SINGLETON['STORE'] = {settings.STORE!r} is not a BaseStore subclass")
+    cls = store_class(settings.STORE)
+    path = STORE_ALIASES.get(settings.STORE, settings.STORE)
     retry = RetryPolicy(
         settings.ADMISSION_RETRY_SECONDS, settings.ADMISSION_RETRY_JITTER_SECONDS, settings.BACKLOG_RETRY_SECONDS
     )
     # The two stores of this package take their options from settings (the
     # class is imported again by name so its constructor is typed); a store
     # named by another dotted path is built without arguments.
-    if path == _STORES["django"]:
+    if path == STORE_ALIASES["django"]:
         from .stores.django import DjangoStore
 
         return DjangoStore(
@@ -55,7 +41,7 @@ def build_store(settings: Settings) -> BaseStore:
             retry=retry,
             redelivery_seconds=settings.REDELIVERY_SECONDS,
         )
-    if path == _STORES["memory"]:
+    if path == STORE_ALIASES["memory"]:
         from .stores.memory import MemoryStore
 
         return MemoryStore(retry=retry, redelivery_seconds=settings.REDELIVERY_SECONDS)

@@ -156,3 +156,45 @@ def test_settings_from_mapping_refuses_what_e001_reports() -> None:
     with pytest.raises(ConfigurationError, match="TICK_SECONDS"):
         Settings.from_mapping({"TICK_SECONDS": -1})
     assert Settings.from_mapping({"RETENTION_SECONDS": None}).RETENTION_SECONDS is None
+
+
+@pytest.mark.parametrize(
+    "store",
+    ["django", "memory", "tests.codec_stores.EncryptedDjangoStore", "durable_singleton.stores.memory.MemoryStore"],
+)
+def test_every_store_the_runtime_builds_passes_e002(settings: Any, store: str, monkeypatch: Any) -> None:
+    """Section 7, S13 (#16 defect 5): E002 and the composition root resolve STORE
+    in one place, so the dotted path docs/codec.rst tells users to set passes
+    ``manage.py check`` as it passes ``build_store``."""
+    from cryptography.fernet import Fernet
+
+    from durable_singleton.runtime import build_store
+    from durable_singleton.stores.base import BaseStore
+
+    from . import codec_stores
+
+    monkeypatch.setattr(codec_stores, "KEYS", [Fernet.generate_key()])
+    settings.DURABLE_SINGLETON = {"STORE": store}
+    assert [m.id for m in checks.check_settings()] == []
+    assert isinstance(build_store(Settings.from_mapping({"STORE": store})), BaseStore)
+
+
+@pytest.mark.parametrize(
+    ("store", "why"),
+    [
+        ("no_such_module.Store", "dotted path"),
+        ("sqlite", "dotted path"),
+        ("durable_singleton.conf.Settings", "not a BaseStore subclass"),
+        ("durable_singleton.stores.base.BaseStore", "abstract"),
+    ],
+)
+def test_a_store_the_runtime_refuses_is_e002(settings: Any, store: str, why: str) -> None:
+    """Section 7, S13 (#16 defect 5): what ``build_store`` refuses with a
+    ConfigurationError is E002, with the same message."""
+    from durable_singleton.runtime import build_store
+
+    settings.DURABLE_SINGLETON = {"STORE": store}
+    messages = checks.check_settings()
+    assert [m.id for m in messages] == ["durable_singleton.E002"] and why in messages[0].msg, messages
+    with pytest.raises(ConfigurationError, match=why):
+        build_store(Settings.from_mapping({"STORE": store}))
