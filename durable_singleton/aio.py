@@ -54,6 +54,7 @@ class AsyncEngineMixin:
         run_id: str | None = None,
         tags: Iterable[str] = (),
         version: str | None = None,
+        parent_run_id: str | None = None,
         namespace: str | None = None,
     ) -> RunRecord:
         """Create a run and dispatch its first turn after commit, off the event loop; see ``Engine.start``.
@@ -68,7 +69,7 @@ class AsyncEngineMixin:
         :class:`~durable_singleton.SingletonQueueFullError` (S15).
         """
         return await sync_to_async(self.start, thread_sensitive=True)(
-            name, input, run_id=run_id, tags=tags, version=version, namespace=namespace
+            name, input, run_id=run_id, tags=tags, version=version, parent_run_id=parent_run_id, namespace=namespace
         )
 
     async def aget(self: _SyncEngine, run_id: str) -> RunRecord:
