@@ -61,6 +61,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "stores.django",
         "stores.memory",
         "stores.codec",
+        "stores.loading",
     ),
     "core": (
         "core",
