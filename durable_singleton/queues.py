@@ -34,8 +34,9 @@ from django.db.models import (
     Sum,
     Value,
     When,
+    Window,
 )
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import Cast, Coalesce, RowNumber
 
 from .admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES, effective_limit
 from .definitions import Registry, registry
@@ -45,6 +46,7 @@ __all__ = [
     "FILTERS",
     "SORTS",
     "Cause",
+    "KeyMembers",
     "KeyQueue",
     "Place",
     "QueuePage",
@@ -53,6 +55,7 @@ __all__ = [
     "format_age",
     "holder_since",
     "key_queue",
+    "queue_members",
     "queue_table",
     "run_cause",
     "run_place",
@@ -527,3 +530,43 @@ def iter_rows(page: QueuePage, now: datetime) -> Iterable[dict[str, Any]]:
     """Yield the rows of ``page`` as JSON-ready dicts."""
     for row in page.rows:
         yield row.as_dict(now)
+
+
+@dataclass(frozen=True)
+class KeyMembers:
+    """The run ids of one key's holders and its first waiters, in admission order (S5)."""
+
+    holders: list[str]
+    waiters: list[str]
+
+
+def queue_members(
+    rows: Iterable[QueueRow], *, per_key: int = 20, using: str | None = None
+) -> dict[tuple[str, str], KeyMembers]:
+    """Return ``{(workflow, key): KeyMembers}`` for the keys of ``rows``, in two queries.
+
+    Holders are ``holders()`` in creation order, waiters ``waiting()``, the
+    claim's order (S5 step 3); at most ``per_key`` (>= 1) of each per key
+    (the row's ``holders``/``waiting`` counts say how many there are).
+    Raises ValueError if ``per_key`` < 1.
+    """
+    if per_key < 1:
+        raise ValueError(f"per_key must be >= 1, got {per_key!r}")
+    pairs = {(row.workflow, row.key) for row in rows}
+    members = {pair: KeyMembers([], []) for pair in pairs}
+    if not pairs:
+        return members
+    chosen = Q()
+    for workflow, key in sorted(pairs):
+        chosen |= Q(workflow_name=workflow, singleton_key=key)
+    runs = (Run.objects.using(using) if using else Run.objects.all()).filter(chosen)
+    order = [F("created_at").asc(), F("run_id").asc()]
+    for queryset, field in ((runs.holders(), "holders"), (runs.waiting(), "waiters")):
+        numbered = queryset.annotate(
+            place=Window(RowNumber(), partition_by=[F("workflow_name"), F("singleton_key")], order_by=order)
+        ).filter(place__lte=per_key)
+        for name, tagged, run_id in numbered.order_by("created_at", "run_id").values_list(
+            "workflow_name", "singleton_key", "run_id"
+        ):
+            getattr(members[name, str(tagged)], field).append(run_id)
+    return members

@@ -176,13 +176,27 @@ def _runs(*args: str) -> dict[str, Any]:
     return dict(json.loads(out.getvalue()))
 
 
+def test_runs_command_lists_the_newest_runs_first(manual: Engine) -> None:
+    """O3, issue #19 point 8: ``durable_runs list --limit N`` shows the N newest
+    runs, newest first (as git log and Django's admin do); --oldest-first
+    shows the N oldest, oldest first."""
+    for n in range(4):
+        manual.start("fault-hold", {"store_id": "n", "seconds": 0}, run_id=f"n-{n}")
+        Run.objects.filter(pk=f"n-{n}").update(created_at=_old(100 - n))
+    assert [r["run_id"] for r in _runs("list", "--limit=2")["runs"]] == ["n-3", "n-2"]
+    assert [r["run_id"] for r in _runs("list", "--limit=2", "--oldest-first")["runs"]] == ["n-0", "n-1"]
+    out = StringIO()
+    call_command("durable_runs", "list", "--limit=1", stdout=out)
+    assert out.getvalue().splitlines()[0].startswith("n-3  fault-hold  store:n  pending")
+
+
 def test_runs_command_lists_cancels_retries_and_wakes_by_filters(manual: Engine) -> None:
     """O3, D6, D9: filters by workflow, key, status and age; --dry-run changes
     nothing; cancel, retry and wake go through the engine."""
     for n in range(3):
         manual.start("fault-hold", {"store_id": "c", "seconds": 0}, run_id=f"c-{n}")
     listed = _runs("list", "--workflow=fault-hold", "--key=store:c")
-    assert [r["run_id"] for r in listed["runs"]] == ["c-0", "c-1", "c-2"]
+    assert [r["run_id"] for r in listed["runs"]] == ["c-2", "c-1", "c-0"]
     assert _runs("list", "--older-than=1h")["runs"] == []
     dry = _runs("cancel", "--key=store:c", "--dry-run")
     assert len(dry["runs"]) == 3 and set(Run.objects.values_list("status", flat=True)) == {"pending"}

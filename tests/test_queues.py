@@ -234,3 +234,43 @@ def test_durable_queues_prints_plain_columns_without_rich(
     assert lines[2].split()[:5] == ["wf", "store:A", "1", "1", "2"]
     assert lines[3].split()[:5] == ["wf", "store:B", "1", "1", "2"]
     assert lines[4].startswith("as of ")
+
+
+@pytest.mark.django_db
+def test_durable_queues_cap_is_the_figure_full_counts_against(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S15, issue #19 point 8: the cap column is limit + max_queue_depth, the
+    active runs at which start refuses, the same figure as the one after the
+    slash in the full column (it showed max_queue_depth: "cap 2" beside "2/3")."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    bulk_queue(["store:A"], workflow="sync-inventory", holders=1, waiters=1)  # limit 1, max_queue_depth 2
+    call_command("durable_queues")
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].split()[-3:] == ["3", "2/3", "(67%)"], lines
+
+
+@pytest.mark.django_db
+def test_durable_queues_runs_lists_holders_and_waiters_by_id_in_admission_order(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """S5 step 3, issue #19 point 8: --runs names each key's holders and its
+    waiters in the claim's order (oldest first), at most --runs-per-key of
+    each, and says how many more wait; --json carries the same ids."""
+    bulk_queue(["store:A"], holders=1, waiters=3)
+    bulk_queue(["store:B"], holders=1, waiters=0, start=T0 + timedelta(minutes=1))
+    call_command("durable_queues", "--runs", "--runs-per-key=2", "--sort=key")
+    text = capsys.readouterr().out
+    assert "wf  store:A\n  holding (1): wf-store:A-0\n  waiting (3): wf-store:A-1 wf-store:A-2 (and 1 more)\n" in text
+    assert "wf  store:B\n  holding (1): wf-store:B-0\n  waiting (0): —\n" in text
+    call_command("durable_queues", "--runs", "--json", "--sort=key")
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [(r["key"], r["holder_ids"], r["waiter_ids"]) for r in rows] == [
+        ("store:A", ["wf-store:A-0"], ["wf-store:A-1", "wf-store:A-2", "wf-store:A-3"]),
+        ("store:B", ["wf-store:B-0"], []),
+    ]
+    call_command("durable_queues", "--json")
+    assert "holder_ids" not in json.loads(capsys.readouterr().out)["rows"][0]
+    with pytest.raises(CommandError, match="--runs-per-key"):
+        call_command("durable_queues", "--runs", "--runs-per-key=0")

@@ -17,7 +17,8 @@ from ... import queues
 class Command(BaseCommand):
     help = (
         "Print every workflow and key with active runs: limit, holders, waiting, the oldest waiter's age, "
-        "the cap and how full it is (the admin's queue page)."
+        "the cap (limit + max_queue_depth: the active runs at which starts are refused) and how full it is "
+        "(the admin's queue page); with --runs, the run ids of each key's holders and waiters."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -35,12 +36,22 @@ class Command(BaseCommand):
             help=f"One of {', '.join(queues.SORTS)}; prefix - for descending (default: -waiting).",
         )
         parser.add_argument("--limit", type=int, default=50, help="Rows to print (default 50; 0: all).")
+        parser.add_argument(
+            "--runs",
+            action="store_true",
+            help="Also list each key's holders and its first --runs-per-key waiters by run id, in admission order.",
+        )
+        parser.add_argument(
+            "--runs-per-key", type=int, default=20, help="With --runs: ids listed per key and kind (default 20)."
+        )
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
         parser.add_argument("--database", default=None, help="Database alias (default: the router's choice).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["limit"] < 0:
             raise CommandError("--limit must be >= 0")
+        if options["runs_per_key"] < 1:
+            raise CommandError("--runs-per-key must be >= 1")
         try:
             page = queues.queue_table(
                 workflow=options["workflow"],
@@ -53,17 +64,31 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         now = timezone.now()
+        members = (
+            queues.queue_members(page.rows, per_key=options["runs_per_key"], using=options["database"])
+            if options["runs"]
+            else None
+        )
         if options["json"]:
+            rows = []
+            for row in page.rows:
+                entry = row.as_dict(now)
+                if members is not None:
+                    entry["holder_ids"] = members[row.workflow, row.key].holders
+                    entry["waiter_ids"] = members[row.workflow, row.key].waiters
+                rows.append(entry)
             document = {
                 "as_of": now.isoformat(),
                 "keys": page.keys,
                 "holders": page.holders,
                 "waiting": page.waiting,
-                "rows": [row.as_dict(now) for row in page.rows],
+                "rows": rows,
             }
             self.stdout.write(json.dumps(document, indent=2))
             return
         self.stdout.write(self._table(page, now), ending="")
+        if members is not None:
+            self.stdout.write(_member_lines(page, members), ending="")
 
     def _table(self, page: queues.QueuePage, now: Any) -> str:
         """Render the page as a text table: with rich when it is installed
@@ -84,7 +109,7 @@ class Command(BaseCommand):
                     str(row.holders),
                     str(row.waiting),
                     queues.format_age(row.oldest_wait_seconds(now)),
-                    "—" if row.max_queue_depth is None else str(row.max_queue_depth),
+                    "—" if row.capacity is None else str(row.capacity),
                     "—" if fullness is None else f"{row.active}/{row.capacity} ({fullness:.0%})",
                 ]
             )
@@ -102,6 +127,24 @@ class Command(BaseCommand):
         width = shutil.get_terminal_size((120, 24)).columns
         Console(file=buffer, width=max(width, 80), color_system=None, highlight=False).print(table)
         return buffer.getvalue()
+
+
+def _member_lines(page: queues.QueuePage, members: dict[tuple[str, str], queues.KeyMembers]) -> str:
+    """Return each row's holders and waiters by run id, one key a paragraph; waiters in admission order."""
+
+    def ids(listed: list[str], total: int) -> str:
+        more = total - len(listed)
+        return (" ".join(listed) or "—") + (f" (and {more} more)" if more > 0 else "")
+
+    lines = []
+    for row in page.rows:
+        found = members[row.workflow, row.key]
+        lines += [
+            f"{row.workflow}  {row.key}",
+            f"  holding ({row.holders}): {ids(found.holders, row.holders)}",
+            f"  waiting ({row.waiting}): {ids(found.waiters, row.waiting)}",
+        ]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def _justify(column: str) -> Literal["left", "right"]:

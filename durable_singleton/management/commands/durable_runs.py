@@ -32,7 +32,10 @@ class Command(BaseCommand):
         )
         parser.add_argument("--older-than", type=duration, help="Only runs created longer ago (90s, 15m, 12h, 7d).")
         parser.add_argument(
-            "--limit", type=int, default=100, help="At most this many runs, oldest first (default 100)."
+            "--limit", type=int, default=100, help="At most this many runs, newest first (default 100)."
+        )
+        parser.add_argument(
+            "--oldest-first", action="store_true", help="Choose and print the oldest runs first instead."
         )
         parser.add_argument(
             "--dry-run", action="store_true", help="List the runs the action would touch; change nothing."
@@ -49,7 +52,9 @@ class Command(BaseCommand):
         if options["limit"] < 1:
             raise CommandError("--limit must be >= 1")
         engine = get_engine()
-        runs = Run.objects.using(getattr(engine.store, "db", None) or "default").order_by("created_at", "run_id")
+        # Newest first, as git log, docker ps and Django's admin list them.
+        order = ("created_at", "run_id") if options["oldest_first"] else ("-created_at", "-run_id")
+        runs = Run.objects.using(getattr(engine.store, "db", None) or "default").order_by(*order)
         if options["run_ids"]:
             runs = runs.filter(pk__in=options["run_ids"])
         if options["workflow"]:
