@@ -6,7 +6,15 @@ from typing import Any
 
 from django.core import checks
 
-__all__ = ["check_celery", "check_settings", "check_sqlite", "check_time_zone", "register"]
+__all__ = [
+    "check_celery",
+    "check_remote_workflows",
+    "check_settings",
+    "check_sqlite",
+    "check_time_zone",
+    "register",
+    "remote_workflows",
+]
 
 _JSON_CONTENT = frozenset({"json", "application/json"})
 
@@ -187,9 +195,48 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return messages
 
 
+def remote_workflows(registry: Any = None) -> list[tuple[str, str]]:
+    """Return (name, queue) of every remote workflow of ``registry`` (default: the
+    process-wide one), by name: their bodies run only in another service's
+    Celery worker (``Engine.register_remote``)."""
+    if registry is None:
+        from .definitions import registry
+    with registry._lock:
+        found = [(d.name, d.queue or "") for d in registry.latest.values() if d.remote]
+    return sorted(found)
+
+
+def check_remote_workflows(
+    app_configs: Any = None, *, registry: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E005: a remote workflow needs ``DISPATCH = "celery"`` (section 2, #18).
+
+    Its turns must reach its queue's Celery worker in the other service; a
+    thread or manual dispatcher runs them in this process, which has no body
+    and hands each turn back to itself without end.
+    """
+    settings = _settings_or_none()
+    if settings is None or settings.DISPATCH == "celery":
+        return []
+    remote = remote_workflows(registry)
+    if not remote:
+        return []
+    names = ", ".join(f"{name!r} (queue {queue!r})" for name, queue in remote)
+    return [
+        checks.Error(
+            f"DISPATCH is {settings.DISPATCH!r} but remote workflows are registered: {names}. Their turns "
+            "cannot reach the other service's workers and bounce in this process without end.",
+            hint="Set DURABLE_SINGLETON['DISPATCH'] = 'celery' where remote workflows are declared, "
+            "or declare them only in the processes that dispatch with Celery.",
+            id="durable_singleton.E005",
+        )
+    ]
+
+
 def register() -> None:
     """Register the checks with Django (called from ``ready()``)."""
     checks.register(check_settings, "durable_singleton")
     checks.register(check_sqlite, "durable_singleton")
     checks.register(check_time_zone, "durable_singleton")
     checks.register(check_celery, "durable_singleton")
+    checks.register(check_remote_workflows, "durable_singleton")

@@ -198,3 +198,36 @@ def test_a_store_the_runtime_refuses_is_e002(settings: Any, store: str, why: str
     assert [m.id for m in messages] == ["durable_singleton.E002"] and why in messages[0].msg, messages
     with pytest.raises(ConfigurationError, match=why):
         build_store(Settings.from_mapping({"STORE": store}))
+
+
+@pytest.mark.parametrize("dispatch", ["thread", "manual"])
+def test_a_remote_workflow_without_celery_dispatch_is_e005(settings: Any, dispatch: str) -> None:
+    """Section 2, section 7 (#18 item 11): a remote workflow's turns are sent to
+    its Celery queue; with DISPATCH "thread" or "manual" they reach this process,
+    which has no body and hands them back to itself without end. The check
+    names each remote workflow and its queue; with Celery it says nothing."""
+    from durable_singleton.definitions import Registry
+
+    remote = Registry()
+    remote.add("elsewhere", "1", None, queue="other-service", remote=True, origin="remote:other-service")
+    remote.add("local-body", "1", lambda ctx, i: i)
+    settings.DURABLE_SINGLETON = {"DISPATCH": dispatch}
+    messages = checks.check_remote_workflows(registry=remote)
+    assert [m.id for m in messages] == ["durable_singleton.E005"], messages
+    assert (
+        "'elsewhere'" in messages[0].msg and "other-service" in messages[0].msg and "local-body" not in messages[0].msg
+    )
+    assert messages[0].hint
+    settings.DURABLE_SINGLETON = {"DISPATCH": "celery"}
+    assert checks.check_remote_workflows(registry=remote) == []
+
+
+def test_the_foreground_worker_refuses_a_remote_workflow(settings: Any) -> None:
+    """Section 2, O1 (#18 item 11): ``durable_worker`` runs turns on its own
+    threads whatever DISPATCH says, so a remote workflow's turns would bounce
+    there too: it refuses to start, naming the workflow (the test project
+    declares ``remote-sync`` on queue ``remote``)."""
+    from django.core.management import CommandError
+
+    with pytest.raises(CommandError, match=r"remote-sync.*remote"):
+        call_command("durable_worker", "--threads", "1")

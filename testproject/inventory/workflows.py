@@ -20,6 +20,7 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, step, workflow
+from durable_singleton.conf import get_settings
 from durable_singleton.definitions import registry
 
 from .models import BodyAudit
@@ -188,16 +189,19 @@ def fault_hold_isolated(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, An
 #: A workflow whose body runs in another service (testproject.remote_service):
 #: this project declares it with register_remote's options, starts it and
 #: gates it; the other service's workers on the "remote" queue run the body.
+#: Declared only where turns go through Celery, the only dispatcher that
+#: reaches the other service (system check E005).
 REMOTE_QUEUE = "remote"
-registry.add(
-    "remote-sync",
-    "1",
-    None,
-    queue=REMOTE_QUEUE,
-    singleton=Singleton(key=store_key, limit=1),
-    remote=True,
-    origin=f"remote:{REMOTE_QUEUE}",
-)
+if get_settings().DISPATCH == "celery":
+    registry.add(
+        "remote-sync",
+        "1",
+        None,
+        queue=REMOTE_QUEUE,
+        singleton=Singleton(key=store_key, limit=1),
+        remote=True,
+        origin=f"remote:{REMOTE_QUEUE}",
+    )
 
 
 @workflow(name="remote-parent", version="1")

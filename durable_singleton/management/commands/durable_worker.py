@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ...checks import remote_workflows
 from ...conf import get_settings
 from ...worker import ForegroundWorker
 
@@ -43,6 +44,14 @@ class Command(BaseCommand):
             raise CommandError("--tick-seconds must be > 0")
         if options["grace"] is not None and options["grace"] < 0:
             raise CommandError("--grace must be >= 0")
+        if remote := remote_workflows():
+            # This worker runs every turn on its own threads: a remote body's
+            # turn would be handed back to itself without end (E005).
+            names = ", ".join(f"{name!r} (queue {queue!r})" for name, queue in remote)
+            raise CommandError(
+                f"remote workflows are registered: {names}; their bodies run in another service's Celery "
+                "worker, which this worker is not. Run Celery workers here, or do not declare them in this process."
+            )
         self._log_to_stderr(options["verbosity"])
         worker = ForegroundWorker(threads=threads, tick_seconds=tick, grace_seconds=options["grace"])
         signal.signal(signal.SIGTERM, worker.request_stop)
