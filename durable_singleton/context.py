@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
     ChildWorkflowError,
     DurableSingletonError,
     InvalidInputError,
+    InvalidInputTypeError,
     LeaseLostError,
     RunCancelledError,
     SignalTimeoutError,
@@ -69,7 +71,9 @@ def to_json_value(value: Any, what: str, *, max_bytes: int | None = None, settin
     try:
         text = json.dumps(value, allow_nan=False, ensure_ascii=False)
         size = len(text.encode("utf-8"))
-    except (TypeError, ValueError) as exc:
+    except TypeError as exc:
+        raise InvalidInputTypeError(f"{what} is not JSON-serializable: {exc}") from exc
+    except ValueError as exc:
         raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from exc
     if max_bytes is not None and size > max_bytes:
         raise InvalidInputError(f"{what} is {size} bytes encoded; at most {setting} = {max_bytes} are allowed")
@@ -173,6 +177,11 @@ class WorkflowCtx:
     def run_id(self) -> str:
         """Return the id of the run this body executes."""
         return self.run.run_id
+
+    @property
+    def steps(self) -> Mapping[int, StepRecord]:
+        """Return the run's stored steps by position (read only): those replayed and those this turn stored."""
+        return MappingProxyType(self._steps)
 
     @property
     def fencing_token(self) -> int | None:

@@ -12,6 +12,7 @@ __all__ = [
     "DuplicateWorkflowError",
     "DurableSingletonError",
     "InvalidInputError",
+    "InvalidInputTypeError",
     "InvalidRunIdError",
     "InvalidWorkflowError",
     "LeaseLostError",
@@ -66,6 +67,12 @@ class InvalidRunIdError(ValidationError):
 
 class InvalidInputError(ValidationError):
     """A run input (or signal payload, or step result) is not JSON-serializable."""
+
+
+class InvalidInputTypeError(InvalidInputError, TypeError):
+    """A value holds an object of a type JSON cannot (a set, a datetime, an
+    instance): an :class:`InvalidInputError` that is also the ``TypeError``
+    which ``json.dumps`` and Django's task API raise for it (section 7)."""
 
 
 class SingletonKeyError(ValidationError):

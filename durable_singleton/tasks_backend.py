@@ -32,27 +32,37 @@ called again (D4), as with any task queue.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from django.apps import apps
 from django.core import checks
 from django.tasks import DEFAULT_TASK_QUEUE_NAME, Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
-from django.tasks.exceptions import TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
+from . import signals
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
-from .exceptions import ConfigurationError, RunNotFoundError
-from .stores.base import RunRecord
+from .exceptions import ConfigurationError, InvalidInputError, InvalidInputTypeError, RunNotFoundError
+from .stores.base import RunRecord, StepRecord
 
 __all__ = ["TASK_WORKFLOW_PREFIX", "DurableSingletonBackend", "register_configured_tasks", "task_workflow_name"]
+
+logger = logging.getLogger("durable_singleton")
 
 #: Workflows of django.tasks tasks are named ``task:<module path of the task>``.
 TASK_WORKFLOW_PREFIX = "task:"
 TASK_WORKFLOW_VERSION = "1"
+#: The step each execution of a task records first: ``{"worker": "<host>:<pid>",
+#: "turn": "<lease owner>"}``, so ``TaskResult.worker_ids`` names every attempt's worker.
+WORKER_STEP = "django.tasks:worker"
 
 _OPTION_NAMES = frozenset({"SINGLETONS"})
 _SINGLETON_FIELDS = frozenset({"key", "limit", "max_queue_depth"})
@@ -87,8 +97,10 @@ class DurableSingletonBackend(BaseTaskBackend):
     path, "limit": int >= 1, "max_queue_depth": int >= 0 or None}}``; the key
     callable receives the task's positional and keyword arguments and returns
     a non-empty str (S1). Supports async task functions and result retrieval
-    from any process; not priorities (other than 0), ``run_after``, or queues
-    other than ``"default"`` (turns go to the engine's dispatcher).
+    from any process; not priorities (other than 0) or ``run_after``. A
+    task's ``queue_name`` (one of ``QUEUES``, checked by Django) is kept with
+    its run and read back by :meth:`get_result`; it does not route turns,
+    which go to the engine's dispatcher.
     """
 
     supports_async_task = True
@@ -103,21 +115,33 @@ class DurableSingletonBackend(BaseTaskBackend):
         """Start a durable run of ``task`` with ``args``/``kwargs``; return its result (status READY).
 
         The run is created now and its first turn dispatched after the current
-        transaction commits (S3). Raises :class:`~django.tasks.exceptions.InvalidTask`
-        for a task this backend cannot run,
-        :class:`~durable_singleton.exceptions.InvalidInputError` for arguments
-        that are not JSON, :class:`~durable_singleton.exceptions.SingletonKeyError`
-        when the key callable fails, and
-        :class:`~durable_singleton.SingletonQueueFullError` when the key's queue
-        is at its cap (S15); each writes nothing.
+        transaction commits (S3). Arguments are normalized as Django's
+        ``TaskResult`` does (tuples become lists). Raises
+        :class:`~django.tasks.exceptions.InvalidTask` for a task this backend
+        cannot run, :class:`~durable_singleton.exceptions.InvalidInputTypeError`
+        (an ``InvalidInputError`` and a ``TypeError``, as Django's contract has
+        it) for arguments of a type JSON cannot hold,
+        :class:`~durable_singleton.exceptions.InvalidInputError` for other
+        arguments that cannot be stored (NUL, too large),
+        :class:`~durable_singleton.exceptions.SingletonKeyError` when the key
+        callable fails, and :class:`~durable_singleton.SingletonQueueFullError`
+        when the key's queue is at its cap (S15); each writes nothing.
         """
         from .runtime import get_engine
 
         self.validate_task(task)
+        try:
+            input: dict[str, Any] = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
+        except TypeError as exc:
+            raise InvalidInputTypeError(f"task arguments are not JSON: {exc}") from None
+        except ValueError as exc:
+            raise InvalidInputError(f"task arguments are not JSON: {exc}") from None
+        if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
+            input["queue_name"] = task.queue_name
         engine = get_engine()
         definition = self.definition_for(task, engine.registry)
-        run = engine.start(definition.name, {"args": list(args), "kwargs": dict(kwargs)}, version=definition.version)
-        result = self._result(task, run)
+        run = engine.start(definition.name, input, version=definition.version)
+        result = self._result(task, run, [])
         task_enqueued.send(type(self), task_result=result)
         return result
 
@@ -129,35 +153,36 @@ class DurableSingletonBackend(BaseTaskBackend):
         """
         from .runtime import get_engine
 
+        engine = get_engine()
         try:
-            run = get_engine().get(result_id)
+            run = engine.get(result_id)
         except RunNotFoundError:
             raise TaskResultDoesNotExist(result_id) from None
         task = _task_of(run.workflow_name)
         if task is None:
             raise TaskResultDoesNotExist(result_id)
-        if task.backend != self.alias:
-            task = task.using(backend=self.alias)
-        return self._result(task, run)
+        return self._result(task, run, engine.store.load_steps(run.run_id))
 
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """Report unknown options (E030) and unusable ``SINGLETONS`` entries (E031)."""
+        """Report unknown options (E030), unusable ``SINGLETONS`` entries (E031),
+        and durable_singleton missing from ``INSTALLED_APPS`` (E032): its runs
+        live in the app's models and its workers are the app's."""
         messages: list[checks.CheckMessage] = []
+        if not apps.is_installed("durable_singleton"):
+            messages.append(
+                checks.Error(
+                    f"Task backend {self.alias!r} is {type(self).__name__}, but durable_singleton "
+                    "is not in INSTALLED_APPS.",
+                    hint="Add 'durable_singleton' to INSTALLED_APPS and run migrate.",
+                    id="durable_singleton.E032",
+                )
+            )
         unknown = set(self.options) - _OPTION_NAMES
         if unknown:
             messages.append(
                 checks.Error(
                     f"Task backend {self.alias!r} has unknown OPTIONS {sorted(unknown)}.",
                     hint=f"Known options: {', '.join(sorted(_OPTION_NAMES))}.",
-                    id="durable_singleton.E030",
-                )
-            )
-        if self.queues - {DEFAULT_TASK_QUEUE_NAME}:
-            messages.append(
-                checks.Error(
-                    f"Task backend {self.alias!r} lists QUEUES {sorted(self.queues)}; "
-                    "it runs the 'default' queue only.",
-                    hint="Route a workflow's turns with its own queue option instead.",
                     id="durable_singleton.E030",
                 )
             )
@@ -212,6 +237,7 @@ class DurableSingletonBackend(BaseTaskBackend):
         found = target.workflows.get((name, TASK_WORKFLOW_VERSION))
         if found is not None:
             return found
+        target.add_step(WORKER_STEP, _worker_step)
         return target.add(
             name,
             TASK_WORKFLOW_VERSION,
@@ -220,8 +246,19 @@ class DurableSingletonBackend(BaseTaskBackend):
             origin=f"django.tasks:{task.module_path}",
         )
 
-    def _result[**P, R](self, task: Task[P, R], run: RunRecord) -> TaskResult[P, R]:
+    def _result[**P, R](
+        self, task: Task[P, R], run: RunRecord, attempts: Mapping[int, StepRecord] | list[StepRecord]
+    ) -> TaskResult[P, R]:
+        """Build the TaskResult of ``run``: ``attempts`` are its steps (or the
+        attempt records alone), from which the worker of each execution is read."""
         input = run.input if isinstance(run.input, dict) else {}
+        records = _attempt_records(attempts)
+        if task.backend != self.alias:
+            task = task.using(backend=self.alias)
+        queue_name = input.get("queue_name")
+        if isinstance(queue_name, str) and queue_name != task.queue_name:
+            with contextlib.suppress(InvalidTask):  # QUEUES no longer lists it: the task's own
+                task = task.using(queue_name=queue_name)
         result: TaskResult[P, R] = TaskResult(
             task=task,
             id=run.run_id,
@@ -229,13 +266,13 @@ class DurableSingletonBackend(BaseTaskBackend):
             enqueued_at=run.created_at,
             started_at=run.started_at,
             finished_at=run.finished_at,
-            # The store keeps the first start only.
-            last_attempted_at=run.started_at,
+            # The first attempt starts the run; a later one is its step's start.
+            last_attempted_at=records[-1].started_at if len(records) > 1 else run.started_at,
             args=list(input.get("args", [])),
             kwargs=dict(input.get("kwargs", {})),
             backend=self.alias,
             errors=_errors(run),
-            worker_ids=[run.lease_owner or ""] * run.attempts,
+            worker_ids=[str(r.result["worker"]) for r in records],
         )
         object.__setattr__(result, "_return_value", run.output)
         return result
@@ -251,37 +288,84 @@ class _ArgumentsKey:
         return self.key(*input.get("args", []), **input.get("kwargs", {}))
 
 
+def _worker_step(value: Any) -> Any:
+    """The handler of :data:`WORKER_STEP`: the record is its input."""
+    return value
+
+
+def _attempt_records(steps: Mapping[int, StepRecord] | list[StepRecord]) -> list[StepRecord]:
+    """Return the attempt records among a run's steps, oldest first."""
+    found = steps.values() if isinstance(steps, Mapping) else steps
+    return sorted((s for s in found if s.name == WORKER_STEP and isinstance(s.result, dict)), key=lambda s: s.position)
+
+
+def _record_attempt(ctx: Any) -> list[StepRecord]:
+    """Record this execution's worker as the next attempt step (R4: earlier
+    attempts replay as stored); return every attempt record, this one last."""
+    worker = ctx.owner.rpartition(":")[0] or ctx.owner  # "<host>:<pid>" of "<host>:<pid>:<turn>"
+    while True:
+        record = ctx.step(WORKER_STEP, {"worker": worker, "turn": ctx.owner})
+        if isinstance(record, dict) and record.get("turn") == ctx.owner:
+            return _attempt_records(ctx.steps)
+
+
 class _TaskBody:
-    """The body of a task's workflow: call the task function with the run's arguments."""
+    """The body of a task's workflow: call the task function with the run's arguments.
+
+    Sends ``task_started``; ``task_finished`` is sent once the run has settled,
+    with the status it settled with (:func:`_task_finished`).
+    """
 
     def __init__(self, path: str) -> None:
         self.path = path
 
     def __call__(self, ctx: Any, input: dict[str, Any]) -> Any:
         task = _import_task(self.path)
-        backend = task.get_backend()
-        result = backend._result(task, ctx.run) if isinstance(backend, DurableSingletonBackend) else None
+        backend = _backend_of(task)
+        attempts = _record_attempt(ctx)
+        result = backend._result(task, ctx.run, attempts) if backend is not None else None
         if result is not None:
             object.__setattr__(result, "status", TaskResultStatus.RUNNING)
             task_started.send(type(backend), task_result=result)
         args, kwargs = input.get("args", []), input.get("kwargs", {})
-        try:
-            if task.takes_context:
-                if result is None:
-                    raise ConfigurationError(f"task {self.path} takes a context but its backend is not durable")
-                value = task.call(TaskContext(task_result=result), *args, **kwargs)
-            else:
-                value = task.call(*args, **kwargs)
-        except Exception:
-            if result is not None:
-                object.__setattr__(result, "status", TaskResultStatus.FAILED)
-                task_finished.send(type(backend), task_result=result)
-            raise
-        if result is not None:
-            object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-            object.__setattr__(result, "_return_value", value)
-            task_finished.send(type(backend), task_result=result)
-        return value
+        if task.takes_context:
+            if result is None:
+                raise ConfigurationError(f"task {self.path} takes a context but no task backend is durable")
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        # As Django's own backends do: a value JSON cannot hold fails the task with TypeError.
+        return normalize_json(value)
+
+
+def _task_finished(sender: Any, run: RunRecord, **kwargs: Any) -> None:
+    """Receiver of ``run_finished``: send ``task_finished`` for a task's run with
+    the result as it settled (FAILED for a run that failed, whatever its body
+    returned). Sent where the run settled, inside the handler of the body's
+    exception when it failed there, so Django's log receiver logs it."""
+    task = _task_of(run.workflow_name)
+    backend = _backend_of(task) if task is not None else None
+    if task is None or backend is None:
+        return
+    from .runtime import get_engine
+
+    try:
+        result = backend._result(task, run, get_engine().store.load_steps(run.run_id))
+    except Exception:
+        logger.warning("run %s: could not build its task result for task_finished", run.run_id, exc_info=True)
+        return
+    for receiver, response in task_finished.send_robust(type(backend), task_result=result):
+        if isinstance(response, Exception):
+            logger.error("task_finished receiver %r failed for run %s", receiver, run.run_id, exc_info=response)
+
+
+def _backend_of(task: Task[..., Any]) -> DurableSingletonBackend | None:
+    """Return the durable backend that reports ``task``'s results: its own, or the first configured."""
+    backend = task.get_backend()
+    if isinstance(backend, DurableSingletonBackend):
+        return backend
+    durable = _durable_backends()
+    return durable[0] if durable else None
 
 
 def _import_task(path: str) -> Task[..., Any]:
@@ -327,14 +411,9 @@ def _errors(run: RunRecord) -> list[TaskError]:
 def _resolve(target: Registry, name: str) -> bool:
     """Registry resolver: register the workflow of the task named by ``name`` (a worker learns it here)."""
     task = _task_of(name)
-    if task is None:
+    backend = _backend_of(task) if task is not None else None
+    if task is None or backend is None:
         return False
-    backend = task.get_backend()
-    if not isinstance(backend, DurableSingletonBackend):
-        durable = _durable_backends()
-        if not durable:
-            return False
-        backend = durable[0]
     backend.definition_for(task, target)
     return True
 
@@ -362,10 +441,12 @@ def register_configured_tasks(target: Registry = registry) -> list[WorkflowDefin
     Called at startup (``AppConfig.ready``) so every process, the tick's
     included, knows each singleton task's limit before its first enqueue
     (S8a catch-up, the admin's queue pages). Also installs the resolver that
-    registers any other task's workflow on first sight. Entries that cannot be
-    imported are left to the system check (E031).
+    registers any other task's workflow on first sight, and connects the
+    receiver that sends ``task_finished`` when a task's run settles. Entries
+    that cannot be imported are left to the system check (E031).
     """
     target.add_resolver(_resolve)
+    signals.run_finished.connect(_task_finished, dispatch_uid="durable_singleton.task_finished")
     done = []
     for backend in _durable_backends():
         for path in backend.singletons:

@@ -9,6 +9,8 @@ embedded worker's threads, against the DATABASE_URL database.
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -215,8 +217,8 @@ def test_a_worker_learns_a_task_workflow_from_its_name() -> None:
 
 
 def test_check_reports_bad_backend_options() -> None:
-    """Unknown OPTIONS and QUEUES (E030) and unusable SINGLETONS entries (E031)
-    are reported by Django's check framework, naming the entry."""
+    """Unknown OPTIONS (E030) and unusable SINGLETONS entries (E031) are
+    reported by Django's check framework, naming the entry."""
     backend = DurableSingletonBackend(
         "bad",
         {
@@ -232,6 +234,71 @@ def test_check_reports_bad_backend_options() -> None:
         },
     )
     messages = backend.check()
-    assert [m.id for m in messages] == ["durable_singleton.E030"] * 2 + ["durable_singleton.E031"] * 3
-    assert "no_such_task" in messages[2].msg and "no.such.function" in messages[3].msg
+    assert [m.id for m in messages] == ["durable_singleton.E030"] + ["durable_singleton.E031"] * 3
+    assert "no_such_task" in messages[1].msg and "no.such.function" in messages[2].msg
     assert task_backends["default"].check() == []
+
+
+def test_a_return_value_that_is_not_json_fails_the_task_and_task_finished_says_failed(manual: Engine) -> None:
+    """A task returning a set ends FAILED with TypeError, as Django's own
+    backends report it, and task_finished carries the status the run settled
+    with, never SUCCESSFUL for a run that failed (R2; #18)."""
+    finished: list[str] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append(str(task_result.status))
+
+    task_finished.connect(receive)
+    try:
+        result = jobs.returns_set.enqueue(3)
+        manual.dispatcher.drain()
+    finally:
+        task_finished.disconnect(receive)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is TypeError
+    assert "Unsupported type" in result.errors[0].traceback
+    assert finished == ["FAILED"]
+
+
+def test_arguments_that_are_not_json_raise_a_type_error_and_write_nothing(manual: Engine) -> None:
+    """Django's task API raises TypeError for arguments JSON cannot hold; the
+    backend's error is that TypeError and an InvalidInputError at once
+    (section 7), and no row is written."""
+    before = Run.objects.count()
+    with pytest.raises(TypeError, match="Unsupported type") as raised:
+        jobs.double.enqueue({1, 2})
+    assert isinstance(raised.value, InvalidInputError)
+    assert Run.objects.count() == before
+
+
+def test_worker_ids_name_the_worker_of_each_attempt(manual: Engine) -> None:
+    """TaskResult.worker_ids has one entry per execution of the task, each the
+    worker (host:pid) that ran it; attempts counts them (Django's contract)."""
+    result = jobs.double.enqueue(4)
+    assert result.worker_ids == [] and result.attempts == 0
+    manual.dispatcher.drain()
+    result.refresh()
+    assert result.worker_ids == [f"{socket.gethostname()}:{os.getpid()}"]
+    assert result.attempts == 1
+
+
+def test_check_accepts_several_queues_and_reports_the_app_missing(settings: Any) -> None:
+    """QUEUES naming several queues is valid (Django validates each task's
+    queue_name against it); a backend used without durable_singleton in
+    INSTALLED_APPS is reported (E032), since its runs need the app's models."""
+    backend = DurableSingletonBackend("queues", {"QUEUES": ["default", "queue-1"]})
+    assert backend.check() == []
+    settings.INSTALLED_APPS = [app for app in settings.INSTALLED_APPS if app != "durable_singleton"]
+    [message] = backend.check()
+    assert message.id == "durable_singleton.E032"
+
+
+def test_a_task_queue_name_is_kept_with_its_run(manual: Engine, settings: Any) -> None:
+    """A task enqueued on one of QUEUES reads back with that queue_name, so the
+    result equals the one enqueue returned (Django's contract)."""
+    settings.TASKS = {"default": {**settings.TASKS["default"], "QUEUES": ["default", "queue-1"]}}
+    result = jobs.double.using(queue_name="queue-1").enqueue(5)
+    fetched = jobs.double.get_result(result.id)
+    assert fetched.task.queue_name == "queue-1"
+    assert fetched == result

@@ -49,3 +49,9 @@ async def double(n: int) -> int:
     """An async task function: Django's Task.call runs it on the worker's thread."""
     await asyncio.sleep(0)
     return n * 2
+
+
+@task
+def returns_set(n: int) -> set[int]:
+    """Return a set, which is not JSON: the run fails with TypeError (Django's contract)."""
+    return set(range(n))
