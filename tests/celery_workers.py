@@ -48,7 +48,7 @@ __all__ = ["CeleryWorkers", "WorkerProcess", "celery_stack_missing", "celery_wor
 
 REPO = Path(__file__).resolve().parent.parent
 READY_MARK = b" ready."
-READY_TIMEOUT = 60.0
+READY_TIMEOUT = 180.0  # a loaded 2-core machine starts Django and Celery slowly (#19)
 STOP_TIMEOUT = 15.0
 
 

@@ -265,7 +265,7 @@ def test_public_helpers() -> None:
     assert 0.75 <= min(waits) < 0.85 and 1.15 < max(waits) <= 1.25, "1 s jittered uniformly by +/- 250 ms"
 
 
-def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = datetime.now() + timedelta(seconds=timeout)
     while not condition():
         if datetime.now() > deadline:

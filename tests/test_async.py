@@ -108,8 +108,10 @@ def asgi_server(tmp_path: Path) -> Iterator[str]:
 @pytest.mark.django_db(transaction=True)
 def test_starts_waiting_on_the_database_leave_the_event_loop_free(asgi_server: str) -> None:
     """Two async starts of one key wait on the key's lock (held here, S15's
-    serialized count); meanwhile the same server answers a trivial request at
-    once. When the lock is released both starts return 202 (S3)."""
+    serialized count); meanwhile the same server answers a trivial request,
+    while the starts still wait (no bound on its time: the lock is held until
+    the ping is answered, so a blocked loop could not answer it at all).
+    When the lock is released both starts return 202 (S3)."""
     status, first = call(f"{asgi_server}/async/inventory/AS1/sync", "POST", {})
     assert status == 202, first
     keys = SingletonKey.objects.filter(workflow_name="sync-inventory", key="store:AS1")
@@ -127,21 +129,18 @@ def test_starts_waiting_on_the_database_leave_the_event_loop_free(asgi_server: s
 
     holder = threading.Thread(target=hold_the_key_lock, daemon=True)
     holder.start()
-    assert locked.wait(10)
+    assert locked.wait(60)
     with ThreadPoolExecutor(2) as pool:
         try:
             starts = [pool.submit(call, f"{asgi_server}/async/inventory/AS1/sync", "POST", {}) for _ in range(2)]
             time.sleep(0.5)
             assert not any(s.done() for s in starts), "a start did not wait for the key's lock"
-            began = time.monotonic()
-            assert call(f"{asgi_server}/async/ping", timeout=5)[0] == 200
-            served_in = time.monotonic() - began
+            assert call(f"{asgi_server}/async/ping", timeout=25)[0] == 200
             assert not any(s.done() for s in starts), "the lock was released too early to show anything"
         finally:
             release.set()
             holder.join(30)
         results = [s.result(30) for s in starts]
-    assert served_in < 1.0, f"the ping waited {served_in:.2f} s behind the starts"
     assert [status for status, _body in results] == [202, 202]
     assert Run.objects.filter(singleton_key="store:AS1").count() == 3
 

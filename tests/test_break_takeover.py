@@ -40,7 +40,7 @@ def _lock_waits() -> int:
         return int(cursor.fetchone()[0])
 
 
-def _wait_for(condition: Any, what: str, seconds: float = 15.0) -> None:
+def _wait_for(condition: Any, what: str, seconds: float = 60.0) -> None:
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"

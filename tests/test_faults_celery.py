@@ -60,8 +60,10 @@ T = TypeVar("T")
 LEASE = 3.0
 RENEW = 1.0
 TICK = 0.5
-#: Broker delivery, worker scheduling and the claim, on a loaded 2-core machine.
-SLACK = 3.0
+#: Broker delivery, worker scheduling and the claim, on a loaded 2-core machine
+#: (issue #19: at load 9 a few seconds were not enough). Still far below what
+#: would re-drive a run without the mechanism under test (BACKLOG_RETRY_SECONDS, 1 h).
+SLACK = 30.0
 #: DURABLE_SINGLETON["REDELIVERY_SECONDS"] (default): a turn whose send was lost is re-sent after it.
 REDELIVERY = 5.0
 HOLD = "fault-hold"  # the default Celery queue: the module's shared workers
@@ -276,19 +278,19 @@ def test_sigkill_of_the_holders_pool_process_recovers_it_as_holder_then_fifo(
     is at most one lease plus one tick (plus SLACK) and is recorded."""
     store_id = driver.key("k9")
     a = driver.start(HOLD, store_id, "A", seconds=30, seconds_after_recovery=1)
-    (first,) = driver.until("A's body entered", lambda: _entries(a), 30)
+    (first,) = driver.until("A's body entered", lambda: _entries(a), 90)
     assert first.pid in _pool_pids(pool), f"A's body ran in {first.pid}, not a pool process\n{driver.report()}"
     b = driver.start(HOLD, store_id, "B", seconds=0.3)
     c = driver.start(HOLD, store_id, "C", seconds=0.3)
-    driver.until("B and C waiting", lambda: _waiting(b, c), 20)
+    driver.until("B and C waiting", lambda: _waiting(b, c), 60)
 
     expires = Run.objects.values_list("lease_expires_at", flat=True).get(pk=a)
     killed_at = timezone.now()
     os.kill(first.pid, signal.SIGKILL)
     driver.watch(first.pid)
-    driver.until("A re-driven", lambda: len(_entries(a)) >= 2, LEASE + 20)
+    driver.until("A re-driven", lambda: len(_entries(a)) >= 2, LEASE + SLACK + 30)
     assert Run.objects.get(pk=a).singleton_slot == "holder"
-    driver.until("A, B, C settled", lambda: driver.settled(a, b, c), 30)
+    driver.until("A, B, C settled", lambda: driver.settled(a, b, c), 90)
 
     first, second = _entries(a)
     assert first.exited_at is None and second.exited_at is not None, driver.report()
@@ -328,12 +330,12 @@ def test_sigkill_of_a_whole_worker_then_restart_recovers_under_a_burst_of_ticks(
     driver.workers = (*driver.workers, celery_workers)
     store_id = driver.key("k7")
     a = driver.start(ISOLATED, store_id, "A", seconds=30, seconds_after_recovery=1)
-    (first,) = driver.until("A's body entered", lambda: _entries(a), 30)
+    (first,) = driver.until("A's body entered", lambda: _entries(a), 90)
     pool_pids = worker.children()
     assert first.pid in pool_pids, driver.report()
     b = driver.start(ISOLATED, store_id, "B", seconds=0.3)
     c = driver.start(ISOLATED, store_id, "C", seconds=0.3)
-    driver.until("B and C waiting", lambda: _waiting(b, c), 20)
+    driver.until("B and C waiting", lambda: _waiting(b, c), 60)
 
     driver.ticking = False
     killed_at = timezone.now()
@@ -346,7 +348,7 @@ def test_sigkill_of_a_whole_worker_then_restart_recovers_under_a_burst_of_ticks(
     driver.until(
         "A's lease expired by the database clock",
         lambda: Run.objects.filter(pk=a, status="running", lease_expires_at__lte=Now()).exists(),
-        LEASE + 5,
+        LEASE + SLACK,
     )
     assert len(_entries(a)) == 1, "A was re-driven while nothing ticked\n" + driver.report()
 
@@ -370,8 +372,8 @@ def test_sigkill_of_a_whole_worker_then_restart_recovers_under_a_burst_of_ticks(
     for thread in threads:
         thread.join(30)
     driver.ticking = True
-    driver.until("A re-driven", lambda: len(_entries(a)) >= 2, 20)
-    driver.until("A, B, C settled", lambda: driver.settled(a, b, c), 30)
+    driver.until("A re-driven", lambda: len(_entries(a)) >= 2, LEASE + SLACK + 30)
+    driver.until("A, B, C settled", lambda: driver.settled(a, b, c), 90)
 
     first, second = _entries(a)
     run_a = Run.objects.get(pk=a)
@@ -404,7 +406,7 @@ def test_hard_time_limit_kills_the_holder_and_the_key_moves_on(driver: Driver, c
     driver.workers = (*driver.workers, celery_workers)
     store_id = driver.key("kt")
     a = driver.start(ISOLATED, store_id, "A", seconds=30)
-    (first,) = driver.until("A's body entered", lambda: _entries(a), 30)
+    (first,) = driver.until("A's body entered", lambda: _entries(a), 90)
     driver.watch(first.pid)
     b = driver.start(ISOLATED, store_id, "B", seconds=0.3)
 
@@ -415,16 +417,16 @@ def test_hard_time_limit_kills_the_holder_and_the_key_moves_on(driver: Driver, c
             return rows[1]
         return None
 
-    second = driver.until("A re-driven after the time limit", second_entry, time_limit + LEASE + 20)
-    driver.until("A dead", lambda: driver.status(a) == "dead", time_limit + LEASE + 20)
-    driver.until("B completed", lambda: driver.status(b) == "completed", 20)
+    second = driver.until("A re-driven after the time limit", second_entry, time_limit + LEASE + SLACK + 30)
+    driver.until("A dead", lambda: driver.status(a) == "dead", time_limit + LEASE + SLACK + 30)
+    driver.until("B completed", lambda: driver.status(b) == "completed", 60)
 
     run_a = Run.objects.get(pk=a)
     assert run_a.error["code"] == "max_recoveries" and run_a.recoveries == 2, driver.report()
     assert run_a.singleton_slot is None and run_a.lease_owner is None
     entries = _entries(a)
     assert len(entries) == 2 and all(e.exited_at is None for e in entries), driver.report()
-    driver.until("both killed processes seen dead", lambda: {first.pid, second.pid} <= set(driver.deaths), 10)
+    driver.until("both killed processes seen dead", lambda: {first.pid, second.pid} <= set(driver.deaths), 60)
     (entry_b,) = _entries(b)
     # The time limit counts from the task's start, just before the body's entry.
     for entry, after, what in ((first, second.entered_at, "A re-driven"), (second, entry_b.entered_at, "B admitted")):
@@ -436,7 +438,7 @@ def test_hard_time_limit_kills_the_holder_and_the_key_moves_on(driver: Driver, c
     driver.assert_serial()
 
     d = driver.start(ISOLATED, store_id, "D", seconds=0.3)
-    driver.until("a later start completed", lambda: driver.status(d) == "completed", 20)
+    driver.until("a later start completed", lambda: driver.status(d) == "completed", 60)
     _record(
         "hard_time_limit",
         {
@@ -455,7 +457,7 @@ def test_lease_shorter_than_the_body_is_renewed_and_the_waiter_waits(driver: Dri
     body = 8.0
     a = driver.start(HOLD, store_id, "A", seconds=body)
     b = driver.start(HOLD, store_id, "B", seconds=0.3)
-    driver.until("A and B completed", lambda: driver.settled(a, b), body + 30)
+    driver.until("A and B completed", lambda: driver.settled(a, b), body + SLACK + 30)
 
     (entry_a,), (entry_b,) = _entries(a), _entries(b)
     run_a = Run.objects.get(pk=a)
@@ -479,18 +481,18 @@ def test_a_pause_longer_than_the_lease_is_taken_over_and_the_paused_worker_is_fe
     store_id = driver.key("kp")
     a = driver.start(HOLD, store_id, "A", seconds=2.5, seconds_after_recovery=0.5)
     b = driver.start(HOLD, store_id, "B", seconds=0.3)
-    (first,) = driver.until("A's body entered", lambda: _entries(a), 30)
+    (first,) = driver.until("A's body entered", lambda: _entries(a), 90)
     stopped_at = timezone.now()
     os.kill(first.pid, signal.SIGSTOP)
     try:
-        driver.until("A completed by another process", lambda: driver.status(a) == "completed", LEASE + 20)
+        driver.until("A completed by another process", lambda: driver.status(a) == "completed", LEASE + SLACK + 30)
     finally:
         os.kill(first.pid, signal.SIGCONT)
-    driver.until("B completed", lambda: driver.status(b) == "completed", 20)
+    driver.until("B completed", lambda: driver.status(b) == "completed", 60)
     driver.until(
-        "the paused turn fenced", lambda: f"run {a}: lease lost; this turn's writes are fenced" in driver.logs(), 20
+        "the paused turn fenced", lambda: f"run {a}: lease lost; this turn's writes are fenced" in driver.logs(), 60
     )
-    driver.until("the paused body's exit", lambda: _entries(a)[0].exited_at is not None, 10)
+    driver.until("the paused body's exit", lambda: _entries(a)[0].exited_at is not None, 60)
 
     first, second = _entries(a)
     assert second.pid != first.pid
@@ -567,7 +569,7 @@ def test_broker_refusing_the_send_at_start_and_release_delays_the_key_by_at_most
     for run_id in (a, b, c):
         assert f"could not send turn of run {run_id}; the tick will re-send it" in err, err
 
-    driver.until("B and C completed", lambda: driver.settled(a, b, c), REDELIVERY + 30)
+    driver.until("B and C completed", lambda: driver.settled(a, b, c), REDELIVERY + SLACK + 30)
     (entry_a,), (entry_b,), (entry_c,) = _entries(a), _entries(b), _entries(c)
     assert entry_a.pid == proc.pid and entry_b.pid != proc.pid and entry_c.pid != proc.pid
     assert [driver.status(r) for r in (a, b, c)] == ["completed"] * 3
@@ -601,7 +603,7 @@ def test_duplicate_delivery_of_one_turn_runs_the_body_once(driver: Driver) -> No
         found = {m["task"]: m["outcome"] for m in OUTCOME.finditer(driver.logs())}
         return found if all(t in found for ids in tasks.values() for t in ids) else None
 
-    seen = driver.until("every delivery reported", outcomes, 30)
+    seen = driver.until("every delivery reported", outcomes, 90)
     for run_id, ids in tasks.items():
         assert sorted(seen[t] for t in ids) == ["completed", "skipped", "skipped"], (run_id, driver.report())
         assert len(_entries(run_id)) == 1, driver.report()

@@ -426,7 +426,7 @@ def test_a_partitioned_holder_is_taken_over_and_its_late_writes_are_refused(cele
         a = driver.start(WORKFLOW, driver.key("pa"), "A", gate=True, effect_in="step")
         b = driver.start(WORKFLOW, driver.key("pb"), "B", gate=True, effect_in="body")
         a1, b1, a2, b2 = f"{a}#1", f"{b}#1", f"{a}#2", f"{b}#2"
-        driver.until("A and B entered and begun", lambda: fence.calls("begin", a1) and fence.calls("begin", b1), 30)
+        driver.until("A and B entered and begun", lambda: fence.calls("begin", a1) and fence.calls("begin", b1), 90)
         for first in (_entry(a, 1), _entry(b, 1)):
             assert first is not None and first.pid in cut_off.children(), driver.report()
         (taker,) = celery_workers.start(
@@ -455,7 +455,7 @@ def test_a_partitioned_holder_is_taken_over_and_its_late_writes_are_refused(cele
             outcomes = [m["outcome"] for m in OUTCOME.finditer(cut_off.log())]
             return outcomes if len(outcomes) >= 2 else None
 
-        outcomes = driver.until("the cut-off worker's turns' end", late_turns, 40)
+        outcomes = driver.until("the cut-off worker's turns' end", late_turns, 90)
         assert outcomes == ["fenced", "fenced"], driver.report()
         # Refused while the new holder still runs: by the lease owner's compare, not by a terminal status (R5a).
         after_late = {r: Run.objects.values_list("status", "lease_owner", "fencing_token").get(pk=r) for r in (a, b)}
@@ -463,7 +463,7 @@ def test_a_partitioned_holder_is_taken_over_and_its_late_writes_are_refused(cele
         assert all(status == "running" and owner != held[r][0] for r, (status, owner, _t) in taken.items())
         assert not Step.objects.filter(run_id__in=(a, b)).exists(), driver.report()
         fence.open(a2, b2)
-        driver.until("A and B completed by the new holder", lambda: driver.settled(a, b), 30)
+        driver.until("A and B completed by the new holder", lambda: driver.settled(a, b), 90)
         report = driver.report()
 
         figures: dict[str, Any] = {}

@@ -20,17 +20,47 @@
 # - beside the MariaDB pass: the .venv-alt SQLite pass (-m "not slow").
 # Nothing runs beside the PostgreSQL pass or the soak. DS_CI_SERIAL=1 runs
 # everything one at a time.
+#
+# The verdict: each pass writes a JUnit report and each pass, check and soak
+# one line to artifacts/tests/results.jsonl; at the end tools/summary.py
+# prints one table (passed, failed, skipped, xfailed and minutes per pass;
+# runs, faults and violations per soak; ruff, mypy, sphinx), the failing
+# tests by name, and last "total: N passed, N failed, N skipped".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONDONTWRITEBYTECODE=1
 status=0
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
+reports=artifacts/tests
+rm -rf "$reports"
+mkdir -p "$reports"
+results="$reports/results.jsonl"
+# record KIND NAME RC STARTED [EXTRA_JSON]: one line of results.jsonl (tools/summary.py).
+record() {
+  local seconds
+  seconds=$(awk -v a="$4" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  printf '{"kind": "%s", "name": "%s", "rc": %d, "started": %s, "seconds": %s%s}\n' \
+    "$1" "$2" "$3" "$4" "$seconds" "${5:-}" >> "$results"
+}
+# check NAME CMD...: run a check and record it.
+check() {
+  local name="$1"; shift
+  local started=$EPOCHREALTIME
+  "$@"
+  local rc=$?
+  record check "$name" "$rc" "$started"
+  return "$rc"
+}
 run() {
   local label="$1" python="$2"; shift 2
+  local junit
+  junit="$reports/pytest-$(printf '%s' "$label" | tr -cs 'A-Za-z0-9.' '-' | sed 's/-$//').xml"
   echo "=== pytest on ${label} ==="
-  env "$@" "$python" -m pytest "${PYTEST_ARGS[@]}"
+  local started=$EPOCHREALTIME
+  env "$@" "$python" -m pytest "${PYTEST_ARGS[@]}" --junitxml="$junit" -o junit_family=xunit1
   local rc=$?
+  record pytest "$label" "$rc" "$started" ", \"junit\": \"$junit\", \"ok_rcs\": ${OK_RCS:-[0]}"
   if [ "$rc" -eq 5 ]; then
     echo "=== pytest on ${label} selected no test (exit 5) ==="
   elif [ "$rc" -ne 0 ]; then
@@ -55,24 +85,29 @@ collect() {
   [ "${DS_CI_SERIAL:-0}" = 1 ] || [ ! -f "$logs/$name" ] || cat "$logs/$name"
   [ "$(cat "$logs/$name.rc" 2>/dev/null)" = 0 ] || status=1
 }
+sphinx() {
+  local docs_out rc
+  docs_out=$(mktemp -d)
+  .venv/bin/python -m sphinx -W --keep-going -n -q -b html docs "$docs_out"
+  rc=$?
+  rm -rf "$docs_out"
+  return "$rc"
+}
 static_checks() {
   local rc=0
   echo "=== ruff check ==="
-  .venv/bin/ruff check --quiet . || rc=1
+  check ruff .venv/bin/ruff check --quiet . || rc=1
   echo "=== mypy --strict with the django-stubs plugin (setup.cfg [mypy]) ==="
-  .venv/bin/python -m mypy || rc=1
+  check mypy .venv/bin/python -m mypy || rc=1
   echo "=== docs: sphinx-build -W -n (warnings are errors, every reference resolves) ==="
-  local docs_out
-  docs_out=$(mktemp -d)
-  .venv/bin/python -m sphinx -W --keep-going -n -q -b html docs "$docs_out" || rc=1
-  rm -rf "$docs_out"
+  check sphinx sphinx || rc=1
   return "$rc"
 }
 agnostic_side() {
   local rc=0
   static_checks || rc=1
   local PYTEST_ARGS=(-m "vendor_agnostic and slow" "${PYTEST_ARGS[@]}")
-  run "sqlite (the slow vendor-agnostic tests)" .venv/bin/python DATABASE_URL= CELERY_BROKER_URL=
+  OK_RCS="[0, 5]" run "sqlite (the slow vendor-agnostic tests)" .venv/bin/python DATABASE_URL= CELERY_BROKER_URL=
   local ran=$?
   # 5: nothing selected (e.g. tools/test -k name); the SQLite pass counts its own.
   if [ "$ran" -ne 0 ] && [ "$ran" -ne 5 ]; then rc=1; fi
@@ -99,6 +134,7 @@ if [ -x .venv-alt/bin/python ]; then
   beside alt alt_pass
 else
   echo "=== .venv-alt is missing: run bash tools/bootstrap.sh alt ==="
+  record check ".venv-alt (missing: bash tools/bootstrap.sh alt)" 1 "$EPOCHREALTIME"
   echo 1 > "$logs/alt.rc"
 fi
 run mariadb .venv/bin/python DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}" || status=1
@@ -109,11 +145,17 @@ collect alt
 if [ "${DS_SOAK:-1}" != 0 ]; then
   for db in postgresql mariadb; do
     echo "=== chaos soak on ${db} (python -m soak) ==="
-    if ! timeout --kill-after=30 600 .venv/bin/python -m soak --db "$db" --seconds 150 --rate 20 --drain 120 \
-      --min-runs 3000 --out "artifacts/soak-ci-${db}"; then
+    started=$EPOCHREALTIME
+    timeout --kill-after=30 600 .venv/bin/python -m soak --db "$db" --seconds 150 --rate 20 --drain 120 \
+      --min-runs 3000 --out "artifacts/soak-ci-${db}"
+    rc=$?
+    record soak "$db" "$rc" "$started" ", \"summary\": \"artifacts/soak-ci-${db}/summary.json\""
+    if [ "$rc" -ne 0 ]; then
       echo "=== chaos soak on ${db} failed: artifacts/soak-ci-${db}/summary.json ==="
       status=1
     fi
   done
 fi
+# The verdict, last: the harness reads the closing "total: N passed, N failed, N skipped".
+.venv/bin/python tools/summary.py "$results" || status=1
 exit $status
