@@ -1,8 +1,17 @@
-"""Pure decision helpers for singleton admission (SPEC S1, S5, S12, S14).
+"""The admission rules, each in one place (SPEC S1, S2, S5, S12, S14, S15, K2).
 
-Nothing here touches a database. A custom store uses these helpers to
-implement ``try_admit_singleton`` inside its own transaction (S14); the
-store base class's fallback admission decides with :func:`decide_admission`.
+Who holds a slot is :func:`holds_slot`; the limit in force on a key is
+:func:`limit_in_force`; the slots it has free, :func:`free_slots`; the queue
+cap ``start`` applies, :func:`cap_in_force`. Each has its SQL twin, an
+expression over the run table's columns for the code that decides in a
+query: :func:`holds_slot_q`, :func:`limit_in_force_sql`,
+:func:`free_slots_sql`. The stores, the audit, the queue views, the metrics,
+explain and the cap call these and restate none of them; the conformance
+suite checks that each Python spelling and its SQL twin agree.
+
+Nothing here runs a query. A custom store uses these helpers to implement
+its claim inside its own transaction (S14); the store base class's fallback
+admission decides with :func:`decide_admission`.
 """
 
 from __future__ import annotations
@@ -13,8 +22,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Case, F, IntegerField, Q, Value, When
+from django.db.models.functions import Coalesce, Greatest
+from django.db.models.lookups import Exact, GreaterThan
+
 from .exceptions import SingletonKeyError
-from .statuses import ACTIVE_STATUSES, RunStatus
+from .statuses import ACTIVE_STATUSES, RunStatus, SlotState
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -25,11 +38,20 @@ __all__ = [
     "RESERVED_TAGS",
     "TRACKED_TAG",
     "Candidate",
+    "cap_in_force",
     "compute_singleton_key",
     "decide_admission",
     "effective_limit",
+    "free_slots",
+    "free_slots_sql",
+    "holds_slot",
+    "holds_slot_q",
     "is_holder",
+    "is_legacy_holder",
     "key_tag",
+    "legacy_holder_q",
+    "limit_in_force",
+    "limit_in_force_sql",
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
@@ -51,17 +73,78 @@ KEY_MAX_LENGTH = 191
 HOLDING_LEGACY_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED)
 
 
-def effective_limit(declared: int | None, override: int | None = None) -> int:
-    """Return a key's limit: the runtime override if set (K2), else the declared one (S2).
+def limit_in_force(declared: int | None, override: int | None = None) -> int:
+    """Return the limit in force on a key: the runtime override if set (K2), else the declared one (S2).
 
     ``declared`` is the limit of the workflow's latest registered version, or
-    the limit stored on the run when this process does not know the workflow.
-    This is the only place the two are combined; a lowered limit admits no one
-    until holders drop below it and never evicts a holder (S8b, K2).
+    the largest limit stored on the key's runs when this process does not
+    know the workflow (None: 1). ``override`` is the key's runtime override
+    (None: not set). Always >= 1. A lowered limit admits no one until holders
+    drop below it and never evicts a holder (S8b, K2); a paused key keeps its
+    limit and has no free slot (:func:`free_slots`). SQL twin:
+    :func:`limit_in_force_sql`.
     """
     if override is not None:
         return max(int(override), 1)
     return max(int(declared or 1), 1)
+
+
+#: The name this rule had before #16; kept for custom stores.
+effective_limit = limit_in_force
+
+
+def limit_in_force_sql(declared: Any, override: Any) -> Greatest:
+    """SQL twin of :func:`limit_in_force`: ``GREATEST(COALESCE(override, declared, 1), 1)``.
+
+    ``declared`` and ``override`` are expressions (a column name, ``F``, a
+    ``Subquery``, an aggregate) or plain values; None is SQL NULL.
+    """
+    parts = [_expr(override), _expr(declared), Value(1)]
+    return Greatest(Coalesce(*parts, output_field=IntegerField()), Value(1), output_field=IntegerField())
+
+
+def free_slots(limit: int, holders: int, *, paused: bool) -> int:
+    """Return a key's free slots: none while it is paused (K2), else ``limit - holders``, never negative (S5).
+
+    ``limit`` is the limit in force (:func:`limit_in_force`), ``holders`` the
+    number of runs that hold a slot (:func:`holds_slot`). SQL twin:
+    :func:`free_slots_sql`.
+    """
+    if paused:
+        return 0
+    return max(int(limit) - int(holders), 0)
+
+
+def free_slots_sql(limit: Any, holders: Any, paused: Any) -> Case:
+    """SQL twin of :func:`free_slots`; each argument an expression, a column name or a value
+    (``paused`` NULL: not paused)."""
+    limit_e, holders_e = _expr(limit), _expr(holders)
+    return Case(
+        When(Exact(Coalesce(_expr(paused), Value(False)), Value(True)), then=Value(0)),
+        When(GreaterThan(limit_e, holders_e), then=limit_e - holders_e),
+        default=Value(0),
+        output_field=IntegerField(),
+    )
+
+
+def cap_in_force(declared_cap: int, declared: int | None, override: int | None) -> int:
+    """Return the number of active runs at which ``start`` refuses a key's new runs (S15, K2).
+
+    ``declared_cap`` is the declared ``limit + max_queue_depth`` (what the
+    engine passes a store's ``create_run``), ``declared`` the declared limit
+    it was computed from, ``override`` the key's runtime override: the cap is
+    the limit in force plus ``max_queue_depth``.
+    """
+    depth = int(declared_cap) - max(int(declared or 1), 1)
+    return limit_in_force(declared, override) + depth
+
+
+def _expr(value: Any) -> Any:
+    if isinstance(value, str):
+        return F(value)
+    if value is None or isinstance(value, (bool, int)):
+        return Value(value)
+    return value
 
 
 def key_tag(key: str) -> str:
@@ -115,7 +198,7 @@ def singleton_admission_denial_patch(now: datetime, *, seconds: float = 1.0, jit
     still active (S9).
     """
     return {
-        "status": "suspended",
+        "status": RunStatus.SUSPENDED,
         "wake_at": now + timedelta(seconds=retry_delay(seconds, jitter)),
         "lease_owner": None,
         "lease_expires_at": None,
@@ -137,11 +220,43 @@ class Candidate:
         return (self.created_at, self.run_id)
 
 
+def is_legacy_holder(status: str, *, key: str | None, tracked: bool) -> bool:
+    """Tell whether a run of an older release holds a slot: it has a key, no
+    tracked marker, and is ``running``, ``suspended`` or ``blocked`` (S12)."""
+    return key is not None and not tracked and status in HOLDING_LEGACY_STATUSES
+
+
+def holds_slot(status: str, *, key: str | None, admitted: bool, tracked: bool) -> bool:
+    """Tell whether a run holds a slot of its key (S5 step 2, S6, S12): the one definition.
+
+    ``key``: the run's singleton key (None: no key, no slot); ``admitted``:
+    it carries the admitted marker (``singleton_slot`` = ``holder``);
+    ``tracked``: it carries the tracked marker. An active run with the
+    admitted marker holds its slot whatever it is doing; an untracked active
+    run of an older release holds one when it is ``running``, ``suspended``
+    or ``blocked`` (:func:`is_legacy_holder`). A terminal run holds nothing.
+    SQL twin: :func:`holds_slot_q`.
+    """
+    if key is None or status not in ACTIVE_STATUSES:
+        return False
+    return admitted or is_legacy_holder(status, key=key, tracked=tracked)
+
+
+def legacy_holder_q() -> Q:
+    """SQL twin of :func:`is_legacy_holder`, on the run table's columns (S12)."""
+    return Q(singleton_key__isnull=False, singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
+
+
+def holds_slot_q() -> Q:
+    """SQL twin of :func:`holds_slot`, on the run table's columns (S5, S12)."""
+    marked = Q(singleton_key__isnull=False, singleton_slot=SlotState.HOLDER, status__in=ACTIVE_STATUSES)
+    return marked | legacy_holder_q()
+
+
 def is_holder(status: str, tags: Sequence[str]) -> bool:
-    """Tell whether an active run holds a slot (S5 step 2, S12)."""
-    if ADMITTED_TAG in tags:
-        return True
-    return TRACKED_TAG not in tags and status in HOLDING_LEGACY_STATUSES
+    """Tell whether an active run with a key holds a slot, from its tags (S5 step 2, S12):
+    :func:`holds_slot` with the markers read from ``tags``."""
+    return holds_slot(status, key="", admitted=ADMITTED_TAG in tags, tracked=TRACKED_TAG in tags)
 
 
 def decide_admission(candidates: Iterable[Candidate], run_id: str, limit: int) -> bool:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .admission import HOLDING_LEGACY_STATUSES
+from .admission import free_slots, limit_in_force
 from .exceptions import UnknownWorkflowError
 
 if TYPE_CHECKING:
@@ -193,7 +193,7 @@ def _queue_facts(store: Any, run: RunRecord) -> _QueueFacts:
         return _QueueFacts(holders, count, totals["depth"], totals["ahead"] + 1 if is_waiter else None)
     active = list(store.active_runs_for_key(run.workflow_name, run.singleton_key))
     held = sorted(
-        (r for r in active if r.admitted or (not r.tracked and r.status in HOLDING_LEGACY_STATUSES)),
+        (r for r in active if r.holds_slot),
         key=lambda r: (r.created_at, r.run_id),
     )
     waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: (r.created_at, r.run_id))
@@ -280,7 +280,7 @@ def explain(engine: Engine, run_id: str) -> Explanation:
     facts = _queue_facts(store, run)
     controls = _key_controls(store, run.workflow_name, key)
     configured = _key_limit(engine, run)
-    limit = controls.override if controls.override is not None else configured
+    limit = limit_in_force(configured, controls.override)
     holder_infos = [
         HolderInfo(run_id, status, since, (now - since).total_seconds() if since is not None else None)
         for run_id, status, since in facts.holders
@@ -298,7 +298,7 @@ def explain(engine: Engine, run_id: str) -> Explanation:
     key_words = f"key {key!r} of {run.workflow_name}"
     limit_words = f"limit {limit}" + (f" (overridden from {configured})" if controls.override is not None else "")
 
-    if run.admitted or (not run.tracked and run.status in HOLDING_LEGACY_STATUSES):
+    if run.holds_slot:
         held_since = next((h.since for h in holder_infos if h.run_id == run.run_id), None)
         if held_since is None:
             held_since = getattr(run, "admitted_at", None) or _since(None, run.started_at, run.attempts)
@@ -330,9 +330,9 @@ def explain(engine: Engine, run_id: str) -> Explanation:
     if position is None:
         # An active run of an older release without a slot (S12): it joins the line at its next turn.
         position = facts.depth + 1
-    free = max(0, limit - facts.holder_count)
+    free = free_slots(limit, facts.holder_count, paused=controls.paused)
     idle_since = run.created_at if run.status == "pending" else run.updated_at
-    if not controls.paused and position <= free:
+    if position <= free:
         due = run.wake_at is None or run.wake_at <= now
         when = "now" if due else f"at {_at(run.wake_at)}"
         sentence = (

@@ -38,6 +38,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .admission import holds_slot_q, legacy_holder_q
+from .statuses import SlotState
+
 __all__ = ["ADMISSIONS", "HANDOFF", "REGISTRY", "TICK", "DatabaseCollector", "connect", "metrics_view", "observe_tick"]
 
 #: The registry of this app's metrics (served by :func:`metrics_view`).
@@ -112,7 +115,7 @@ class DatabaseCollector(Collector):
         )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from django.db.models import Count, Min
+        from django.db.models import Count, Min, Q
         from django.utils import timezone
 
         from .audit import FindingKind, audit_slots
@@ -126,16 +129,22 @@ class DatabaseCollector(Collector):
         seen: dict[str, dict[str, float]] = {"holder": {}, "waiter": {}}
         if db is not None:
             now = timezone.now()
+            waiting = Q(singleton_slot=SlotState.WAITER)
             groups = (
                 Run.objects.using(db)
-                .filter(singleton_slot__isnull=False)
-                .values("workflow_name", "singleton_slot")
-                .annotate(n=Count("pk"), first=Min("created_at"))
+                .filter(Q(singleton_slot__isnull=False) | legacy_holder_q())
+                .values("workflow_name")
+                .annotate(
+                    holders=Count("pk", filter=holds_slot_q()),
+                    waiters=Count("pk", filter=waiting),
+                    first=Min("created_at", filter=waiting),
+                )
                 .order_by()
             )
             for group in groups:
-                seen[str(group["singleton_slot"])][group["workflow_name"]] = group["n"]
-                if group["singleton_slot"] == "waiter":
+                seen["holder"][group["workflow_name"]] = group["holders"]
+                seen["waiter"][group["workflow_name"]] = group["waiters"]
+                if group["waiters"]:
                     oldest.add_metric([group["workflow_name"]], (now - group["first"]).total_seconds())
             counts = audit_slots(engine).by_workflow()
             names = sorted({*workflows, *(workflow for workflow, _ in counts)})

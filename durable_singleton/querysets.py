@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import ExpressionWrapper, Func, Value
 from django.db.models.expressions import CombinedExpression
 
-from .admission import HOLDING_LEGACY_STATUSES
+from .admission import holds_slot_q, legacy_holder_q
 from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
 
 if TYPE_CHECKING:
@@ -68,12 +68,13 @@ class RunQuerySet(models.QuerySet["Run"]):
 
     def holders(self) -> RunQuerySet:
         """Active runs that hold a slot: admitted, or untracked legacy runs (S5, S12)."""
-        return self.filter(models.Q(singleton_slot=SlotState.HOLDER) | self.legacy_q())
+        return self.filter(holds_slot_q())
 
     @staticmethod
     def legacy_q() -> models.Q:
-        """Untracked active runs of an older release that count as holders (S12)."""
-        return models.Q(singleton_key__isnull=False, singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
+        """Untracked active runs of an older release that count as holders (S12):
+        :func:`~durable_singleton.admission.legacy_holder_q`."""
+        return legacy_holder_q()
 
     def waiting(self) -> RunQuerySet:
         """Active runs waiting for a slot, in admission order (S5 step 3)."""

@@ -38,9 +38,10 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce, RowNumber
 
-from .admission import ACTIVE_STATUSES, HOLDING_LEGACY_STATUSES, effective_limit
+from .admission import ACTIVE_STATUSES, holds_slot, holds_slot_q, limit_in_force
 from .definitions import Registry, registry
 from .models import Run, SingletonKey, Step
+from .statuses import RunStatus, SlotState
 
 __all__ = [
     "FILTERS",
@@ -72,8 +73,8 @@ FILTERS = {
     "stalled": "keys with waiters and a free slot",
 }
 
-_HOLDER_Q = Q(singleton_slot="holder") | Q(singleton_tracked=False, status__in=HOLDING_LEGACY_STATUSES)
-_WAITER_Q = Q(singleton_slot="waiter")
+_HOLDER_Q = holds_slot_q()
+_WAITER_Q = Q(singleton_slot=SlotState.WAITER)
 
 
 def format_age(seconds: float | None) -> str:
@@ -424,7 +425,7 @@ def key_queue(
     return KeyQueue(
         workflow=workflow,
         key=key,
-        limit=effective_limit(key_limit, override),
+        limit=limit_in_force(key_limit, override),
         paused=bool(paused),
         declared_limit=key_limit,
         max_queue_depth=depth,
@@ -475,8 +476,8 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
     if run.status not in ACTIVE_STATUSES:
         return Place("terminal")
     runs = (Run.objects.using(using) if using else Run.objects.all()).for_key(run.workflow_name, run.singleton_key)
-    is_legacy_holder = not run.singleton_tracked and run.status in HOLDING_LEGACY_STATUSES
-    if run.singleton_slot == "holder" or is_legacy_holder:
+    admitted = run.singleton_slot == SlotState.HOLDER
+    if holds_slot(run.status, key=run.singleton_key, admitted=admitted, tracked=run.singleton_tracked):
         if run.admitted_at is not None:
             return Place("holder", since=run.admitted_at)
         if run.attempts <= 1 and run.started_at is not None:
@@ -484,7 +485,7 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
         first = Step.objects.filter(run_id=run.pk).order_by("position").values_list("started_at", flat=True).first()
         return Place("holder", since=holder_since(run, first))
     holders = tuple(runs.holders().order_by("created_at", "run_id").values_list("run_id", flat=True)[:20])
-    if run.singleton_slot != "waiter":
+    if run.singleton_slot != SlotState.WAITER:
         return Place("legacy-pending", holders=holders)
     waiting = runs.waiting()
     ahead = waiting.filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id))
@@ -517,7 +518,7 @@ def run_cause(
     another holder is parked (a later or no ``wake_at``); other waiters wait
     for the key.
     """
-    if status == "running":
+    if status == RunStatus.RUNNING:
         return Cause.RUNNING
     if holder:
         return Cause.NEEDS_WORKER if wake_at is not None and wake_at <= now else Cause.PARKED

@@ -26,7 +26,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from .. import queues
+from .. import admission, queues
 from ..queues import format_age
 from .display import BACKLOG_NOTE, activity, is_backlog_wake, state_label
 
@@ -259,7 +259,7 @@ class QueuePagesMixin:
         def page_url(n: int) -> str:
             return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
 
-        free_slots = 0 if queue.paused else max(queue.limit - len(queue.holders), 0)
+        free_slots = admission.free_slots(queue.limit, len(queue.holders), paused=queue.paused)
 
         def entry(item: queues.QueuedRun) -> dict[str, Any]:
             run = item.run

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from ..admission import ADMITTED_TAG, TRACKED_TAG, key_tag
+from ..admission import ADMITTED_TAG, TRACKED_TAG, holds_slot, key_tag
 from ..statuses import PARKED_STATUSES, TERMINAL_STATUSES, RunStatus
 
 __all__ = [
@@ -91,6 +91,11 @@ class RunRecord:
             if self.admitted:
                 tags.append(ADMITTED_TAG)
         return tags
+
+    @property
+    def holds_slot(self) -> bool:
+        """Tell whether the run holds a slot of its key (S5, S12): :func:`~durable_singleton.admission.holds_slot`."""
+        return holds_slot(self.status, key=self.singleton_key, admitted=self.admitted, tracked=self.tracked)
 
     @property
     def is_terminal(self) -> bool:
@@ -297,7 +302,7 @@ class BaseStore(ABC):
         This default, for a store without an atomic claim, is a read followed
         by a decision (S14): it can briefly over-admit.
         """
-        from ..admission import Candidate, decide_admission, effective_limit, retry_delay
+        from ..admission import Candidate, decide_admission, limit_in_force, retry_delay
 
         turn = self.claim_run(run_id, owner, lease_seconds)
         run = turn.run
@@ -306,7 +311,7 @@ class BaseStore(ABC):
         if run.cancel_requested:
             done = self.finish(run, owner, RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=limits)
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
-        limit = effective_limit(limits.get(run.workflow_name, run.singleton_limit))
+        limit = limit_in_force(limits.get(run.workflow_name, run.singleton_limit))
         candidates = [
             Candidate(r.run_id, r.created_at, r.status, r.tags)
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)

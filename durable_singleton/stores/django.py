@@ -29,7 +29,15 @@ from django.db.models import BooleanField, Case, Count, Exists, F, OuterRef, Q, 
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from ..admission import effective_limit, retry_delay
+from ..admission import (
+    free_slots,
+    free_slots_sql,
+    holds_slot,
+    holds_slot_q,
+    limit_in_force,
+    limit_in_force_sql,
+    retry_delay,
+)
 from ..exceptions import SingletonQueueFullError
 from ..models import Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus
@@ -295,8 +303,14 @@ class DjangoStore(BaseStore):
         front = list(self._locking(runs.queue_front().annotate(legacy=Coalesce(Subquery(legacy), 0)))[:rows])
         return front, (front[0].legacy if front else 0)
 
+    @staticmethod
+    def _holds_slot(row: Run) -> bool:
+        """:func:`~durable_singleton.admission.holds_slot` of a row (S5, S12)."""
+        admitted = row.singleton_slot == SlotState.HOLDER
+        return holds_slot(row.status, key=row.singleton_key, admitted=admitted, tracked=row.singleton_tracked)
+
     def _limit(self, workflow_name: str, key_row: Mapping[str, Any], limits: Limits, stored: int | None) -> int:
-        return effective_limit(limits.get(workflow_name, stored), key_row["limit_override"])
+        return limit_in_force(limits.get(workflow_name, stored), key_row["limit_override"])
 
     def _grant(
         self, workflow_name: str, key: str, key_row: dict[str, Any], limits: Limits, *, claimant: str | None = None
@@ -312,18 +326,16 @@ class DjangoStore(BaseStore):
         limit = self._limit(workflow_name, key_row, limits, None)
         front, legacy = self._front(workflow_name, key, 2 * limit)
         stored = [r.singleton_limit for r in front if r.singleton_limit]
-        if workflow_name not in limits and key_row["limit_override"] is None and stored:
-            limit = effective_limit(max(stored))
-        holders = sum(1 for r in front if r.singleton_slot == SlotState.HOLDER) + legacy
+        if workflow_name not in limits and stored:
+            limit = self._limit(workflow_name, key_row, limits, max(stored))
+        holders = sum(1 for r in front if self._holds_slot(r)) + legacy
         waiters = [r for r in front if r.singleton_slot == SlotState.WAITER]
-        free = 0 if key_row["paused"] else max(limit - holders, 0)
+        free = free_slots(limit, holders, paused=bool(key_row["paused"]))
         token = key_row["last_token"]
         granted: list[RunRecord] = []
         claimant_token = 0
         claimant_front = next((r for r in waiters[:limit] if r.run_id == claimant), None)
-        claimant_holder = next(
-            (r for r in front if r.run_id == claimant and r.singleton_slot == SlotState.HOLDER), None
-        )
+        claimant_holder = next((r for r in front if r.run_id == claimant and self._holds_slot(r)), None)
         runs = self._runs()
         for row in waiters[:free]:
             token += 1
@@ -448,6 +460,8 @@ class DjangoStore(BaseStore):
 
         One index read of at most ``2 * limit`` rows, whatever the queue's length.
         """
+        # Rows of the queue index carry a slot marker, so are tracked: such a row holds
+        # its slot exactly when it is marked a holder (holds_slot, S12); read from the index alone.
         slots = list(
             self._runs().for_key(workflow_name, key).queue_front().values_list("singleton_slot", flat=True)[: 2 * limit]
         )
@@ -548,10 +562,7 @@ class DjangoStore(BaseStore):
             recoveries=row.recoveries + (1 if recovered else 0),
             started_at=row.started_at or now,
         )
-        is_holder = row.singleton_slot == SlotState.HOLDER or (
-            row.singleton_key is not None and not row.singleton_tracked and row.attempts > 0
-        )
-        if row.singleton_key is None or is_holder:
+        if row.singleton_key is None or self._holds_slot(row):
             # No admission needed: a plain run, or a holder's confirmation (S6).
             if row.singleton_key is not None:
                 take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
@@ -869,25 +880,20 @@ class DjangoStore(BaseStore):
         if not limits:
             return ()
         key_runs = self._runs().filter(workflow_name=OuterRef("workflow_name"), singleton_key=OuterRef("key"))
-        holders = (
-            key_runs.filter(singleton_slot=SlotState.HOLDER)
-            .order_by()
-            .values("singleton_key")
-            .annotate(n=Count("pk"))
-            .values("n")
-        )
+        holders = key_runs.filter(holds_slot_q()).order_by().values("singleton_key").annotate(n=Count("pk")).values("n")
         declared = Case(
             *[When(workflow_name=name, then=Value(limit)) for name, limit in limits.items()], default=Value(1)
         )
         keys = (
             SingletonKey.objects.using(self.db)
-            .filter(workflow_name__in=list(limits), paused=False)
+            .filter(workflow_name__in=list(limits))
             .annotate(
                 holders=Coalesce(Subquery(holders), 0),
                 has_waiter=Exists(key_runs.filter(singleton_slot=SlotState.WAITER)),
-                key_limit=Coalesce("limit_override", declared),
+                key_limit=limit_in_force_sql(declared, "limit_override"),
             )
-            .filter(has_waiter=True, holders__lt=F("key_limit"))
+            .annotate(free=free_slots_sql(F("key_limit"), F("holders"), F("paused")))
+            .filter(has_waiter=True, free__gt=0)
             .order_by("pk")
             .values_list("workflow_name", "key")[:batch]
         )

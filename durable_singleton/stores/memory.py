@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from django.utils import timezone
 
-from ..admission import effective_limit, is_holder, retry_delay
+from ..admission import free_slots, limit_in_force, retry_delay
 from ..exceptions import SingletonQueueFullError
 from ..statuses import PARKED_STATUSES, RunStatus
 from .base import (
@@ -82,7 +82,7 @@ class MemoryStore(BaseStore):
         ]
 
     def _waiters(self, workflow_name: str, key: str) -> list[RunRecord]:
-        runs = [r for r in self._key_runs(workflow_name, key) if not is_holder(r.status, r.tags)]
+        runs = [r for r in self._key_runs(workflow_name, key) if not r.holds_slot]
         return sorted(runs, key=lambda r: (r.created_at, r.run_id))
 
     def _expired(self, run: RunRecord) -> bool:
@@ -108,7 +108,7 @@ class MemoryStore(BaseStore):
     def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
         with self._critical():
             runs = self._key_runs(workflow_name, key)
-            holders = sum(1 for r in runs if is_holder(r.status, r.tags))
+            holders = sum(1 for r in runs if r.holds_slot)
             return holders >= limit and len(runs) - holders >= limit
 
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -126,7 +126,7 @@ class MemoryStore(BaseStore):
         control = self.controls.get((workflow_name, key), {})
         stored = [r.singleton_limit for r in self._key_runs(workflow_name, key) if r.singleton_limit]
         declared = limits.get(workflow_name, max(stored) if stored else None)
-        return effective_limit(declared, control.get("limit_override"))
+        return limit_in_force(declared, control.get("limit_override"))
 
     def _grant(
         self, workflow_name: str, key: str, limits: Limits, claimant: str | None = None
@@ -134,10 +134,10 @@ class MemoryStore(BaseStore):
         """Give the key's free slots to its oldest waiters (S5, S7, K1); see DjangoStore._grant."""
         limit = self._limit(workflow_name, key, limits)
         runs = self._key_runs(workflow_name, key)
-        holders = sum(1 for r in runs if is_holder(r.status, r.tags))
+        holders = sum(1 for r in runs if r.holds_slot)
         waiters = self._waiters(workflow_name, key)
-        paused = self.controls.get((workflow_name, key), {}).get("paused", False)
-        free = 0 if paused else max(limit - holders, 0)
+        paused = bool(self.controls.get((workflow_name, key), {}).get("paused", False))
+        free = free_slots(limit, holders, paused=paused)
         granted: list[RunRecord] = []
         claimant_token = 0
         now = self.clock()
@@ -199,7 +199,7 @@ class MemoryStore(BaseStore):
                 "started_at": run.started_at or now,
             }
             key = run.singleton_key
-            if key is None or run.admitted or (not run.tracked and run.attempts > 0):
+            if key is None or run.holds_slot:
                 if key is not None:
                     take.update(admitted=True, tracked=True)
                     if recovered:

@@ -3,9 +3,11 @@
 Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 (S5, S9, R6), FIFO admission (S5 step 3), the handoff (S7, S7a), fencing
 (R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
-(D5), cancel (D6) and, for a store without an atomic claim, the fallback
-warning (S14). Subclass :class:`StoreConformance` in a test module and give it
-a ``store`` fixture that returns a fresh, empty store::
+(D5), cancel (D6), for a store without an atomic claim the fallback
+warning (S14) and, for a store on the Django run table, that the admission
+rules' Python spellings and their SQL twins agree (S5, S12, K2). Subclass
+:class:`StoreConformance` in a test module and give it a ``store`` fixture
+that returns a fresh, empty store::
 
     import pytest
     from durable_singleton.testing.conformance import StoreConformance
@@ -265,6 +267,74 @@ class StoreConformance:
         run = engine.get("r0")
         done = engine.store.finish(run, "w", "completed", limits=engine.limits())
         assert [r.run_id for r in done.granted] == ["r2"]
+
+    # -- the rules: one in Python, its twin in SQL -----------------------------------
+    def test_the_rules_agree_in_python_and_sql(self, engine: Engine) -> None:
+        """S5, S12, K2 (#16): on every combination of status and markers the run
+        table accepts, ``holds_slot`` and its SQL twin ``holds_slot_q`` agree, and
+        the store reads the same holders; ``limit_in_force`` / ``free_slots`` and
+        their twins agree on every declared limit, override, holder count and pause."""
+        from django.db import IntegrityError, transaction
+        from django.db.models import Value
+
+        from ..admission import free_slots, free_slots_sql, holds_slot, holds_slot_q, limit_in_force, limit_in_force_sql
+        from ..models import Run
+        from ..statuses import ACTIVE_STATUSES, TERMINAL_STATUSES, SlotState
+        from ..stores.codec import CodecStore
+        from ..stores.django import DjangoStore
+
+        store = engine.store
+        while isinstance(store, CodecStore):
+            store = store.inner
+        if not isinstance(store, DjangoStore):
+            pytest.skip("this store keeps no Django run table: the rules' SQL twins do not apply")
+        runs = Run.objects.using(store.db)
+        now = engine.now()
+        expected: dict[str, bool] = {}
+        n = 0
+        for status in (*ACTIVE_STATUSES, *TERMINAL_STATUSES):
+            for slot in (None, SlotState.HOLDER, SlotState.WAITER):
+                for tracked in (False, True):
+                    for key in (None, "K"):
+                        n += 1
+                        run_id = f"rule-{n}"
+                        try:
+                            with transaction.atomic(using=store.db):
+                                runs.create(
+                                    run_id=run_id,
+                                    workflow_name="conf-1",
+                                    workflow_version="1",
+                                    status=status,
+                                    input={},
+                                    singleton_key=key,
+                                    singleton_slot=slot,
+                                    singleton_tracked=tracked,
+                                    created_at=now,
+                                    updated_at=now,
+                                )
+                        except IntegrityError:
+                            continue  # a combination the table refuses (ds_run_slot_only_active)
+                        admitted = slot == SlotState.HOLDER
+                        expected[run_id] = holds_slot(status, key=key, admitted=admitted, tracked=tracked)
+        assert len(expected) > 20
+        in_sql = set(runs.filter(pk__in=list(expected)).filter(holds_slot_q()).values_list("pk", flat=True))
+        assert in_sql == {run_id for run_id, holds in expected.items() if holds}
+        assert {r.run_id for r in store.active_runs_for_key("conf-1", "K") if r.holds_slot} == in_sql
+        cases = [
+            (declared, override, holders, paused)
+            for declared in (None, 1, 3)
+            for override in (None, 1, 2, 5)
+            for holders in (0, 1, 2, 6)
+            for paused in (False, True)
+        ]
+        probe = runs.filter(pk=next(iter(expected)))
+        for declared, override, holders, paused in cases:
+            limit = limit_in_force(declared, override)
+            sql = probe.annotate(
+                limit=limit_in_force_sql(declared, Value(override)),
+            ).annotate(free=free_slots_sql("limit", Value(holders), Value(paused)))
+            got = sql.values_list("limit", "free").get()
+            assert got == (limit, free_slots(limit, holders, paused=paused)), (declared, override, holders, paused)
 
     def test_a_store_without_an_atomic_claim_warns_once(self, engine: Engine) -> None:
         """S14: a store that sets ``supports_atomic_admission = False`` gets the
