@@ -7,10 +7,15 @@ Kinds of finding (:class:`FindingKind`):
   database refuses it (check constraint ``ds_run_slot_only_active``); the
   audit still looks, for stores or schemas without the constraint. Repair:
   drop the marker (the run is finished, its slot must be free).
-* ``over_admitted``: a key with more holders than its limit (S9). Never
-  repaired: a holder cannot be evicted safely; reported for a human.
+* ``over_admitted``: a key with more holders than its limit in force (S9,
+  K2: :func:`~durable_singleton.admission.limit_in_force`, the runtime
+  override included). Holders left over a lowered override are not a
+  finding while none was admitted after the change (a lowered limit never
+  evicts, K2). Never repaired: a holder cannot be evicted safely; reported
+  for a human.
 * ``stalled_waiter``: a key with a free slot (none freed in the last two
-  ticks) whose front waiter has been due for longer than two ticks, or has
+  ticks; a paused key has none, :func:`~durable_singleton.admission.free_slots`)
+  whose front waiter has been due for longer than two ticks, or has
   no wake time: no worker took its turn. Repair: wake it (``wake_at`` = now,
   then dispatch).
 * ``expired_lease``: a ``running`` run whose lease expired more than two
@@ -28,7 +33,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from .admission import ACTIVE_STATUSES
+from .admission import ACTIVE_STATUSES, free_slots, holds_slot_q, limit_in_force
+from .statuses import RunStatus, SlotState
 
 if TYPE_CHECKING:
     from .engine import Engine
@@ -37,6 +43,8 @@ __all__ = ["AuditReport", "Finding", "FindingKind", "audit_slots"]
 
 #: Findings of one kind listed in a report (the count is always complete).
 MAX_LISTED = 100
+#: A waiter the audit may wake: parked waiting for its slot, not blocked.
+_WAKEABLE = (RunStatus.PENDING, RunStatus.SUSPENDED)
 
 
 class FindingKind(enum.StrEnum):
@@ -104,8 +112,10 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
     safe findings when ``repair`` is true.
 
     "Longer than two ticks" is ``2 * TICK_SECONDS`` before ``now`` (default:
-    the engine's clock). A key's limit is its workflow's latest registered
-    limit, else the one stored on its runs. Returns an :class:`AuditReport`.
+    the engine's clock). A key's limit is the limit in force
+    (:func:`~durable_singleton.admission.limit_in_force`): its runtime
+    override (K2), else its workflow's latest registered limit, else the one
+    stored on its runs. Returns an :class:`AuditReport`.
     """
     now = now or engine.now()
     report = AuditReport(checked_at=now)
@@ -114,17 +124,35 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
         return report
     from django.db.models import Count, Max, Q
 
-    from .models import Run
+    from .models import KeyControlChange, Run, SingletonKey
 
     runs = Run.objects.using(db)
     grace = now - timedelta(seconds=2 * engine.settings.TICK_SECONDS)
     limits = engine.limits()
+    # The runtime controls (K2) of the keys that have any: (paused, override).
+    controls: dict[tuple[str, str], tuple[bool, int | None]] = {
+        (w, k): (bool(paused), override)
+        for w, k, paused, override in SingletonKey.objects.using(db)
+        .filter(Q(paused=True) | Q(limit_override__isnull=False))
+        .values_list("workflow_name", "key", "paused", "limit_override")
+    }
 
-    for row in runs.filter(singleton_slot="holder").exclude(status__in=ACTIVE_STATUSES)[:MAX_LISTED]:
+    def limit_of(ident: tuple[str, str], stored: int | None) -> int:
+        return limit_in_force(limits.get(ident[0], stored), controls.get(ident, (False, None))[1])
+
+    def limit_changed_at(ident: tuple[str, str]) -> datetime | None:
+        """When the key's limit override last changed (its own or its workflow's), if ever (K2)."""
+        changes = KeyControlChange.objects.using(db).filter(
+            workflow_name=ident[0], key__in=(ident[1], ""), field="limit_override"
+        )
+        at: datetime | None = changes.aggregate(at=Max("changed_at"))["at"]
+        return at
+
+    for row in runs.filter(singleton_slot=SlotState.HOLDER).exclude(status__in=ACTIVE_STATUSES)[:MAX_LISTED]:
         repaired = False
         if repair:
             repaired = bool(
-                runs.filter(pk=row.pk, singleton_slot="holder")
+                runs.filter(pk=row.pk, singleton_slot=SlotState.HOLDER)
                 .exclude(status__in=ACTIVE_STATUSES)
                 .update(singleton_slot=None)
             )
@@ -140,9 +168,9 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
         )
 
     holders = (
-        runs.filter(singleton_slot="holder", status__in=ACTIVE_STATUSES)
+        runs.filter(holds_slot_q())
         .values("workflow_name", "singleton_key")
-        .annotate(n=Count("pk"), stored_limit=Max("singleton_limit"))
+        .annotate(n=Count("pk"), stored_limit=Max("singleton_limit"), last_admitted=Max("admitted_at"))
         .order_by()
     )
     held: dict[tuple[str, str], int] = {}
@@ -151,8 +179,12 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
             continue  # never stored: a slot needs a key (constraint ds_run_slot_only_active)
         ident = (group["workflow_name"], group["singleton_key"])
         held[ident] = group["n"]
-        limit = limits.get(group["workflow_name"], group["stored_limit"] or 1)
+        limit = limit_of(ident, group["stored_limit"])
         if group["n"] > limit:
+            changed_at = limit_changed_at(ident)
+            last = group["last_admitted"]
+            if changed_at is not None and (last is None or last <= changed_at):
+                continue  # holders left over a lowered limit, none admitted since (K2: never evicted)
             report.findings.append(
                 Finding(
                     FindingKind.OVER_ADMITTED,
@@ -166,7 +198,7 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
     # Keys with a waiter due for longer than two ticks (or with no wake time at all).
     overdue = Q(wake_at__isnull=True) | Q(wake_at__lte=grace)
     stale = (
-        runs.filter(overdue, singleton_slot="waiter", status__in=("pending", "suspended"))
+        runs.filter(overdue, singleton_slot=SlotState.WAITER, status__in=_WAKEABLE)
         .values("workflow_name", "singleton_key")
         .annotate(stored_limit=Max("singleton_limit"))
         .order_by()
@@ -175,8 +207,8 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
         if queue["singleton_key"] is None:
             continue
         ident = (queue["workflow_name"], queue["singleton_key"])
-        limit = limits.get(ident[0], queue["stored_limit"] or 1)
-        free = limit - held.get(ident, 0)
+        paused = controls.get(ident, (False, None))[0]
+        free = free_slots(limit_of(ident, queue["stored_limit"]), held.get(ident, 0), paused=paused)
         if free <= 0 or runs.for_key(*ident).filter(finished_at__gt=grace).exists():
             continue  # no free slot, or one freed less than two ticks ago (its push may be in flight)
         front = list(runs.for_key(*ident).waiting().values("run_id", "wake_at")[:free])
@@ -187,9 +219,7 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
             repaired = False
             if repair:
                 repaired = bool(
-                    runs.filter(pk=waiter["run_id"], status__in=("pending", "suspended")).update(
-                        wake_at=now, updated_at=now
-                    )
+                    runs.filter(pk=waiter["run_id"], status__in=_WAKEABLE).update(wake_at=now, updated_at=now)
                 )
                 if repaired:
                     engine.dispatcher.dispatch(waiter["run_id"], engine._queue_of(engine.get(waiter["run_id"])))
@@ -209,14 +239,16 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
                 )
             )
 
-    expired = runs.filter(status="running", lease_expires_at__lte=grace).filter(
+    expired = runs.filter(status=RunStatus.RUNNING, lease_expires_at__lte=grace).filter(
         Q(wake_at__isnull=True) | Q(wake_at__lte=grace)
     )
     for row in expired.order_by("lease_expires_at")[:MAX_LISTED]:
         repaired = False
         if repair:
             repaired = bool(
-                runs.filter(pk=row.pk, status="running", lease_expires_at=row.lease_expires_at).update(wake_at=now)
+                runs.filter(pk=row.pk, status=RunStatus.RUNNING, lease_expires_at=row.lease_expires_at).update(
+                    wake_at=now
+                )
             )
             if repaired:
                 engine.dispatcher.dispatch(row.run_id, engine._queue_of(engine.get(row.run_id)))
