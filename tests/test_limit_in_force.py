@@ -14,6 +14,7 @@ from django.utils import timezone
 from durable_singleton.audit import FindingKind
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
+from durable_singleton.exceptions import SingletonQueueFullError
 from durable_singleton.health import check_health
 from durable_singleton.models import Run
 from durable_singleton.testing import make_engine
@@ -111,3 +112,32 @@ def test_a_stall_under_a_raised_override_is_found(audited_engine: Engine) -> Non
     _overdue("B")
     report = engine.audit_slots()
     assert [(f.kind, f.run_id) for f in report.findings] == [(FindingKind.STALLED_WAITER, "B")]
+
+
+# -- the queue cap (S15) -------------------------------------------------------------------
+def test_the_queue_cap_counts_against_a_raised_override(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S15, K2: limit 1 overridden to 4 with max_queue_depth 1: the cap in force is
+    4 + 1, so five starts are accepted and the sixth refused (the declared limit
+    gave a cap of 2: the third start was refused)."""
+    audited(registry, monitor, max_queue_depth=1)
+    _start(engine, "A")
+    engine.override_limit("wf", "key:K", 4, by="ops")
+    _start(engine, "B", "C", "D", "E")
+    with pytest.raises(SingletonQueueFullError) as refused:
+        engine.start("wf", {"k": "K"}, run_id="F")
+    assert refused.value.max_queue_depth == 1
+    assert engine.store.get_run("F") is None
+
+
+def test_the_queue_cap_counts_against_a_lowered_override(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S15, K2: limit 2 overridden to 1 with max_queue_depth 0: the cap in force is
+    1, so a second start is refused and nothing queues (the declared limit let it queue)."""
+    audited(registry, monitor, limit=2, max_queue_depth=0)
+    _start(engine, "A")
+    engine.override_limit("wf", "key:K", 1, by="ops")
+    with pytest.raises(SingletonQueueFullError):
+        engine.start("wf", {"k": "K"}, run_id="B")
+    assert engine.store.get_run("B") is None
+    engine.override_limit("wf", "key:K", None, by="ops")
+    _start(engine, "B")
+    assert engine.store.get_run("B") is not None

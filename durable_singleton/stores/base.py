@@ -243,11 +243,15 @@ class BaseStore(ABC):
     ) -> tuple[RunRecord, bool]:
         """Insert ``run`` unless ``run_id`` exists; return (run, created) (R3).
 
-        With ``cap`` set, the existence check, the count of the key's active
-        runs (in ``cap_namespace`` if given) and the insert are serialized on
-        the key; raises :class:`~durable_singleton.exceptions.SingletonQueueFullError`
-        when the count reached ``cap``, writing nothing (S15, S16). An
-        existing ``run_id`` is returned, never rejected.
+        With ``cap`` set (the declared ``limit + max_queue_depth``; the run's
+        ``singleton_limit`` is the declared limit), the existence check, the
+        count of the key's active runs (in ``cap_namespace`` if given) and the
+        insert are serialized on the key; raises
+        :class:`~durable_singleton.exceptions.SingletonQueueFullError` when the
+        count reached the cap in force, writing nothing (S15, S16): a store
+        with key controls applies the key's runtime override with
+        :func:`~durable_singleton.admission.cap_in_force` (K2). An existing
+        ``run_id`` is returned, never rejected.
         """
 
     def create_runs(

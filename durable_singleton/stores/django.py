@@ -30,6 +30,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from ..admission import (
+    cap_in_force,
     free_slots,
     free_slots_sql,
     holds_slot,
@@ -366,8 +367,10 @@ class DjangoStore(BaseStore):
 
         Without a cap this is one INSERT (in a savepoint inside a caller's
         transaction), and the key's lock row is left to the first claim. With a
-        cap, the key's lock is taken first; then, under it, the existence
-        check, the count and the insert, so a racing start of the same
+        cap (the declared ``limit + max_queue_depth``), the key's lock is taken
+        first; then, under it, the existence check, the count against the cap
+        in force (:func:`~durable_singleton.admission.cap_in_force`: the key's
+        runtime override replaces the declared limit, K2) and the insert, so a racing start of the same
         ``run_id`` gets the winner's run and never a full-queue error (R3, S15,
         S16, S13a).
         """
@@ -380,11 +383,13 @@ class DjangoStore(BaseStore):
             with transaction.atomic(using=self.db):
                 if capped:
                     assert run.singleton_key is not None and cap is not None
-                    self.lock_key(run.workflow_name, run.singleton_key)
+                    key_row = self.lock_key(run.workflow_name, run.singleton_key)
                     existing = self._locking(self._runs().filter(pk=run.run_id)).first()
                     if existing is not None:
                         return record_of(existing), False
-                    if self._count_active(run.workflow_name, run.singleton_key, cap_namespace, cap) >= cap:
+                    # The limit in force, the key's runtime override included (S15, K2).
+                    in_force = cap_in_force(cap, run.singleton_limit, key_row["limit_override"])
+                    if self._count_active(run.workflow_name, run.singleton_key, cap_namespace, in_force) >= in_force:
                         raise SingletonQueueFullError(
                             run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1)
                         )

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from django.utils import timezone
 
-from ..admission import free_slots, limit_in_force, retry_delay
+from ..admission import cap_in_force, free_slots, limit_in_force, retry_delay
 from ..exceptions import SingletonQueueFullError
 from ..statuses import PARKED_STATUSES, RunStatus
 from .base import (
@@ -96,11 +96,14 @@ class MemoryStore(BaseStore):
             existing = self._runs.get(run.run_id)
             if existing is not None:
                 return existing, False
-            if (
-                cap is not None
-                and run.singleton_key is not None
-                and self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace) >= cap
-            ):
+            if cap is not None and run.singleton_key is not None:
+                override = self.controls.get((run.workflow_name, run.singleton_key), {}).get("limit_override")
+                in_force = cap_in_force(cap, run.singleton_limit, override)  # S15, K2
+                full = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace) >= in_force
+            else:
+                full = False
+            if full:
+                assert run.singleton_key is not None and cap is not None
                 raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1))
             self._runs[run.run_id] = run
             return run, True
