@@ -16,8 +16,9 @@ an optional reason (:class:`ControlChangeRecord`), in the same transaction
 as the change.
 
 A workflow-wide change applies to every key of the workflow that has a lock
-row (every key that ever had a claim or a capped start) and is recorded once
-with an empty key; a key first seen after the change starts uncontrolled.
+row (every key that ever had a claim or a capped start) or an active run
+(its lock row is created then), and is recorded once with an empty key; a
+key first seen after the change starts uncontrolled.
 """
 
 from __future__ import annotations
@@ -185,12 +186,33 @@ class DjangoControlStore(ControlStore):
 
         db = self.store.db
         rows = SingletonKey.objects.using(db)
+        to_lock = keys
+        if keys is None:
+            # Every key of the workflow: those with a lock row and those whose runs
+            # have none yet (started uncapped, never claimed), or a paused workflow
+            # would admit their runs at their first claim (K2). Read before the
+            # transaction: its first statement is a lock (S13a).
+            from .models import Run
+            from .statuses import ACTIVE_STATUSES
+
+            active = {
+                key
+                for key in Run.objects.using(db)
+                .filter(workflow_name=workflow, singleton_key__isnull=False, status__in=ACTIVE_STATUSES)
+                .order_by()
+                .values_list("singleton_key", flat=True)
+                .distinct()
+                if key is not None
+            }
+            known = set(rows.filter(workflow_name=workflow).values_list("key", flat=True))
+            if active - known:
+                to_lock = sorted(known | active)
         with transaction.atomic(using=db):
-            if keys is not None:
+            if to_lock is not None:
                 # The claim's own key lock, in key order: it creates a missing row the
                 # way a claim does (on MySQL/MariaDB an upsert, which takes no gap lock:
                 # an INSERT IGNORE here deadlocked with racing claims, S13a).
-                for k in sorted(set(keys)):
+                for k in sorted(set(to_lock)):
                     self.store.lock_key(workflow, k)
             scope = rows.filter(workflow_name=workflow, **({"key__in": list(keys)} if keys is not None else {}))
             if connections[db].vendor == "sqlite":
@@ -342,7 +364,7 @@ class KeyControlsMixin:
         return self._control(workflow, key, _Change(override=limit, keep_override=False), by, reason)[0]
 
     def pause_workflow(self, workflow: str, *, by: str = "", reason: str = "") -> list[KeyControlState]:
-        """Pause every key of ``workflow`` that has a lock row (K2); see :meth:`pause_key`."""
+        """Pause every key of ``workflow`` that has a lock row or an active run (K2); see :meth:`pause_key`."""
         return self._control(workflow, None, _Change(paused=True), by, reason)
 
     def resume_workflow(self, workflow: str, *, by: str = "", reason: str = "") -> list[KeyControlState]:

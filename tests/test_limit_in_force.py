@@ -141,3 +141,19 @@ def test_the_queue_cap_counts_against_a_lowered_override(engine: Engine, registr
     engine.override_limit("wf", "key:K", None, by="ops")
     _start(engine, "B")
     assert engine.store.get_run("B") is not None
+
+
+# -- workflow-wide controls (K2) -------------------------------------------------------------
+def test_pausing_a_workflow_pauses_keys_whose_runs_were_never_claimed(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
+    """K2: runs started on a new key (no claim yet, so no lock row on the Django
+    store) are not admitted after pause_workflow; resuming admits the oldest
+    (the pause skipped keys without a row, and their first claim admitted them)."""
+    audited(registry, monitor)
+    _start(engine, "A", "B", key="fresh")
+    states = engine.pause_workflow("wf", by="ops", reason="deploy")
+    assert [(s.key, s.paused) for s in states] == [("key:fresh", True)]
+    assert admitted(claim(engine, "A")) == "parked"
+    engine.resume_workflow("wf", by="ops")
+    assert [r.run_id for r in engine.store.active_runs_for_key("wf", "key:fresh") if r.admitted] == ["A"]
