@@ -14,9 +14,12 @@
 #
 # What needs no service runs beside a pytest pass (on the 2-core machine the
 # passes mostly wait on servers, workers and sleeps), printed when both are done:
-# - beside the SQLite pass: ruff, mypy, sphinx, then the slow vendor-agnostic
-#   tests (-m "vendor_agnostic and slow": spin model, wheel install, the pytest
-#   plugin's conformance run), which the SQLite pass itself leaves out;
+# - beside the SQLite pass: ruff, mypy, sphinx, Django's own tests/tasks
+#   suite against the django.tasks backend (python -m tests.django_suite.run:
+#   the installed Django's sdist, its own SQLite file, a list of documented
+#   differences), then the slow vendor-agnostic tests (-m "vendor_agnostic
+#   and slow": spin model, wheel install, the pytest plugin's conformance
+#   run), which the SQLite pass itself leaves out;
 # - beside the MariaDB pass: the .venv-alt SQLite pass (-m "not slow").
 # Nothing runs beside the PostgreSQL pass or the soak. DS_CI_SERIAL=1 runs
 # everything one at a time.
@@ -106,6 +109,8 @@ static_checks() {
 agnostic_side() {
   local rc=0
   static_checks || rc=1
+  echo "=== Django's own tests/tasks suite against the durable task backend (tests/django_suite) ==="
+  check django-tasks-suite .venv/bin/python -m tests.django_suite.run || rc=1
   local PYTEST_ARGS=(-m "vendor_agnostic and slow" "${PYTEST_ARGS[@]}")
   OK_RCS="[0, 5]" run "sqlite (the slow vendor-agnostic tests)" .venv/bin/python DATABASE_URL= CELERY_BROKER_URL=
   local ran=$?

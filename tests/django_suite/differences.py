@@ -1,0 +1,63 @@
+"""The documented differences: the only tests of Django's tests/tasks suite allowed to fail.
+
+Each entry is ``test id: (reason, strict)``. A strict entry must fail (the
+runner reports one that passes, so the list stays exact); a non-strict one
+may pass. docs/django_tasks.rst lists the same differences for users.
+"""
+
+from __future__ import annotations
+
+_IMMEDIATE = "tasks.test_immediate_backend.ImmediateBackendTestCase."
+_DUMMY = "tasks.test_dummy_backend.DummyBackendTestCase."
+_TASKS = "tasks.test_tasks.TaskTestCase."
+
+_GET_RESULT = (
+    "the test checks that the immediate backend cannot read results back; the durable backend can "
+    "(supports_get_result): a result is a stored run, read from any process"
+)
+_SYNC_IN_ASYNC = (
+    "a coroutine calls a synchronous method that reads the database (get_result, refresh, or the "
+    "stand-in's results); Django refuses database access from an event loop (SynchronousOnlyOperation). "
+    "The async twins (aget_result, arefresh) work"
+)
+_PRIORITY = (
+    "priorities are not supported (supports_priority is False): admission per key is FIFO by creation "
+    "(S5), and no dispatcher orders turns across keys"
+)
+_RUN_AFTER = "run_after is not supported yet (supports_defer is False)"
+_R7 = (
+    "a task raising SystemExit or KeyboardInterrupt: until a body's BaseException settles its run failed "
+    "(SPEC R7, #18 item 5) the exception leaves the worker's turn; may pass once it does"
+)
+
+DIFFERENCES: dict[str, tuple[str, bool]] = {
+    _IMMEDIATE + "test_cannot_get_result": (_GET_RESULT, True),
+    _IMMEDIATE + "test_cannot_refresh_result": (_GET_RESULT, True),
+    "tasks.test_immediate_backend.ImmediateBackendTransactionTestCase."
+    "test_doesnt_wait_until_transaction_commit_by_default": (
+        "a task's first turn is sent when the enqueuing transaction commits (S3), so inside "
+        "transaction.atomic() it has not run yet",
+        True,
+    ),
+    _IMMEDIATE + "test_catches_exception": (_R7, False),
+    _IMMEDIATE + "test_throws_keyboard_interrupt": (_R7, False),
+    _DUMMY + "test_refresh_result": (
+        "the test changes the status of the dummy backend's in-memory result and expects refresh() to "
+        "read it; a durable result is read from its stored run, which the test does not change",
+        True,
+    ),
+    _DUMMY + "test_refresh_result_async": (
+        "as test_refresh_result; and the stand-in's results read the database from the coroutine",
+        True,
+    ),
+    _DUMMY + "test_enqueue_task_async": (_SYNC_IN_ASYNC, True),
+    _DUMMY + "test_get_missing_result": (_SYNC_IN_ASYNC, True),
+    _TASKS + "test_enqueue_task_async": (_SYNC_IN_ASYNC, True),
+    _TASKS + "test_get_missing_result": (_SYNC_IN_ASYNC, True),
+    _TASKS + "test_refresh_result": (_SYNC_IN_ASYNC, True),
+    _TASKS + "test_using_priority": (_PRIORITY, True),
+    _TASKS + "test_invalid_priority": (_PRIORITY + "; the refusal comes before the range check", True),
+    _TASKS + "test_chained_using": (_PRIORITY + "; " + _RUN_AFTER, True),
+    _TASKS + "test_using_run_after": (_RUN_AFTER, True),
+    _TASKS + "test_naive_datetime": (_RUN_AFTER + "; the refusal comes before the aware-datetime check", True),
+}
