@@ -8,11 +8,12 @@ the key's queue page.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import conditional_escape, format_html
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
@@ -22,6 +23,7 @@ from ..queues import format_age
 __all__ = [
     "BACKLOG_NOTE",
     "activity",
+    "breakable",
     "is_backlog_wake",
     "pretty_json",
     "relative",
@@ -40,6 +42,31 @@ BACKLOG_NOTE = gettext_noop(
     "the next waiters at once (S7), and the tick's per-key catch-up wakes the oldest waiters of any "
     "key with a free slot within about a tick. This time is only the fallback."
 )
+
+
+#: A name may wrap after one of these characters (``task:inventory.tasks.sync_store``, ``store:north-east``).
+_SEPARATOR = re.compile(r"([.:/_\-@,=])")
+#: A run of hex digits longer than a uuid's group (a ``uuid4().hex`` run id) may wrap every 8 digits.
+_HEX_RUN = re.compile(r"[0-9a-f]{17,}")
+
+
+def breakable(text: Any) -> SafeString:
+    """Return ``text`` escaped, with a line-break opportunity (``<wbr>``) after each separator
+    (``. : / _ - @ , =``) and every 8 digits of a long hex run, so that long workflow names,
+    keys, run ids, tags and host names wrap where a reader splits them, never mid-word, and
+    never overflow their cell."""
+
+    def hex_groups(part: str) -> str:
+        return _HEX_RUN.sub(lambda m: "<wbr>".join(m[0][i : i + 8] for i in range(0, len(m[0]), 8)), part)
+
+    pieces = _SEPARATOR.split(str(text))
+    # split() with a group alternates text and separators: escape both, break after each separator.
+    return SafeString(
+        "".join(
+            f"{conditional_escape(piece)}<wbr>" if n % 2 else hex_groups(str(conditional_escape(piece)))
+            for n, piece in enumerate(pieces)
+        )
+    )
 
 
 def _decoded(value: Any) -> tuple[bool, Any]:
@@ -158,12 +185,12 @@ def activity(run: Any, steps_done: int | None, last_step: str | None, now: datet
             )
         if done == 0:
             return _("running, before its first step finished")
-        return format_html(
-            "{} <strong>{}</strong> ({})",
-            _("running step"),
-            done + 1,
-            _("%(count)s done, last: %(name)s") % {"count": done, "name": last_step},
+        # The step's name may wrap at its separators (a holder's row stays two lines high, issue #19).
+        done_text = SafeString(
+            conditional_escape(_("%(count)s done, last: %(name)s"))
+            % {"count": done, "name": format_html('<span class="ds-step-name">{}</span>', breakable(last_step))}
         )
+        return format_html("{} <strong>{}</strong> ({})", _("running step"), done + 1, done_text)
     reason = run.park_reason or ""
     if reason == "sleep":
         return format_html("{} {}", _("sleeping until"), time_html(run.wake_at, short=True))

@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from ..definitions import registry
 from ..models import Run
+from .display import breakable
 
 __all__ = ["SingletonKeyFilter", "WorkflowFilter"]
 
@@ -70,7 +71,7 @@ class WorkflowFilter(admin.SimpleListFilter):
         chosen = self.value()
         if chosen:
             names.add(chosen)  # a workflow no longer registered, reached by a link
-        return [(name, name) for name in sorted(names)]
+        return [(name, breakable(name)) for name in sorted(names)]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Run]) -> QuerySet[Run]:
         return queryset.filter(workflow_name=self.value()) if self.value() else queryset

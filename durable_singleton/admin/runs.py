@@ -28,6 +28,7 @@ from .actions import EngineActionsMixin, is_action_post
 from .display import (
     BACKLOG_NOTE,
     activity,
+    breakable,
     is_backlog_wake,
     pretty_json,
     relative,
@@ -51,7 +52,7 @@ class RunAdmin(QueuePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: 
     # status, the namespace is a filter (and on the run's page), tags come last, cut.
     list_display = (
         "run_id_display",
-        "workflow_name",
+        "workflow_display",
         "state_display",
         "key_link",
         "created_display",
@@ -157,7 +158,11 @@ class RunAdmin(QueuePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: 
     # -- columns and read-only fields ------------------------------------------
     @admin.display(description=_("run id"), ordering="run_id")
     def run_id_display(self, obj: Run) -> str:
-        return format_html('<span class="ds-run-id" title="{}">{}</span>', obj.run_id, obj.run_id)
+        return format_html('<span class="ds-run-id" title="{}">{}</span>', obj.run_id, breakable(obj.run_id))
+
+    @admin.display(description=_("workflow"), ordering="workflow_name")
+    def workflow_display(self, obj: Run) -> str:
+        return breakable(obj.workflow_name)
 
     @admin.display(description=_("key"), ordering="singleton_key")
     def key_link(self, obj: Run) -> str:
@@ -167,7 +172,7 @@ class RunAdmin(QueuePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: 
             '<a class="ds-key" href="{}" title="{}">{}</a>',
             self._key_url(obj.workflow_name, obj.singleton_key),
             obj.singleton_key,
-            obj.singleton_key,
+            breakable(obj.singleton_key),
         )
 
     @admin.display(description=_("created at"), ordering="created_at")
@@ -221,11 +226,13 @@ class RunAdmin(QueuePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: 
                 tags.append((ADMITTED_TAG, "marker"))
         if not tags:
             return "—"
-        # Truncated by the stylesheet on the run list (the page fits 1,400 px); every tag is in the tooltip.
+        # Whole, each wrapping at its separators (the run list fits 1,280 px, issue #19).
         return format_html(
             '<div class="ds-tags" title="{}">{}</div>',
             ", ".join(t for t, _kind in tags),
-            format_html_join(" ", '<span class="ds-tag ds-tag-{}">{}</span>', ((kind, t) for t, kind in tags)),
+            format_html_join(
+                " ", '<span class="ds-tag ds-tag-{}">{}</span>', ((kind, breakable(t)) for t, kind in tags)
+            ),
         )
 
     @admin.display(description=_("parent run"))
