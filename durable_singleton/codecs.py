@@ -12,7 +12,8 @@ or by a key the codec does not hold, raises :class:`PayloadDecodeError`,
 never garbage.
 
 Codecs: :class:`FernetCodec` (cryptography's Fernet; several keys make a
-MultiFernet: the first encrypts, every key decrypts, so keys rotate),
+MultiFernet: the first encrypts, every key decrypts, and keys that only
+decrypt can be deployed first, so keys rotate in a rolling deploy),
 :class:`ZlibCodec`, and :class:`ChainCodec` (for example compress, then
 encrypt).
 """
@@ -130,30 +131,41 @@ class FernetCodec(Codec):
     """Encrypt payloads with Fernet (AES-128-CBC and HMAC-SHA256, from cryptography).
 
     ``keys``: one or more url-safe base64 Fernet keys (``Fernet.generate_key()``),
-    newest first. New payloads are encrypted with the first; every key decrypts,
-    so a key is rotated by putting the new key first, re-encoding the stored
-    rows (``manage.py durable_reencode``), then dropping the old key.
+    newest first. New payloads are encrypted with the first; every key
+    decrypts. ``decode_only``: more keys that decrypt and never encrypt.
+
+    A key is rotated in a rolling deploy in this order (docs/codec.rst), so
+    that every process decrypts with the new key before any encrypts with it
+    (S13): deploy ``FernetCodec(old, decode_only=[new])`` everywhere; then
+    ``FernetCodec(new, decode_only=[old])``; re-encode the stored rows
+    (``manage.py durable_reencode``); then ``FernetCodec(new)``.
 
     Needs the ``encryption`` extra (``pip install durable-singleton[encryption]``,
-    which installs cryptography). Raises :class:`ConfigurationError` for no key
-    or a malformed key.
+    which installs cryptography). Raises :class:`ConfigurationError` for no
+    key or a malformed key (in either argument).
     """
 
     name = "fernet"
 
-    def __init__(self, keys: str | bytes | Sequence[str | bytes]) -> None:
+    def __init__(
+        self, keys: str | bytes | Sequence[str | bytes], *, decode_only: str | bytes | Sequence[str | bytes] = ()
+    ) -> None:
         from cryptography.fernet import Fernet, MultiFernet
 
         if isinstance(keys, str | bytes):
             keys = [keys]
+        if isinstance(decode_only, str | bytes):
+            decode_only = [decode_only]
         if not keys:
-            raise ConfigurationError("FernetCodec needs at least one key")
+            raise ConfigurationError("FernetCodec needs at least one key to encrypt with")
         fernets = []
-        for n, key in enumerate(keys):
-            try:
-                fernets.append(Fernet(key))
-            except (ValueError, TypeError) as exc:
-                raise ConfigurationError(f"FernetCodec key #{n} is not a Fernet key: {exc}") from None
+        for what, group in (("key", keys), ("decode_only key", decode_only)):
+            for n, key in enumerate(group):
+                try:
+                    fernets.append(Fernet(key))
+                except (ValueError, TypeError) as exc:
+                    raise ConfigurationError(f"FernetCodec {what} #{n} is not a Fernet key: {exc}") from None
+        # MultiFernet encrypts with its first key and decrypts with any.
         self._fernet = MultiFernet(fernets)
 
     def encode_bytes(self, data: bytes) -> bytes:

@@ -86,6 +86,7 @@ DURABLE_SINGLETON = {
     "LEASE_SECONDS": float(os.environ.get("DURABLE_LEASE_SECONDS", "30")),
     "LEASE_RENEW_SECONDS": float(os.environ.get("DURABLE_LEASE_RENEW_SECONDS", "10")),
     "MAX_RECOVERIES": int(os.environ.get("DURABLE_MAX_RECOVERIES", "5")),
+    "STORE": os.environ.get("DURABLE_STORE", "django"),
 }
 
 # django.tasks (Django 6.0+; ignored by 5.2): tasks run as durable runs,

@@ -51,6 +51,23 @@ def test_rotation_decrypts_with_old_keys_and_encrypts_with_the_first() -> None:
         FernetCodec(KEY_NEW).decode(stored)
 
 
+def test_decode_only_keys_decrypt_and_never_encrypt() -> None:
+    """S13, rolling rotation step 1: ``decode_only`` keys read what the new key
+    wrote while the codec still writes with its own key, which a process that
+    has not yet received the new key reads; a malformed one is refused."""
+    step_1 = FernetCodec(KEY_OLD, decode_only=[KEY_NEW])
+    written_by_new = FernetCodec(KEY_NEW).encode({"n": 1})
+    assert step_1.decode(written_by_new) == {"n": 1}
+    assert FernetCodec(KEY_OLD).decode(step_1.encode({"n": 2})) == {"n": 2}
+    with pytest.raises(PayloadDecodeError):
+        FernetCodec(KEY_NEW).decode(step_1.encode({"n": 3}))
+    assert FernetCodec(KEY_NEW, decode_only=KEY_OLD).decode(step_1.encode({"n": 4})) == {"n": 4}
+    with pytest.raises(ConfigurationError, match="decode_only key #0"):
+        FernetCodec(KEY_OLD, decode_only=["not a key"])
+    with pytest.raises(ConfigurationError, match="at least one key"):
+        FernetCodec([], decode_only=[KEY_NEW])
+
+
 def test_wrong_key_or_wrong_codec_is_a_typed_error_never_garbage() -> None:
     """S13: a payload this codec cannot decode raises PayloadDecodeError."""
     stored = FernetCodec(KEY_OLD).encode([1, 2])

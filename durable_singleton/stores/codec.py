@@ -18,8 +18,9 @@ To use it, name a subclass that builds it in ``DURABLE_SINGLETON["STORE"]``::
     # myproject/stores.py
     class EncryptedStore(CodecStore):
         def __init__(self) -> None:
-            keys = settings.DURABLE_PAYLOAD_KEYS  # newest first
-            super().__init__(DjangoStore(), ChainCodec(ZlibCodec(), FernetCodec(keys)))
+            # A rotation deploys the new key in decode_only first (docs/codec.rst).
+            fernet = FernetCodec(settings.PAYLOAD_KEY, decode_only=settings.PAYLOAD_DECODE_KEYS)
+            super().__init__(DjangoStore(), ChainCodec(ZlibCodec(), fernet))
 """
 
 from __future__ import annotations
