@@ -5,6 +5,8 @@
 #   tools/bootstrap.sh alt      .venv-alt: the test dependencies on the other
 #                               tested combination, Python 3.13 (3.12 if none is
 #                               found) with Django 5.2, for CI's second SQLite run
+#   tools/bootstrap.sh dj60     .venv-dj60: the test dependencies on Python 3.12
+#                               with Django 6.0, for CI's short Django 6.0 run
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +42,23 @@ if [ "${1:-base}" = "alt" ]; then
       exit 1
     fi
     .venv-alt/bin/python -c 'import django, durable_singleton; assert django.VERSION[:2] == (5, 2)' && touch "$stamp"
+  fi
+  exit 0
+fi
+
+if [ "${1:-base}" = "dj60" ]; then
+  if [ ! -x .venv-dj60/bin/python ]; then
+    py=$(find_python)
+    PYENV_VERSION="$(ls /root/.pyenv/versions 2>/dev/null | grep '^3\.12' | tail -1)" "$py" -m venv .venv-dj60
+  fi
+  stamp=".venv-dj60/.installed-$(cat setup.cfg requirements/*.txt 2>/dev/null | cksum | cut -d' ' -f1)"
+  if [ ! -f "$stamp" ]; then
+    if ! .venv-dj60/bin/python -m pip install -q --disable-pip-version-check \
+        -r requirements/test.txt "django>=6.0,<6.1" -e . > .venv-dj60/pip.log 2>&1; then
+      cat .venv-dj60/pip.log >&2
+      exit 1
+    fi
+    .venv-dj60/bin/python -c 'import django, durable_singleton; assert django.VERSION[:2] == (6, 0)' && touch "$stamp"
   fi
   exit 0
 fi

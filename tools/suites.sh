@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run pytest once per database (called by tools/test with DS_PG_URL,
-# DS_MYSQL_URL and DS_REDIS_URL set), then once more on SQLite with the other
-# tested combination in .venv-alt (Python 3.13 and Django 5.2, see
-# tools/bootstrap.sh alt). Exits non-zero if any run failed or ran no test.
+# DS_MYSQL_URL and DS_REDIS_URL set), then on SQLite with the other tested
+# combinations: .venv-alt (Python 3.13 and Django 5.2, tools/bootstrap.sh alt)
+# and .venv-dj60 (Python 3.12 and Django 6.0, tools/bootstrap.sh dj60).
+# Exits non-zero if any run failed or ran no test.
 #
 # The pass split: every test that touches the database of the run (the Django
 # store, claims, transactions, the database clock, real worker processes) runs
@@ -10,7 +11,8 @@
 # Python, docs, packaging, the spin model, the pytest plugin's subprocesses,
 # and the memory case of each store_kind test) run in the two SQLite passes
 # only: tests/conftest.py deselects them on PostgreSQL and MariaDB and says so
-# in the summary. Slow tests run in the first SQLite pass, not in .venv-alt.
+# in the summary. Slow tests run in the first SQLite pass, not in .venv-alt
+# or .venv-dj60.
 #
 # What needs no service runs beside a pytest pass (on the 2-core machine the
 # passes mostly wait on servers, workers and sleeps), printed when both are done:
@@ -20,7 +22,8 @@
 #   differences), then the slow vendor-agnostic tests (-m "vendor_agnostic
 #   and slow": spin model, wheel install, the pytest plugin's conformance
 #   run), which the SQLite pass itself leaves out;
-# - beside the MariaDB pass: the .venv-alt SQLite pass (-m "not slow").
+# - beside the MariaDB pass: the .venv-alt, then the .venv-dj60 SQLite pass
+#   (-m "not slow").
 # Nothing runs beside the PostgreSQL pass or the soak. DS_CI_SERIAL=1 runs
 # everything one at a time.
 #
@@ -118,13 +121,27 @@ agnostic_side() {
   if [ "$ran" -ne 0 ] && [ "$ran" -ne 5 ]; then rc=1; fi
   return "$rc"
 }
-alt_pass() {
-  local alt
-  alt=$(.venv-alt/bin/python -c 'import sys, django; print(f"Python {sys.version_info[0]}.{sys.version_info[1]}, Django {django.get_version()}")')
-  # The other combination runs what is not marked slow (browser, packaging, real
-  # processes run in the default SQLite pass above): it keeps CI well under 30 minutes.
+# other_pass VENV: the tests not marked slow on SQLite with another Python and
+# Django (browser, packaging and real processes run in the default SQLite pass
+# above): each of these runs takes a few minutes beside the MariaDB pass, which
+# keeps CI under 30 minutes.
+other_pass() {
+  local venv="$1" combination
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "=== $venv is missing: run bash tools/bootstrap.sh ${venv#.venv-} ==="
+    record check "$venv (missing: bash tools/bootstrap.sh ${venv#.venv-})" 1 "$EPOCHREALTIME"
+    return 1
+  fi
+  combination=$("$venv/bin/python" -c 'import sys, django; print(f"Python {sys.version_info[0]}.{sys.version_info[1]}, Django {django.get_version()}")')
   local PYTEST_ARGS=(-m "not slow" "${PYTEST_ARGS[@]}")
-  run "sqlite (${alt})" .venv-alt/bin/python DATABASE_URL= CELERY_BROKER_URL=
+  run "sqlite (${combination})" "$venv/bin/python" DATABASE_URL= CELERY_BROKER_URL=
+}
+# Python 3.13 with Django 5.2 (.venv-alt), then Python 3.12 with Django 6.0 (.venv-dj60).
+other_passes() {
+  local rc=0
+  other_pass .venv-alt || rc=1
+  other_pass .venv-dj60 || rc=1
+  return "$rc"
 }
 PYTEST_ARGS=("$@")
 beside agnostic agnostic_side
@@ -135,13 +152,7 @@ sqlite_pass() {
 sqlite_pass || status=1
 collect agnostic
 run postgresql .venv/bin/python DATABASE_URL="${DS_PG_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}" || status=1
-if [ -x .venv-alt/bin/python ]; then
-  beside alt alt_pass
-else
-  echo "=== .venv-alt is missing: run bash tools/bootstrap.sh alt ==="
-  record check ".venv-alt (missing: bash tools/bootstrap.sh alt)" 1 "$EPOCHREALTIME"
-  echo 1 > "$logs/alt.rc"
-fi
+beside alt other_passes
 run mariadb .venv/bin/python DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}" || status=1
 collect alt
 # The chaos soak of #12 (soak/, docs/reliability.rst): its own servers, two groups of real

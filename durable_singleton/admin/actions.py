@@ -18,7 +18,7 @@ from django.utils.translation import ngettext
 
 try:  # Django 6.1 runs actions on the change form too
     from django.contrib.admin.options import ActionLocation
-except ImportError:  # pragma: no cover - Django 5.2: on the run list and the key pages only
+except ImportError:  # pragma: no cover - Django 5.2 and 6.0: on the run list and the key pages only
     ActionLocation = None  # type: ignore[assignment,misc]
 
 from ..admission import ACTIVE_STATUSES
