@@ -43,7 +43,7 @@ nitpicky = True
 nitpick_ignore_regex = [
     (r"py:.*", r"(?!durable_singleton\b).*"),
     (r"py:.*", r"durable_singleton\.(\w+\.)*_\w+"),
-    (r"py:class", r"durable_singleton\.(\w+\.)*T"),
+    (r"py:class", r"durable_singleton\.(\w+\.)*[TW]"),
 ]
 
 # The settings reference (settings.rst) must document exactly these names.

@@ -14,9 +14,10 @@ from .admission import (
     singleton_admission_tags,
     without_singleton_markers,
 )
-from .definitions import BaseWorkflow, Singleton, WorkflowOptions, step, workflow
+from .definitions import Singleton, WorkflowOptions, step
 from .exceptions import SingletonQueueFullError
 from .schedules import Schedule
+from .workflows import BaseWorkflow, workflow
 
 if TYPE_CHECKING:
     from .context import WorkflowCtx

@@ -31,13 +31,11 @@ import enum
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .admission import ACTIVE_STATUSES, free_slots, holds_slot_q, limit_in_force
+from .core import Core
 from .statuses import RunStatus, SlotState
-
-if TYPE_CHECKING:
-    from .engine import Engine
 
 __all__ = ["AuditReport", "Finding", "FindingKind", "audit_slots"]
 
@@ -107,7 +105,7 @@ class AuditReport:
         }
 
 
-def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = None) -> AuditReport:
+def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = None) -> AuditReport:
     """Check the slot invariants of SPEC K4 on ``engine``'s store; repair the
     safe findings when ``repair`` is true.
 
@@ -119,7 +117,7 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
     """
     now = now or engine.now()
     report = AuditReport(checked_at=now)
-    db = getattr(engine.store, "db", None)
+    db = engine.store.database
     if db is None:
         return report
     from django.db.models import Count, Max, Q
@@ -222,7 +220,7 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
                     runs.filter(pk=waiter["run_id"], status__in=_WAKEABLE).update(wake_at=now, updated_at=now)
                 )
                 if repaired:
-                    engine.dispatcher.dispatch(waiter["run_id"], engine._queue_of(engine.get(waiter["run_id"])))
+                    engine.dispatcher.dispatch(waiter["run_id"], engine.queue_of(engine.get(waiter["run_id"])))
             report.findings.append(
                 Finding(
                     FindingKind.STALLED_WAITER,
@@ -251,7 +249,7 @@ def audit_slots(engine: Engine, *, repair: bool = False, now: datetime | None = 
                 )
             )
             if repaired:
-                engine.dispatcher.dispatch(row.run_id, engine._queue_of(engine.get(row.run_id)))
+                engine.dispatcher.dispatch(row.run_id, engine.queue_of(engine.get(row.run_id)))
         assert row.lease_expires_at is not None
         report.findings.append(
             Finding(

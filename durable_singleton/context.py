@@ -7,101 +7,56 @@ its stored result instead of running again (R4).
 
 from __future__ import annotations
 
-import json
-import unicodedata
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from .conf import Settings
+from .definitions import Registry
 from .exceptions import (
     ChildWorkflowError,
     DurableSingletonError,
-    InvalidInputError,
-    InvalidInputTypeError,
     LeaseLostError,
     RunCancelledError,
     SignalTimeoutError,
     SingletonQueueFullError,
 )
-from .stores.base import RunRecord, StepRecord
+from .stores.base import BaseStore, RunRecord, StepRecord
+from .values import MAX_JSON_DEPTH, check_text, printable, to_json_value
 
-if TYPE_CHECKING:
-    from .engine import Engine
 
-__all__ = ["Suspend", "WorkflowCtx", "to_json_value"]
+class TurnHost(Protocol):
+    """What a body's context uses of the core that runs its turn
+    (:class:`~durable_singleton.core.Core`): its store, settings, registry
+    and clock, and :meth:`start` for child workflows (D7)."""
+
+    store: BaseStore
+    settings: Settings
+    registry: Registry
+    now: Callable[[], datetime]
+
+    def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        tags: Iterable[str] = (),
+        version: str | None = None,
+        parent_run_id: str | None = None,
+        namespace: str | None = None,
+    ) -> RunRecord:
+        """Start a run (see :meth:`durable_singleton.engine.Engine.start`)."""
+        ...
+
+__all__ = ["MAX_JSON_DEPTH", "Suspend", "TurnHost", "WorkflowCtx", "check_text", "printable", "to_json_value"]
 
 _SLEEP = "durable:sleep"
 _WAIT = "durable:wait"
 _SIGNAL = "durable:signal"
 _CHILD = "durable:child"
-
-
-#: Deepest nesting of lists and objects accepted in a JSON value, counting the
-#: outermost: within MariaDB's limit for a JSON column (32, counting a leaf),
-#: so every store accepts the same values.
-MAX_JSON_DEPTH = 30
-
-
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Tell whether ``value`` nests lists/dicts deeper than ``limit`` (iteratively, no recursion)."""
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict | list | tuple):
-            if depth > limit:
-                return True
-            children = node.values() if isinstance(node, dict) else node
-            stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def to_json_value(value: Any, what: str, *, max_bytes: int | None = None, setting: str = "MAX_RESULT_BYTES") -> Any:
-    """Return ``value`` as it reads back from JSON; raise :class:`InvalidInputError`.
-
-    Refused too: NUL characters and lone surrogates, which some databases
-    cannot store (PostgreSQL), nesting deeper than :data:`MAX_JSON_DEPTH`
-    (MySQL/MariaDB's limit; deeper values also break Python's JSON encoder),
-    and, with ``max_bytes``, an encoding (UTF-8) longer than that (the
-    ``setting`` named in the message), so every store behaves the same (section 7).
-    """
-    if _depth_exceeds(value, MAX_JSON_DEPTH):
-        raise InvalidInputError(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
-    try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-        size = len(text.encode("utf-8"))
-    except TypeError as exc:
-        raise InvalidInputTypeError(f"{what} is not JSON-serializable: {exc}") from exc
-    except ValueError as exc:
-        raise InvalidInputError(f"{what} is not JSON-serializable: {exc}") from exc
-    if max_bytes is not None and size > max_bytes:
-        raise InvalidInputError(f"{what} is {size} bytes encoded; at most {setting} = {max_bytes} are allowed")
-    if "\x00" in text or "\\u0000" in text:
-        raise InvalidInputError(f"{what} contains a NUL character, which databases cannot store")
-    return json.loads(text)
-
-
-def printable(text: str) -> str:
-    """Return ``text`` safe to store: NULs and lone surrogates escaped."""
-    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def check_text(value: object, what: str, max_length: int = 191) -> str:
-    """Check an identifier (run id, tag, signal name, namespace); raise :class:`ValidationError`."""
-    from .exceptions import ValidationError
-
-    if not isinstance(value, str) or not value.strip() or len(value) > max_length:
-        raise ValidationError(
-            f"{what} must be a str of at most {max_length} characters with a non-space character, got {value!r:.80}"
-        )
-    if any(unicodedata.category(c) == "Cc" for c in value):
-        raise ValidationError(f"{what} contains a control character (NUL included)")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValidationError(f"{what} is not valid text: {exc}") from exc
-    return value
 
 
 @dataclass(frozen=True)
@@ -159,9 +114,10 @@ def guarded(store: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> An
 
 
 class WorkflowCtx:
-    """What a running body may do. Created by the engine for one turn."""
+    """What a running body may do. Created by the engine for one turn;
+    ``engine`` is the :class:`TurnHost` that runs it."""
 
-    def __init__(self, engine: Engine, run: RunRecord, owner: str, steps: dict[int, StepRecord]) -> None:
+    def __init__(self, engine: TurnHost, run: RunRecord, owner: str, steps: dict[int, StepRecord]) -> None:
         self.engine = engine
         self.run = run
         self.owner = owner

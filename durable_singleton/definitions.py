@@ -1,8 +1,10 @@
 """Workflow and step declarations, and the registry that holds them.
 
-A workflow is declared once, by the :func:`workflow` decorator on a
-:class:`BaseWorkflow` subclass (or on a plain function), by a ``workflow``
-class attribute, or by :meth:`Engine.register`. Every declaration is checked
+A workflow is declared once, by the :func:`~durable_singleton.workflows.workflow`
+decorator on a :class:`~durable_singleton.workflows.BaseWorkflow` subclass (or
+on a plain function), by a ``workflow`` class attribute, or by
+:meth:`Engine.register <durable_singleton.engine.Engine.register>`; each
+fills a :class:`Registry`. Every declaration is checked
 when it is registered; an invalid one raises
 :class:`~durable_singleton.exceptions.InvalidWorkflowError` naming the
 workflow and the field (SPEC section 7).
@@ -12,8 +14,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from dataclasses import dataclass, field
+from typing import Any
 
 from .exceptions import (
     DuplicateWorkflowError,
@@ -21,27 +23,23 @@ from .exceptions import (
     UnknownStepError,
     UnknownWorkflowError,
 )
-
-if TYPE_CHECKING:
-    from .context import WorkflowCtx
-    from .schedules import Schedule
-    from .stores.base import RunRecord
+from .records import RunRecord
+from .schedule_specs import Schedule, coerce_schedules
 
 __all__ = [
-    "BaseWorkflow",
     "Registry",
     "Singleton",
     "WorkflowDefinition",
     "WorkflowOptions",
     "registry",
     "step",
-    "workflow",
 ]
 
 NAME_MAX_LENGTH = 191
 VERSION_MAX_LENGTH = 64
 
-Body = Callable[["WorkflowCtx", Any], Any]
+#: A workflow body: ``fn(ctx, input)``, ``ctx`` a :class:`~durable_singleton.context.WorkflowCtx`.
+Body = Callable[[Any, Any], Any]
 StepHandler = Callable[[Any], Any]
 
 
@@ -133,7 +131,7 @@ class WorkflowDefinition:
         return f"{self.name}@{self.version}"
 
 
-def _origin(obj: object) -> str:
+def origin_of(obj: object) -> str:
     """Name where ``obj`` was defined, so re-registering the same body is a no-op."""
     code = getattr(obj, "__code__", None)
     line = f":{code.co_firstlineno}" if code is not None else ""
@@ -174,8 +172,8 @@ class Registry:
             raise InvalidWorkflowError(name, "step", "a step handler must be callable")
         with self._lock:
             existing = self.steps.get(name)
-            if existing is not None and _origin(existing) != _origin(handler):
-                raise InvalidWorkflowError(name, "step", f"already registered by {_origin(existing)}")
+            if existing is not None and origin_of(existing) != origin_of(handler):
+                raise InvalidWorkflowError(name, "step", f"already registered by {origin_of(existing)}")
             self.steps[name] = handler
 
     def get_step(self, name: str) -> StepHandler:
@@ -225,9 +223,7 @@ class Registry:
         event_names = tuple(events)
         if isinstance(events, str) or any(not isinstance(e, str) or not e for e in event_names):
             raise InvalidWorkflowError(name, "events", "must be a sequence of non-empty event names")
-        from .schedules import coerce_schedules
-
-        schedule_specs = coerce_schedules(name, schedules)  # type: ignore[arg-type]
+        schedule_specs = coerce_schedules(name, tuple(schedules))
         definition = WorkflowDefinition(
             name=name,
             version=version,
@@ -237,7 +233,7 @@ class Registry:
             steps=step_names,
             queue=queue,
             on_dead=on_dead,
-            origin=origin or _origin(body),
+            origin=origin or origin_of(body),
             remote=remote,
             events=event_names,
             schedules=schedule_specs,
@@ -288,120 +284,3 @@ def step(name: str, *, registry: Registry = registry) -> Callable[[StepHandler],
         return handler
 
     return decorate
-
-
-def _options_from(workflow_name: str, value: WorkflowOptions | Mapping[str, Any]) -> dict[str, Any]:
-    """Return the registration options of a ``WorkflowOptions`` or a mapping of its fields."""
-    known = [f.name for f in fields(WorkflowOptions)]
-    if isinstance(value, WorkflowOptions):
-        return {name: getattr(value, name) for name in known}
-    if isinstance(value, Mapping):
-        unknown = set(value) - set(known)
-        if unknown:
-            raise InvalidWorkflowError(workflow_name, "workflow", f"unknown options {sorted(unknown)}")
-        if "name" not in value:
-            raise InvalidWorkflowError(workflow_name, "name", "is required")
-        return {"version": "1", **value}
-    raise InvalidWorkflowError(
-        workflow_name, "workflow", f"expected a mapping or WorkflowOptions, got {type(value).__name__}"
-    )
-
-
-W = TypeVar("W")
-
-
-def workflow(
-    name: str,
-    version: str = "1",
-    *,
-    singleton: Singleton | Mapping[str, Any] | None = None,
-    timeout: float | None = None,
-    steps: Iterable[str] = (),
-    queue: str | None = None,
-    on_dead: Callable[[RunRecord], None] | None = None,
-    events: Iterable[str] = (),
-    schedules: Iterable[Schedule] = (),
-    registry: Registry = registry,
-) -> Callable[[W], W]:
-    """Register the decorated :class:`BaseWorkflow` subclass or function as a workflow.
-
-    A function body takes ``(ctx, input)``. Raises :class:`InvalidWorkflowError`
-    at decoration time for an invalid option.
-    """
-    options = WorkflowOptions(
-        name=name,
-        version=version,
-        singleton=singleton,
-        timeout=timeout,
-        steps=tuple(steps),
-        queue=queue,
-        on_dead=on_dead,
-        events=tuple(events),
-        schedules=tuple(schedules),
-    )
-
-    def decorate(target: W) -> W:
-        if isinstance(target, type) and issubclass(target, BaseWorkflow):
-            target.workflow = options
-            target._register(registry)
-        else:
-            registry.add(body=target, **_options_from(name, options))  # type: ignore[arg-type]
-        return target
-
-    return decorate
-
-
-class BaseWorkflow:
-    """Base class of class-declared workflows; override :meth:`run`.
-
-    Declare options with the :func:`workflow` decorator or a ``workflow`` class
-    attribute (a mapping or :class:`WorkflowOptions`).
-    """
-
-    workflow: ClassVar[WorkflowOptions | Mapping[str, Any] | None] = None
-    definition: ClassVar[WorkflowDefinition]
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.__dict__.get("workflow") is not None:
-            cls._register(registry)
-
-    @classmethod
-    def _register(cls, target: Registry) -> None:
-        options = _options_from(cls.__qualname__, cls.__dict__["workflow"])
-        cls.definition = target.add(body=cls._body, origin=_origin(cls), **options)
-
-    @classmethod
-    def _body(cls, ctx: WorkflowCtx, input: Any) -> Any:
-        return cls().run(ctx, input)
-
-    def run(self, ctx: WorkflowCtx, input: Any) -> Any:
-        """Run the workflow body; called again from the top after every suspension (R4)."""
-        raise NotImplementedError(f"{type(self).__qualname__}.run")
-
-    @classmethod
-    def start(cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None) -> RunRecord:
-        """Start a run of this workflow; see :meth:`Engine.start`. Never blocks (S3)."""
-        from .runtime import get_engine
-
-        return (engine or get_engine()).start(
-            cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version
-        )
-
-    dispatch = start
-
-    @classmethod
-    async def astart(
-        cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None
-    ) -> RunRecord:
-        """Start a run of this workflow off the event loop, for async views; see ``Engine.astart``.
-
-        Raises what :meth:`start` raises, each writing nothing (S15, section 7).
-        """
-        from .engine import Engine
-        from .runtime import get_engine
-
-        runner: Engine = engine or get_engine()
-        return await runner.astart(cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version)
-
-    adispatch = astart

@@ -19,32 +19,41 @@ import queue as queue_module
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from celery import current_app
 
 from .conf import Settings
+from .dispatcher import Dispatcher, TurnRunner
+from .exceptions import ConfigurationError
+from .stores.base import BaseStore
 
-if TYPE_CHECKING:
-    from .engine import Engine
-
-__all__ = ["CeleryDispatcher", "ManualDispatcher", "ThreadDispatcher", "build_dispatcher"]
+__all__ = ["EXECUTE_TASK", "TICK_TASK", "CeleryDispatcher", "ManualDispatcher", "ThreadDispatcher", "build_dispatcher"]
 
 logger = logging.getLogger("durable_singleton")
 
+#: The Celery task that executes one turn (``durable_singleton.tasks.execute_run``).
+EXECUTE_TASK = "durable_singleton.execute_run"
+#: The Celery beat task that runs the tick (``durable_singleton.tasks.tick``).
+TICK_TASK = "durable_singleton.tick"
 
-class _DjangoCommit:
-    """Defers callbacks to ``transaction.on_commit`` of the store's database."""
 
-    def __init__(self, store: Any) -> None:
+class _DjangoCommit(Dispatcher):
+    """Defers callbacks to ``transaction.on_commit`` of the store's database
+    (:attr:`~durable_singleton.stores.base.BaseStore.database`)."""
+
+    def __init__(self, store: BaseStore) -> None:
         self.store = store
-        self.engine: Engine | None = None
+        self.runner: TurnRunner | None = None
 
-    def bind(self, engine: Engine) -> None:
-        """Attach the engine whose turns this dispatcher executes."""
-        self.engine = engine
+    @property
+    def engine(self) -> TurnRunner | None:
+        """The engine bound by :meth:`bind` (None before)."""
+        return self.runner
 
     def _alias(self) -> str | None:
-        return getattr(self.store, "db", None)
+        return self.store.database
 
     def on_commit(self, fn: Callable[[], object]) -> None:
         alias = self._alias()
@@ -70,6 +79,17 @@ class _DjangoCommit:
             close_old_connections()
 
 
+def _send_turn(app: Any, run_id: str, options: dict[str, Any]) -> None:
+    """Send the ``execute_run`` task for ``run_id`` by its name: through the task
+    registered in ``app`` (so ``task_always_eager`` and the task's own options
+    apply), else as a message by name."""
+    task = app.tasks.get(EXECUTE_TASK)
+    if task is not None:
+        task.apply_async((run_id,), **options)
+    else:
+        app.send_task(EXECUTE_TASK, (run_id,), **options)
+
+
 class CeleryDispatcher(_DjangoCommit):
     """Send each turn as the Celery task ``durable_singleton.execute_run`` after commit.
 
@@ -79,31 +99,28 @@ class CeleryDispatcher(_DjangoCommit):
 
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
         def send() -> None:
-            from .tasks import execute_run
-
             options: dict[str, Any] = {"retry": True, "retry_policy": {"max_retries": 1, "interval_start": 0.1}}
             if queue:
                 options["queue"] = queue
             try:
-                execute_run.apply_async((run_id,), **options)
+                _send_turn(current_app, run_id, options)
             except Exception:  # broker down: the durable timer re-sends (S8, F4)
                 logger.exception("could not send turn of run %s; the tick will re-send it", run_id)
 
         self.on_commit(send)
 
-    def dispatch_many(self, run_ids: list[str], queue: str | None = None) -> None:
+    def dispatch_many(self, run_ids: Sequence[str], queue: str | None = None) -> None:
         """Send many turns after commit through one producer (one broker connection)."""
 
         def send() -> None:
-            from .tasks import execute_run
-
             options: dict[str, Any] = {"retry": True, "retry_policy": {"max_retries": 1, "interval_start": 0.1}}
             if queue:
                 options["queue"] = queue
             try:
-                with execute_run.app.producer_or_acquire() as producer:
+                app = current_app
+                with app.producer_or_acquire() as producer:
                     for run_id in run_ids:
-                        execute_run.apply_async((run_id,), producer=producer, **options)
+                        _send_turn(app, run_id, {**options, "producer": producer})
             except Exception:  # broker down: the durable timer re-sends (S8, F4)
                 logger.exception("could not send %d turns; the tick will re-send them", len(run_ids))
 
@@ -124,7 +141,7 @@ class ThreadDispatcher(_DjangoCommit):
     an idle timeout or ``pg_terminate_backend`` is reopened (O1).
     """
 
-    def __init__(self, store: Any, threads: int, tick_seconds: float) -> None:
+    def __init__(self, store: BaseStore, threads: int, tick_seconds: float) -> None:
         super().__init__(store)
         self.threads = threads
         self.tick_seconds = tick_seconds
@@ -244,7 +261,7 @@ class ThreadDispatcher(_DjangoCommit):
 class ManualDispatcher(_DjangoCommit):
     """Queue turns in memory; a test calls :meth:`drain` to execute them."""
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: BaseStore) -> None:
         super().__init__(store)
         self.queue: deque[str] = deque()
         self.sent: list[str] = []
@@ -272,10 +289,9 @@ class ManualDispatcher(_DjangoCommit):
         raise RuntimeError(f"drain did not finish within {max_turns} turns")
 
 
-def build_dispatcher(settings: Settings, store: Any) -> Any:
-    """Return the dispatcher named by ``settings.DISPATCH``."""
-    from .exceptions import ConfigurationError
-
+def build_dispatcher(settings: Settings, store: BaseStore) -> CeleryDispatcher | ThreadDispatcher | ManualDispatcher:
+    """Return the dispatcher named by ``settings.DISPATCH``; raise
+    :class:`~durable_singleton.exceptions.ConfigurationError` for another name."""
     if settings.DISPATCH == "celery":
         return CeleryDispatcher(store)
     if settings.DISPATCH == "thread":

@@ -24,6 +24,7 @@ __all__ = [
     "SingletonQueueFullError",
     "UnknownStepError",
     "UnknownWorkflowError",
+    "UnsupportedByStoreError",
     "ValidationError",
 ]
 
@@ -98,6 +99,11 @@ class SingletonQueueFullError(DurableSingletonError):
             f"singleton queue full for workflow {workflow!r}, key {key!r}: "
             f"max_queue_depth={max_queue_depth} waiters already queued"
         )
+
+
+class UnsupportedByStoreError(DurableSingletonError):
+    """The configured store does not offer this feature; its capability flag
+    (``BaseStore.supports_key_controls``, ...) says so before the call."""
 
 
 class RunNotFoundError(DurableSingletonError):

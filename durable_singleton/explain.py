@@ -1,7 +1,8 @@
 """Why is it waiting (K3): a run's place as plain data and one sentence.
 
 :func:`explain` reads the run, the active runs of its key and the key's
-recent durations through the engine's store, and says what the run is doing
+recent durations through the engine's store (its seam: ``database``,
+``active_runs_for_key``, ``key_control_state``), and says what the run is doing
 or waiting for: holding a slot (since when, with its fencing token), waiting
 at position N behind named holders (how long each has held, the queue's
 depth, the key's pause and limit state, an estimated wait), or able to run
@@ -16,16 +17,14 @@ import heapq
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .admission import free_slots, limit_in_force
+from .core import Core
 from .exceptions import UnknownWorkflowError
+from .stores.base import BaseStore, RunRecord
 
-if TYPE_CHECKING:
-    from .engine import Engine
-    from .stores.base import RunRecord
-
-__all__ = ["ExplainMixin", "ExplainState", "Explanation", "HolderInfo", "KeyControls", "explain"]
+__all__ = ["ExplainState", "Explanation", "HolderInfo", "KeyControls", "explain"]
 
 #: Completed runs of a key whose durations feed the estimated wait.
 RECENT_RUNS = 20
@@ -129,13 +128,7 @@ def _at(moment: datetime | None) -> str:
     return "an unknown time" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _inner(store: Any) -> Any:
-    while getattr(store, "inner", None) is not None:
-        store = store.inner
-    return store
-
-
-def _key_limit(engine: Engine, run: RunRecord) -> int:
+def _key_limit(engine: Core, run: RunRecord) -> int:
     """The key's configured limit: the latest registered version's (S2), else the stored one."""
     try:
         single = engine.registry.get(run.workflow_name).singleton
@@ -144,11 +137,9 @@ def _key_limit(engine: Engine, run: RunRecord) -> int:
     return single.limit if single is not None else (run.singleton_limit or 1)
 
 
-def _key_controls(store: Any, workflow: str, key: str) -> KeyControls:
-    """Read the key's pause and limit override (K2) where the controls keep them."""
-    from .controls import control_store_for
-
-    paused, override = control_store_for(store).state(workflow, key)
+def _key_controls(store: BaseStore, workflow: str, key: str) -> KeyControls:
+    """Read the key's pause and limit override (K2) through the store's key-control seam."""
+    paused, override = store.key_control_state(workflow, key)
     return KeyControls(paused=paused, override=override)
 
 
@@ -167,19 +158,19 @@ def _since(admitted_at: datetime | None, started_at: datetime | None, attempts: 
     return started_at if attempts <= 1 else None
 
 
-def _queue_facts(store: Any, run: RunRecord) -> _QueueFacts:
+def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
     """Read the key's holders (the oldest few), its depth and ``run``'s position.
 
     On the Django store: two bounded queries, whatever the backlog (the
     queue index serves both). Elsewhere: the key's active runs.
     """
     assert run.singleton_key is not None
-    if getattr(store, "db", None) is not None:
+    if store.database is not None:
         from django.db.models import Count, Q
 
         from .models import Run
 
-        runs = Run.objects.using(store.db).for_key(run.workflow_name, run.singleton_key)
+        runs = Run.objects.using(store.database).for_key(run.workflow_name, run.singleton_key)
         rows = list(
             runs.holders()
             .order_by("created_at", "run_id")
@@ -199,22 +190,22 @@ def _queue_facts(store: Any, run: RunRecord) -> _QueueFacts:
     waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: (r.created_at, r.run_id))
     position = next((n for n, w in enumerate(waiters, 1) if w.run_id == run.run_id), None)
     holders = [
-        (r.run_id, r.status, _since(getattr(r, "admitted_at", None), r.started_at, r.attempts))
+        (r.run_id, r.status, _since(r.admitted_at, r.started_at, r.attempts))
         for r in held[:NAMED_HOLDERS]
     ]
     return _QueueFacts(holders, len(held), len(waiters), position)
 
 
-def _recent_durations(store: Any, workflow: str, key: str) -> list[float]:
+def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
     """Seconds from admission (or start) to finish of the key's last completed runs."""
     rows: Iterable[tuple[datetime | None, datetime | None]]
-    if getattr(store, "db", None) is not None:
+    if store.database is not None:
         from django.db.models.functions import Coalesce
 
         from .models import Run
 
         rows = (
-            Run.objects.using(store.db)
+            Run.objects.using(store.database)
             .for_key(workflow, key)
             .filter(status="completed", finished_at__isnull=False)
             .annotate(began=Coalesce("admitted_at", "started_at"))
@@ -227,8 +218,8 @@ def _recent_durations(store: Any, workflow: str, key: str) -> list[float]:
             for r in store.list_runs(workflow_name=workflow)
             if r.singleton_key == key and r.status == "completed" and r.finished_at is not None
         ]
-        done.sort(key=lambda r: r.finished_at, reverse=True)
-        rows = [(getattr(r, "admitted_at", None) or r.started_at, r.finished_at) for r in done[:RECENT_RUNS]]
+        done.sort(key=lambda r: r.finished_at or r.created_at, reverse=True)
+        rows = [(r.admitted_at or r.started_at, r.finished_at) for r in done[:RECENT_RUNS]]
     return [(end - begin).total_seconds() for begin, end in rows if begin is not None and end is not None]
 
 
@@ -250,7 +241,7 @@ def estimate_wait(position: int, slots: int, held: list[float | None], typical: 
     return free_at[0]
 
 
-def explain(engine: Engine, run_id: str) -> Explanation:
+def explain(engine: Core, run_id: str) -> Explanation:
     """Return why run ``run_id`` is where it is (K3).
 
     Reads through ``engine``'s store: the run, its key's active runs and its
@@ -260,8 +251,8 @@ def explain(engine: Engine, run_id: str) -> Explanation:
     """
     run = engine.get(run_id)
     now = engine.now()
-    store = _inner(engine.store)
-    token = getattr(run, "fencing_token", None)
+    store = engine.store
+    token = run.fencing_token
     base: dict[str, Any] = {
         "run_id": run.run_id,
         "workflow": run.workflow_name,
@@ -301,7 +292,7 @@ def explain(engine: Engine, run_id: str) -> Explanation:
     if run.holds_slot:
         held_since = next((h.since for h in holder_infos if h.run_id == run.run_id), None)
         if held_since is None:
-            held_since = getattr(run, "admitted_at", None) or _since(None, run.started_at, run.attempts)
+            held_since = run.admitted_at or _since(None, run.started_at, run.attempts)
         doing = {
             "running": f"running (lease held by {run.lease_owner})" if run.lease_owner else "running",
             "suspended": f"parked ({run.park_reason or 'sleeping'}) until {_at(run.wake_at)}; the slot stays held",
@@ -398,14 +389,3 @@ def _explain_unkeyed(run: RunRecord, now: datetime, base: dict[str, Any]) -> Exp
     what = run.park_reason or ("sleeping" if run.status == "suspended" else "blocked")
     sentence = f"Run {run.run_id} is {run.status} ({what}) until {_at(run.wake_at)}; it has no singleton key."
     return Explanation(state=ExplainState.PARKED, sentence=sentence, **base)
-
-
-class ExplainMixin:
-    """Adds :meth:`explain` to the engine."""
-
-    def explain(self, run_id: str) -> Explanation:
-        """Return why run ``run_id`` is where it is, as plain data and one sentence (K3).
-
-        Raises :class:`~durable_singleton.exceptions.RunNotFoundError`.
-        """
-        return explain(self, run_id)  # type: ignore[arg-type]

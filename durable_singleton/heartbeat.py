@@ -4,11 +4,16 @@ durable_health`` can report a stale tick."""
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import weakref
 from datetime import datetime
 from typing import Any
+
+from django.db import DatabaseError
+
+from . import signals
 
 __all__ = ["HEARTBEAT_EVERY_SECONDS", "last_tick", "record_tick"]
 
@@ -23,20 +28,19 @@ _written: weakref.WeakKeyDictionary[Any, datetime] = weakref.WeakKeyDictionary()
 
 def record_tick(engine: Any, now: datetime) -> bool:
     """Record that ``engine`` completed a tick that began at ``now``: its
-    duration for the metrics, and the heartbeat row (at most every
-    :data:`HEARTBEAT_EVERY_SECONDS` per engine). Only the Django store keeps
-    it; returns True if this call wrote the row. Never raises for a database
-    error (the tick goes on; a missing heartbeat is what health reports)."""
-    _observe_tick(max(0.0, (engine.now() - now).total_seconds()))
-    db = getattr(engine.store, "db", None)
+    duration (the ``tick_finished`` signal, which the metrics count), and the
+    heartbeat row (at most every :data:`HEARTBEAT_EVERY_SECONDS` per engine).
+    Only a store in a Django database (``store.database``) keeps it; returns
+    True if this call wrote the row. Never raises for a database error (the
+    tick goes on; a missing heartbeat is what health reports)."""
+    signals.tick_finished.send(sender=type(engine), seconds=max(0.0, (engine.now() - now).total_seconds()))
+    db = engine.store.database
     if db is None:
         return False
     last = _written.get(engine)
     if last is not None and (now - last).total_seconds() < HEARTBEAT_EVERY_SECONDS:
         return False
-    from django.db import DatabaseError
-
-    from .models import Heartbeat
+    from .models import Heartbeat  # the models need the app registry: imported at the call
 
     owner = f"{socket.gethostname()}:{os.getpid()}"
     rows = Heartbeat.objects.using(db)
@@ -44,21 +48,10 @@ def record_tick(engine: Any, now: datetime) -> bool:
         if not rows.filter(name=TICK).update(at=now, owner=owner):
             rows.bulk_create([Heartbeat(name=TICK, at=now, owner=owner)], ignore_conflicts=True)
     except DatabaseError:
-        import logging
-
         logging.getLogger("durable_singleton").exception("could not record the tick's heartbeat")
         return False
     _written[engine] = now
     return True
-
-
-def _observe_tick(seconds: float) -> None:
-    """Feed the tick duration to the metrics, when prometheus_client is installed (O4)."""
-    try:
-        from .metrics import observe_tick
-    except ImportError:
-        return
-    observe_tick(seconds)
 
 
 def last_tick(using: str) -> Any:

@@ -75,6 +75,10 @@ def observe_tick(seconds: float) -> None:
     TICK.observe(seconds)
 
 
+def _on_tick(sender: Any, seconds: float, **kwargs: Any) -> None:
+    observe_tick(seconds)
+
+
 def _on_finished(sender: Any, run: Any, **kwargs: Any) -> None:
     if run.singleton_key is None:
         return
@@ -174,3 +178,4 @@ def connect() -> None:
 
     signals.run_finished.connect(_on_finished, dispatch_uid="durable_singleton.metrics_finished")
     signals.run_admitted.connect(_on_admitted, dispatch_uid="durable_singleton.metrics_admitted")
+    signals.tick_finished.connect(_on_tick, dispatch_uid="durable_singleton.metrics_tick")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from .core import Core
 from .stores.base import TERMINAL_STATUSES
 
 __all__ = ["CHUNK", "READ_PAGE", "RETENTION_EVERY_SECONDS", "PurgeReport", "purge_finished", "retention_batch"]
@@ -55,12 +56,12 @@ class PurgeReport:
         }
 
 
-def _database(engine: Any) -> str | None:
-    return getattr(engine.store, "db", None)
+def _database(engine: Core) -> str | None:
+    return engine.store.database
 
 
 def purge_finished(
-    engine: Any,
+    engine: Core,
     *,
     before: datetime,
     statuses: Iterable[str] = TERMINAL_STATUSES,
@@ -159,10 +160,10 @@ def _delete_chunk(
 
 
 # Per engine: when its last batch ran (its clock) and whether it was full.
-_last_batch: weakref.WeakKeyDictionary[Any, tuple[datetime, bool]] = weakref.WeakKeyDictionary()
+_last_batch: weakref.WeakKeyDictionary[Core, tuple[datetime, bool]] = weakref.WeakKeyDictionary()
 
 
-def retention_batch(engine: Any, now: datetime) -> int:
+def retention_batch(engine: Core, now: datetime) -> int:
     """The tick's retention batch (O2, S8b): delete at most ``RETENTION_BATCH``
     runs that finished more than ``RETENTION_SECONDS`` before ``now``.
 

@@ -1,7 +1,7 @@
 """Lifecycle signals of runs, with logging receivers connected in ``ready()``.
 
 Each is sent with ``sender=Engine`` and ``run`` (a
-:class:`~durable_singleton.stores.base.RunRecord`); ``run_parked`` also
+:class:`~durable_singleton.records.RunRecord`); ``run_parked`` also
 carries ``reason`` (``"singleton"``, ``"sleep"``, ``"signal:<name>"``...):
 
 * ``run_created``: a start inserted a new run (not for an idempotent re-start);
@@ -10,6 +10,9 @@ carries ``reason`` (``"singleton"``, ``"sleep"``, ``"signal:<name>"``...):
   a wait for a signal or a child, ``blocked``);
 * ``run_finished``: the run became terminal (its ``status`` says which);
 * ``run_dead``: the run was dead-lettered (D4), before ``run_finished``.
+
+``tick_finished`` is sent with ``sender=Engine`` and ``seconds`` (a float)
+after each tick, with its duration (the metrics' tick histogram, O4).
 
 The logging receivers write to the ``durable_singleton`` logger with the
 structured fields ``run_id``, ``workflow`` and ``key`` (``extra=``, for a
@@ -23,7 +26,16 @@ from typing import Any
 
 from django.dispatch import Signal
 
-__all__ = ["connect_log_receivers", "fields", "run_admitted", "run_created", "run_dead", "run_finished", "run_parked"]
+__all__ = [
+    "connect_log_receivers",
+    "fields",
+    "run_admitted",
+    "run_created",
+    "run_dead",
+    "run_finished",
+    "run_parked",
+    "tick_finished",
+]
 
 logger = logging.getLogger("durable_singleton")
 
@@ -32,6 +44,7 @@ run_admitted = Signal()
 run_parked = Signal()
 run_finished = Signal()
 run_dead = Signal()
+tick_finished = Signal()
 
 
 def fields(run: Any) -> dict[str, Any]:

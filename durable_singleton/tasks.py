@@ -9,12 +9,11 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import close_old_connections
 
+from .conf import get_settings
+from .dispatch import EXECUTE_TASK, TICK_TASK
 from .runtime import get_engine
 
 __all__ = ["EXECUTE_TASK", "TICK_TASK", "beat_schedule", "execute_run", "tick"]
-
-EXECUTE_TASK = "durable_singleton.execute_run"
-TICK_TASK = "durable_singleton.tick"
 
 
 @shared_task(name=EXECUTE_TASK, ignore_result=True)
@@ -43,8 +42,6 @@ def beat_schedule(seconds: float | None = None) -> dict[str, dict[str, object]]:
 
     Add it to your Celery app: ``app.conf.beat_schedule.update(beat_schedule())``.
     """
-    from .conf import get_settings
-
     return {
         "durable-singleton-tick": {
             "task": TICK_TASK,

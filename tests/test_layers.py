@@ -43,13 +43,11 @@ def test_every_module_is_in_a_layer() -> None:
     assert missing == []
 
 
-@pytest.mark.xfail(strict=True, reason="#16: the moves that break the cycles land next")
 def test_no_module_imports_a_higher_layer() -> None:
     """Each module imports only modules of its own layer or lower ones (STYLE "Layers")."""
     assert imports.violations(imports.graph()) == []
 
 
-@pytest.mark.xfail(strict=True, reason="#16: the moves that break the cycles land next")
 def test_no_import_cycle_but_models_and_querysets() -> None:
     """No import cycle, lazy or not, except models <-> querysets for typing (STYLE
     "Seams and roots": a cycle held up by lazy imports is a design fault)."""
@@ -95,18 +93,23 @@ def test_the_checker_finds_a_cycle() -> None:
     assert imports.forbidden_cycles([a, b]) == [["durable_singleton.a", "durable_singleton.b"]]
 
 
-@pytest.mark.xfail(strict=True, reason="#16: the moves that break the cycles land next")
+#: Modules outside stores/ that still lock rows, to move under stores/ (#16): the
+#: retention purge's re-check and the re-encoding pass. This list only shrinks.
+LOCKS_LEFT_TO_MOVE = {"durable_singleton/retention.py", "durable_singleton/reencode.py"}
+
+
 def test_only_the_stores_take_row_locks() -> None:
     """``select_for_update`` appears only under durable_singleton/stores/ (STYLE:
-    "Only the store takes locks"; the lock order of docs/design.rst is the stores')."""
-    found = []
+    "Only the store takes locks"; the lock order of docs/design.rst is the stores'),
+    but in :data:`LOCKS_LEFT_TO_MOVE`, each of which must still need its entry."""
+    found = set()
     for path in sorted((ROOT / "durable_singleton").rglob("*.py")):
         if path.is_relative_to(ROOT / "durable_singleton" / "stores"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "select_for_update":
-                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
-    assert found == []
+                found.add(str(path.relative_to(ROOT)))
+    assert found == LOCKS_LEFT_TO_MOVE
 
 
 def _twins() -> list[tuple[str, str]]:

@@ -26,8 +26,8 @@ from ..exceptions import DurableSingletonError
 from ..models import ScheduleFiring, ScheduleState
 from ..queues import format_age
 from ..runtime import get_engine
-from ..schedule_store import spec_of
 from ..schedules import pause_schedule, resume_schedule
+from ..stores.schedule_state import spec_of
 
 __all__ = ["ScheduleAdmin", "ScheduleFiringAdmin"]
 

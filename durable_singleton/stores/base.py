@@ -18,119 +18,47 @@ The turn protocol (docs/design.rst):
 from __future__ import annotations
 
 import enum
+import threading
 import warnings
+import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from operator import attrgetter
 from typing import Any
 
-from ..admission import ADMITTED_TAG, TRACKED_TAG, holds_slot, key_tag
-from ..statuses import PARKED_STATUSES, TERMINAL_STATUSES, RunStatus
+from ..codecs import Codec
+from ..exceptions import UnsupportedByStoreError
+from ..records import RunRecord, SignalRecord, StepRecord
+from ..schedule_specs import Schedule
+from ..statuses import TERMINAL_STATUSES, RunStatus
 
 __all__ = [
     "TERMINAL_STATUSES",
     "AdmissionResult",
     "BaseStore",
+    "ControlChange",
+    "ControlChangeRecord",
+    "ControlResult",
     "Finish",
+    "FiringRecord",
     "Limits",
+    "MemoryScheduleStore",
     "RetryPolicy",
     "RunRecord",
+    "ScheduleRow",
+    "ScheduleStore",
     "SignalRecord",
     "StepRecord",
     "Turn",
     "TurnState",
+    "control_records",
 ]
 
 #: Declared singleton limits by workflow name (the latest registered version's, S2).
 Limits = Mapping[str, int]
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    """A run as stored (R1). ``tags`` includes the key tag and reserved markers."""
-
-    run_id: str
-    workflow_name: str
-    workflow_version: str
-    namespace: str
-    status: str
-    input: Any
-    created_at: datetime
-    updated_at: datetime
-    output: Any = None
-    error: Any = None
-    user_tags: tuple[str, ...] = ()
-    singleton_key: str | None = None
-    singleton_limit: int | None = None
-    admitted: bool = False
-    tracked: bool = False
-    wake_at: datetime | None = None
-    lease_owner: str | None = None
-    lease_expires_at: datetime | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    admitted_at: datetime | None = None
-    attempts: int = 0
-    recoveries: int = 0
-    parent_run_id: str | None = None
-    park_reason: str = ""
-    cancel_requested: bool = False
-    deadline_at: datetime | None = None
-    fencing_token: int | None = None
-    step_count: int = 0
-
-    @property
-    def tags(self) -> list[str]:
-        """Return the run's tags: caller tags, ``singleton:<key>`` and markers (S1, S12)."""
-        tags = list(self.user_tags)
-        if self.singleton_key is not None:
-            tags.append(key_tag(self.singleton_key))
-            if self.tracked:
-                tags.append(TRACKED_TAG)
-            if self.admitted:
-                tags.append(ADMITTED_TAG)
-        return tags
-
-    @property
-    def holds_slot(self) -> bool:
-        """Tell whether the run holds a slot of its key (S5, S12): :func:`~durable_singleton.admission.holds_slot`."""
-        return holds_slot(self.status, key=self.singleton_key, admitted=self.admitted, tracked=self.tracked)
-
-    @property
-    def is_terminal(self) -> bool:
-        """Tell whether the status is terminal (R2)."""
-        return self.status in TERMINAL_STATUSES
-
-    @property
-    def is_parked(self) -> bool:
-        """Tell whether the run is active and not running (no lease)."""
-        return self.status in PARKED_STATUSES
-
-    def evolve(self, **changes: Any) -> RunRecord:
-        """Return a copy with ``changes`` applied."""
-        return replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """A memoized step result (R4)."""
-
-    position: int
-    name: str
-    result: Any
-    started_at: datetime
-    finished_at: datetime
-
-
-@dataclass(frozen=True)
-class SignalRecord:
-    """A buffered signal (D2)."""
-
-    seq: int
-    name: str
-    payload: Any
-    created_at: datetime
 
 
 @dataclass(frozen=True)
@@ -196,6 +124,187 @@ class Finish:
         return self.run is not None
 
 
+@dataclass(frozen=True)
+class ControlChangeRecord:
+    """One recorded key-control change (K2): ``key`` is "" for a workflow-wide
+    change; ``field`` is ``paused`` or ``limit_override``; ``by`` who, ``at``
+    when; ``keys`` how many keys it changed."""
+
+    workflow: str
+    key: str
+    field: str
+    old: Any
+    new: Any
+    by: str
+    reason: str
+    at: datetime
+    keys: int = 1
+
+
+@dataclass(frozen=True)
+class ControlChange:
+    """What a key-control change sets: ``paused`` (None: unchanged) and
+    ``override`` (unchanged while ``keep_override``)."""
+
+    paused: bool | None = None
+    override: int | None = None
+    keep_override: bool = True
+
+
+@dataclass(frozen=True)
+class ControlResult:
+    """A key's controls before and after a change (K2)."""
+
+    key: str
+    old_paused: bool
+    old_override: int | None
+    paused: bool
+    override: int | None
+
+
+def control_records(
+    workflow: str, key: str, results: Sequence[ControlResult], by: str, reason: str, now: datetime
+) -> list[ControlChangeRecord]:
+    """Return one record per changed field of ``results``; a workflow-wide change (``key`` "") counts its keys."""
+    out = []
+    for name, before, after in (("paused", "old_paused", "paused"), ("limit_override", "old_override", "override")):
+        old_of, new_of = attrgetter(before), attrgetter(after)
+        changed = [r for r in results if old_of(r) != new_of(r)]
+        if not changed:
+            continue
+        if key:
+            old, new = old_of(changed[0]), new_of(changed[0])
+        else:
+            olds = {old_of(r) for r in changed}
+            old = olds.pop() if len(olds) == 1 else "mixed"
+            new = new_of(changed[0])
+        out.append(ControlChangeRecord(workflow, key, name, old, new, by, reason, now, keys=len(changed)))
+    return out
+
+
+@dataclass
+class ScheduleRow:
+    """A schedule's stored state, as the store hands it to the firing code."""
+
+    spec: Schedule
+    source: str
+    paused: bool
+    next_fire_at: datetime | None
+    last_window_at: datetime | None = None
+    last_run_id: str | None = None
+
+
+@dataclass(frozen=True)
+class FiringRecord:
+    """One window's outcome, as stored (:class:`~durable_singleton.models.ScheduleFiring`)."""
+
+    schedule: str
+    window_at: datetime
+    run_id: str
+    outcome: str
+    detail: str = ""
+
+
+class ScheduleStore(ABC):
+    """Where a store keeps schedule state (S17): :meth:`BaseStore.schedule_state` returns one."""
+
+    @abstractmethod
+    def sync_declared(self, specs: Sequence[Schedule], now: datetime) -> None:
+        """Create a row for each code-declared schedule, or update its spec if it changed."""
+
+    @abstractmethod
+    def due(self, now: datetime, batch: int) -> list[str]:
+        """Return the names of at most ``batch`` unpaused schedules due by ``now``, oldest first."""
+
+    @abstractmethod
+    def locked(self, name: str, now: datetime) -> Any:
+        """Context manager: yield the row of ``name`` under its lock if it is still due, else None;
+        what the body sets on the row (and :meth:`record`) is saved on exit."""
+
+    @abstractmethod
+    def record(self, firing: FiringRecord) -> None:
+        """Store one window's outcome (at most one per schedule and window)."""
+
+    @abstractmethod
+    def set_paused(self, name: str, paused: bool, now: datetime) -> bool:
+        """Pause or resume ``name``; resuming moves the cursor to the first window >= ``now``.
+        Return False if there is no such schedule."""
+
+    @abstractmethod
+    def firings(self, name: str) -> list[FiringRecord]:
+        """Return the recorded window outcomes of ``name``, oldest window first."""
+
+    @abstractmethod
+    def get(self, name: str) -> ScheduleRow | None:
+        """Return the row of ``name``, or None."""
+
+
+class MemoryScheduleStore(ScheduleStore):
+    """Schedule state in this process's memory, one lock for all schedules: the
+    default of :meth:`BaseStore.schedule_state`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._rows: dict[str, ScheduleRow] = {}
+        self._firings: dict[tuple[str, datetime], FiringRecord] = {}
+
+    def sync_declared(self, specs: Sequence[Schedule], now: datetime) -> None:
+        with self._lock:
+            for spec in specs:
+                row = self._rows.get(spec.name)
+                if row is None:
+                    self._rows[spec.name] = ScheduleRow(spec, "code", False, spec.first_window_at_or_after(now))
+                elif row.spec != spec:
+                    timing_changed = (row.spec.every, row.spec.cron, row.spec.timezone) != (
+                        spec.every,
+                        spec.cron,
+                        spec.timezone,
+                    )
+                    row.spec = spec
+                    if timing_changed:
+                        row.next_fire_at = spec.first_window_at_or_after(now)
+
+    def due(self, now: datetime, batch: int) -> list[str]:
+        with self._lock:
+            due = [r for r in self._rows.values() if not r.paused and r.next_fire_at and r.next_fire_at <= now]
+            due.sort(key=lambda r: (r.next_fire_at, r.spec.name))
+            return [r.spec.name for r in due[:batch]]
+
+    @contextmanager
+    def locked(self, name: str, now: datetime) -> Iterator[ScheduleRow | None]:
+        with self._lock:
+            row = self._rows.get(name)
+            if row is None or row.paused or row.next_fire_at is None or row.next_fire_at > now:
+                yield None
+                return
+            work = replace(row)
+            yield work
+            self._rows[name] = work
+
+    def record(self, firing: FiringRecord) -> None:
+        with self._lock:
+            self._firings.setdefault((firing.schedule, firing.window_at), firing)
+
+    def set_paused(self, name: str, paused: bool, now: datetime) -> bool:
+        with self._lock:
+            row = self._rows.get(name)
+            if row is None:
+                return False
+            if row.paused and not paused:
+                row.next_fire_at = row.spec.first_window_at_or_after(now)
+            row.paused = paused
+            return True
+
+    def firings(self, name: str) -> list[FiringRecord]:
+        with self._lock:
+            return sorted((f for (n, _), f in self._firings.items() if n == name), key=lambda f: f.window_at)
+
+    def get(self, name: str) -> ScheduleRow | None:
+        with self._lock:
+            row = self._rows.get(name)
+            return replace(row) if row is not None else None
+
+
 class BaseStore(ABC):
     """Durable storage of runs, steps and signals: the methods the engine calls.
 
@@ -208,6 +317,18 @@ class BaseStore(ABC):
         and a :class:`~durable_singleton.exceptions.SingletonFallbackWarning` (S14).
     ``supports_bulk_start``
         True when :meth:`create_runs` writes a batch in one statement.
+    ``supports_key_controls``
+        True when the store keeps runtime key controls (K2: pause, limit
+        override, their records) and its claim reads them under the key's
+        lock (:meth:`apply_key_controls`). False (the default): a change raises
+        :class:`~durable_singleton.exceptions.UnsupportedByStoreError`; reads
+        say no key is paused or overridden.
+    ``supports_schedules``
+        True when :meth:`schedule_state` keeps schedule state in the store,
+        shared by every process that uses it (S17). False (the default): in
+        this process's memory (:class:`MemoryScheduleStore`), so each process
+        fires from its own cursor; a window's run still starts once, by its
+        run id (R3).
 
     Times: every "now" comparison (lease expiry, wake times, deadlines) is
     made on the store's clock (:meth:`now`), never the caller's (R5).
@@ -215,6 +336,8 @@ class BaseStore(ABC):
 
     supports_atomic_admission: bool = True
     supports_bulk_start: bool = False
+    supports_key_controls: bool = False
+    supports_schedules: bool = False
 
     # -- the clock ---------------------------------------------------------
     @abstractmethod
@@ -222,6 +345,13 @@ class BaseStore(ABC):
         """Return the store's current time (aware, UTC): the clock of leases (R5)."""
 
     # -- connections -----------------------------------------------------------
+    @property
+    def database(self) -> str | None:
+        """Return the Django database alias this store keeps its data in (its
+        transactions and on-commit hooks are that database's), or None for a
+        store outside Django's databases (the default)."""
+        return None
+
     def is_unreachable(self, exc: BaseException) -> bool:
         """Tell whether ``exc``, raised by a call to this store, means the
         store could not be reached (a dropped connection, a restart, a
@@ -447,10 +577,59 @@ class BaseStore(ABC):
     def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
         """Count the key's active runs, in ``namespace`` if given (S15)."""
 
+    # -- key controls (K2) -------------------------------------------------------
+    def apply_key_controls(
+        self,
+        workflow: str,
+        keys: Sequence[str] | None,
+        change: ControlChange,
+        *,
+        by: str,
+        reason: str,
+        now: datetime,
+    ) -> list[ControlResult]:
+        """Apply ``change`` to each of ``keys`` (None: every key of ``workflow``
+        the store knows), each under the key's claim lock, and record it
+        (:func:`control_records`) in the same transaction; return each key's
+        controls before and after. A claim that runs after the change sees it (S5).
+
+        The default raises :class:`~durable_singleton.exceptions.UnsupportedByStoreError`
+        (``supports_key_controls`` False).
+        """
+        raise UnsupportedByStoreError(
+            f"store {type(self).__name__} keeps no key controls (supports_key_controls is False)"
+        )
+
+    def key_control_state(self, workflow: str, key: str) -> tuple[bool, int | None]:
+        """Return (paused, limit override or None) of one key (K2). The default: (False, None)."""
+        return False, None
+
+    def key_control_history(self, workflow: str, key: str | None, limit: int) -> list[ControlChangeRecord]:
+        """Return the newest ``limit`` recorded changes of a key (with its
+        workflow-wide ones), or of a workflow (``key`` None), newest first (K2).
+        The default: none."""
+        return []
+
+    # -- schedule state ----------------------------------------------------------
+    def schedule_state(self, codec: Codec | None = None) -> ScheduleStore:
+        """Return where this store keeps schedule state (S17): the same object
+        at every call. ``codec`` encodes the stored schedule inputs (a
+        :class:`~durable_singleton.stores.codec.CodecStore` passes its own). The
+        default keeps the state in this process's memory, where nothing is
+        encoded (``supports_schedules`` False)."""
+        with _schedule_states_lock:
+            found = _schedule_states.get(self)
+            if found is None:
+                found = _schedule_states[self] = MemoryScheduleStore()
+            return found
+
     @abstractmethod
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         """Return runs, oldest first (for tests, the demo and tooling)."""
 
+
+_schedule_states: weakref.WeakKeyDictionary[BaseStore, ScheduleStore] = weakref.WeakKeyDictionary()
+_schedule_states_lock = threading.Lock()
 
 #: The error stored on a run cancelled by request (D6).
 CANCELLED_ERROR = {"code": "cancelled", "message": "cancelled"}

@@ -31,7 +31,20 @@ from datetime import datetime
 from typing import Any
 
 from ..codecs import Codec
-from .base import BaseStore, Finish, Limits, RetryPolicy, RunRecord, SignalRecord, StepRecord, Turn
+from .base import (
+    BaseStore,
+    ControlChange,
+    ControlChangeRecord,
+    ControlResult,
+    Finish,
+    Limits,
+    RetryPolicy,
+    RunRecord,
+    ScheduleStore,
+    SignalRecord,
+    StepRecord,
+    Turn,
+)
 
 __all__ = ["CodecStore"]
 
@@ -44,6 +57,8 @@ class CodecStore(BaseStore):
         self.codec = codec
         self.supports_atomic_admission = inner.supports_atomic_admission
         self.supports_bulk_start = inner.supports_bulk_start
+        self.supports_schedules = inner.supports_schedules
+        self.supports_key_controls = inner.supports_key_controls
 
     def __getattr__(self, name: str) -> Any:
         # Anything else the inner store offers (its database alias ``db``, for
@@ -78,6 +93,34 @@ class CodecStore(BaseStore):
     # -- the store -------------------------------------------------------------------
     def now(self) -> datetime:
         return self.inner.now()
+
+    @property
+    def database(self) -> str | None:
+        """Return the inner store's database alias."""
+        return self.inner.database
+
+    def apply_key_controls(
+        self,
+        workflow: str,
+        keys: Sequence[str] | None,
+        change: ControlChange,
+        *,
+        by: str,
+        reason: str,
+        now: datetime,
+    ) -> list[ControlResult]:
+        """The inner store's key controls (they hold no payload)."""
+        return self.inner.apply_key_controls(workflow, keys, change, by=by, reason=reason, now=now)
+
+    def key_control_state(self, workflow: str, key: str) -> tuple[bool, int | None]:
+        return self.inner.key_control_state(workflow, key)
+
+    def key_control_history(self, workflow: str, key: str | None, limit: int) -> list[ControlChangeRecord]:
+        return self.inner.key_control_history(workflow, key, limit)
+
+    def schedule_state(self, codec: Codec | None = None) -> ScheduleStore:
+        """Return the inner store's schedule state, its inputs encoded by this store's codec (S13)."""
+        return self.inner.schedule_state(codec or self.codec)
 
     def create_run(
         self, run: RunRecord, *, cap: int | None, cap_namespace: str | None = None

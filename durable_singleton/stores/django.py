@@ -1,6 +1,9 @@
 """The Django ORM store: the claim, the handoff and every fenced write.
 
-Only this module takes locks. Lock order, the same on every path: the key's
+Runs' locks are taken here; the key controls' (:mod:`.key_controls`, the
+claim's own key lock) and the schedules' (:mod:`.schedule_state`) beside it,
+under stores/ (``tests/test_layers.py`` checks that no module outside stores/
+but two left to move takes a row lock). Lock order, the same on every path: the key's
 row in :class:`~durable_singleton.models.SingletonKey` first, then run rows.
 A claim or a handoff locks the key row and reads the key's holders and the
 front of its queue through the ``ds_run_queue_idx`` index, so it costs the
@@ -19,6 +22,7 @@ database's clock (R5).
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -39,13 +43,18 @@ from ..admission import (
     limit_in_force_sql,
     retry_delay,
 )
+from ..codecs import Codec
 from ..exceptions import SingletonQueueFullError
 from ..models import Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState
+from . import key_controls
 from .base import (
     CANCELLED_ERROR,
     BaseStore,
+    ControlChange,
+    ControlChangeRecord,
+    ControlResult,
     Finish,
     Limits,
     RetryPolicy,
@@ -55,6 +64,7 @@ from .base import (
     Turn,
     TurnState,
 )
+from .schedule_state import DjangoScheduleStore
 
 __all__ = ["DjangoStore", "is_transient_error", "record_of"]
 
@@ -159,6 +169,8 @@ class DjangoStore(BaseStore):
 
     supports_atomic_admission = True
     supports_bulk_start = True
+    supports_key_controls = True
+    supports_schedules = True
 
     def __init__(
         self,
@@ -172,11 +184,45 @@ class DjangoStore(BaseStore):
         self.claim_retries = claim_retries
         self.retry = retry or RetryPolicy()
         self.redelivery_seconds = redelivery_seconds
+        self._schedule_states: dict[Codec | None, DjangoScheduleStore] = {}
+        self._schedule_states_lock = threading.Lock()
+
+    def apply_key_controls(
+        self,
+        workflow: str,
+        keys: Sequence[str] | None,
+        change: ControlChange,
+        *,
+        by: str,
+        reason: str,
+        now: datetime,
+    ) -> list[ControlResult]:
+        """Apply ``change`` on the keys' lock rows and record it (:mod:`durable_singleton.stores.key_controls`)."""
+        return key_controls.apply(self, workflow, keys, change, by=by, reason=reason, now=now)
+
+    def key_control_state(self, workflow: str, key: str) -> tuple[bool, int | None]:
+        return key_controls.state(self, workflow, key)
+
+    def key_control_history(self, workflow: str, key: str | None, limit: int) -> list[ControlChangeRecord]:
+        return key_controls.history(self, workflow, key, limit)
+
+    def schedule_state(self, codec: Codec | None = None) -> DjangoScheduleStore:
+        """Return the schedule state in this store's database (S17), its inputs encoded by ``codec``."""
+        with self._schedule_states_lock:
+            found = self._schedule_states.get(codec)
+            if found is None:
+                found = self._schedule_states[codec] = DjangoScheduleStore(self, codec)
+            return found
 
     @property
     def db(self) -> str:
         """Return the database alias writes go to."""
         return self.using or router.db_for_write(Run)
+
+    @property
+    def database(self) -> str:
+        """Return the database alias writes go to (:attr:`db`)."""
+        return self.db
 
     def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.db)

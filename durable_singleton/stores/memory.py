@@ -19,6 +19,9 @@ from ..statuses import PARKED_STATUSES, RunStatus
 from .base import (
     CANCELLED_ERROR,
     BaseStore,
+    ControlChange,
+    ControlChangeRecord,
+    ControlResult,
     Finish,
     Limits,
     RetryPolicy,
@@ -27,6 +30,7 @@ from .base import (
     StepRecord,
     Turn,
     TurnState,
+    control_records,
 )
 
 __all__ = ["MemoryStore"]
@@ -42,6 +46,8 @@ class MemoryStore(BaseStore):
     """
 
     supports_atomic_admission = True
+    supports_key_controls = True
+    supports_schedules = True  # the default in-memory state lives as long as the store
 
     def __init__(
         self,
@@ -57,6 +63,7 @@ class MemoryStore(BaseStore):
         self._signal_seq = 0
         self._tokens: dict[tuple[str, str], int] = {}
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
+        self._control_records: list[ControlChangeRecord] = []
         self.retry = retry or RetryPolicy()
         self.redelivery_seconds = redelivery_seconds
         self.clock = clock or timezone.now
@@ -465,6 +472,50 @@ class MemoryStore(BaseStore):
     def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
         with self._critical():
             return sum(1 for r in self._key_runs(workflow_name, key) if namespace is None or r.namespace == namespace)
+
+    # -- key controls (K2) -------------------------------------------------------
+    def apply_key_controls(
+        self,
+        workflow: str,
+        keys: Sequence[str] | None,
+        change: ControlChange,
+        *,
+        by: str,
+        reason: str,
+        now: datetime,
+    ) -> list[ControlResult]:
+        """Apply ``change`` under the store's lock, which every claim takes (S5); record it."""
+        with self._lock:
+            if keys is None:
+                known = {k for (w, k) in self.controls if w == workflow}
+                runs = self._runs.values()
+                known |= {r.singleton_key for r in runs if r.workflow_name == workflow and r.singleton_key}
+                keys_now = sorted(known)
+            else:
+                keys_now = list(keys)
+            results = []
+            for key in keys_now:
+                control = self.controls.setdefault((workflow, key), {})
+                old_paused, old_override = bool(control.get("paused", False)), control.get("limit_override")
+                paused = old_paused if change.paused is None else change.paused
+                override = old_override if change.keep_override else change.override
+                control["paused"], control["limit_override"] = paused, override
+                results.append(ControlResult(key, old_paused, old_override, paused, override))
+            label = keys[0] if keys is not None and len(keys) == 1 else ""
+            self._control_records.extend(control_records(workflow, label, results, by, reason, now))
+            return results
+
+    def key_control_state(self, workflow: str, key: str) -> tuple[bool, int | None]:
+        with self._lock:
+            control = self.controls.get((workflow, key), {})
+            return bool(control.get("paused", False)), control.get("limit_override")
+
+    def key_control_history(self, workflow: str, key: str | None, limit: int) -> list[ControlChangeRecord]:
+        with self._lock:
+            found = [
+                r for r in self._control_records if r.workflow == workflow and (key is None or r.key in (key, ""))
+            ]
+            return sorted(found, key=lambda r: r.at, reverse=True)[:limit]
 
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         with self._critical():

@@ -1,4 +1,6 @@
-"""Schedule state in the database (S17): one row per schedule, one per window fired.
+"""Schedule state in the database (S17): one row per schedule, one per window
+fired; what :meth:`DjangoStore.schedule_state
+<durable_singleton.stores.django.DjangoStore.schedule_state>` returns.
 
 Only this module takes the schedule row's lock. A tick fires a schedule in
 one transaction: lock the row (``select_for_update``, skipping a row another
@@ -16,8 +18,9 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from .models import ScheduleFiring, ScheduleState
-from .schedules import FiringRecord, Schedule, ScheduleRow, ScheduleStore
+from ..models import ScheduleFiring, ScheduleState
+from ..schedule_specs import Schedule
+from .base import FiringRecord, ScheduleRow, ScheduleStore
 
 __all__ = ["DjangoScheduleStore", "spec_of"]
 

@@ -1,0 +1,954 @@
+"""The core: starts runs, executes one turn at a time through the store's
+claim, settles and hands freed slots off, cancels, retries, signals, emits,
+and runs the tick's own jobs.
+
+The core knows the store seam (:class:`~durable_singleton.stores.base.BaseStore`)
+and the dispatcher seam (:class:`~durable_singleton.dispatcher.Dispatcher`),
+not the ORM, and nothing of Celery. The features above it (key controls,
+explain, audit, schedules, retention, the heartbeat, the async twins) take a
+:class:`Core` and join the façade :class:`~durable_singleton.engine.Engine`
+by attribute; nothing here imports them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+from . import signals
+from .admission import RESERVED_TAGS, compute_singleton_key
+from .conf import Settings, get_settings
+from .context import Interrupted, Suspend, WorkflowCtx
+from .definitions import Registry, Singleton, WorkflowDefinition, registry
+from .dispatcher import Dispatcher
+from .exceptions import (
+    InvalidInputError,
+    InvalidRunIdError,
+    LeaseLostError,
+    RunCancelledError,
+    RunNotFoundError,
+    SingletonQueueFullError,
+    UnknownWorkflowError,
+    ValidationError,
+)
+from .statuses import Outcome, RunStatus
+from .stores.base import (
+    CANCELLED_ERROR,
+    TIMEOUT_ERROR,
+    BaseStore,
+    Finish,
+    RetryPolicy,
+    RunRecord,
+    TurnState,
+    warn_fallback,
+)
+from .values import check_text, printable, to_json_value
+
+__all__ = ["ERROR_TEXT_CHARS", "RUN_ID_MAX_LENGTH", "Core", "StoreClock", "TickJob", "TickReport"]
+
+logger = logging.getLogger("durable_singleton")
+
+RUN_ID_MAX_LENGTH = 191
+
+#: The park reason of a run handed back after an interrupted turn, followed by
+#: the number of interruptions in a row.
+INTERRUPTED_REASON = "interrupted:"
+
+#: Most characters of a body's exception message, and of its traceback, kept
+#: in a failed run's ``error`` (the rest is cut, with a marker), so the error
+#: always fits a row on every database (MySQL/MariaDB's ``max_allowed_packet``).
+ERROR_TEXT_CHARS = 10_000
+_CUT = "\n[... cut at ERROR_TEXT_CHARS]"
+
+
+def _bounded(text: str) -> str:
+    text = printable(text)
+    return text if len(text) <= ERROR_TEXT_CHARS else text[: ERROR_TEXT_CHARS - len(_CUT)] + _CUT
+
+
+@dataclass
+class TickReport:
+    """What one tick did, batch by batch (S8b)."""
+
+    dispatched: list[str] = field(default_factory=list)
+    recovered: list[str] = field(default_factory=list)
+    timed_out: list[str] = field(default_factory=list)
+    caught_up: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+#: One job of the tick: a name (for the log and ``TickReport.errors``) and a
+#: callable that does one bounded batch and records what it did in the report.
+TickJob = tuple[str, Callable[[TickReport], None]]
+
+
+def _owner_prefix() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class _LeaseKeeper:
+    """Renews a turn's lease every ``LEASE_RENEW_SECONDS`` while the body runs (R5)."""
+
+    def __init__(self, engine: Core, run_id: str, owner: str) -> None:
+        self.engine = engine
+        self.run_id = run_id
+        self.owner = owner
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"lease:{run_id}", daemon=True)
+
+    def __enter__(self) -> _LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        settings = self.engine.settings
+        try:
+            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
+                try:
+                    renewed = self.engine.store.renew_lease(self.run_id, self.owner, settings.LEASE_SECONDS)
+                except Exception:
+                    # A dropped connection (server restart, pg_terminate_backend;
+                    # Django's InterfaceError is no DatabaseError, a store of
+                    # another kind raises its own): close it and renew on a new
+                    # one next time, never stop renewing a live body (O1, S9). An
+                    # expired lease is never renewed, so a late retry cannot revive it (R5).
+                    logger.warning("run %s: lease renewal failed; retrying", self.run_id, exc_info=True)
+                    self.engine.close_thread_resources()
+                    continue
+                if not renewed:
+                    return  # fenced: the body stops at its next step boundary
+        finally:
+            self.engine.close_thread_resources()
+
+
+class StoreClock:
+    """This process's clock, corrected to the store's clock (R5).
+
+    Times the engine computes (``created_at``, deadlines, sleep targets) use
+    it, so a process whose own clock is off still writes times on the store's
+    clock; the offset is measured again every ``refresh_seconds``.
+    """
+
+    def __init__(self, store: BaseStore, refresh_seconds: float = 300.0) -> None:
+        from django.utils import timezone
+
+        self._store = store
+        self._local = timezone.now
+        self._refresh = refresh_seconds
+        self._offset = timedelta(0)
+        self._measured: float | None = None
+
+    def __call__(self) -> datetime:
+        if self._measured is None or time.monotonic() - self._measured > self._refresh:
+            self._measured = time.monotonic()
+            try:
+                before = self._local()
+                remote = self._store.now()
+                after = self._local()
+                self._offset = remote - (before + (after - before) / 2)
+            except Exception:  # the store is unreachable: keep the last offset, try later
+                logger.warning("could not read the store's clock; keeping offset %s", self._offset, exc_info=True)
+        return self._local() + self._offset
+
+
+class Core:
+    """Runs durable workflows over a store and a dispatcher: the turn protocol.
+
+    The public class is the façade :class:`~durable_singleton.engine.Engine`,
+    which adds the features; a :class:`Core` is what those features are given.
+
+    ``store``: a :class:`~durable_singleton.stores.base.BaseStore`.
+    ``dispatcher``: sends turns (Celery, the embedded worker, or manual).
+    ``namespace``/``scope_reads``: D10; admission stays global (S11).
+    ``settings``: a :class:`~durable_singleton.conf.Settings` (default: Django settings).
+    ``clock``: returns the current aware datetime (default: the store's clock, R5).
+    """
+
+    #: The ``sender`` of the lifecycle signals (:mod:`durable_singleton.signals`):
+    #: the façade class, :class:`~durable_singleton.engine.Engine`.
+    signal_sender: ClassVar[type] = object
+
+    def __init__(
+        self,
+        store: BaseStore,
+        dispatcher: Dispatcher,
+        *,
+        registry: Registry = registry,
+        namespace: str | None = None,
+        scope_reads: bool | None = None,
+        settings: Settings | None = None,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.store: BaseStore = store
+        self.dispatcher = dispatcher
+        self.registry = registry
+        self.settings = settings or get_settings()
+        self.namespace = namespace if namespace is not None else self.settings.NAMESPACE
+        self.scope_reads = scope_reads if scope_reads is not None else self.settings.SCOPE_READS
+        self.now: Callable[[], datetime] = clock or StoreClock(store)
+        self._warned_fallback = False
+        self._owner_prefix = _owner_prefix()
+        self._local = threading.local()
+
+    # -- declaring ---------------------------------------------------------
+    def register(
+        self,
+        name: str,
+        version: str,
+        fn: Callable[[WorkflowCtx, Any], Any],
+        *,
+        singleton: Singleton | Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+        steps: Iterable[str] = (),
+        queue: str | None = None,
+        on_dead: Callable[[RunRecord], None] | None = None,
+    ) -> WorkflowDefinition:
+        """Register plain function ``fn(ctx, input)`` as workflow ``name``@``version``.
+
+        ``timeout`` is the execution timeout in seconds (D5). Raises
+        :class:`InvalidWorkflowError` naming the workflow and the field.
+        """
+        return self.registry.add(
+            name, version, fn, singleton=singleton, timeout=timeout, steps=steps, queue=queue, on_dead=on_dead
+        )
+
+    def register_remote(
+        self,
+        name: str,
+        version: str,
+        *,
+        queue: str,
+        singleton: Singleton | Mapping[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> WorkflowDefinition:
+        """Declare a workflow whose body runs in another service's Celery worker.
+
+        Turns are sent to Celery queue ``queue``, where a worker of the other
+        service (sharing the database, with the body registered under the same
+        name and version) executes them; admission is the same claim (S13).
+        """
+        return self.registry.add(
+            name,
+            version,
+            None,
+            singleton=singleton,
+            timeout=timeout,
+            queue=queue,
+            remote=True,
+            origin=f"remote:{queue}",
+        )
+
+    # -- the rules the engine owns -------------------------------------------
+    def limits(self) -> dict[str, int]:
+        """Return the declared limit of every singleton workflow, by name (S2).
+
+        The latest registered version's limit holds for every version; the
+        store applies a runtime override on top (K2, :func:`effective_limit`).
+        """
+        return {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
+
+    def _retry_policy(self) -> RetryPolicy:
+        settings = self.settings
+        return RetryPolicy(
+            settings.ADMISSION_RETRY_SECONDS, settings.ADMISSION_RETRY_JITTER_SECONDS, settings.BACKLOG_RETRY_SECONDS
+        )
+
+    def queue_of(self, run: RunRecord | str) -> str | None:
+        """Return the Celery queue of ``run``'s workflow (or workflow name ``run``); None: the default."""
+        name = run if isinstance(run, str) else run.workflow_name
+        try:
+            return self.registry.get(name).queue
+        except UnknownWorkflowError:
+            return None
+
+    # -- starting ----------------------------------------------------------
+    def _new_run(
+        self,
+        name: str,
+        input: Any,
+        *,
+        run_id: str | None,
+        tags: Iterable[str],
+        version: str | None,
+        parent_run_id: str | None,
+        namespace: str | None,
+    ) -> tuple[RunRecord, WorkflowDefinition, int | None]:
+        """Validate a start and build its run; return (run, definition, cap). Writes nothing."""
+        if namespace is not None:
+            check_text(namespace, "namespace")
+        definition = self.registry.get(name, version)
+        input = self._check_input(input, "input")
+        user_tags = self._check_tags(tags)
+        single = definition.singleton
+        key = compute_singleton_key(definition.name, single.key, input) if single is not None else None
+        if key is not None:
+            try:
+                check_text(key, "singleton key", len(key))
+            except ValidationError as exc:
+                from .exceptions import SingletonKeyError
+
+                raise SingletonKeyError(definition.name, str(exc)) from None
+        now = self.now()
+        run = RunRecord(
+            run_id=run_id or uuid.uuid4().hex,
+            workflow_name=definition.name,
+            workflow_version=definition.version,
+            namespace=namespace or self.namespace,
+            status=RunStatus.PENDING,
+            input=input,
+            created_at=now,
+            updated_at=now,
+            user_tags=tuple(user_tags),
+            singleton_key=key,
+            singleton_limit=single.limit if single else None,
+            tracked=single is not None,
+            wake_at=now + timedelta(seconds=self.settings.REDELIVERY_SECONDS),
+            deadline_at=now + timedelta(seconds=definition.timeout) if definition.timeout else None,
+            parent_run_id=parent_run_id,
+        )
+        cap = single.limit + single.max_queue_depth if single and single.max_queue_depth is not None else None
+        return run, definition, cap
+
+    def start(
+        self,
+        name: str,
+        input: Any = None,
+        *,
+        run_id: str | None = None,
+        tags: Iterable[str] = (),
+        version: str | None = None,
+        parent_run_id: str | None = None,
+        namespace: str | None = None,
+    ) -> RunRecord:
+        """Create a run and dispatch its first turn after commit; never blocks (S3).
+
+        ``run_id``: a str of at most 191 characters with a non-space character
+        and no control characters, or None for a generated one. If a run with
+        that id exists it is returned and nothing is created (R3, S16).
+        ``input``: JSON-serializable, at most ``MAX_INPUT_BYTES`` bytes encoded.
+        ``namespace`` defaults to the engine's (children pass their parent's, D7).
+
+        Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
+        :class:`InvalidInputError`, :class:`SingletonKeyError`, or
+        :class:`SingletonQueueFullError` (S15); each writes nothing.
+        """
+        if run_id is not None:
+            self._check_run_id(run_id)
+            existing = self.store.get_run(run_id)
+            if existing is not None:
+                return existing
+        record, definition, cap = self._new_run(
+            name, input, run_id=run_id, tags=tags, version=version, parent_run_id=parent_run_id, namespace=namespace
+        )
+        deep = False
+        if record.singleton_key is not None and definition.singleton is not None:
+            deep = self.store.queue_is_deep(definition.name, record.singleton_key, definition.singleton.limit)
+        if deep:
+            # Behind `limit` holders and `limit` waiters: park at creation and wait
+            # for the handoff or the tick's catch-up instead of sending a turn
+            # that could only park (S8a). Keeps bursts off the broker queue.
+            record = record.evolve(
+                wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
+                park_reason="singleton",
+            )
+        run, created = self.store.create_run(
+            record, cap=cap, cap_namespace=self.namespace if self.scope_reads else None
+        )
+        if created:
+            self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
+            if not deep:
+                self.dispatcher.dispatch(run.run_id, definition.queue)
+        return run
+
+    def start_many(
+        self, name: str, inputs: Sequence[Any], *, run_ids: Sequence[str | None] | None = None
+    ) -> list[RunRecord | SingletonQueueFullError]:
+        """Start one run per input of workflow ``name``: one INSERT and one send per batch
+        where the store supports it (``supports_bulk_start``).
+
+        Same rules as :meth:`start`: each ``run_ids`` entry dedupes its start
+        (R3); a run rejected by its queue cap is returned as its
+        :class:`SingletonQueueFullError` in its place (S15). Any other invalid
+        input raises before anything is written.
+        """
+        ids = list(run_ids) if run_ids is not None else [None] * len(inputs)
+        if len(ids) != len(inputs):
+            raise ValidationError("run_ids must have one entry per input")
+        records: list[RunRecord] = []
+        caps: dict[str, int | None] = {}
+        for input, run_id in zip(inputs, ids, strict=True):
+            if run_id is not None:
+                self._check_run_id(run_id)
+            record, definition, cap = self._new_run(
+                name, input, run_id=run_id, tags=(), version=None, parent_run_id=None, namespace=None
+            )
+            caps[definition.name] = cap
+            records.append(record)
+        results = self.store.create_runs(records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None)
+        out: list[RunRecord | SingletonQueueFullError] = []
+        created: list[RunRecord] = []
+        for result in results:
+            if isinstance(result, SingletonQueueFullError):
+                out.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+            else:
+                out.append(result[0])
+                if result[1]:
+                    created.append(result[0])
+        queue = self.queue_of(name)
+        for run in created:
+            self.dispatcher.on_commit(functools.partial(signals.run_created.send, sender=self.signal_sender, run=run))
+        self.dispatcher.dispatch_many([r.run_id for r in created], queue)
+        return out
+
+    @staticmethod
+    def _check_run_id(run_id: object) -> None:
+        try:
+            check_text(run_id, "run_id", RUN_ID_MAX_LENGTH)
+        except ValidationError as exc:
+            raise InvalidRunIdError(str(exc)) from None
+
+    def _check_input(self, value: Any, what: str) -> Any:
+        value = to_json_value(value, what)
+        limit = self.settings.MAX_INPUT_BYTES
+        if limit is not None:
+            size = len(json.dumps(value, ensure_ascii=False).encode("utf-8"))
+            if size > limit:
+                raise InvalidInputError(
+                    f"{what} is {size} bytes encoded; at most MAX_INPUT_BYTES = {limit} are allowed"
+                )
+        return value
+
+    @staticmethod
+    def _check_tags(tags: Iterable[str]) -> list[str]:
+        if isinstance(tags, str) or tags is None:
+            raise ValidationError("tags must be an iterable of str")
+        out = []
+        for tag in tags:
+            check_text(tag, "each tag")
+            if tag not in RESERVED_TAGS and tag not in out:
+                out.append(tag)
+        return out
+
+    def get(self, run_id: str) -> RunRecord:
+        """Return run ``run_id``; raise :class:`RunNotFoundError`.
+
+        An id that could not name a run (not a valid run id) is not found
+        either. With ``scope_reads`` on, a run of another namespace is not found (D10).
+        """
+        try:
+            self._check_run_id(run_id)
+        except InvalidRunIdError:
+            raise RunNotFoundError(f"no run {run_id!r:.80}") from None
+        run = self.store.get_run(run_id)
+        if run is None or (self.scope_reads and run.namespace != self.namespace):
+            raise RunNotFoundError(f"no run {run_id!r}")
+        return run
+
+    # -- executing ---------------------------------------------------------
+    def execute(self, run_id: str, *, known: RunRecord | None = None) -> str:
+        """Execute one turn of ``run_id``: claim, gate, body until it finishes or parks.
+
+        Safe to call twice at once for the same run: one caller wins the
+        conditional claim, the others return ``"skipped"`` (R6). ``known`` is
+        the run as this process just granted it (a handoff, S7). Returns an
+        :class:`~durable_singleton.statuses.Outcome` value.
+        """
+        owner = f"{self._owner_prefix}:{uuid.uuid4().hex[:12]}"
+        settings = self.settings
+        self.store.discard_broken_connection()  # a turn after a failed one reconnects (F7)
+        if not self.store.supports_atomic_admission and not self._warned_fallback:
+            self._warned_fallback = True
+            warn_fallback(self.store)
+        try:
+            turn = self.store.begin_turn(
+                run_id,
+                owner,
+                lease_seconds=settings.LEASE_SECONDS,
+                limits=self.limits(),
+                max_recoveries=settings.MAX_RECOVERIES,
+                retry=self._retry_policy(),
+                known=known,
+            )
+        except Exception as exc:
+            if not self.store.is_unreachable(exc):
+                raise
+            self._claim_interrupted(run_id, owner, exc)
+            return Outcome.INTERRUPTED
+        if turn.state is TurnState.RUN:
+            # This thread runs a body next: the waiters the claim granted go to workers now (S7).
+            for granted in turn.granted:
+                self.dispatcher.dispatch(granted.run_id, self.queue_of(granted))
+        else:
+            self.hand_off(turn.granted)
+        run = turn.run
+        if turn.state is TurnState.SKIPPED or run is None:
+            return Outcome.SKIPPED
+        if turn.state is TurnState.SETTLED:
+            self._after_settle(run)
+            return run.status
+        if turn.state is TurnState.PARKED:
+            signals.run_parked.send(sender=self.signal_sender, run=run, reason="singleton")
+            return Outcome.PARKED
+        try:
+            definition = self.registry.get(run.workflow_name, run.workflow_version)
+        except UnknownWorkflowError as exc:
+            return self._finish(run, owner, RunStatus.FAILED, error={"code": "unknown_workflow", "message": str(exc)})
+        if definition.body is None:
+            # A remote workflow reached this worker: hand the turn back to its queue.
+            if self.store.park(run_id, owner, RunStatus.PENDING, wake_at=self.now()) == "parked":
+                self.dispatcher.dispatch(run_id, definition.queue)
+            return Outcome.PARKED
+        if turn.admitted:
+            signals.run_admitted.send(sender=self.signal_sender, run=run)
+        return self._run_body(definition, run, owner)
+
+    def execute_chain(self, run_id: str, *, max_turns: int = 200, max_seconds: float = 2.0) -> str:
+        """Execute a turn, then the turns of the waiters its handoffs granted, on this thread.
+
+        The oldest waiter granted a slot by a settle runs next here instead of
+        going through the broker (the handoff skips a round trip, S7); at most
+        ``max_turns`` turns or ``max_seconds`` seconds, then the rest are sent
+        as usual. A granted waiter carries a ``wake_at`` one redelivery window
+        ahead, so if this process dies the tick sends it (S8). Returns the
+        first turn's outcome.
+        """
+        follow_ups: list[RunRecord] = []
+        self._local.follow_ups = follow_ups
+        try:
+            outcome = self.execute(run_id)
+            deadline = time.monotonic() + max_seconds
+            turns = 1
+            while follow_ups and turns < max_turns and time.monotonic() < deadline:
+                granted = follow_ups.pop(0)
+                self.execute(granted.run_id, known=granted)
+                turns += 1
+        finally:
+            self._local.follow_ups = None
+        for left in follow_ups:
+            self.dispatcher.dispatch(left.run_id, self.queue_of(left))
+        return outcome
+
+    def hand_off(self, granted: Sequence[RunRecord]) -> None:
+        """Send the turns of waiters just granted a slot (S7): the first runs next
+        on this thread when inside :meth:`execute_chain`, the rest go to workers."""
+        follow_ups = getattr(self._local, "follow_ups", None)
+        for run in granted:
+            signals.run_admitted.send(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
+        for n, run in enumerate(granted):
+            queue = self.queue_of(run)
+            if n == 0 and follow_ups is not None and queue is None:
+                follow_ups.append(run)  # this worker runs it next: no broker hop
+            else:
+                self.dispatcher.dispatch(run.run_id, queue)
+
+    def _cancel_error(self, run: RunRecord) -> dict[str, str]:
+        if run.deadline_at is not None and self.now() >= run.deadline_at:
+            return dict(TIMEOUT_ERROR)
+        return dict(CANCELLED_ERROR)
+
+    def _run_body(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
+        try:
+            return self._run_body_and_settle(definition, run, owner)
+        except Exception as exc:
+            # The store became unreachable around the body: reading its steps, or
+            # parking or settling after it. The turn ends as an interrupted store
+            # call inside it does, not left running for its lease (R4, D4, S6). A
+            # park or settle that committed before its reply was lost is terminal
+            # or parked, so the hand-back's compare-and-set changes nothing (R5a).
+            if not self.store.is_unreachable(exc):
+                raise
+            interrupted = Interrupted(f"the store failed around the body: {exc!r}")
+            interrupted.__cause__ = exc
+            self._resume_interrupted(run, owner, interrupted)
+            return Outcome.INTERRUPTED
+
+    def _run_body_and_settle(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
+        assert definition.body is not None
+        # Read after the claim, never skipped on the step count the claim read: a
+        # frozen holder's step may commit between that read and the claim (R4).
+        steps = self.store.load_steps(run.run_id)
+        ctx = WorkflowCtx(self, run, owner, steps)
+        try:
+            with _LeaseKeeper(self, run.run_id, owner):
+                output = definition.body(ctx, run.input)
+            if ctx.stopped_by is not None:  # the body swallowed its stop and returned: re-raise it
+                raise ctx.stopped_by(f"run {run.run_id!r}: the body returned after its boundary stopped it")
+            output = to_json_value(output, "workflow output", max_bytes=self.settings.MAX_RESULT_BYTES)
+        except Suspend as parked:
+            verdict = self.store.park(run.run_id, owner, parked.status, wake_at=parked.wake_at, reason=parked.reason)
+            if verdict == "cancelled":
+                # A cancel landed before the park: it is never parked over (D6).
+                return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
+            if verdict != "parked":
+                return Outcome.FENCED
+            signals.run_parked.send(sender=self.signal_sender, run=run, reason=parked.reason)
+            if parked.recheck is not None and self._arrived_meanwhile(run, parked.recheck):
+                self.dispatcher.dispatch(run.run_id, definition.queue)
+            return parked.status
+        except LeaseLostError:
+            logger.warning("run %s: lease lost; this turn's writes are fenced", run.run_id)
+            return Outcome.FENCED
+        except Interrupted as interrupted:
+            self._resume_interrupted(run, owner, interrupted)
+            return Outcome.INTERRUPTED
+        except RunCancelledError:
+            return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
+        except Exception as exc:  # the body may raise anything: it fails the run
+            if ctx.stopped_by is RunCancelledError:  # ... unless it was stopped by a cancel first (D6)
+                return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
+            if ctx.stopped_by is LeaseLostError:
+                return Outcome.FENCED
+            error = {
+                "code": "exception",
+                "type": type(exc).__qualname__,
+                "message": _bounded(str(exc)),
+                "traceback": _bounded(traceback.format_exc(limit=20)),
+            }
+            # The body's own query may have met (and left) a dead connection: settle on a new one.
+            self.store.discard_broken_connection()
+            return self._finish(run, owner, RunStatus.FAILED, error=error)
+        return self._finish(run, owner, RunStatus.COMPLETED, output=output)
+
+    @staticmethod
+    def _arrived_meanwhile(run: RunRecord, recheck: Callable[[], bool]) -> bool:
+        """Tell whether what a parked run waits for arrived before its park
+        committed; True when the store cannot tell (a spare turn is harmless,
+        R6; a missed one would wait for the fallback ``wake_at``, D2, D7)."""
+        try:
+            return recheck()
+        except Exception:
+            logger.warning("run %s: the re-check after its park failed; sending its turn", run.run_id, exc_info=True)
+            return True
+
+    def _claim_interrupted(self, run_id: str, owner: str, exc: Exception) -> None:
+        """End a turn whose claim met an unreachable store. The claim may have
+        committed before its reply was lost: if the run is leased to this
+        turn's owner, hand it back as an interrupted body is (R5a, D4, S6);
+        otherwise nothing was taken, or the store is still away and the lease
+        expires as after a crash."""
+        try:
+            self.store.discard_broken_connection()
+            run = self.store.get_run(run_id)
+        except Exception:
+            logger.warning("run %s: its claim failed (%r) and the store is still away", run_id, exc)
+            return
+        if run is not None and run.status == RunStatus.RUNNING and run.lease_owner == owner:
+            interrupted = Interrupted(f"begin_turn failed: {exc!r}")
+            interrupted.__cause__ = exc
+            self._resume_interrupted(run, owner, interrupted)
+
+    def _resume_interrupted(self, run: RunRecord, owner: str, interrupted: Interrupted) -> None:
+        """End a turn whose store call failed under the body, without failing the run.
+
+        The run keeps its slot (S6). It is handed back as ``pending`` with a
+        ``wake_at`` ``ADMISSION_RETRY_SECONDS`` ahead, which the tick sends
+        (so a store failing every time costs one turn per interval, never a
+        busy loop); if the store does not answer, its lease expires and the
+        tick re-drives it (D4). Its stored steps are replayed; the step whose
+        result was not stored runs again (R4). A cancel that landed meanwhile
+        is settled now, which hands the slot off (D6, S7).
+
+        The hand-back's park reason counts the interruptions in a row
+        (``interrupted:N``; any other park resets it). Past ``MAX_RECOVERIES``
+        of them the run is no longer handed back but left to its lease, whose
+        recoveries are counted: a store that refuses the same write every time
+        by dropping the connection ends the run ``dead`` (D4) instead of
+        running its body, and the step whose write fails, without end.
+        """
+        logger.warning("run %s: %s; the turn ends and the run resumes", run.run_id, interrupted)
+        count = 1
+        if run.park_reason.startswith(INTERRUPTED_REASON) and run.park_reason[len(INTERRUPTED_REASON) :].isdigit():
+            count = int(run.park_reason[len(INTERRUPTED_REASON) :]) + 1
+        if count > self.settings.MAX_RECOVERIES:
+            logger.warning("run %s: interrupted %d times in a row; it resumes after its lease (D4)", run.run_id, count)
+            return
+        try:
+            self.store.discard_broken_connection()
+            wake_at = self.now() + timedelta(seconds=self.settings.ADMISSION_RETRY_SECONDS)
+            reason = f"{INTERRUPTED_REASON}{count}"
+            if self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at, reason=reason) == "cancelled":
+                self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
+        except Exception:  # the store is still away: recovery after the lease takes over (D4)
+            logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id)
+
+    def _finish(self, run: RunRecord, owner: str, status: str, *, output: Any = None, error: Any = None) -> str:
+        """Settle ``run`` by compare-and-set and hand its slot off (R2, R5a, S7)."""
+        done = self.store.finish(
+            run, owner, status, output=output, error=error, limits=self.limits(), finished_at=self.now()
+        )
+        if not done.settled:
+            return Outcome.FENCED
+        self._settled(done)
+        return status
+
+    def _settled(self, done: Finish) -> None:
+        """Everything that follows a settle, wherever it happened: the handoff,
+        the signals, the dead-letter hook, the children, the parent (S7, D4, D6, D7)."""
+        if done.run is not None:
+            self._after_settle(done.run)
+        self.hand_off(done.granted)
+
+    def _after_settle(self, run: RunRecord) -> None:
+        if run.status == RunStatus.DEAD:
+            self._on_dead(run)
+        self.dispatcher.on_commit(lambda: signals.run_finished.send(sender=self.signal_sender, run=run))
+        if run.status == RunStatus.CANCELLED:
+            for child_id in self.store.children(run.run_id):
+                with contextlib.suppress(RunNotFoundError):  # it ended meanwhile
+                    self.cancel(child_id)
+        if run.parent_run_id:
+            self._wake_parent(run.parent_run_id)
+
+    def _wake_parent(self, parent_run_id: str) -> None:
+        """Dispatch a parent parked on this child (D7); a parent still running
+        re-checks after it parks, so the wake-up is never lost."""
+
+        def wake() -> None:
+            try:
+                parent = self.store.get_run(parent_run_id)
+            except Exception:
+                # Cannot tell whether it waits: send its turn anyway (a spare turn is
+                # harmless, R6; a remote parent's turn is passed on to its queue).
+                logger.warning("run %s: reading the parent failed; sending its turn", parent_run_id, exc_info=True)
+                self.dispatcher.dispatch(parent_run_id, None)
+                return
+            if parent is not None and parent.is_parked and parent.park_reason.startswith("child:"):
+                self.dispatcher.dispatch(parent_run_id, self.queue_of(parent))
+
+        self.dispatcher.on_commit(wake)
+
+    def _on_dead(self, run: RunRecord) -> None:
+        signals.run_dead.send(sender=self.signal_sender, run=run)
+        try:
+            definition = self.registry.get(run.workflow_name, run.workflow_version)
+        except UnknownWorkflowError:
+            return
+        if definition.on_dead is not None:
+            try:
+                definition.on_dead(run)
+            except Exception:  # a hook's failure must not undo the dead-letter
+                logger.exception("on_dead hook of %s failed for run %s", definition.label, run.run_id)
+
+    def release(self, run: RunRecord) -> list[str]:
+        """Grant the free slots of ``run``'s key to its oldest waiters and send them (S7).
+
+        For a slot freed outside a settle (a deleted row, F12). Returns their ids.
+        """
+        if run.singleton_key is None:
+            return []
+        granted = self.store.release(run.workflow_name, run.singleton_key, limits=self.limits())
+        self.hand_off(granted)
+        return [r.run_id for r in granted]
+
+    # -- operator actions ----------------------------------------------------
+    def cancel(self, run_id: str) -> RunRecord:
+        """Cancel a run and its active children (D6).
+
+        A parked run is cancelled at once and its slot handed off (S7); a
+        running body stops at its next step boundary. Raises
+        :class:`RunNotFoundError`. A terminal run is returned unchanged; a
+        cancelled one has its active children cancelled again, so calling
+        ``cancel`` again completes a cascade that a store failure cut short.
+        """
+        self.get(run_id)
+        result = self.store.request_cancel(run_id, limits=self.limits())
+        if result is None:
+            raise RunNotFoundError(f"no run {run_id!r}")
+        if isinstance(result, Finish):
+            assert result.run is not None
+            self._settled(result)
+            return result.run
+        if result.status == RunStatus.RUNNING:
+            for child_id in self.store.children(run_id):
+                self.cancel(child_id)
+            # The holder may be dead: this turn re-drives it once its lease expires.
+            self.dispatcher.dispatch(run_id, self.queue_of(result))
+        elif result.status == RunStatus.CANCELLED:
+            for child_id in self.store.children(run_id):
+                with contextlib.suppress(RunNotFoundError):  # it ended meanwhile
+                    self.cancel(child_id)
+        return result
+
+    def retry(self, run_id: str) -> RunRecord:
+        """Send a failed or dead run back through admission with its stored key (D9).
+
+        Raises :class:`RunNotFoundError`, or :class:`ValidationError` if the
+        run is not failed or dead.
+        """
+        previous = self.get(run_id)
+        try:
+            timeout = self.registry.get(previous.workflow_name).timeout
+        except UnknownWorkflowError:
+            timeout = None
+        deadline = self.now() + timedelta(seconds=timeout) if timeout else None  # a retry gets a fresh timeout (D5)
+        run = self.store.reset_for_retry(run_id, self.settings.REDELIVERY_SECONDS, deadline)
+        if run is None:
+            raise ValidationError(f"run {run_id!r} is not failed or dead; only those can be retried")
+        self.dispatcher.dispatch(run_id, self.queue_of(run))
+        return run
+
+    def wake(self, run_id: str) -> RunRecord:
+        """Send a parked run's turn now. Raises :class:`RunNotFoundError`."""
+        run = self.get(run_id)
+        if run.is_parked:
+            self.dispatcher.dispatch(run_id, self.queue_of(run))
+        return run
+
+    def signal(self, run_id: str, name: str, payload: Any = None) -> RunRecord:
+        """Buffer signal ``name`` for an active run and wake it if it waits (D2).
+
+        Raises :class:`RunNotFoundError` if the run does not exist or is
+        terminal, :class:`ValidationError` for a bad name, and
+        :class:`InvalidInputError` for a non-JSON or oversize payload.
+        """
+        payload = self._check_input(payload, "signal payload")
+        check_text(name, "signal name")
+        self.get(run_id)
+        run = self.store.add_signal(run_id, name, payload)
+        if run is None:
+            raise RunNotFoundError(f"no active run {run_id!r} to signal")
+        if run.is_parked and run.park_reason.startswith("signal:"):
+            self.dispatcher.dispatch(run_id, self.queue_of(run))
+        return run
+
+    def signal_with_start(
+        self, name: str, input: Any, *, run_id: str, signal: str, payload: Any = None, tags: Iterable[str] = ()
+    ) -> RunRecord:
+        """Start (idempotent by ``run_id``), then signal the run (S18).
+
+        On a busy key the run queues like any other; the signal is buffered
+        and seen by the body only once admitted.
+        """
+        payload = self._check_input(payload, "signal payload")
+        check_text(signal, "signal name")
+        run = self.start(name, input, run_id=run_id, tags=tags)
+        return self.signal(run.run_id, signal, payload)
+
+    def emit(self, event: str, payload: Any = None, *, event_id: str | None = None) -> list[RunRecord]:
+        """Start every workflow subscribed to ``event`` with ``payload`` as input (D8).
+
+        With ``event_id``, each run id is ``event:<event_id>:<workflow>``, so
+        emitting the same event twice starts nothing new (R3). A subscriber
+        whose key queue is full is skipped and logged (S16); returns the runs
+        started or found.
+        """
+        check_text(event, "event")
+        if event_id is not None:
+            check_text(event_id, "event_id", 120)
+        payload = self._check_input(payload, "event payload")
+        runs = []
+        for definition in self.registry.subscribers(event):
+            run_id = f"event:{event_id}:{definition.name}" if event_id else None
+            try:
+                runs.append(self.start(definition.name, payload, run_id=run_id))
+            except SingletonQueueFullError as exc:
+                logger.warning("event %s: %s", event, exc)
+        return runs
+
+    # -- the tick ------------------------------------------------------------
+    def tick(self) -> TickReport:
+        """Run one tick (S8, S8a, S8b, D4, D5). Safe on several machines at once.
+
+        Each job has its own bounded batch (``TICK_BATCH``), oldest first, and
+        an error in one is logged and skipped without stopping the others: the
+        jobs of :meth:`tick_jobs` (on the engine: execution timeouts, the
+        per-key catch-up, due wakes, recovery of expired leases, schedules,
+        retention); then :meth:`after_tick` (on the engine: the heartbeat the
+        health command reads).
+        """
+        report = TickReport()
+        for name, job in self.tick_jobs():
+            try:
+                # A job that failed on a dropped connection must not fail the next ones with it.
+                self.store.discard_broken_connection()
+                job(report)
+            except Exception:  # one failing job must not starve the others (S8b)
+                logger.exception("tick job %s failed", name)
+                report.errors.append(name)
+        self.after_tick()
+        return report
+
+    def tick_jobs(self) -> list[TickJob]:
+        """Return the tick's jobs, in order: the core's (execution timeouts, the
+        per-key catch-up, due wakes, recovery of expired leases); the façade
+        appends its features' (schedules, retention)."""
+        return [
+            ("timeouts", self._tick_timeouts),
+            ("catch-up", self._tick_catch_up),
+            ("due", self._tick_due),
+            ("recovery", self._tick_recovery),
+        ]
+
+    def after_tick(self) -> None:
+        """Called after every tick's jobs; the façade records the heartbeat here. Must not raise."""
+        return None
+
+    def _tick_timeouts(self, report: TickReport) -> None:
+        """D5: a parked overdue run is settled by compare-and-set on its parked
+        status and its slot handed off; a running one is asked to stop at its
+        next step boundary, so two bodies never overlap (R5a, S9)."""
+        for run in self.store.overdue_runs(self.settings.TICK_BATCH):
+            try:
+                if run.status == RunStatus.RUNNING:
+                    if not run.cancel_requested and self.store.request_timeout_cancel(run.run_id):
+                        report.timed_out.append(run.run_id)
+                    continue
+                done = self.store.finish(
+                    run,
+                    None,
+                    RunStatus.CANCELLED,
+                    error=dict(TIMEOUT_ERROR),
+                    limits=self.limits(),
+                    expect=(run.status,),
+                )
+                if done.settled:
+                    report.timed_out.append(run.run_id)
+                    self._settled(done)
+            except Exception:
+                logger.exception("tick: timeout of run %s failed", run.run_id)
+
+    def _tick_catch_up(self, report: TickReport) -> None:
+        granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH)
+        report.caught_up.extend(r.run_id for r in granted)
+        for run in granted:
+            self.dispatcher.dispatch(run.run_id, self.queue_of(run))
+
+    def _tick_due(self, report: TickReport) -> None:
+        due = self.store.due_runs(redelivery_seconds=self.settings.REDELIVERY_SECONDS, batch=self.settings.TICK_BATCH)
+        for run_id, workflow_name in due:
+            self.dispatcher.dispatch(run_id, self.queue_of(workflow_name))
+            report.dispatched.append(run_id)
+
+    def _tick_recovery(self, report: TickReport) -> None:
+        expired = self.store.expired_leases(
+            redelivery_seconds=self.settings.REDELIVERY_SECONDS, batch=self.settings.TICK_BATCH
+        )
+        for run_id, workflow_name in expired:
+            self.dispatcher.dispatch(run_id, self.queue_of(workflow_name))
+            report.recovered.append(run_id)
+            report.dispatched.append(run_id)
+
+    def close_thread_resources(self) -> None:
+        """Release per-thread resources (database connections) of a helper thread."""
+        self.dispatcher.close_thread_resources()
+
+
+Core.signal_sender = Core

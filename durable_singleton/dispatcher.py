@@ -1,0 +1,64 @@
+"""The dispatcher seam: how a run's next turn reaches a worker.
+
+:class:`Dispatcher` lists every method the engine calls on a dispatcher;
+:mod:`durable_singleton.dispatch` has the three this package ships (Celery,
+the embedded worker, manual). A dispatcher executes turns through the
+:class:`TurnRunner` it is bound to (the engine), never by importing it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = ["Dispatcher", "TurnRunner"]
+
+
+class TurnRunner(Protocol):
+    """What a dispatcher calls on the engine it is bound to."""
+
+    def execute(self, run_id: str) -> str:
+        """Execute one turn of ``run_id``; return its outcome."""
+        ...
+
+    def execute_chain(self, run_id: str) -> str:
+        """Execute one turn of ``run_id``, then the turns of the waiters its release woke."""
+        ...
+
+    def tick(self) -> Any:
+        """Run one tick (S8)."""
+        ...
+
+
+class Dispatcher(ABC):
+    """Sends a run's next turn to a worker, after the current transaction commits.
+
+    Subclasses implement :meth:`dispatch` and :meth:`on_commit`; the other
+    methods have defaults. ``runner`` is the engine bound by :meth:`bind`.
+    """
+
+    runner: TurnRunner | None = None
+
+    @abstractmethod
+    def dispatch(self, run_id: str, queue: str | None = None) -> None:
+        """Send one turn of ``run_id`` to ``queue`` (None: the default) after commit;
+        never raise for a lost send (the tick re-sends, S8)."""
+
+    @abstractmethod
+    def on_commit(self, fn: Callable[[], object]) -> None:
+        """Call ``fn`` after the current transaction commits (at once outside one)."""
+
+    def dispatch_many(self, run_ids: Sequence[str], queue: str | None = None) -> None:
+        """Send one turn of each run; the default sends them one by one."""
+        for run_id in run_ids:
+            self.dispatch(run_id, queue)
+
+    def bind(self, runner: TurnRunner) -> None:
+        """Attach the engine whose turns this dispatcher executes."""
+        self.runner = runner
+
+    def close_thread_resources(self) -> None:
+        """Release this thread's resources (database connections) after a helper
+        thread's work; the default has none."""
+        return None

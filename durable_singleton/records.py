@@ -1,0 +1,105 @@
+"""The records the rules, the seams and the core pass around: a run as
+stored (R1), a memoized step (R4) and a buffered signal (D2).
+
+:mod:`durable_singleton.stores.base` names them too; they live here, below
+the seam, so the declarations (:mod:`durable_singleton.definitions`) can name
+a run without importing the store seam.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from .admission import ADMITTED_TAG, TRACKED_TAG, holds_slot, key_tag
+from .statuses import PARKED_STATUSES, TERMINAL_STATUSES
+
+__all__ = ["RunRecord", "SignalRecord", "StepRecord"]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A run as stored (R1). ``tags`` includes the key tag and reserved markers."""
+
+    run_id: str
+    workflow_name: str
+    workflow_version: str
+    namespace: str
+    status: str
+    input: Any
+    created_at: datetime
+    updated_at: datetime
+    output: Any = None
+    error: Any = None
+    user_tags: tuple[str, ...] = ()
+    singleton_key: str | None = None
+    singleton_limit: int | None = None
+    admitted: bool = False
+    tracked: bool = False
+    wake_at: datetime | None = None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    admitted_at: datetime | None = None
+    attempts: int = 0
+    recoveries: int = 0
+    parent_run_id: str | None = None
+    park_reason: str = ""
+    cancel_requested: bool = False
+    deadline_at: datetime | None = None
+    fencing_token: int | None = None
+    step_count: int = 0
+
+    @property
+    def tags(self) -> list[str]:
+        """Return the run's tags: caller tags, ``singleton:<key>`` and markers (S1, S12)."""
+        tags = list(self.user_tags)
+        if self.singleton_key is not None:
+            tags.append(key_tag(self.singleton_key))
+            if self.tracked:
+                tags.append(TRACKED_TAG)
+            if self.admitted:
+                tags.append(ADMITTED_TAG)
+        return tags
+
+    @property
+    def holds_slot(self) -> bool:
+        """Tell whether the run holds a slot of its key (S5, S12): :func:`~durable_singleton.admission.holds_slot`."""
+        return holds_slot(self.status, key=self.singleton_key, admitted=self.admitted, tracked=self.tracked)
+
+    @property
+    def is_terminal(self) -> bool:
+        """Tell whether the status is terminal (R2)."""
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def is_parked(self) -> bool:
+        """Tell whether the run is active and not running (no lease)."""
+        return self.status in PARKED_STATUSES
+
+    def evolve(self, **changes: Any) -> RunRecord:
+        """Return a copy with ``changes`` applied."""
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A memoized step result (R4)."""
+
+    position: int
+    name: str
+    result: Any
+    started_at: datetime
+    finished_at: datetime
+
+
+@dataclass(frozen=True)
+class SignalRecord:
+    """A buffered signal (D2)."""
+
+    seq: int
+    name: str
+    payload: Any
+    created_at: datetime
