@@ -19,6 +19,7 @@ from typing import Any
 
 from django.db import router
 from django.db.models import (
+    BooleanField,
     Case,
     Count,
     F,
@@ -38,7 +39,15 @@ from django.db.models import (
 )
 from django.db.models.functions import Cast, Coalesce, RowNumber
 
-from .admission import ACTIVE_STATUSES, holds_slot, holds_slot_q, limit_in_force
+from .admission import (
+    ACTIVE_STATUSES,
+    free_slots,
+    free_slots_sql,
+    holds_slot,
+    holds_slot_q,
+    limit_in_force,
+    limit_in_force_sql,
+)
 from .definitions import Registry, registry
 from .models import Run, SingletonKey, Step
 from .statuses import RunStatus, SlotState
@@ -97,10 +106,12 @@ def format_age(seconds: float | None) -> str:
 class QueueRow:
     """One workflow and key with active runs.
 
-    ``limit`` and ``max_queue_depth`` come from the registered definition (the
-    stored limit when the workflow is not registered here); ``capacity`` is
-    ``limit + max_queue_depth``, the number of active runs at which ``start``
-    refuses new ones (S15), or None for an unbounded queue.
+    ``limit`` is the limit in force (:func:`~durable_singleton.admission.limit_in_force`:
+    the key's runtime override, K2, else ``declared_limit``, the registered
+    definition's, or the stored limit when the workflow is not registered
+    here); ``max_queue_depth`` comes from the registered definition;
+    ``capacity`` is ``limit + max_queue_depth``, the number of active runs at
+    which ``start`` refuses new ones (S15), or None for an unbounded queue.
     """
 
     workflow: str
@@ -113,6 +124,7 @@ class QueueRow:
     max_queue_depth: int | None
     paused: bool = False
     limit_override: int | None = None
+    declared_limit: int | None = None
 
     @property
     def capacity(self) -> int | None:
@@ -129,8 +141,9 @@ class QueueRow:
 
     @property
     def free_slots(self) -> int:
-        """Return the slots no holder uses (never negative)."""
-        return max(self.limit - self.holders, 0)
+        """Return the slots a waiter could take now: none while paused, else the
+        limit in force minus the holders, never negative (:func:`~durable_singleton.admission.free_slots`)."""
+        return free_slots(self.limit, self.holders, paused=self.paused)
 
     def oldest_wait_seconds(self, now: datetime) -> float | None:
         """Return how long the oldest waiter has waited at ``now``, in seconds."""
@@ -185,9 +198,15 @@ def _by_workflow(options: dict[str, int], default: Any) -> Max:
 
 def _grouped(options: dict[str, tuple[int, int | None]], using: str | None) -> QuerySet[Any]:
     runs = Run.objects.using(using) if using else Run.objects.all()
-    limit = _by_workflow({name: lim for name, (lim, _depth) in options.items()}, Coalesce("singleton_limit", 1))
-    capacity = _by_workflow(
-        {name: lim + depth for name, (lim, depth) in options.items() if depth is not None},
+    # The key's runtime controls (K2), read beside its runs: the limit in force and the free slots.
+    controls = SingletonKey.objects.using(using or router.db_for_read(SingletonKey)).filter(
+        workflow_name=OuterRef("workflow_name"), key=OuterRef("singleton_key")
+    )
+    override = Subquery(controls.values("limit_override")[:1], output_field=IntegerField())
+    paused = Subquery(controls.values("paused")[:1], output_field=BooleanField())
+    declared = _by_workflow({name: lim for name, (lim, _depth) in options.items()}, Coalesce("singleton_limit", 1))
+    depth = _by_workflow(
+        {name: depth for name, (_lim, depth) in options.items() if depth is not None},
         Value(None, output_field=IntegerField()),
     )
     return (
@@ -199,8 +218,11 @@ def _grouped(options: dict[str, tuple[int, int | None]], using: str | None) -> Q
             waiting=Count("pk", filter=_WAITER_Q),
             active=Count("pk"),
             oldest_waiter_at=Min("created_at", filter=_WAITER_Q),
-            limit=limit,
-            capacity=capacity,
+            declared_limit=declared,
+            limit=limit_in_force_sql(declared, override),
+            # The cap start applies: the limit in force + max_queue_depth (S15, K2).
+            capacity=limit_in_force_sql(declared, override) + depth,
+            free=free_slots_sql(limit_in_force_sql(declared, override), Count("pk", filter=_HOLDER_Q), paused),
         )
         .annotate(fullness=Cast(F("active"), FloatField()) / Cast(F("capacity"), FloatField()))
     )
@@ -273,7 +295,7 @@ def queue_table(
     elif only == "full":
         rows = rows.filter(fullness__gte=1.0)
     elif only == "stalled":
-        rows = rows.filter(waiting__gt=0, holders__lt=F("limit"))
+        rows = rows.filter(waiting__gt=0, free__gt=0)
     ordered = rows.annotate(
         total_keys=_OverAll("COUNT(*)"),
         total_holders=_OverAll("SUM(%(expressions)s)", F("holders")),
@@ -285,6 +307,7 @@ def queue_table(
             workflow=r["workflow_name"],
             key=r["singleton_key"],
             limit=r["limit"],
+            declared_limit=r["declared_limit"],
             holders=r["holders"],
             waiting=r["waiting"],
             active=r["active"],
@@ -355,11 +378,11 @@ class KeyQueue:
 
     @property
     def capacity(self) -> int | None:
-        """Return the declared ``limit + max_queue_depth`` (the cap ``start`` applies, S15), or
-        None without a cap. ``limit`` is the limit in force, a runtime override included (K2)."""
+        """Return ``limit + max_queue_depth``, the cap ``start`` applies (S15), or None
+        without a cap. ``limit`` is the limit in force, a runtime override included (K2)."""
         if self.max_queue_depth is None:
             return None
-        return (self.declared_limit or self.limit) + self.max_queue_depth
+        return self.limit + self.max_queue_depth
 
 
 def _first_step_at() -> Subquery:

@@ -7,6 +7,7 @@ its declared limit."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -157,3 +158,47 @@ def test_pausing_a_workflow_pauses_keys_whose_runs_were_never_claimed(
     assert admitted(claim(engine, "A")) == "parked"
     engine.resume_workflow("wf", by="ops")
     assert [r.run_id for r in engine.store.active_runs_for_key("wf", "key:fresh") if r.admitted] == ["A"]
+
+
+# -- the admin's queue table (section 6) --------------------------------------------------------
+@pytest.mark.django_db
+def test_the_queue_table_shows_free_slots_under_the_limit_in_force(admin_client: Any) -> None:
+    """Section 6, K2, S5: in the admin's queue table and its "stalled" filter a
+    paused key and a key whose override was lowered to its holders have no free
+    slot; a key whose override was raised past its holders has one, as the key's
+    own page says (the table judged every key by its declared limit: "(free slot)",
+    red after 10 s, on the paused and the lowered key; none on the raised one)."""
+    from django.urls import reverse
+
+    from durable_singleton.models import SingletonKey
+    from durable_singleton.queues import queue_table
+
+    from .factories import bulk_queue
+
+    bulk_queue(["paused"], holders=0, waiters=2)
+    bulk_queue(["lowered"], holders=1, waiters=1, limit=2)
+    bulk_queue(["raised"], holders=1, waiters=1)
+    bulk_queue(["plain"], holders=0, waiters=1)
+    SingletonKey.objects.create(workflow_name="wf", key="paused", paused=True)
+    SingletonKey.objects.create(workflow_name="wf", key="lowered", limit_override=1)
+    SingletonKey.objects.create(workflow_name="wf", key="raised", limit_override=2)
+    rows = {r.key: r for r in queue_table(limit=None).rows}
+    assert {k: (r.limit, r.free_slots) for k, r in rows.items()} == {
+        "paused": (1, 0),
+        "lowered": (1, 0),
+        "raised": (2, 1),
+        "plain": (1, 1),
+    }
+    assert {r.key for r in queue_table(only="stalled", limit=None).rows} == {"raised", "plain"}
+
+    url = reverse("admin:durable_singleton_run_queues")
+    html = admin_client.get(url).content.decode()
+    shown = {
+        key: "free slot" in row
+        for row in html.split('<tr class="ds-queue-row"')[1:]
+        for key in [row.split('data-key="', 1)[1].split('"', 1)[0]]
+    }
+    assert shown == {"paused": False, "lowered": False, "raised": True, "plain": True}
+    stalled = admin_client.get(url, {"only": "stalled"}).context["rows"]
+    assert sorted(item["row"].key for item in stalled) == ["plain", "raised"]
+    assert all(item["stuck"] for item in stalled)
