@@ -1,18 +1,36 @@
-"""Signal receivers: deleting a run's row frees its slot (F12); the first
-request of a process starts the embedded worker (O1)."""
+"""Signal receivers: deleting a run's row locks its key's row first (the lock
+order of every path) and frees its slot (F12); the first request of a process
+starts the embedded worker (O1)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db.models.signals import post_delete
+from django.db.models.signals import post_delete, pre_delete
+
+from .statuses import ACTIVE_STATUSES
 
 __all__ = ["connect"]
 
 
+def _lock_key_of_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) -> None:
+    """Lock a deleted active singleton run's key row before its row is deleted.
+
+    The lock order of every path is the key's row, then run rows (docs/design.rst);
+    the release below locks the key after the DELETE locked the run's row, so a
+    claim of the key, which locks the key then updates its runs, could deadlock
+    with the admin's delete (#16). Runs inside the deleting transaction.
+    """
+    if instance.singleton_key is None or instance.status not in ACTIVE_STATUSES:
+        return
+    from .stores.django import DjangoStore
+
+    DjangoStore(using=using).lock_key(instance.workflow_name, instance.singleton_key)
+
+
 def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) -> None:
-    """Push the release of a deleted active singleton run after commit (S7, F12)."""
-    if instance.singleton_key is None or instance.status not in ("pending", "running", "suspended", "blocked"):
+    """Grant the slot of a deleted active singleton run to its key's oldest waiters (S7, F12)."""
+    if instance.singleton_key is None or instance.status not in ACTIVE_STATUSES:
         return
     from .runtime import get_engine
     from .stores.django import record_of
@@ -34,4 +52,5 @@ def connect() -> None:
         pass
     else:
         metrics.connect()
+    pre_delete.connect(_lock_key_of_deleted_run, sender=Run, dispatch_uid="durable_singleton.lock_key_of_deleted_run")
     post_delete.connect(_release_deleted_run, sender=Run, dispatch_uid="durable_singleton.release_deleted_run")

@@ -523,8 +523,18 @@ class DjangoStore(BaseStore):
         return record_of(row) if row is not None else None
 
     def delete_run(self, run_id: str) -> RunRecord | None:
-        """Delete a run with its steps and signals; return what was deleted."""
+        """Delete a run with its steps and signals; return what was deleted.
+
+        In the lock order of every path: the key's row first (the release of
+        the run's slot, F12, locks it too), then the run's row.
+        """
+        seen = self._runs().filter(pk=run_id).values_list("workflow_name", "singleton_key").first()
+        if seen is None:
+            return None
         with transaction.atomic(using=self.db):
+            workflow_name, key = seen
+            if key is not None:
+                self.lock_key(workflow_name, key)
             row = self._runs().select_for_update().filter(pk=run_id).first()
             if row is None:
                 return None
