@@ -3,19 +3,20 @@ stored (R1), a memoized step (R4) and a buffered signal (D2).
 
 :mod:`durable_singleton.stores.base` names them too; they live here, below
 the seam, so the declarations (:mod:`durable_singleton.definitions`) can name
-a run without importing the store seam.
+a run without importing the store seam; :class:`PurgeReport` is what a
+retention purge deleted (O2).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
 from .admission import ADMITTED_TAG, TRACKED_TAG, holds_slot, key_tag
 from .statuses import PARKED_STATUSES, TERMINAL_STATUSES
 
-__all__ = ["RunRecord", "SignalRecord", "StepRecord"]
+__all__ = ["PurgeReport", "RunRecord", "SignalRecord", "StepRecord"]
 
 
 @dataclass(frozen=True)
@@ -103,3 +104,26 @@ class SignalRecord:
     name: str
     payload: Any
     created_at: datetime
+
+
+@dataclass
+class PurgeReport:
+    """What a purge deleted (or, dry, would delete): runs by status and workflow, steps and signals."""
+
+    runs: int = 0
+    steps: int = 0
+    signals: int = 0
+    by_status: dict[str, int] = field(default_factory=dict)
+    by_workflow: dict[str, int] = field(default_factory=dict)
+    dry_run: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the report as JSON-ready data."""
+        return {
+            "runs": self.runs,
+            "steps": self.steps,
+            "signals": self.signals,
+            "by_status": dict(sorted(self.by_status.items())),
+            "by_workflow": dict(sorted(self.by_workflow.items())),
+            "dry_run": self.dry_run,
+        }

@@ -17,43 +17,19 @@ from __future__ import annotations
 import logging
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
 
 from .core import Core
+from .records import PurgeReport
 from .stores.base import TERMINAL_STATUSES
 
-__all__ = ["CHUNK", "READ_PAGE", "RETENTION_EVERY_SECONDS", "PurgeReport", "purge_finished", "retention_batch"]
+__all__ = ["CHUNK", "READ_PAGE", "RETENTION_EVERY_SECONDS", "purge_finished", "retention_batch"]
 
 logger = logging.getLogger("durable_singleton")
 
 CHUNK = 100
 READ_PAGE = 2000
 RETENTION_EVERY_SECONDS = 60.0
-
-
-@dataclass
-class PurgeReport:
-    """What a purge deleted (or, dry, would delete): runs by status and workflow, steps and signals."""
-
-    runs: int = 0
-    steps: int = 0
-    signals: int = 0
-    by_status: dict[str, int] = field(default_factory=dict)
-    by_workflow: dict[str, int] = field(default_factory=dict)
-    dry_run: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        """Return the report as JSON-ready data."""
-        return {
-            "runs": self.runs,
-            "steps": self.steps,
-            "signals": self.signals,
-            "by_status": dict(sorted(self.by_status.items())),
-            "by_workflow": dict(sorted(self.by_workflow.items())),
-            "dry_run": self.dry_run,
-        }
 
 
 def _database(engine: Core) -> str | None:
@@ -93,7 +69,8 @@ def purge_finished(
     db = _database(engine)
     if db is None:
         return report
-    from .models import Run
+    from .models import Run  # the models and the stores' deletes need the app registry: imported at the call
+    from .stores.retention import delete_finished_chunk
 
     runs = Run.objects.using(db).filter(status__in=statuses, finished_at__lt=before)
     if workflow is not None:
@@ -113,7 +90,7 @@ def purge_finished(
         if not rows:
             break
         for start in range(0, len(rows), CHUNK):
-            _delete_chunk(db, rows[start : start + CHUNK], report, dry_run)
+            delete_finished_chunk(db, rows[start : start + CHUNK], report, dry_run)
         finished_at = rows[-1][3]
         if finished_at is None:  # excluded by finished_at__lt: the column is only nullable for active runs
             break
@@ -121,42 +98,6 @@ def purge_finished(
         if len(rows) < size:
             break
     return report
-
-
-def _delete_chunk(
-    db: str, rows: list[tuple[str, str, str, datetime | None]], report: PurgeReport, dry_run: bool
-) -> None:
-    """Delete (or count) one transaction's runs with their steps and signals."""
-    from django.db import transaction
-
-    from .models import Run, Signal, Step
-
-    ids = [row[0] for row in rows]
-    with transaction.atomic(using=db):
-        # Lock and re-check: a run retried since the read is active again and stays.
-        kept = list(
-            Run.objects.using(db)
-            .select_for_update()
-            .filter(pk__in=ids, status__in=TERMINAL_STATUSES)
-            .order_by("run_id")
-            .values_list("run_id", flat=True)
-        )
-        steps = Step.objects.using(db).filter(run_id__in=kept)
-        signals = Signal.objects.using(db).filter(run_id__in=kept)
-        if dry_run:
-            report.steps += steps.count()
-            report.signals += signals.count()
-        else:
-            report.steps += steps._raw_delete(db)
-            report.signals += signals._raw_delete(db)
-            # A raw delete: the post_delete receiver concerns active runs only.
-            Run.objects.using(db).filter(pk__in=kept)._raw_delete(db)
-    kept_set = set(kept)
-    for run_id, workflow_name, status, _ in rows:
-        if run_id in kept_set:
-            report.runs += 1
-            report.by_status[status] = report.by_status.get(status, 0) + 1
-            report.by_workflow[workflow_name] = report.by_workflow.get(workflow_name, 0) + 1
 
 
 # Per engine: when its last batch ran (its clock) and whether it was full.

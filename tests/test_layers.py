@@ -93,15 +93,9 @@ def test_the_checker_finds_a_cycle() -> None:
     assert imports.forbidden_cycles([a, b]) == [["durable_singleton.a", "durable_singleton.b"]]
 
 
-#: Modules outside stores/ that still lock rows, to move under stores/ (#16): the
-#: retention purge's re-check and the re-encoding pass. This list only shrinks.
-LOCKS_LEFT_TO_MOVE = {"durable_singleton/retention.py", "durable_singleton/reencode.py"}
-
-
 def test_only_the_stores_take_row_locks() -> None:
     """``select_for_update`` appears only under durable_singleton/stores/ (STYLE:
-    "Only the store takes locks"; the lock order of docs/design.rst is the stores'),
-    but in :data:`LOCKS_LEFT_TO_MOVE`, each of which must still need its entry."""
+    "Only the store takes locks"; the lock order of docs/design.rst is the stores')."""
     found = set()
     for path in sorted((ROOT / "durable_singleton").rglob("*.py")):
         if path.is_relative_to(ROOT / "durable_singleton" / "stores"):
@@ -109,7 +103,7 @@ def test_only_the_stores_take_row_locks() -> None:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "select_for_update":
                 found.add(str(path.relative_to(ROOT)))
-    assert found == LOCKS_LEFT_TO_MOVE
+    assert found == set()
 
 
 def _twins() -> list[tuple[str, str]]:

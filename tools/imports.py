@@ -64,6 +64,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "stores.loading",
         "stores.key_controls",
         "stores.schedule_state",
+        "stores.retention",
+        "stores.reencode",
         "dispatch",
     ),
     "core": (
@@ -79,7 +81,6 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "heartbeat",
         "aio",
         "queues",
-        "reencode",
     ),
     "facade": (
         "engine",

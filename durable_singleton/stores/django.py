@@ -1,9 +1,10 @@
 """The Django ORM store: the claim, the handoff and every fenced write.
 
 Runs' locks are taken here; the key controls' (:mod:`.key_controls`, the
-claim's own key lock) and the schedules' (:mod:`.schedule_state`) beside it,
-under stores/ (``tests/test_layers.py`` checks that no module outside stores/
-but two left to move takes a row lock). Lock order, the same on every path: the key's
+claim's own key lock), the schedules' (:mod:`.schedule_state`), the
+retention deletes' and the re-encoding's beside it, under stores/
+(``tests/test_layers.py`` checks that no module outside stores/ takes a row
+lock). Lock order, the same on every path: the key's
 row in :class:`~durable_singleton.models.SingletonKey` first, then run rows.
 A claim or a handoff locks the key row and reads the key's holders and the
 front of its queue through the ``ds_run_queue_idx`` index, so it costs the

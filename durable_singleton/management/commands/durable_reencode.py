@@ -28,7 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print the counts as JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from ...reencode import reencode_all
+        from ...stores.reencode import reencode_all
 
         if options["batch"] < 1:
             raise CommandError("--batch must be >= 1")

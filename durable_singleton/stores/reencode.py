@@ -12,9 +12,9 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from .exceptions import ConfigurationError
-from .models import Run, ScheduleState, Signal, Step
-from .stores.codec import CodecStore
+from ..exceptions import ConfigurationError
+from ..models import Run, ScheduleState, Signal, Step
+from .codec import CodecStore
 
 __all__ = ["reencode_all"]
 
@@ -34,8 +34,8 @@ def reencode_all(store: CodecStore, *, batch: int = 500, dry_run: bool = False) 
     :class:`~durable_singleton.exceptions.ConfigurationError` when the codec
     store does not wrap a database store.
     """
-    db = getattr(store.inner, "db", None)
-    if not isinstance(db, str):
+    db = store.inner.database
+    if db is None:
         raise ConfigurationError("re-encoding rewrites database rows; the codec store does not wrap a database store")
     counts: dict[str, tuple[int, int]] = {}
     for model, columns in _TABLES:
