@@ -81,6 +81,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "heartbeat",
         "aio",
         "queues",
+        "lanes",
     ),
     "facade": (
         "engine",

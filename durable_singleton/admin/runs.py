@@ -37,6 +37,7 @@ from .display import (
     wake_html,
 )
 from .filters import SingletonKeyFilter, WorkflowFilter
+from .lanes import LanePagesMixin
 from .queues import QueuePagesMixin
 
 __all__ = ["RunAdmin"]
@@ -45,8 +46,8 @@ _SIGNAL_STEP = "durable:signal"
 
 
 @admin.register(Run)
-class RunAdmin(QueuePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: ignore[type-arg]
-    """Runs: read-only pages, engine actions, and the queue pages (SPEC section 6)."""
+class RunAdmin(QueuePagesMixin, LanePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+    """Runs: read-only pages, engine actions, the queue pages and the lanes page (SPEC section 6)."""
 
     # Fits a 1,400 px window beside the navigation and the filters: the slot is part of the
     # status, the namespace is a filter (and on the run's page), tags come last, cut.

@@ -1,0 +1,312 @@
+"""The lanes page of the run admin: one workflow's busy keys as lanes over the last minutes,
+drawn on the server as SVG (no script library, no CDN: it works offline), refreshed in place.
+
+Each lane is a key: its holders' time in their slots as bars over time (a
+bar still open at *now* holds its slot), a mark at each admission, a line
+at each handoff (a release that admitted a waiter, S7), and its waiters as a
+queue of numbered boxes in admission order (S5 step 3), position 1 first.
+The data is :func:`durable_singleton.lanes.workflow_lanes`; this module only
+turns it into coordinates. The page hangs off the run admin (``get_urls`` +
+``admin_site.admin_view`` + ``each_context``) with an overridable template
+name, as the queue pages do; ``?fragment=1`` returns only the drawing, which
+the page's small script fetches every ``refresh`` seconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import admin
+from django.contrib.admin.utils import quote
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from ..lanes import DEFAULT_MINUTES, MAX_MINUTES, Lane, Lanes, workflow_lanes
+from ..queues import format_age, singleton_options
+from ..runtime import get_engine
+from ..statuses import RunStatus
+
+__all__ = ["LanePagesMixin", "draw"]
+
+#: The window lengths offered as links, in minutes (any 1 to MAX_MINUTES works as ``?minutes=``).
+MINUTE_CHOICES = (1, 5, 10, 30, 60)
+
+# The drawing's coordinates (SVG user units, about pixels at 1,000 px wide).
+WIDTH = 1000
+AXIS_X0 = 8
+AXIS_X1 = 730  # now
+QUEUE_X = 756
+BOX = 16
+BOX_STEP = 20
+QUEUE_BOXES = 10  # boxes drawn per lane; "+N" says how many more wait
+TOP = 30
+LABEL_H = 18
+ROW_H = 14
+ROW_STEP = 18
+LANE_GAP = 14
+_TICK_STEPS = (5, 10, 15, 30, 60, 120, 300, 600)
+
+
+def _clock(moment: datetime) -> str:
+    return timezone.localtime(moment).strftime("%H:%M:%S.%f")[:-3]
+
+
+def _f(value: float) -> str:
+    return f"{value:.1f}"
+
+
+def _ticks(seconds: float) -> list[tuple[float, str]]:
+    """Return (seconds before now, label) for a readable step: at most 10 ticks across the window."""
+    step = next((s for s in _TICK_STEPS if seconds / s <= 10), _TICK_STEPS[-1])
+    out = []
+    back = step
+    while back < seconds - step / 4:
+        out.append((float(back), f"-{back // 60} min" if back % 60 == 0 else f"-{back} s"))
+        back += step
+    return out
+
+
+def _bar_class(status: str, holding: bool) -> str:
+    if holding:
+        return "running" if status == RunStatus.RUNNING else "parked"
+    return str(status)
+
+
+def _lane(
+    lane: Lane, lanes: Lanes, y: float, x_of: Callable[[datetime], float], run_url: Callable[[str], str]
+) -> dict[str, Any]:
+    """Return one lane's shapes, its top at ``y``."""
+    rows_top = y + LABEL_H
+
+    def row_y(slot: int) -> float:
+        return rows_top + slot * ROW_STEP
+
+    bars = []
+    for hold in lane.holds:
+        x = x_of(max(hold.start, lanes.start))
+        x2 = x_of(min(hold.end or lanes.now, lanes.now))
+        holding = hold.end is None
+        state = _bar_class(hold.status, holding)
+        bars.append(
+            {
+                "run_id": hold.run_id,
+                "url": run_url(hold.run_id),
+                "x": _f(x),
+                "y": _f(row_y(hold.slot)),
+                "w": _f(max(x2 - x, 2.0)),
+                "h": ROW_H,
+                "state": state,
+                "holding": holding,
+                "title": _("%(run)s: %(state)s, held from %(start)s to %(end)s (%(age)s)")
+                % {
+                    "run": hold.run_id,
+                    "state": hold.status,
+                    "start": _clock(hold.start),
+                    "end": _("now") if holding else _clock(hold.end or lanes.now),
+                    "age": format_age(hold.seconds(lanes.now)),
+                },
+            }
+        )
+    admissions = [
+        {
+            "run_id": hold.run_id,
+            "d": f"M{_f(x_of(hold.start))},{_f(row_y(hold.slot) - 1)} l-4,-5 h8 z",
+            "title": _("%(run)s admitted at %(at)s") % {"run": hold.run_id, "at": _clock(hold.start)},
+        }
+        for hold in lane.admissions(lanes.start)
+    ]
+    handoffs = []
+    for handoff in lane.handoffs:
+        if handoff.admitted_at < lanes.start:
+            continue
+        x1, x2 = x_of(max(handoff.released_at, lanes.start)), x_of(handoff.admitted_at)
+        y1, y2 = row_y(handoff.from_slot) + ROW_H / 2, row_y(handoff.to_slot) + ROW_H / 2
+        handoffs.append(
+            {
+                "released_by": handoff.released_by,
+                "admitted": handoff.admitted,
+                # A tick across both rows at the admission, joined to the release when rows differ.
+                "d": f"M{_f(x1)},{_f(y1)} L{_f(x2)},{_f(y2)} M{_f(x2)},{_f(min(y1, y2) - ROW_H / 2 - 2)} "
+                f"V{_f(max(y1, y2) + ROW_H / 2 + 2)}",
+                "title": _("handoff: %(old)s released at %(released)s, %(new)s admitted %(gap)s later")
+                % {
+                    "old": handoff.released_by,
+                    "released": _clock(handoff.released_at),
+                    "new": handoff.admitted,
+                    "gap": format_age(handoff.gap_seconds),
+                },
+            }
+        )
+    waiters = [
+        {
+            "run_id": run_id,
+            "url": run_url(run_id),
+            "position": n + 1,
+            "x": _f(QUEUE_X + n * BOX_STEP),
+            "y": _f(rows_top),
+            "tx": _f(QUEUE_X + n * BOX_STEP + BOX / 2),
+            "ty": _f(rows_top + BOX / 2 + 3.5),
+            "title": _("position %(n)s: %(run)s") % {"n": n + 1, "run": run_id},
+        }
+        for n, run_id in enumerate(lane.waiters[:QUEUE_BOXES])
+    ]
+    more = lane.waiting - len(waiters)
+    label = lane.key if len(lane.key) <= 90 else lane.key[:89] + "…"
+    return {
+        "key": lane.key,
+        "label": label,
+        "label_y": _f(y + 13),
+        "summary": _("limit %(limit)s · %(holders)s holding · %(waiting)s waiting")
+        % {"limit": lane.limit, "holders": lane.holders, "waiting": lane.waiting},
+        "paused": lane.paused,
+        "slots": [{"y": _f(row_y(i)), "h": ROW_H} for i in range(lane.slots)],
+        "bars": bars,
+        "admissions": admissions,
+        "handoffs": handoffs,
+        "waiters": waiters,
+        "waiting": lane.waiting,
+        "more": more,
+        "more_x": _f(QUEUE_X + len(waiters) * BOX_STEP + 2),
+        "more_y": _f(rows_top + BOX / 2 + 4),
+        "height": LABEL_H + lane.slots * ROW_STEP + LANE_GAP,
+    }
+
+
+def draw(lanes: Lanes, run_url: Callable[[str], str]) -> dict[str, Any]:
+    """Return the SVG's shapes for ``lanes``: the time axis (``AXIS_X0`` at the window's start,
+    ``AXIS_X1`` at now), then per lane its label, slot rows, bars, admissions, handoffs and
+    waiters' boxes; ``run_url(run_id)`` links each bar and box to its run's page."""
+    seconds = max((lanes.now - lanes.start).total_seconds(), 1.0)
+
+    def x_of(moment: datetime) -> float:
+        offset = (moment - lanes.start).total_seconds()
+        return AXIS_X0 + max(0.0, min(offset / seconds, 1.0)) * (AXIS_X1 - AXIS_X0)
+
+    drawn = []
+    y = float(TOP)
+    for lane in lanes.lanes:
+        shapes = _lane(lane, lanes, y, x_of, run_url)
+        drawn.append(shapes)
+        y += shapes["height"]
+    height = y + 4
+    return {
+        "width": WIDTH,
+        "height": _f(height),
+        "x0": AXIS_X0,
+        "x1": AXIS_X1,
+        "axis_width": AXIS_X1 - AXIS_X0,
+        "queue_x": QUEUE_X,
+        "axis_bottom": _f(height - 4),
+        "ticks": [
+            {"x": _f(AXIS_X1 - back / seconds * (AXIS_X1 - AXIS_X0)), "label": label}
+            for back, label in _ticks(seconds)
+        ],
+        "now_label": _("now %(at)s") % {"at": timezone.localtime(lanes.now).strftime("%H:%M:%S")},
+        "start_label": _("-%(minutes)s min") % {"minutes": f"{lanes.minutes:g}"},
+        "lanes": drawn,
+    }
+
+
+def _minutes(request: HttpRequest) -> int:
+    """Return ``?minutes=``, held to 1 to MAX_MINUTES; the default if it is not a whole number."""
+    try:
+        return min(max(int(request.GET.get("minutes", DEFAULT_MINUTES)), 1), MAX_MINUTES)
+    except ValueError:
+        return DEFAULT_MINUTES
+
+
+class LanePagesMixin:
+    """The lanes page, for the ``ModelAdmin`` of :class:`~durable_singleton.models.Run`."""
+
+    #: Template of the lanes page; None: ``admin/durable_singleton/lanes.html``.
+    lanes_template: str | None = None
+    #: Template of the drawing alone (``?fragment=1``); None: ``admin/durable_singleton/includes/lanes_svg.html``.
+    lanes_fragment_template: str | None = None
+    #: Seconds between refreshes of an open lanes page (0: never); ``?refresh=N`` overrides.
+    lanes_refresh_seconds = 2
+    #: Lanes drawn at most, and waiters drawn per lane.
+    lanes_max_keys = 30
+
+    admin_site: admin.AdminSite
+    opts: Any
+    has_view_or_change_permission: Callable[..., bool]
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        return [
+            path("queues/lanes/", self.admin_site.admin_view(self.lanes_view), name="{}_{}_lanes".format(*info)),
+            *super().get_urls(),  # type: ignore[misc]
+        ]
+
+    def _admin_url(self, name: str, *args: str) -> str:
+        return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{name}", args=args)
+
+    def lanes_view(self, request: HttpRequest) -> HttpResponse:
+        """Draw one workflow's busy keys over the last ``?minutes=`` (1 to 60, default 10)."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        workflow = request.GET.get("workflow", "")
+        key = request.GET.get("key") or None
+        minutes = _minutes(request)
+        try:
+            refresh = max(float(request.GET.get("refresh", self.lanes_refresh_seconds)), 0.0)
+        except ValueError:
+            refresh = float(self.lanes_refresh_seconds)
+        query = {k: v for k, v in request.GET.items() if k != "fragment"}
+
+        def link(**changes: str) -> str:
+            return "?" + urlencode({**query, **changes})
+
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Lanes of %(workflow)s") % {"workflow": workflow} if workflow else _("Lanes"),
+            "subtitle": None,
+            "has_view_permission": True,
+            "workflow": workflow,
+            "key": key,
+            "minutes": minutes,
+            "max_minutes": MAX_MINUTES,
+            "refresh": refresh,
+            "queues_url": self._admin_url("queues"),
+            "changelist_url": self._admin_url("changelist"),
+            "fragment_url": link(fragment="1"),
+            "minute_links": [
+                {"minutes": m, "url": link(minutes=str(m)), "selected": m == minutes} for m in MINUTE_CHOICES
+            ],
+            "pause_url": link(refresh="0"),
+            "resume_url": "?" + urlencode({k: v for k, v in query.items() if k != "refresh"}),
+            "workflows": [
+                {"name": name, "url": "?" + urlencode({"workflow": name})} for name in sorted(singleton_options())
+            ],
+        }
+        if workflow:
+            lanes = workflow_lanes(
+                workflow, now=get_engine().now(), minutes=minutes, first_key=key, max_keys=self.lanes_max_keys
+            )
+            context["lanes"] = lanes
+            context["drawing"] = draw(lanes, lambda run_id: self._admin_url("change", quote(run_id)))
+            context["queue_url"] = self._admin_url("queues") + "?" + urlencode({"workflow": workflow})
+        request.current_app = self.admin_site.name
+        if request.GET.get("fragment"):
+            return TemplateResponse(
+                request,
+                self.lanes_fragment_template or "admin/durable_singleton/includes/lanes_svg.html",
+                context,
+            )
+        return TemplateResponse(
+            request,
+            self.lanes_template
+            or [
+                f"admin/{self.opts.app_label}/{self.opts.model_name}/lanes.html",
+                f"admin/{self.opts.app_label}/lanes.html",
+            ],
+            context,
+        )

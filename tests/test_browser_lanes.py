@@ -1,0 +1,142 @@
+"""The lanes page in Debian's chromium (issue #19 item 5): a holder drawn as a bar, its waiters as
+numbered boxes in admission order, and the drawing redrawn in place (no reload) when the slot is
+handed off (S5, S7). The second test drives a burst through the embedded worker and saves the
+docs' picture (``artifacts/lanes.png``; docs/_static/admin-lanes.png is a copy)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+
+from durable_singleton.engine import Engine
+from durable_singleton.models import Run
+from durable_singleton.runtime import get_engine
+
+from .helpers import settle
+from .test_admin import CAPPED, start_queue
+from .test_browser_admin import ARTIFACTS, CHROMIUM, Browser, browser, chromium, thread_workers, wait_until
+
+__all__ = ["browser", "chromium", "thread_workers"]  # fixtures, imported for this module's tests
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (tools/services.py install)"
+    ),
+    pytest.mark.django_db(transaction=True),
+]
+
+DEMO = "demo-sync-inventory"  # limit 1, no cap
+
+#: What the drawing shows, read from the SVG's elements and their boxes on the screen.
+READ = r"""() => {
+  const svg = document.querySelector('#ds-lanes-svg');
+  if (!svg) return null;
+  const box = (e) => { const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, w: r.width, h: r.height}; };
+  const now = svg.querySelector('.ds-now').getBoundingClientRect().x;
+  return {
+    svg: box(svg),
+    now,
+    scroll: document.documentElement.scrollWidth, window: window.innerWidth,
+    kept: window.__dsKept === 1,
+    refreshed: document.querySelector('#ds-lanes').dataset.refreshedAt || null,
+    lanes: [...svg.querySelectorAll('.ds-lane')].map(l => l.dataset.key),
+    rows: [...svg.querySelectorAll('.ds-lane')].map(l => l.querySelectorAll('.ds-slot-row').length),
+    bars: [...svg.querySelectorAll('rect.ds-hold')].map(b => ({
+      run: b.dataset.runId, state: b.dataset.state, holding: b.dataset.holding === '1', ...box(b)})),
+    waiters: [...svg.querySelectorAll('.ds-waiter')].map(w => ({
+      run: w.dataset.runId, position: Number(w.dataset.position), text: w.querySelector('text').textContent.trim(),
+      ...box(w)})),
+    handoffs: [...svg.querySelectorAll('.ds-handoff')].map(h => [h.dataset.from, h.dataset.to]),
+    admissions: [...svg.querySelectorAll('.ds-admit')].map(a => a.dataset.runId),
+  };
+}"""
+
+
+def _log_in(browser: Browser, django_user_model: Any, path: str, width: int = 1280) -> None:
+    django_user_model.objects.create_superuser("admin", password="pw-browser")
+
+    def log_in(page: Any) -> None:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.goto(browser.base_url + "/admin/login/?" + urlencode({"next": path}))
+        page.fill("#id_username", "admin")
+        page.fill("#id_password", "pw-browser")
+        page.click("input[type=submit]")
+        page.wait_for_selector("#ds-lanes")
+
+    browser.do(log_in)
+
+
+def test_lanes_draw_the_holder_and_the_waiters_and_redraw_in_place(
+    browser: Browser, settings: Any, django_user_model: Any
+) -> None:
+    """S5, S7: one holder and two waiters of store:S. The holder is a bar ending at the now line,
+    the waiters boxes 1 and 2 (in admission order) right of it. The holder settles and the store
+    hands its slot to the first waiter; without a reload the drawing shows the handoff, the new
+    holder's bar and the remaining waiter at position 1, then a run started meanwhile at 2."""
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
+    engine.dispatcher.queue.clear()
+    start_queue(engine, CAPPED, "S", 3, admit=1)
+    _log_in(browser, django_user_model, f"/admin/durable_singleton/run/queues/lanes/?workflow={CAPPED}&refresh=1")
+    seen = browser.do(lambda page: page.evaluate(READ))
+    assert seen["lanes"] == ["store:S"], seen
+    (bar,) = seen["bars"]
+    assert (bar["run"], bar["holding"], bar["state"]) == ("S-0", True, "running"), bar
+    assert bar["w"] > 0 and bar["h"] > 0 and bar["x"] + bar["w"] <= seen["now"] + 1, (bar, seen["now"])
+    assert [(w["run"], w["position"], w["text"]) for w in seen["waiters"]] == [("S-1", 1, "1"), ("S-2", 2, "2")]
+    assert all(w["x"] > seen["now"] and w["w"] > 0 for w in seen["waiters"]), seen
+    assert seen["scroll"] <= seen["window"] and seen["svg"]["x"] + seen["svg"]["w"] <= seen["window"], seen
+    browser.do(lambda page: page.evaluate("() => { window.__dsKept = 1; }"))
+
+    assert settle(engine, "S-0", "completed")
+    engine.start(CAPPED, {"store_id": "S", "duration": 0}, run_id="S-3")
+    engine.dispatcher.queue.clear()
+
+    def redrawn() -> dict[str, Any] | None:
+        now = browser.do(lambda page: page.evaluate(READ))
+        waiting = [(w["run"], w["position"]) for w in now["waiters"]] if now else []
+        return now if now and ["S-0", "S-1"] in now["handoffs"] and waiting == [("S-2", 1), ("S-3", 2)] else None
+
+    later = wait_until(redrawn, 30, "the drawing to show the handoff and the new waiter")
+    assert later["kept"] and later["refreshed"], "redrawn in place, not by reloading the page"
+    states = {b["run"]: (b["state"], b["holding"]) for b in later["bars"]}
+    assert states["S-0"] == ("completed", False) and states["S-1"][1], states
+    assert later["admissions"].count("S-1") == 1
+
+
+def test_a_burst_on_one_key_backs_up_only_its_lane(
+    browser: Browser, thread_workers: Engine, django_user_model: Any
+) -> None:
+    """The reference text's live system, drawn: three keys, one slot each; a burst on store:A
+    backs up only A's lane, whose holders follow one another through handoffs, while B and C
+    each run theirs. Saves the docs' screenshot once A has handed off four times and still
+    has waiters."""
+    burst = [thread_workers.start(DEMO, {"store_id": "A", "duration": 2.5}).run_id for _ in range(8)]
+    for store, runs, seconds in (("B", 3, 4.0), ("C", 2, 6.0)):
+        for _ in range(runs):
+            thread_workers.start(DEMO, {"store_id": store, "duration": seconds})
+    lanes = f"/admin/durable_singleton/run/queues/lanes/?workflow={DEMO}&minutes=1&refresh=1"
+    _log_in(browser, django_user_model, lanes, 1400)
+
+    def busy() -> dict[str, Any] | None:
+        seen = browser.do(lambda page: page.evaluate(READ))
+        if not seen:
+            return None
+        a_handoffs = [h for h in seen["handoffs"] if h[0] in burst and h[1] in burst]
+        return seen if len(a_handoffs) >= 4 and any(w["run"] in burst for w in seen["waiters"]) else None
+
+    seen = wait_until(busy, 90, "store:A to hand off four times with waiters left")
+    assert {"store:A", "store:B", "store:C"} <= set(seen["lanes"]), seen["lanes"]
+    assert set(seen["rows"]) == {1}, f"one slot, one row: a handoff's spans follow one another {seen['rows']}"
+    waiting_a = [w for w in seen["waiters"] if w["run"] in burst]
+    assert [w["position"] for w in waiting_a] == list(range(1, len(waiting_a) + 1))
+    order = list(Run.objects.filter(run_id__in=burst).order_by("created_at", "run_id").values_list("run_id", flat=True))
+    assert [w["run"] for w in waiting_a] == order[len(order) - len(waiting_a) :], "the waiters in admission order"
+    ARTIFACTS.mkdir(exist_ok=True)
+    browser.do(lambda page: page.locator("#content").screenshot(path=str(ARTIFACTS / "lanes.png")))
+    wait_until(
+        lambda: Run.objects.filter(run_id__in=burst, status="completed").count() == len(burst), 90, "the burst to drain"
+    )
