@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import queue as queue_module
+import sys
 import threading
 import time
 from collections import deque
@@ -32,6 +33,25 @@ from .stores.base import BaseStore
 __all__ = ["EXECUTE_TASK", "TICK_TASK", "CeleryDispatcher", "ManualDispatcher", "ThreadDispatcher", "build_dispatcher"]
 
 logger = logging.getLogger("durable_singleton")
+#: The embedded worker's start and stop lines (see :func:`announce`).
+lifecycle_logger = logging.getLogger("durable_singleton.worker")
+
+#: How long :meth:`ThreadDispatcher.stop` waits for the tick thread beyond the
+#: worker threads, in seconds: a tick holds no lease, so one still in a
+#: database call when the process exits loses nothing (its transaction is
+#: rolled back) and must not hold up the stop.
+TICK_JOIN_SECONDS = 1.0
+TICK_THREAD = "durable-tick"
+
+
+def announce(message: str, *args: object) -> None:
+    """Log a worker's start or stop line at INFO on ``durable_singleton.worker``;
+    if no handler would show it (Django's default ``LOGGING`` under
+    ``runserver`` has none for this app), also write it to stderr, so a
+    process always says that its worker started and stopped (O1)."""
+    lifecycle_logger.info(message, *args)
+    if not lifecycle_logger.hasHandlers():
+        print(f"durable_singleton: {message % args}", file=sys.stderr, flush=True)
 
 #: The Celery task that executes one turn (``durable_singleton.tasks.execute_run``).
 EXECUTE_TASK = "durable_singleton.execute_run"
@@ -150,6 +170,7 @@ class ThreadDispatcher(_DjangoCommit):
         self._stop = threading.Event()
         self._starting = threading.Lock()
         self._pid = os.getpid()
+        self._started_at: float | None = None
         self.in_hand: dict[str, str] = {}
 
     @property
@@ -187,10 +208,25 @@ class ThreadDispatcher(_DjangoCommit):
             thread = threading.Thread(target=self._work, name=f"durable-worker-{n}", daemon=True)
             thread.start()
             self._workers.append(thread)
-        ticker = threading.Thread(target=self._tick, name="durable-tick", daemon=True)
+        ticker = threading.Thread(target=self._tick, name=TICK_THREAD, daemon=True)
         ticker.start()
         self._workers.append(ticker)
-        logger.info("embedded worker started: %d threads, tick every %.3g s", self.threads, self.tick_seconds)
+        self._started_at = time.monotonic()
+        announce("embedded worker started in pid %d: %s", os.getpid(), self.describe())
+
+    def describe(self) -> str:
+        """Return the worker's shape in words: threads, tick period, store and
+        database vendor, e.g. ``4 threads, tick every 1 s, store DjangoStore,
+        database 'default' (postgresql)``."""
+        store = type(self.store).__name__
+        alias = self._alias()
+        if alias is None:
+            where = "no database"
+        else:
+            from django.db import connections
+
+            where = f"database {alias!r} ({connections[alias].vendor})"
+        return f"{self.threads} threads, tick every {self.tick_seconds:g} s, store {store}, {where}"
 
     def stop(self, timeout: float = 30.0, *, hurry: threading.Event | None = None) -> list[str]:
         """Stop the threads: drop queued turns, let the turns in hand finish.
@@ -212,12 +248,28 @@ class ThreadDispatcher(_DjangoCommit):
             self._queue.put(None)
         deadline = time.monotonic() + timeout
         for thread in self._workers:
+            if thread.name == TICK_THREAD:
+                continue
             while thread.is_alive() and time.monotonic() < deadline and not (hurry and hurry.is_set()):
                 thread.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+        for thread in self._workers:
+            if thread.name == TICK_THREAD:
+                # Sleeping, the tick wakes at once (the stop event); in a database call, it is left.
+                thread.join(timeout=max(0.0, min(TICK_JOIN_SECONDS, deadline - time.monotonic())))
         left = sorted(self.in_hand.values())
         if dropped:
             logger.info("embedded worker stopping: %d queued turns left to the tick", dropped)
+        was_running = bool(self._workers)
         self._workers = [t for t in self._workers if t.is_alive()]
+        if was_running and self._started_at is not None:
+            announce(
+                "embedded worker stopped in pid %d (up %.1f s): %d turns still in hand%s",
+                os.getpid(),
+                time.monotonic() - self._started_at,
+                len(left),
+                f" ({', '.join(left)})" if left else "",
+            )
+            self._started_at = None
         return left
 
     def _work(self) -> None:

@@ -18,6 +18,7 @@ and ``manage.py test`` call ``setup_test_environment()``) unless asked with
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import os
@@ -29,9 +30,15 @@ from typing import Any
 
 from .dispatch import ThreadDispatcher
 
-__all__ = ["ForegroundWorker", "connect", "expire_own_leases", "start_embedded_worker"]
+__all__ = ["HAND_BACK_SECONDS", "ForegroundWorker", "connect", "expire_own_leases", "start_embedded_worker"]
 
 logger = logging.getLogger("durable_singleton.worker")
+
+#: How long a stopping worker waits for the database to take back the turns
+#: it still holds (:func:`expire_own_leases`), in seconds. A hand-back that
+#: waits longer (a row lock, a database that does not answer) is abandoned:
+#: those runs' leases expire by themselves within ``LEASE_SECONDS`` (R5).
+HAND_BACK_SECONDS = 10.0
 
 
 def _in_test_environment() -> bool:
@@ -58,7 +65,12 @@ def start_embedded_worker(*, force: bool = False) -> bool:
     from .runtime import get_engine
 
     dispatcher = get_engine().dispatcher
-    return isinstance(dispatcher, ThreadDispatcher) and dispatcher.start()
+    if not (isinstance(dispatcher, ThreadDispatcher) and dispatcher.start()):
+        return False
+    # The process's exit (runserver's Ctrl-C or reload, a WSGI server's stop)
+    # says so in the log; the turns still in hand keep their leases (R5).
+    atexit.register(dispatcher.stop, timeout=0.0)
+    return True
 
 
 def _start_on_request(sender: Any, **kwargs: Any) -> None:
@@ -73,6 +85,29 @@ def connect() -> None:
     from django.core.signals import request_started
 
     request_started.connect(_start_on_request, dispatch_uid="durable_singleton.start_embedded_worker")
+
+
+def hand_back(engine: Any, run_ids: list[str], *, seconds: float = HAND_BACK_SECONDS) -> int | None:
+    """Run :func:`expire_own_leases` on a thread of its own for at most
+    ``seconds``; return its count, or None if it did not finish in time (it
+    waits on a lock or on a database that does not answer) or failed. A
+    stopping process never waits longer than that for the database (O1)."""
+    result: list[int] = []
+
+    def expire() -> None:
+        from django.db import connections
+
+        try:
+            result.append(expire_own_leases(engine, run_ids))
+        except Exception:
+            logger.exception("could not hand back runs %s", ", ".join(run_ids))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=expire, name="durable-hand-back", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    return result[0] if result else None
 
 
 def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
@@ -107,6 +142,14 @@ class ForegroundWorker:
     ``threads``: worker threads (>= 1); ``tick_seconds``: period of the tick
     (> 0); ``grace_seconds``: how long a stop waits for the turns in hand
     before handing them back with :func:`expire_own_leases`.
+
+    A stop takes at most ``grace_seconds`` for the turns in hand, plus
+    ``TICK_JOIN_SECONDS`` (1 s) for a tick in progress, plus
+    :data:`HAND_BACK_SECONDS` (10 s) for the hand-back. After :meth:`run`,
+    ``uptime_seconds`` is the time from the start to the end of the stop,
+    ``shutdown_seconds`` the time from the stop request to the end of the
+    stop, and ``handed_back`` the runs handed back (None: the hand-back did
+    not finish, those leases expire by themselves).
     """
 
     def __init__(
@@ -134,6 +177,11 @@ class ForegroundWorker:
         self.grace_seconds = engine.settings.LEASE_SECONDS if grace_seconds is None else grace_seconds
         self.stopping = threading.Event()
         self.hurry = threading.Event()
+        self.stop_reason = "a stop request"
+        self.uptime_seconds = 0.0
+        self.shutdown_seconds = 0.0
+        self.handed_back: int | None = 0
+        self._stop_requested_at: float | None = None
 
     def request_stop(self, signum: int = 0, frame: Any = None) -> None:
         """Ask the worker to stop (a signal handler); a second request stops
@@ -143,8 +191,10 @@ class ForegroundWorker:
                 logger.info("received %s again: handing back the turns in hand now", signal.Signals(signum).name)
             self.hurry.set()
             return
+        self._stop_requested_at = time.monotonic()
         if signum:
-            logger.info("received %s: stopping", signal.Signals(signum).name)
+            self.stop_reason = signal.Signals(signum).name
+            logger.info("received %s: stopping", self.stop_reason)
         self.stopping.set()
 
     def run(self) -> list[str]:
@@ -152,15 +202,30 @@ class ForegroundWorker:
         started = time.monotonic()
         self.dispatcher.start()
         self.stopping.wait()
+        requested = self._stop_requested_at or time.monotonic()
         left = self.dispatcher.stop(timeout=self.grace_seconds, hurry=self.hurry)
-        handed_back = expire_own_leases(self.engine, left) if left else 0
-        if left:
+        self.handed_back = hand_back(self.engine, left) if left else 0
+        if left and self.handed_back is None:
+            logger.warning(
+                "%d turns still running after %.3g s; the database did not take them back within %.3g s, "
+                "their leases expire by themselves: %s",
+                len(left),
+                self.grace_seconds,
+                HAND_BACK_SECONDS,
+                ", ".join(left),
+            )
+        elif left:
             logger.warning(
                 "%d turns still running after %.3g s; %d handed back to the tick: %s",
                 len(left),
                 self.grace_seconds,
-                handed_back,
+                self.handed_back,
                 ", ".join(left),
             )
-        logger.info("stopped after %.1f s", time.monotonic() - started)
+        ended = time.monotonic()
+        self.uptime_seconds = ended - started
+        self.shutdown_seconds = ended - requested
+        logger.info(
+            "stopped %.1f s after %s (up %.1f s)", self.shutdown_seconds, self.stop_reason, self.uptime_seconds
+        )
         return left

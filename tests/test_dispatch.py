@@ -96,3 +96,49 @@ def test_lease_renewal_survives_a_dropped_connection(registry: Registry) -> None
     engine.dispatcher.drain()  # type: ignore[attr-defined]
     assert engine.get(run.run_id).status == "completed"
     assert Flaky.calls >= 3
+
+
+def test_announce_writes_to_stderr_when_no_handler_would_show_the_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """O1, issue #19 point 7: under runserver Django's default LOGGING shows
+    no INFO line of this app, so the worker's start and stop lines also go to
+    stderr when no handler would show them; with a handler they are only logged."""
+    from durable_singleton import dispatch
+
+    monkeypatch.setattr(dispatch.lifecycle_logger, "propagate", False)
+    dispatch.announce("embedded worker started in pid %d: %s", 42, "4 threads")
+    assert capsys.readouterr().err == "durable_singleton: embedded worker started in pid 42: 4 threads\n"
+    monkeypatch.setattr(dispatch.lifecycle_logger, "propagate", True)  # pytest's handlers are on the root
+    dispatch.announce("embedded worker stopped in pid %d", 42)
+    assert capsys.readouterr().err == ""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stop_leaves_a_tick_in_a_database_call_after_a_second(registry: Registry) -> None:
+    """O1, issue #19 point 7: a tick holds no lease, so stop() waits at most
+    TICK_JOIN_SECONDS for one that is in progress instead of the whole
+    timeout; the stop is bounded whatever the tick does."""
+    import threading
+
+    from durable_singleton import dispatch
+
+    settings = Settings.from_mapping({"DISPATCH": "thread", "TICK_SECONDS": 0.05, "WORKER_THREADS": 1})
+    engine: Engine = build_engine(settings)
+    engine.registry = registry
+    in_tick, release = threading.Event(), threading.Event()
+
+    def stuck_tick() -> None:
+        in_tick.set()
+        release.wait(60)
+
+    engine.tick = stuck_tick  # type: ignore[method-assign]
+    dispatcher: Any = engine.dispatcher
+    dispatcher.start()
+    try:
+        assert in_tick.wait(60)
+        ticker = next(t for t in dispatcher._workers if t.name == dispatch.TICK_THREAD)
+        dispatcher.stop(timeout=60)
+        assert ticker.is_alive() and not release.is_set(), "stop() waited for the tick to end"
+    finally:
+        release.set()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,7 +25,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from durable_singleton.engine import Engine
@@ -152,6 +154,11 @@ def test_sigterm_hands_back_a_turn_that_outlives_the_grace(workers: DurableWorke
     run = Run.objects.get(pk=run_id)
     assert run.status == "running" and run.lease_expires_at <= timezone.now(), (run.status, run.lease_expires_at)
     assert "1 turns handed back" in worker.log()
+    # Issue #19 point 7: the stop line says how long the stop took and, apart, the uptime.
+    assert re.search(
+        rf"durable_worker pid {worker.pid}: stopped \d+\.\d s after SIGTERM \(up \d+\.\d s\); 1 turns handed back\.",
+        worker.log(),
+    ), worker.log()
     workers.start(env=env)
     wait_for(lambda: BodyAudit.objects.count() == 2, 120, "the run re-driven", workers.logs)
 
@@ -173,6 +180,41 @@ def test_a_second_sigterm_hands_back_at_once(workers: DurableWorkers, starter: E
     assert "1 turns handed back" in worker.log()
     run = Run.objects.get(pk=run_id)
     assert run.status == "running" and run.lease_expires_at <= timezone.now()
+
+
+def test_sigterm_while_bodies_and_the_tick_run_exits_within_a_bound_even_if_the_database_waits(
+    workers: DurableWorkers, starter: Engine
+) -> None:
+    """O1, R5, issue #19 point 7: SIGTERM while two bodies (600 s each) and
+    the tick (every 0.2 s) run, with the runs' rows locked by this test (a
+    transaction holding them, as a slow or stuck database would): the worker
+    waits --grace (1 s) for the bodies, then tries to hand them back, and
+    gives up on the hand-back after HAND_BACK_SECONDS (10 s) instead of
+    waiting on the lock. It exits 0, says the turns are left to their leases,
+    and its start and stop lines give threads, tick, store, database and
+    times. (Before, the hand-back waited on the lock: on PostgreSQL without
+    end, on SQLite until "database is locked" failed the command.)"""
+    ids = burst(starter, keys=2, per_key=1, seconds=600, tag="x")
+    env = workers.env(DURABLE_LEASE_SECONDS="30", DURABLE_LEASE_RENEW_SECONDS="5")
+    worker = workers.start(threads=2, env=env, args=("--grace=1",))
+    wait_for(lambda: BodyAudit.objects.count() == 2, 120, "both bodies entered", workers.logs)
+    with transaction.atomic():
+        assert Run.objects.filter(pk__in=ids).update(attempts=F("attempts")) == 2  # locks both rows
+        worker.kill(signal.SIGTERM)
+        try:
+            code = worker.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the worker did not exit within 120 s of SIGTERM\n{workers.logs()}")
+    assert code == 0, workers.logs()
+    log = worker.log()
+    vendor = connection.vendor
+    assert (
+        f"durable_worker pid {worker.pid}: 2 threads, tick every 0.2 s, store DjangoStore, "
+        f"database 'default' ({vendor}), dispatch thread; ready." in log
+    ), log
+    assert f"embedded worker stopped in pid {worker.pid} (up " in log and "2 turns still in hand" in log, log
+    assert re.search(r"stopped \d+\.\d s after SIGTERM \(up \d+\.\d s\); 2 turns left to their leases", log), log
+    assert "Traceback" not in log, log
 
 
 def test_two_worker_processes_share_one_sqlite_file(workers: DurableWorkers, starter: Engine) -> None:
@@ -285,15 +327,23 @@ def test_worker_survives_a_database_server_restart(workers: DurableWorkers) -> N
 def test_runserver_starts_the_embedded_worker_without_a_request(workers: DurableWorkers, starter: Engine) -> None:
     """O1: with DISPATCH "thread", ``runserver`` starts its worker and tick
     when it starts serving: a run that is already due completes though no
-    request and no dispatch reach the server."""
+    request and no dispatch reach the server. Its log says when the embedded
+    worker started (threads, tick, store, database) and, at Ctrl-C, that it
+    stopped."""
     ids = burst(starter, keys=1, per_key=2, seconds=0.1, tag="w")
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    workers.start(command=("runserver", "--noreload", f"127.0.0.1:{port}"), wait=False)
+    server = workers.start(command=("runserver", "--noreload", f"127.0.0.1:{port}"), wait=False)
     wait_for(lambda: all_completed(ids), 180, "the due runs completed", workers.logs)
+    # Issue #19 point 7: one line when the embedded worker starts, one when the process stops it.
+    started = f"embedded worker started in pid {server.pid}: 4 threads, tick every 1 s, store DjangoStore, "
+    assert f"{started}database 'default' ({connection.vendor})" in server.log(), server.log()
+    server.kill(signal.SIGINT)  # Ctrl-C
+    assert server.proc.wait(120) == 0, server.log()
+    assert f"embedded worker stopped in pid {server.pid} (up " in server.log(), server.log()
 
 
 def test_uvicorn_starts_the_embedded_worker_when_it_loads_the_app(workers: DurableWorkers, starter: Engine) -> None:

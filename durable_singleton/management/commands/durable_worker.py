@@ -57,12 +57,18 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, worker.request_stop)
         signal.signal(signal.SIGINT, worker.request_stop)
         self.stdout.write(
-            f"durable_worker pid {os.getpid()}: {threads} threads, tick every {tick:g} s, "
-            f"store {settings.STORE}, dispatch {settings.DISPATCH}; ready."
+            f"durable_worker pid {os.getpid()}: {worker.dispatcher.describe()}, dispatch {settings.DISPATCH}; ready."
         )
         self.stdout.flush()
         left = worker.run()
-        self.stdout.write(f"durable_worker pid {os.getpid()}: stopped; {len(left)} turns handed back.")
+        if worker.handed_back is None:
+            handed = f"{len(left)} turns left to their leases (the database did not take them back)"
+        else:
+            handed = f"{worker.handed_back} turns handed back"
+        self.stdout.write(
+            f"durable_worker pid {os.getpid()}: stopped {worker.shutdown_seconds:.1f} s after {worker.stop_reason} "
+            f"(up {worker.uptime_seconds:.1f} s); {handed}."
+        )
 
     @staticmethod
     def _log_to_stderr(verbosity: int) -> None:
