@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,16 +25,20 @@ from durable_singleton.definitions import Registry, Singleton
 from durable_singleton.models import Run
 from testproject.demo.live import (
     BodyRecord,
+    Lane,
     database_url,
     handoffs,
     judge,
+    lane_line,
     peak_concurrency,
     records_from_rows,
+    render_lanes,
     with_limit,
 )
 from testproject.inventory.models import BodyAudit
 
-from .celery_workers import celery_stack_missing
+from .celery_workers import REPO, celery_stack_missing
+from .worker_processes import test_database_url
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 DEMO = "demo-sync-inventory"
@@ -191,6 +203,103 @@ def test_demo_passes_with_a_verdict_computed_from_the_stored_runs() -> None:
     assert "store:A: limit 1, 4/4 completed, at most 1 body at once" in text
     assert "entered A1 A2 A3 A4: creation order" in text
     assert text.rstrip().splitlines()[-1].startswith("PASS: never more bodies than the limit per key")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_piped_demo_prints_each_change_of_a_lane_as_a_line() -> None:
+    """Issue #19 item 5: off a terminal (a pipe, a log, here a StringIO) the demo prints one line
+    per change of a lane, not only the last frame: the burst's holders follow one another in
+    creation order (S5, S7), each line shows who holds and who waits, and no line is longer
+    than 80 characters."""
+    text = demo("--mode", "embedded", "--burst", "4", "--runs-per-key", "1", "--duration", "0.3")
+    lines = text.splitlines()
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    a = [line for line in lines if re.match(r"\s*\d+\.\d s store:A ", line)]
+    holders = [m[1] for line in a if (m := re.search(r"holding (A\d)", line))]
+    assert holders == sorted(set(holders), key=holders.index), "each holder appears once, in turn"
+    assert holders == ["A1", "A2", "A3", "A4"], a
+    assert "waiting A2 A3 A4" in a[0], a
+    assert re.search(r"store:A 0/1 holding -, done 4$", a[-1]), a
+    assert any(re.match(r"\s*\d+\.\d s store:B 1/1 holding B1", line) for line in lines), lines
+    assert "┏" not in text, "no table drawn off a terminal"
+
+
+def test_lanes_fit_an_80_column_console() -> None:
+    """Issue #19 item 5: at 80 columns the lanes table keeps every column, the done count of each
+    key included, wrapping the waiters instead of cutting them; a lane line stays within its width
+    and counts the waiters it cannot name."""
+    from rich.console import Console
+
+    waiters = [f"run-{n:03d}" for n in range(30)]
+    lanes = [
+        Lane("store:north-east", 1, ["run-100"], waiters, completed=12, other_terminal=1),
+        Lane("store:B", 1, ["B1"], [], completed=3, other_terminal=0),
+    ]
+    console = Console(width=80, record=True, file=io.StringIO(), emoji=False, highlight=False)
+    console.print(render_lanes(lanes, title="burst of 30 on store:north-east", caption="1.0 s"))
+    text = console.export_text()
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert "done" in text and "12 (+1" in text and re.search(r"│ store:B +│ +1/1 │ B1 .*│ +3 │", text), text
+    assert all(w in text for w in waiters), "every waiter is shown, wrapped"
+    line = lane_line(lanes[0], width=100)
+    assert len(line) <= 100 and line.startswith("store:north-east 1/1 holding run-100, waiting run-000 "), line
+    assert re.search(r" run-00\d \+2\d, done 12 \(\+1 not completed\)$", line), line
+    assert lane_line(lanes[0], width=60).endswith("holding run-100, waiting +30, done 12 (+1 not completed)")
+    assert lane_line(lanes[1]) == "store:B 1/1 holding B1, done 3"
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_demo_in_an_80_column_terminal() -> None:
+    """Issue #19 item 5: ``manage.py durable_demo`` in a real terminal 80 columns wide (a pty)
+    redraws a table that fits it, every column shown, and ends on PASS."""
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 80, 0, 0))
+    env = {
+        **os.environ,
+        "DATABASE_URL": test_database_url(),
+        "DURABLE_DISPATCH": "thread",
+        "TERM": "xterm-256color",
+        "COLUMNS": "",
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("COLUMNS")
+    command = [sys.executable, "manage.py", "durable_demo", "--mode", "embedded", "--burst", "4"]
+    proc = subprocess.Popen(
+        [*command, "--runs-per-key", "1", "--duration", "0.3", "--timeout", "90"],
+        cwd=REPO,
+        env=env,
+        stdin=follower,
+        stdout=follower,
+        stderr=follower,
+        start_new_session=True,
+    )
+    os.close(follower)
+    chunks = []
+    deadline = time.monotonic() + 150
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the command exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        os.close(leader)
+        if proc.poll() is None:
+            proc.kill()
+    # What the terminal shows, line by line: a cursor movement or an erase ends a line, colours go.
+    raw = b"".join(chunks).decode(errors="replace")
+    screen = re.sub(r"\x1b\[[0-9;?]*[ABCDEFGHJK]", "\n", raw.replace("\r", "\n"))
+    screen = re.sub(r"\x1b(\[[0-9;?]*[A-Za-z]|\][^\x07]*\x07)", "", screen)
+    lines = [line for line in screen.splitlines() if line.strip()]
+    assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
+    assert any("┃ key" in line and line.rstrip().endswith("┃ done ┃") for line in lines), screen
+    assert any(re.search(r"│ store:A │ +\d/1 │.*│ +\d │$", line) for line in lines), screen
+    assert lines[-1].startswith("PASS") or any(line.startswith("PASS") for line in lines[-3:]), screen
 
 
 @pytest.mark.django_db(transaction=True)

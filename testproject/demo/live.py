@@ -207,16 +207,17 @@ class Verdict:
         out = []
         for k in self.keys:
             same = k.admission_order == k.creation_order
-            handoff = ""
-            if k.handoffs:
-                handoff = (
-                    f"; handoff p50 {statistics.median(k.handoffs) * 1000:.0f} ms, max {max(k.handoffs) * 1000:.0f} ms"
-                )
+            # Every line fits 80 columns (after the command's two-space indent) for the keys' usual names.
             out.append(
                 f"{k.key}: limit {k.limit}, {k.completed}/{k.runs} completed, "
                 f"at most {k.peak} bod{'y' if k.peak == 1 else 'ies'} at once, "
-                f"{k.turns} turns{handoff}"
+                f"{k.turns} turns"
             )
+            if k.handoffs:
+                out.append(
+                    f"    handoff p50 {statistics.median(k.handoffs) * 1000:.0f} ms, "
+                    f"max {max(k.handoffs) * 1000:.0f} ms"
+                )
             order = " ".join(label(r) for r in k.admission_order)
             if same:
                 out.append(f"    entered {order}: creation order")
@@ -227,7 +228,7 @@ class Verdict:
                     f" admitted one(s), allowed up to limit - 1 = {k.limit - 1}"
                 )
         if self.ok:
-            out.append("PASS: never more bodies than the limit per key, oldest admitted first, every run completed")
+            out.append("PASS: never more bodies than the limit per key, oldest first, all completed")
         else:
             out.append("FAIL: " + "; ".join(self.problems))
         return out
@@ -354,10 +355,15 @@ def load_lanes(
     return lanes
 
 
+def _done(lane: Lane) -> str:
+    return str(lane.completed) + (f" (+{lane.other_terminal} not completed)" if lane.other_terminal else "")
+
+
 def render_lanes(lanes: Sequence[Lane], *, title: str, caption: str, label: Any = str) -> RenderableType:
     """Return a rich table: one row per key with its holders (running or
     parked), the runs that could run now but wait for a worker, the waiters
-    for the key, and counts."""
+    for the key, and counts. Its columns shrink and wrap to the console's
+    width, 80 columns included (the key and slot columns never wrap)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -366,22 +372,47 @@ def render_lanes(lanes: Sequence[Lane], *, title: str, caption: str, label: Any 
         caption=Text(caption, style="dim"),
         title_justify="left",
         caption_justify="left",
+        expand=True,  # the width is the console's exactly: fitted, never cropped at its right edge
     )
-    table.add_column("key", style="bold")
-    table.add_column("slots", justify="right")
-    table.add_column("holder(s)", style="green", min_width=10)
-    table.add_column("ready, waiting for a worker", style="magenta", min_width=12)
-    table.add_column("waiting for the key, in admission order", style="yellow", min_width=30)
+    table.add_column("key", style="bold", no_wrap=True)
+    table.add_column("slots", justify="right", no_wrap=True)
+    table.add_column("holding", style="green")
+    table.add_column("ready, no worker yet", style="magenta")
+    table.add_column("waiting for the key, in order", style="yellow")
     table.add_column("done", justify="right", style="cyan")
     for lane in lanes:
         holders = " ".join(label(r) for r in lane.holders) or "-"
         ready = " ".join(label(r) for r in lane.ready) or "-"
         waiters = " ".join(label(r) for r in lane.waiters) or "-"
-        done = str(lane.completed) + (f" (+{lane.other_terminal} not completed)" if lane.other_terminal else "")
         held = len(lane.holders) if lane.held is None else lane.held
-        cells = (lane.key, f"{held}/{lane.limit}", holders, ready, waiters, done)
+        cells = (lane.key, f"{held}/{lane.limit}", holders, ready, waiters, _done(lane))
         table.add_row(*(Text(cell) for cell in cells))
     return table
+
+
+def lane_line(lane: Lane, *, label: Any = str, width: int = 72) -> str:
+    """Return one key's lane as one line, for output that is not a terminal (a pipe, a log):
+    ``store:A 1/1 holding A2, waiting A3 A4 A5, done 1``.
+
+    Runs that could run but wait for a worker read ``ready``. The waiters are shortened to
+    keep the line within ``width`` characters: the first ones are named and ``+N`` counts
+    the others (the key, the holders and the counts are always whole).
+    """
+    held = len(lane.holders) if lane.held is None else lane.held
+    head = f"{lane.key} {held}/{lane.limit} holding {' '.join(label(r) for r in lane.holders) or '-'}"
+    if lane.ready:
+        head += f", ready {' '.join(label(r) for r in lane.ready)}"
+    tail = f", done {_done(lane)}"
+    names = [label(r) for r in lane.waiters]
+
+    def line(shown: int) -> str:
+        listed = names[:shown] + ([f"+{len(names) - shown}"] if shown < len(names) else [])
+        return head + (f", waiting {' '.join(listed)}" if names else "") + tail
+
+    shown = len(names)
+    while shown > 0 and len(line(shown)) > width:
+        shown -= 1
+    return line(shown)
 
 
 def database_url(settings_dict: Mapping[str, Any]) -> str:

@@ -187,9 +187,12 @@ class Command(BaseCommand):
         options: dict[str, Any],
         where: str,
     ) -> bool:
-        """Draw the lanes about four times a second until every run is terminal
+        """Follow the runs about four times a second until every run is terminal
         or the timeout passes; in distributed mode also run the tick every
-        TICK_SECONDS. Return whether every run finished."""
+        TICK_SECONDS. On a terminal the lanes redraw in place, fitted to its
+        width (80 columns included); elsewhere (a pipe, a log) each change of a
+        lane prints one line of at most 80 characters, so the whole run is
+        kept, not only its last frame. Return whether every run finished."""
         from rich.console import Console
         from rich.live import Live
 
@@ -201,30 +204,50 @@ class Command(BaseCommand):
         next_tick = started + engine.settings.TICK_SECONDS
         ids = list(labels)
 
-        def frame() -> tuple[Any, bool]:
+        def label(run_id: str) -> str:
+            return labels.get(run_id, run_id)
+
+        def state() -> tuple[list[demo.Lane], str, bool]:
             lanes = demo.load_lanes(WORKFLOW, keys, limits, ids)
             active = Run.objects.filter(run_id__in=ids, status__in=ACTIVE_STATUSES).count()
             parked = sum(len(lane.waiters) for lane in lanes)
             ready = sum(len(lane.ready) for lane in lanes)
-            done = len(ids) - active
             caption = (
-                f"{time.monotonic() - started:4.1f} s  {done}/{len(ids)} finished  "
+                f"{time.monotonic() - started:4.1f} s  {len(ids) - active}/{len(ids)} finished  "
                 f"{parked} wait for their key (parked), {ready} for a worker"
             )
-            table = demo.render_lanes(lanes, title=title, caption=caption, label=lambda r: labels.get(r, r))
-            return table, active == 0
+            return lanes, caption, active == 0
 
-        table, finished = frame()
+        def step() -> None:
+            nonlocal next_tick
+            time.sleep(0.25)
+            if mode == "distributed" and time.monotonic() >= next_tick:
+                engine.tick()
+                next_tick = time.monotonic() + engine.settings.TICK_SECONDS
+
+        lanes, caption, finished = state()
+        if not console.is_terminal:
+            self.stdout.write(title)
+            shown: dict[str, str] = {}
+            while True:
+                elapsed = time.monotonic() - started
+                for lane in lanes:
+                    line = demo.lane_line(lane, label=label, width=72)
+                    if shown.get(lane.key) != line:
+                        shown[lane.key] = line
+                        self.stdout.write(f"{elapsed:5.1f} s {line}")
+                if finished or elapsed >= options["timeout"]:
+                    break
+                step()
+                lanes, caption, finished = state()
+            self.stdout.write(caption.strip())
+            return finished
+        table = demo.render_lanes(lanes, title=title, caption=caption, label=label)
         with Live(table, console=console, refresh_per_second=4, auto_refresh=False) as live:
             while not finished and time.monotonic() - started < options["timeout"]:
-                time.sleep(0.25)
-                if mode == "distributed" and time.monotonic() >= next_tick:
-                    engine.tick()
-                    next_tick = time.monotonic() + engine.settings.TICK_SECONDS
-                table, finished = frame()
-                live.update(table, refresh=True)
-        if not console.is_terminal:
-            console.line()  # off a terminal, Live leaves its last line open
+                step()
+                lanes, caption, finished = state()
+                live.update(demo.render_lanes(lanes, title=title, caption=caption, label=label), refresh=True)
         return finished
 
     def _start_workers(
