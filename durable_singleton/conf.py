@@ -6,6 +6,7 @@ time, so ``override_settings`` takes effect at once.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -54,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
     # Largest run input, signal or event payload accepted, in bytes of its JSON
     # encoding (UTF-8); larger ones raise InvalidInputError. None: no limit.
     "MAX_INPUT_BYTES": 1_000_000,
+    # Most distinct tags a run accepts (reserved markers aside); more raise
+    # InvalidInputError at start (section 7).
+    "MAX_TAGS": 100,
     # Largest step result or workflow output stored, in bytes of its JSON
     # encoding (UTF-8); a larger one raises InvalidInputError in the body.
     # Below MySQL/MariaDB's default max_allowed_packet (16 MB) with room for
@@ -80,6 +84,7 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "RETENTION_SECONDS": (0, True),
     "RETENTION_BATCH": (1, False),
     "MAX_RESULT_BYTES": (0, True),
+    "MAX_TAGS": (0, False),
 }
 _NULLABLE = frozenset({"DATABASE", "RETENTION_SECONDS", "MAX_INPUT_BYTES", "MAX_RESULT_BYTES"})
 
@@ -91,7 +96,8 @@ def _kind(default: Any) -> tuple[str, Any]:
     if isinstance(default, int):
         return "an int", lambda v: isinstance(v, int) and not isinstance(v, bool)
     if isinstance(default, float):
-        return "a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)
+        # Finite: an infinite period killed the tick thread, NaN made it spin (section 7).
+        return "a finite number", lambda v: isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     return "a str", lambda v: isinstance(v, str)
 
 
@@ -160,6 +166,7 @@ class Settings:
     RETENTION_BATCH: int
     MAX_INPUT_BYTES: int | None
     MAX_RESULT_BYTES: int | None
+    MAX_TAGS: int
 
     @classmethod
     def from_mapping(cls, overrides: dict[str, Any] | None = None) -> Settings:

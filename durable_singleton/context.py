@@ -24,7 +24,7 @@ from .exceptions import (
     SingletonQueueFullError,
 )
 from .stores.base import BaseStore, RunRecord, StepRecord
-from .values import MAX_JSON_DEPTH, check_text, printable, to_json_value
+from .values import MAX_JSON_DEPTH, check_text, derived_id, printable, to_json_value
 
 
 class TurnHost(Protocol):
@@ -50,6 +50,7 @@ class TurnHost(Protocol):
     ) -> RunRecord:
         """Start a run (see :meth:`durable_singleton.engine.Engine.start`)."""
         ...
+
 
 __all__ = ["MAX_JSON_DEPTH", "Suspend", "TurnHost", "WorkflowCtx", "check_text", "printable", "to_json_value"]
 
@@ -252,7 +253,9 @@ class WorkflowCtx:
         """Start child workflow ``name`` once; return its run id (D7).
 
         The child id is deterministic (``<parent>:child:<position>`` unless
-        given) and the child inherits the namespace. A child rejected by its
+        given; past 191 characters, shortened with a hash suffix by
+        :func:`~durable_singleton.values.derived_id`) and the child inherits
+        the namespace. A child rejected by its
         queue cap (S16) raises :class:`ChildWorkflowError` here, on every replay.
         """
         position, stored = self._next()
@@ -260,7 +263,7 @@ class WorkflowCtx:
             result = stored.result
         else:
             self._boundary()
-            child_id = run_id or f"{self.run.run_id}:child:{position}"
+            child_id = run_id or derived_id(f"{self.run.run_id}:child:{position}")
             try:
                 guarded(
                     self.engine.store,

@@ -37,6 +37,7 @@ from .admission import KEY_MAX_LENGTH, effective_limit
 from .core import Core
 from .exceptions import UnknownWorkflowError, ValidationError
 from .stores.base import ControlChange, ControlChangeRecord
+from .values import MAX_LIMIT, check_int, check_text
 
 __all__ = [
     "ControlChangeRecord",
@@ -46,6 +47,8 @@ __all__ = [
 
 REASON_MAX_LENGTH = 1000
 BY_MAX_LENGTH = 150
+#: Most recorded changes one :meth:`KeyControls.control_history` call returns.
+HISTORY_MAX = 10_000
 
 
 @dataclass(frozen=True)
@@ -59,14 +62,6 @@ class KeyControlState:
     limit_override: int | None
     declared_limit: int
     limit: int
-
-
-def _check_text(value: object, what: str, max_length: int, *, empty: bool = False) -> str:
-    if not isinstance(value, str) or (not empty and not value.strip()) or len(value) > max_length:
-        raise ValidationError(f"{what} must be a {'' if empty else 'non-empty '}str of at most {max_length} characters")
-    if any(ord(c) < 32 and c not in "\t\n" for c in value) or "\x00" in value:
-        raise ValidationError(f"{what} must not contain control characters")
-    return value
 
 
 class KeyControls:
@@ -88,13 +83,11 @@ class KeyControls:
             raise UnknownWorkflowError(f"no workflow named {workflow!r}")
         declared = self._declared_limit(workflow)
         if key is not None:
-            _check_text(key, "key", KEY_MAX_LENGTH)
-        _check_text(by, "by", BY_MAX_LENGTH, empty=True)
-        _check_text(reason, "reason", REASON_MAX_LENGTH, empty=True)
+            check_text(key, "key", KEY_MAX_LENGTH)
+        check_text(by, "by", BY_MAX_LENGTH, empty=True, allow="\t\n")
+        check_text(reason, "reason", REASON_MAX_LENGTH, empty=True, allow="\t\n")
         if not change.keep_override and change.override is not None:
-            value = change.override
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValidationError(f"a limit override must be an int >= 1 or None, got {value!r}")
+            check_int(change.override, "a limit override (or None)", low=1, high=MAX_LIMIT)
         store = self.core.store
         results = store.apply_key_controls(
             workflow, [key] if key is not None else None, change, by=by, reason=reason, now=store.now()
@@ -120,26 +113,38 @@ class KeyControls:
     def pause_key(self, workflow: str, key: str, *, by: str = "", reason: str = "") -> KeyControlState:
         """Pause one key (K2): holders go on, nothing more is admitted, waiters keep their order.
 
-        ``by`` names who (at most 150 characters), ``reason`` why (at most 1000).
-        Raises :class:`UnknownWorkflowError` or :class:`ValidationError`, and
+        ``by`` names who (at most 150 characters), ``reason`` why (at most 1000);
+        ``key`` at most 191 characters with a non-space one. None of them may hold a
+        control character (tabs and newlines aside in ``by`` and ``reason``) or a
+        lone surrogate. Raises :class:`UnknownWorkflowError` or :class:`ValidationError`, and
         :class:`~durable_singleton.exceptions.UnsupportedByStoreError` on a store
         without key controls; writes nothing then.
         """
-        return self._control(workflow, key, ControlChange(paused=True), by, reason)[0]
+        return self._control(workflow, check_text(key, "key", KEY_MAX_LENGTH), ControlChange(paused=True), by, reason)[
+            0
+        ]
 
     def resume_key(self, workflow: str, key: str, *, by: str = "", reason: str = "") -> KeyControlState:
         """Resume one key (K2) and wake the waiters its free slots admit (S7). Raises as :meth:`pause_key`."""
-        return self._control(workflow, key, ControlChange(paused=False), by, reason)[0]
+        return self._control(workflow, check_text(key, "key", KEY_MAX_LENGTH), ControlChange(paused=False), by, reason)[
+            0
+        ]
 
     def override_limit(
         self, workflow: str, key: str, limit: int | None, *, by: str = "", reason: str = ""
     ) -> KeyControlState:
-        """Set one key's limit to ``limit`` (an int >= 1), or clear the override with None (K2).
+        """Set one key's limit to ``limit`` (an int from 1 to 2**31 - 1), or clear the override with None (K2).
 
         Lowering never evicts a holder; raising wakes the newly admissible waiters
         at once. Raises as :meth:`pause_key`.
         """
-        return self._control(workflow, key, ControlChange(override=limit, keep_override=False), by, reason)[0]
+        return self._control(
+            workflow,
+            check_text(key, "key", KEY_MAX_LENGTH),
+            ControlChange(override=limit, keep_override=False),
+            by,
+            reason,
+        )[0]
 
     def pause_workflow(self, workflow: str, *, by: str = "", reason: str = "") -> list[KeyControlState]:
         """Pause every key of ``workflow`` that has a lock row or an active run (K2); see :meth:`pause_key`."""
@@ -158,10 +163,17 @@ class KeyControls:
     def key_controls(self, workflow: str, key: str) -> KeyControlState:
         """Return one key's controls and the limit in force (K2). Raises :class:`UnknownWorkflowError`."""
         declared = self._declared_limit(workflow)
+        check_text(key, "key", KEY_MAX_LENGTH)
         paused, override = self.core.store.key_control_state(workflow, key)
         return KeyControlState(workflow, key, paused, override, declared, effective_limit(declared, override))
 
     def control_history(self, workflow: str, key: str | None = None, *, limit: int = 50) -> list[ControlChangeRecord]:
         """Return the newest ``limit`` recorded changes of a key (with its workflow-wide
-        ones) or of a workflow, newest first (K2)."""
+        ones) or of a workflow, newest first (K2). ``limit``: 1 to
+        :data:`HISTORY_MAX`. Raises :class:`ValidationError` for a bad key or limit."""
+        if not isinstance(workflow, str):
+            raise UnknownWorkflowError(f"no workflow named {workflow!r}")
+        if key is not None:
+            check_text(key, "key", KEY_MAX_LENGTH)
+        check_int(limit, "limit", low=1, high=HISTORY_MAX)
         return self.core.store.key_control_history(workflow, key, limit)

@@ -54,7 +54,7 @@ from .stores.base import (
     TurnState,
     warn_fallback,
 )
-from .values import check_text, printable, to_json_value
+from .values import check_text, derived_id, printable, to_json_value
 
 __all__ = ["ERROR_TEXT_CHARS", "RUN_ID_MAX_LENGTH", "Core", "StoreClock", "TickJob", "TickReport"]
 
@@ -436,16 +436,21 @@ class Core:
                 )
         return value
 
-    @staticmethod
-    def _check_tags(tags: Iterable[str]) -> list[str]:
+    def _check_tags(self, tags: Iterable[str]) -> list[str]:
+        """Return the caller's tags, de-duplicated in order, reserved markers
+        dropped (S12); at most ``MAX_TAGS`` distinct ones, else
+        :class:`InvalidInputError` (section 7)."""
         if isinstance(tags, str) or tags is None:
             raise ValidationError("tags must be an iterable of str")
-        out = []
+        limit = self.settings.MAX_TAGS
+        seen: dict[str, None] = {}  # ordered and O(1) per tag: the de-duplication is linear
         for tag in tags:
             check_text(tag, "each tag")
-            if tag not in RESERVED_TAGS and tag not in out:
-                out.append(tag)
-        return out
+            if tag not in RESERVED_TAGS and tag not in seen:
+                seen[tag] = None
+                if len(seen) > limit:
+                    raise InvalidInputError(f"a run has at most MAX_TAGS = {limit} distinct tags")
+        return list(seen)
 
     def get(self, run_id: str) -> RunRecord:
         """Return run ``run_id``; raise :class:`RunNotFoundError`.
@@ -845,18 +850,30 @@ class Core:
     def emit(self, event: str, payload: Any = None, *, event_id: str | None = None) -> list[RunRecord]:
         """Start every workflow subscribed to ``event`` with ``payload`` as input (D8).
 
-        With ``event_id``, each run id is ``event:<event_id>:<workflow>``, so
-        emitting the same event twice starts nothing new (R3). A subscriber
-        whose key queue is full is skipped and logged (S16); returns the runs
-        started or found.
+        With ``event_id``, each run id is ``event:<event_id>:<workflow>``
+        (past 191 characters, shortened with a hash suffix by
+        :func:`~durable_singleton.values.derived_id`), so emitting the same
+        event twice starts nothing new (R3). Every subscriber's start is
+        validated before any is made: an emit that raises (a key function
+        that refuses the payload, :class:`InvalidInputError`) started nothing.
+        A subscriber whose key queue is full is skipped and logged (S16);
+        returns the runs started or found.
         """
         check_text(event, "event")
         if event_id is not None:
             check_text(event_id, "event_id", 120)
         payload = self._check_input(payload, "event payload")
-        runs = []
+        planned = []
         for definition in self.registry.subscribers(event):
-            run_id = f"event:{event_id}:{definition.name}" if event_id else None
+            run_id = derived_id(f"event:{event_id}:{definition.name}") if event_id else None
+            # Every subscriber's start is validated before any is made, so an
+            # emit that raises has started nothing (section 7).
+            self._new_run(
+                definition.name, payload, run_id=run_id, tags=(), version=None, parent_run_id=None, namespace=None
+            )
+            planned.append((definition, run_id))
+        runs = []
+        for definition, run_id in planned:
             try:
                 runs.append(self.start(definition.name, payload, run_id=run_id))
             except SingletonQueueFullError as exc:

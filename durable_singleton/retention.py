@@ -19,9 +19,11 @@ import weakref
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 
+from .admission import KEY_MAX_LENGTH
 from .core import Core
 from .records import PurgeReport
 from .stores.base import TERMINAL_STATUSES
+from .values import check_int, check_text
 
 __all__ = ["CHUNK", "READ_PAGE", "RETENTION_EVERY_SECONDS", "purge_finished", "retention_batch"]
 
@@ -51,7 +53,9 @@ def purge_finished(
     ``statuses``: a subset of the terminal statuses (an active status raises
     :class:`~durable_singleton.exceptions.ValidationError`: active runs are
     never purged); ``workflow``/``key``: exact workflow name and singleton
-    key; ``limit``: delete at most this many runs (None: all that match);
+    key (text a column can hold, else ``ValidationError``); ``limit``: delete
+    at most this many runs, 1 to :data:`~durable_singleton.values.MAX_INT`
+    (None: all that match);
     ``dry_run``: count what would go, delete nothing. Oldest first, in
     transactions of at most :data:`CHUNK` runs.
     """
@@ -63,8 +67,12 @@ def purge_finished(
         raise ValidationError(
             f"only finished runs can be purged (statuses {', '.join(TERMINAL_STATUSES)}); got {active or 'none'}"
         )
-    if limit is not None and limit < 1:
-        raise ValidationError(f"limit must be >= 1, got {limit}")
+    if limit is not None:
+        check_int(limit, "limit", low=1)
+    if workflow is not None:
+        check_text(workflow, "workflow")
+    if key is not None:
+        check_text(key, "key", KEY_MAX_LENGTH)
     report = PurgeReport(dry_run=dry_run)
     db = _database(engine)
     if db is None:

@@ -16,9 +16,12 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import path, reverse
 from django.utils.translation import gettext_lazy as _
 
+from ..admission import KEY_MAX_LENGTH
 from ..exceptions import DurableSingletonError
 from ..models import KeyControlChange
 from ..runtime import get_engine
+from ..values import is_text
+from .bounded import StorableInputMixin
 
 __all__ = ["KeyControlChangeAdmin"]
 
@@ -26,7 +29,7 @@ CHANGE_PERMISSION = "durable_singleton.change_run"
 
 
 @admin.register(KeyControlChange)
-class KeyControlChangeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class KeyControlChangeAdmin(StorableInputMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Every recorded change of a key's controls: written by the engine, read-only here."""
 
     list_display = (
@@ -75,6 +78,8 @@ class KeyControlChangeAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         by = request.user.get_username()
         engine = get_engine()
         back = reverse("admin:durable_singleton_run_queue_key") + "?" + urlencode({"workflow": workflow, "key": key})
+        if not (is_text(workflow) and is_text(key, KEY_MAX_LENGTH)):
+            back = reverse("admin:durable_singleton_run_queues")  # no key page can show that key (section 7)
         try:
             if action == "pause":
                 state = engine.pause_key(workflow, key, by=by, reason=reason)

@@ -12,13 +12,14 @@ change list's do.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.contrib.admin.utils import quote
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -27,7 +28,9 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from .. import admission, queues
+from ..admission import KEY_MAX_LENGTH
 from ..queues import format_age
+from ..values import ID_MAX_LENGTH, is_text
 from .display import BACKLOG_NOTE, activity, is_backlog_wake, state_label
 
 __all__ = ["QueuePagesMixin"]
@@ -60,11 +63,30 @@ class _OnePageAtATime:
         return self._load(start)[: window.stop - start]
 
 
+#: The highest page a query string may ask for: far beyond any queue, far below
+#: every database's OFFSET range (a huge ``?p=`` was a database error, section 7).
+MAX_PAGE = 100_000
+
+#: The longest ``?refresh=`` period, in seconds.
+MAX_REFRESH_SECONDS = 3600.0
+
+
 def _requested_page(request: HttpRequest) -> int:
+    """Return ``?p=``, clamped to 1..:data:`MAX_PAGE` (1 when it is not a number);
+    a page past the last shows the last, as the change list's does."""
     try:
-        return max(int(request.GET.get("p", "1")), 1)
+        return min(max(int(request.GET.get("p", "1")), 1), MAX_PAGE)
     except ValueError:
         return 1
+
+
+def _text_param(request: HttpRequest, name: str, max_length: int = ID_MAX_LENGTH) -> str:
+    """Return query parameter ``name`` ("" when absent); raise :class:`BadRequest` (a 400)
+    for text no column can hold: NUL, a control character, too long (section 7)."""
+    value = request.GET.get(name, "")
+    if not is_text(value, max_length):
+        raise BadRequest(f"the {name!r} parameter is not text a durable_singleton column can hold")
+    return value
 
 
 class QueuePagesMixin:
@@ -111,9 +133,12 @@ class QueuePagesMixin:
 
     def _refresh(self, request: HttpRequest) -> float:
         try:
-            return max(float(request.GET.get("refresh", self.queue_refresh_seconds)), 0.0)
+            seconds = float(request.GET.get("refresh", self.queue_refresh_seconds))
         except ValueError:
             return float(self.queue_refresh_seconds)
+        if not math.isfinite(seconds):
+            return float(self.queue_refresh_seconds)
+        return min(max(seconds, 0.0), MAX_REFRESH_SECONDS)
 
     @staticmethod
     def _paging(page: Page[Any], url: Callable[[int], str]) -> dict[str, Any]:
@@ -143,8 +168,8 @@ class QueuePagesMixin:
         only = params.get("only", "")
         if only not in queues.FILTERS:
             only = ""
-        workflow = params.get("workflow", "")
-        search = params.get("q", "").strip()
+        workflow = _text_param(request, "workflow")
+        search = _text_param(request, "q").strip()
         per_page = self.queue_per_page
         totals: list[queues.QueuePage] = []
 
@@ -231,8 +256,8 @@ class QueuePagesMixin:
         """Show one key's holders (what each is doing) and its waiters in admission order (S5), with actions."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        workflow = request.GET.get("workflow", "")
-        key = request.GET.get("key", "")
+        workflow = _text_param(request, "workflow")
+        key = _text_param(request, "key", KEY_MAX_LENGTH)
         if not workflow or not key:
             return HttpResponseRedirect(self._url("queues"))
         if request.method == "POST":

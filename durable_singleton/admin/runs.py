@@ -24,7 +24,9 @@ from .. import queues
 from ..admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, key_tag
 from ..models import Run, Signal, Step
 from ..queues import format_age
+from ..values import is_text
 from .actions import EngineActionsMixin, is_action_post
+from .bounded import StorableInputMixin
 from .display import (
     BACKLOG_NOTE,
     activity,
@@ -46,7 +48,7 @@ _SIGNAL_STEP = "durable:signal"
 
 
 @admin.register(Run)
-class RunAdmin(QueuePagesMixin, LanePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: ignore[type-arg]
+class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineActionsMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Runs: read-only pages, engine actions, the queue pages and the lanes page (SPEC section 6)."""
 
     # Fits a 1,400 px window beside the navigation and the filters: the slot is part of the
@@ -128,8 +130,8 @@ class RunAdmin(QueuePagesMixin, LanePagesMixin, EngineActionsMixin, admin.ModelA
             "show_save_and_add_another": False,
             **(extra_context or {}),
         }
-        if object_id is not None and request.method == "GET":
-            context.update(self._run_extras(unquote(object_id)))
+        if object_id is not None and request.method == "GET" and is_text(unquote(object_id)):
+            context.update(self._run_extras(unquote(object_id)))  # else no run has that id (section 7)
         return super().changeform_view(request, object_id, form_url, context)
 
     def save_model(self, request: HttpRequest, obj: Run, form: Any, change: bool) -> None:

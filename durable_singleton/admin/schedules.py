@@ -28,6 +28,7 @@ from ..queues import format_age
 from ..runtime import get_engine
 from ..schedules import pause_schedule, resume_schedule
 from ..stores.schedule_state import spec_of
+from .bounded import StorableInputMixin
 
 __all__ = ["ScheduleAdmin", "ScheduleFiringAdmin"]
 
@@ -71,7 +72,7 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
 
 
 @admin.register(ScheduleState)
-class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ScheduleAdmin(StorableInputMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Schedules with their next window; pause and resume actions (S17)."""
 
     form = ScheduleForm
@@ -184,7 +185,7 @@ class ScheduleAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
 
 @admin.register(ScheduleFiring)
-class ScheduleFiringAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ScheduleFiringAdmin(StorableInputMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """What became of each window: written by the tick, read-only here."""
 
     list_display = ("window_at", "schedule", "outcome", "run", "detail")

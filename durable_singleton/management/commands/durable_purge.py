@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError
 from ...exceptions import ValidationError
 from ...retention import purge_finished
 from ...stores.base import TERMINAL_STATUSES
-from ._options import duration
+from ._options import count_option, duration, seconds_option
 
 
 class Command(BaseCommand):
@@ -46,6 +46,8 @@ class Command(BaseCommand):
             older_than = engine.settings.RETENTION_SECONDS
             if older_than is None:
                 raise CommandError("RETENTION_SECONDS is None: give --older-than")
+        older_than = seconds_option(older_than, "--older-than")
+        limit = None if options["limit"] is None else count_option(options["limit"], "--limit")
         try:
             report = purge_finished(
                 engine,
@@ -53,7 +55,7 @@ class Command(BaseCommand):
                 statuses=options["status"] or TERMINAL_STATUSES,
                 workflow=options["workflow"],
                 key=options["key"],
-                limit=options["limit"],
+                limit=limit,
                 dry_run=options["dry_run"],
             )
         except ValidationError as exc:

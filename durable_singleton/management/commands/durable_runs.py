@@ -9,9 +9,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ...admission import KEY_MAX_LENGTH
 from ...exceptions import DurableSingletonError
 from ...models import Run, RunStatus
-from ._options import duration
+from ._options import count_option, duration, seconds_option, text_option
 
 ACTIONS = ("list", "cancel", "retry", "wake")
 
@@ -49,25 +50,29 @@ class Command(BaseCommand):
         filters = [options[name] for name in ("workflow", "key", "status", "older_than")]
         if action != "list" and not options["run_ids"] and not any(f is not None for f in filters):
             raise CommandError(f"{action} needs run ids or a filter (--workflow, --key, --status, --older-than)")
-        if options["limit"] < 1:
-            raise CommandError("--limit must be >= 1")
+        limit = count_option(options["limit"], "--limit")
+        run_ids = [text_option(run_id, "a run id") for run_id in options["run_ids"]]
+        workflow = text_option(options["workflow"], "--workflow")
+        key = text_option(options["key"], "--key", KEY_MAX_LENGTH)
+        if options["older_than"] is not None:
+            seconds_option(options["older_than"], "--older-than")
         engine = get_engine()
         # Newest first, as git log, docker ps and Django's admin list them.
         order = ("created_at", "run_id") if options["oldest_first"] else ("-created_at", "-run_id")
         runs = Run.objects.using(getattr(engine.store, "db", None) or "default").order_by(*order)
-        if options["run_ids"]:
-            runs = runs.filter(pk__in=options["run_ids"])
-        if options["workflow"]:
-            runs = runs.filter(workflow_name=options["workflow"])
-        if options["key"]:
-            runs = runs.filter(singleton_key=options["key"])
+        if run_ids:
+            runs = runs.filter(pk__in=run_ids)
+        if workflow:
+            runs = runs.filter(workflow_name=workflow)
+        if key:
+            runs = runs.filter(singleton_key=key)
         if options["status"]:
             runs = runs.filter(status__in=options["status"])
         if options["older_than"] is not None:
             runs = runs.filter(created_at__lt=engine.now() - timedelta(seconds=options["older_than"]))
         if engine.scope_reads:
             runs = runs.filter(namespace=engine.namespace)
-        chosen = list(runs.values_list("run_id", "workflow_name", "singleton_key", "status")[: options["limit"]])
+        chosen = list(runs.values_list("run_id", "workflow_name", "singleton_key", "status")[:limit])
         results = []
         for run_id, workflow, key, status in chosen:
             entry: dict[str, Any] = {"run_id": run_id, "workflow": workflow, "key": key, "status": status}

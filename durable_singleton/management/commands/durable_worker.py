@@ -14,6 +14,13 @@ from django.core.management.base import BaseCommand, CommandError
 from ...checks import remote_workflows
 from ...conf import get_settings
 from ...worker import ForegroundWorker
+from ._options import count_option, seconds_option
+
+#: Bounds of the options: threads per process, seconds between ticks (the
+#: tick drives wake-ups, recovery and the catch-up, S8), seconds of grace.
+MAX_THREADS = 1024
+MAX_TICK_SECONDS = 3600.0
+MAX_GRACE = 86400.0
 
 
 class Command(BaseCommand):
@@ -23,27 +30,31 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--threads", type=int, default=None, help="Worker threads (default: WORKER_THREADS).")
         parser.add_argument(
-            "--tick-seconds", type=float, default=None, help="Seconds between ticks (default: TICK_SECONDS)."
+            "--threads", type=int, default=None, help="Worker threads, 1 to 1024 (default: WORKER_THREADS)."
+        )
+        parser.add_argument(
+            "--tick-seconds",
+            type=float,
+            default=None,
+            help="Seconds between ticks, > 0 and <= 3600 (default: TICK_SECONDS).",
         )
         parser.add_argument(
             "--grace",
             type=float,
             default=None,
-            help="Seconds a stop waits for running turns before handing them back (default: LEASE_SECONDS).",
+            help="Seconds a stop waits for turns in hand before handing them back, 0-86400 (default: LEASE_SECONDS).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = get_settings()
         threads = options["threads"] if options["threads"] is not None else settings.WORKER_THREADS
         tick = options["tick_seconds"] if options["tick_seconds"] is not None else settings.TICK_SECONDS
-        if threads < 1:
-            raise CommandError("--threads must be >= 1")
-        if tick <= 0:
-            raise CommandError("--tick-seconds must be > 0")
-        if options["grace"] is not None and options["grace"] < 0:
-            raise CommandError("--grace must be >= 0")
+        # Finite and bounded: an infinite period killed the tick thread
+        # silently and NaN made it spin (section 7).
+        threads = count_option(threads, "--threads", high=MAX_THREADS)
+        tick = seconds_option(tick, "--tick-seconds", high=MAX_TICK_SECONDS, strict=True)
+        grace = None if options["grace"] is None else seconds_option(options["grace"], "--grace", high=MAX_GRACE)
         if remote := remote_workflows():
             # This worker runs every turn on its own threads: a remote body's
             # turn would be handed back to itself without end (E005).
@@ -53,7 +64,7 @@ class Command(BaseCommand):
                 "worker, which this worker is not. Run Celery workers here, or do not declare them in this process."
             )
         self._log_to_stderr(options["verbosity"])
-        worker = ForegroundWorker(threads=threads, tick_seconds=tick, grace_seconds=options["grace"])
+        worker = ForegroundWorker(threads=threads, tick_seconds=tick, grace_seconds=grace)
         signal.signal(signal.SIGTERM, worker.request_stop)
         signal.signal(signal.SIGINT, worker.request_stop)
         self.stdout.write(
