@@ -208,8 +208,9 @@ class Command(BaseCommand):
             return labels.get(run_id, run_id)
 
         def state() -> tuple[list[demo.Lane], str, bool]:
-            lanes = demo.load_lanes(WORKFLOW, keys, limits, ids)
+            # Counted before the lanes are read: once none is active, the lanes read after are the last ones.
             active = Run.objects.filter(run_id__in=ids, status__in=ACTIVE_STATUSES).count()
+            lanes = demo.load_lanes(WORKFLOW, keys, limits, ids)
             parked = sum(len(lane.waiters) for lane in lanes)
             ready = sum(len(lane.ready) for lane in lanes)
             caption = (
