@@ -138,11 +138,13 @@ class _LeaseKeeper:
 
 
 class StoreClock:
-    """This process's clock, corrected to the store's clock (R5).
+    """This process's clock, corrected to the store's clock (R5, R8).
 
     Times the engine computes (``created_at``, deadlines, sleep targets) use
     it, so a process whose own clock is off still writes times on the store's
-    clock; the offset is measured again every ``refresh_seconds``.
+    clock; the offset is measured again every ``refresh_seconds``, and by
+    :meth:`correct`, which a start calls first so that a clock stepped since
+    the last measurement never orders runs (R8).
     """
 
     def __init__(self, store: BaseStore, refresh_seconds: float = 300.0) -> None:
@@ -156,15 +158,19 @@ class StoreClock:
 
     def __call__(self) -> datetime:
         if self._measured is None or time.monotonic() - self._measured > self._refresh:
-            self._measured = time.monotonic()
-            try:
-                before = self._local()
-                remote = self._store.now()
-                after = self._local()
-                self._offset = remote - (before + (after - before) / 2)
-            except Exception:  # the store is unreachable: keep the last offset, try later
-                logger.warning("could not read the store's clock; keeping offset %s", self._offset, exc_info=True)
+            self.correct()
         return self._local() + self._offset
+
+    def correct(self) -> None:
+        """Measure the offset to the store's clock now (one read of it)."""
+        self._measured = time.monotonic()
+        try:
+            before = self._local()
+            remote = self._store.now()
+            after = self._local()
+            self._offset = remote - (before + (after - before) / 2)
+        except Exception:  # the store is unreachable: keep the last offset, try later
+            logger.warning("could not read the store's clock; keeping offset %s", self._offset, exc_info=True)
 
 
 class Core:
@@ -202,6 +208,8 @@ class Core:
         self.namespace = namespace if namespace is not None else self.settings.NAMESPACE
         self.scope_reads = scope_reads if scope_reads is not None else self.settings.SCOPE_READS
         self.now: Callable[[], datetime] = clock or StoreClock(store)
+        #: The default clock, corrected at each start; None when the caller gave ``clock``.
+        self._store_clock = self.now if isinstance(self.now, StoreClock) else None
         self._warned_fallback = False
         self._owner_prefix = _owner_prefix()
         self._local = threading.local()
@@ -353,6 +361,7 @@ class Core:
             existing = self.store.get_run(run_id)
             if existing is not None:
                 return existing
+        self._correct_clock()
         record, definition, cap = self._new_run(
             name, input, run_id=run_id, tags=tags, version=version, parent_run_id=parent_run_id, namespace=namespace
         )
@@ -392,6 +401,7 @@ class Core:
             raise ValidationError("run_ids must have one entry per input")
         records: list[RunRecord] = []
         caps: dict[str, int | None] = {}
+        self._correct_clock()
         for input, run_id in zip(inputs, ids, strict=True):
             if run_id is not None:
                 self._check_run_id(run_id)
@@ -417,6 +427,13 @@ class Core:
             self.dispatcher.on_commit(functools.partial(signals.run_created.send, sender=self.signal_sender, run=run))
         self.dispatcher.dispatch_many([r.run_id for r in created], queue)
         return out
+
+    def _correct_clock(self) -> None:
+        """Correct the default clock before a start: ``created_at`` orders runs,
+        so it is on the store's clock even if this process's clock stepped since
+        the last correction (R8). A clock given by the caller is used as it is."""
+        if self._store_clock is not None:
+            self._store_clock.correct()
 
     @staticmethod
     def _check_run_id(run_id: object) -> None:
@@ -697,7 +714,14 @@ class Core:
     def _finish(self, run: RunRecord, owner: str, status: str, *, output: Any = None, error: Any = None) -> str:
         """Settle ``run`` by compare-and-set and hand its slot off (R2, R5a, S7)."""
         done = self.store.finish(
-            run, owner, status, output=output, error=error, limits=self.limits(), finished_at=self.now()
+            run,
+            owner,
+            status,
+            output=output,
+            error=error,
+            limits=self.limits(),
+            # On the default clock the store writes its own clock's time (R8).
+            finished_at=None if self._store_clock is not None else self.now(),
         )
         if not done.settled:
             return Outcome.FENCED

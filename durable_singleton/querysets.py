@@ -7,7 +7,7 @@ database server's clock in UTC, never against a process's own clock (R5).
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
@@ -20,7 +20,19 @@ from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
 if TYPE_CHECKING:
     from .models import Run  # noqa: F401  (the queryset's type argument, as a string)
 
-__all__ = ["DbNow", "RunQuerySet", "db_now_plus"]
+__all__ = ["DbNow", "RunQuerySet", "db_now_plus", "sqlite_now"]
+
+
+def sqlite_now() -> datetime:
+    """Return SQLite's clock: the UTC time of the database file's host, in microseconds.
+
+    SQLite's own ``'now'`` reads the same host clock to the millisecond only;
+    with that, a run created and claimed within one millisecond could read as
+    started before it was created, and two starts of one millisecond would tie
+    in the queue order (R8, S5). SQLite runs in the process, so the process
+    reads the host clock directly.
+    """
+    return datetime.now(UTC)
 
 
 class DbNow(Func):
@@ -28,7 +40,8 @@ class DbNow(Func):
 
     PostgreSQL: ``STATEMENT_TIMESTAMP()``; MySQL/MariaDB: ``UTC_TIMESTAMP(6)``,
     whatever the session's ``time_zone`` (Django stores UTC there);
-    SQLite: the UTC time of the file's host.
+    SQLite: :func:`sqlite_now`, the UTC time of the file's host, bound as a
+    parameter when the statement is compiled.
     """
 
     template = "CURRENT_TIMESTAMP"
@@ -41,9 +54,8 @@ class DbNow(Func):
         return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra)
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        # Doubled twice: once for the template, once for the backend's %-formatting of debug SQL.
-        template = "STRFTIME('%%%%Y-%%%%m-%%%%d %%%%H:%%%%M:%%%%f', 'NOW')"
-        return self.as_sql(compiler, connection, template=template, **extra)
+        # Naive UTC, as the database's clock reads on every vendor (whatever USE_TZ says; check E012).
+        return "%s", [sqlite_now().replace(tzinfo=None).isoformat(" ", timespec="microseconds")]
 
 
 def db_now_plus(seconds: float) -> ExpressionWrapper[CombinedExpression]:

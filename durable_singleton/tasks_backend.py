@@ -349,8 +349,11 @@ def _task_finished(sender: Any, run: RunRecord, **kwargs: Any) -> None:
         return
     from .runtime import get_engine
 
+    store = get_engine().store
     try:
-        result = backend._result(task, run, get_engine().store.load_steps(run.run_id))
+        # As stored: the record a settle returns carries this process's time, the row the database's (R8).
+        run = store.get_run(run.run_id) or run
+        result = backend._result(task, run, store.load_steps(run.run_id))
     except Exception:
         logger.warning("run %s: could not build its task result for task_finished", run.run_id, exc_info=True)
         return

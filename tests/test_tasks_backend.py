@@ -13,6 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from itertools import pairwise
 from typing import Any
 
@@ -27,7 +28,7 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from durable_singleton import SingletonQueueFullError
 from durable_singleton.definitions import Registry
 from durable_singleton.dispatch import ThreadDispatcher
-from durable_singleton.engine import Engine
+from durable_singleton.engine import Engine, StoreClock
 from durable_singleton.exceptions import InvalidInputError, SingletonKeyError, UnknownWorkflowError
 from durable_singleton.models import Run
 from durable_singleton.runtime import get_engine
@@ -302,3 +303,23 @@ def test_a_task_queue_name_is_kept_with_its_run(manual: Engine, settings: Any) -
     fetched = jobs.double.get_result(result.id)
     assert fetched.task.queue_name == "queue-1"
     assert fetched == result
+
+
+def test_started_at_is_never_before_enqueued_at_on_a_process_whose_clock_stepped(
+    manual: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R8: enqueued_at (the run's created_at) and started_at come from the
+    database's clock, and finished_at too, even on a process whose clock
+    stepped an hour forward after its last correction: a result never reads
+    as started before it was enqueued, or finished before it started."""
+    clock = manual.now
+    assert isinstance(clock, StoreClock)
+    clock()
+    local = clock._local
+    monkeypatch.setattr(clock, "_local", lambda: local() + timedelta(hours=1))
+    results = [jobs.double.enqueue(n) for n in range(3)]
+    manual.dispatcher.drain()
+    for result in results:
+        result.refresh()
+        assert result.status == TaskResultStatus.SUCCESSFUL
+        assert result.enqueued_at <= result.started_at <= result.finished_at, result

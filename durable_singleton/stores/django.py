@@ -47,7 +47,7 @@ from ..admission import (
 from ..codecs import Codec
 from ..exceptions import SingletonQueueFullError
 from ..models import Run, Signal, SingletonKey, Step
-from ..querysets import DbNow, RunQuerySet, db_now_plus
+from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState
 from . import key_controls
 from .base import (
@@ -270,11 +270,10 @@ class DjangoStore(BaseStore):
             conn.close()
 
     def now(self) -> datetime:
-        """Return the database server's time in UTC (R5)."""
-        sql = {
-            "postgresql": "SELECT STATEMENT_TIMESTAMP()",
-            "mysql": "SELECT UTC_TIMESTAMP(6)",
-        }.get(self._vendor, "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+        """Return the database server's time in UTC (R5): on SQLite, its host's (:func:`sqlite_now`)."""
+        if self._vendor == "sqlite":
+            return sqlite_now()
+        sql = "SELECT STATEMENT_TIMESTAMP()" if self._vendor == "postgresql" else "SELECT UTC_TIMESTAMP(6)"
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql)
             value = cursor.fetchone()[0]

@@ -1,0 +1,94 @@
+"""R8: the times a start and a settle write come from the database's clock.
+
+A process's own clock can step (NTP, a resumed VM) between two corrections of
+its offset to the database's clock. The tests step the clock the engine's
+default :class:`~durable_singleton.engine.StoreClock` reads (its process
+clock) after a correction, forward by an hour or back by a minute, and check
+that the run's ``created_at`` and ``finished_at`` are still on the database's
+clock: a run is never created after it started nor finished before it
+started, and a waiter started by a stepped-back process does not jump the
+queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine, StoreClock
+
+
+def step_clock(engine: Engine, delta: timedelta) -> None:
+    """Correct ``engine``'s clock now, then step its process clock by ``delta``."""
+    clock = engine.now
+    assert isinstance(clock, StoreClock)
+    clock()  # measured against the store's clock before the step
+    local: Callable[[], datetime] = clock._local
+    clock._local = lambda: local() + delta
+
+
+@pytest.mark.parametrize("delta", [timedelta(hours=1), timedelta(seconds=-60)], ids=["forward", "back"])
+def test_a_run_of_a_stepped_process_is_created_started_and_finished_in_order(
+    make: Callable[..., Engine], registry: Registry, delta: timedelta
+) -> None:
+    """R8: with its process clock stepped after the last correction, a start
+    writes ``created_at`` on the store's clock and the settle ``finished_at``:
+    created_at <= started_at <= finished_at <= the store's now."""
+    registry.add("plain", "1", lambda ctx, i: {"ok": True})
+    engine = make()
+    step_clock(engine, delta)
+    engine.start("plain", {}, run_id="R")
+    engine.dispatcher.drain()
+    run = engine.get("R")
+    assert run.status == "completed"
+    assert run.started_at is not None and run.finished_at is not None
+    assert run.created_at <= run.started_at <= run.finished_at <= engine.store.now(), (
+        run.created_at,
+        run.started_at,
+        run.finished_at,
+    )
+
+
+def test_a_waiter_started_by_a_process_stepped_back_does_not_jump_the_queue(
+    make: Callable[..., Engine], registry: Registry
+) -> None:
+    """R8, S5: W1 is started by a process with a correct clock, then W2 by one
+    whose clock stepped a minute back after its last correction; W2 is
+    created after W1 and waits behind it, and W1 is admitted first."""
+    registry.add("wf", "1", lambda ctx, i: ctx.wait_for_signal("go"), singleton={"key": lambda i: "K"})
+    honest, stepped = make(), make()
+    step_clock(stepped, timedelta(seconds=-60))
+    honest.start("wf", {}, run_id="H")
+    honest.dispatcher.drain()
+    honest.start("wf", {}, run_id="W1")
+    stepped.start("wf", {}, run_id="W2")
+    created: dict[str, Any] = {r: honest.get(r).created_at for r in ("H", "W1", "W2")}
+    assert created["H"] <= created["W1"] <= created["W2"], created
+    assert [r.run_id for r in honest.store.active_runs_for_key("wf", "K")] == ["H", "W1", "W2"]
+    honest.signal("H", "go", None)
+    honest.dispatcher.drain()
+    stepped.dispatcher.drain()
+    assert honest.get("W1").admitted and not honest.get("W2").admitted
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_clock_has_microseconds_on_every_vendor(registry: Registry) -> None:
+    """R8, S5: the Django store's clock, read by ``now()`` and written by its
+    statements (a claim's ``started_at``), has microseconds on SQLite too,
+    whose own ``'now'`` has milliseconds only: two starts of one millisecond
+    would tie in the queue order, and a run claimed within the millisecond of
+    its creation would read as started before it was created."""
+    from durable_singleton.testing import make_engine
+
+    registry.add("plain", "1", lambda ctx, i: None)
+    engine = make_engine("django", registry=registry)
+    assert any(engine.store.now().microsecond % 1000 for _ in range(50))
+    for n in range(20):
+        engine.start("plain", {}, run_id=f"R{n}")
+    engine.dispatcher.drain()
+    started = [engine.get(f"R{n}").started_at for n in range(20)]
+    assert any(at is not None and at.microsecond % 1000 for at in started), started
