@@ -323,3 +323,25 @@ def test_started_at_is_never_before_enqueued_at_on_a_process_whose_clock_stepped
         result.refresh()
         assert result.status == TaskResultStatus.SUCCESSFUL
         assert result.enqueued_at <= result.started_at <= result.finished_at, result
+
+
+def test_task_finished_is_sent_failed_for_a_task_cancelled_before_it_ran(manual: Engine) -> None:
+    """D6: a task whose run is cancelled before a worker ran it ends FAILED
+    with RunCancelledError, and task_finished is sent once, with that result,
+    by the process that settled it."""
+    finished: list[tuple[str, str]] = []
+
+    def receive(sender: Any, task_result: Any, **kwargs: Any) -> None:
+        finished.append((task_result.id, str(task_result.status)))
+
+    task_finished.connect(receive)
+    try:
+        result = jobs.double.enqueue(7)
+        manual.cancel(result.id)
+        manual.dispatcher.drain()
+    finally:
+        task_finished.disconnect(receive)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "durable_singleton.exceptions.RunCancelledError"
+    assert finished == [(result.id, "FAILED")]
