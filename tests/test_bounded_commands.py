@@ -1,6 +1,6 @@
 """Bounded input at the operations commands (section 7, O3, O1; #18 item 4):
-every bad option of ``durable_keys``, ``durable_purge``, ``durable_runs`` and
-``durable_worker`` is a :class:`CommandError` naming what is wrong, and
+every bad option of ``durable_keys``, ``durable_purge``, ``durable_runs``, ``durable_queues``
+and ``durable_worker`` is a :class:`CommandError` naming what is wrong, and
 writes nothing. Huge limits, huge ages, NUL and lone surrogates (which a
 shell passes for bytes that are not UTF-8) gave database errors,
 ``OverflowError`` or a traceback; ``durable_worker --tick-seconds inf`` was
@@ -108,6 +108,30 @@ def test_durable_runs_refuses_bad_options(runs: list[str], args: tuple[str, ...]
     """Section 7, O3: each bad option or run id of ``durable_runs`` is a
     CommandError; nothing is cancelled, retried or woken."""
     _refused("durable_runs", *args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--limit", HUGE),
+        ("--limit", "-1"),
+        ("--runs", "--runs-per-key", HUGE),
+        ("--runs", "--runs-per-key", "0"),
+        *(("--workflow", text) for text in TEXTS),
+        *(("--key", text) for text in TEXTS),
+    ],
+    ids=repr,
+)
+def test_durable_queues_refuses_bad_options(runs: list[str], args: tuple[str, ...]) -> None:
+    """Section 7, O3: each bad option of ``durable_queues`` is a CommandError
+    (NUL was a DataError on PostgreSQL, a huge --limit a bigint overflow)."""
+    _refused("durable_queues", *args)
+
+
+@pytest.mark.parametrize("batch", [HUGE, "0", "-1"])
+def test_durable_reencode_refuses_a_batch_out_of_range(batch: str) -> None:
+    """Section 7, S13: ``--batch`` is 1 to 100,000."""
+    assert "--batch" in _refused("durable_reencode", "--batch", batch)
 
 
 @pytest.mark.parametrize(

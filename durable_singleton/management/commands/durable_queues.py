@@ -12,6 +12,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from ... import queues
+from ...admission import KEY_MAX_LENGTH
+from ._options import count_option, text_option
 
 
 class Command(BaseCommand):
@@ -48,14 +50,15 @@ class Command(BaseCommand):
         parser.add_argument("--database", default=None, help="Database alias (default: the router's choice).")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if options["limit"] < 0:
-            raise CommandError("--limit must be >= 0")
-        if options["runs_per_key"] < 1:
-            raise CommandError("--runs-per-key must be >= 1")
+        # Bounded before any query (section 7): NUL or a huge --limit were database errors.
+        count_option(options["limit"], "--limit", low=0)
+        count_option(options["runs_per_key"], "--runs-per-key")
+        workflow = text_option(options["workflow"], "--workflow")
+        key_contains = text_option(options["key_contains"], "--key", KEY_MAX_LENGTH)
         try:
             page = queues.queue_table(
-                workflow=options["workflow"],
-                key_contains=options["key_contains"],
+                workflow=workflow,
+                key_contains=key_contains,
                 only=options["only"],
                 sort=options["sort"],
                 limit=options["limit"] or None,

@@ -13,6 +13,10 @@ from django.core.management.base import BaseCommand, CommandError
 from ...codecs import PayloadDecodeError
 from ...runtime import get_engine
 from ...stores.codec import CodecStore
+from ._options import count_option
+
+#: The most rows one --batch may name (a huge one was a LIMIT beyond bigint, section 7).
+MAX_BATCH = 100_000
 
 
 class Command(BaseCommand):
@@ -23,15 +27,19 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--batch", type=int, default=500, help="Rows per transaction (default 500).")
+        parser.add_argument(
+            "--batch",
+            type=int,
+            default=500,
+            help="Rows per transaction, 1 to 100000 (default 500; on SQLite at most 50).",
+        )
         parser.add_argument("--dry-run", action="store_true", help="Count what would change; write nothing.")
         parser.add_argument("--json", action="store_true", help="Print the counts as JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
         from ...stores.reencode import reencode_all
 
-        if options["batch"] < 1:
-            raise CommandError("--batch must be >= 1")
+        count_option(options["batch"], "--batch", high=MAX_BATCH)
         store = get_engine().store
         if not isinstance(store, CodecStore):
             raise CommandError(
