@@ -17,7 +17,7 @@ from durable_singleton.runtime import build_engine, get_engine
 from durable_singleton.worker import start_embedded_worker
 
 
-def _wait_completed(engine: Engine, run_ids: list[str], timeout: float = 20) -> None:
+def _wait_completed(engine: Engine, run_ids: list[str], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while any(engine.get(r).status != "completed" for r in run_ids):
         assert time.monotonic() < deadline, "the embedded worker never ran the runs"

@@ -64,7 +64,7 @@ def embedded(settings: Any) -> Iterator[Engine]:
     dispatcher.stop()
 
 
-def wait_finished(results: list[Any], seconds: float = 30.0) -> None:
+def wait_finished(results: list[Any], seconds: float = 120.0) -> None:
     """Refresh ``results`` until every one is finished, or fail after ``seconds``."""
     deadline = time.monotonic() + seconds
     for result in results:
