@@ -63,7 +63,7 @@ class TestGroup:
 def pytest_pass(tmp_path: Path, name: str, source: str = SAMPLE) -> dict[str, Any]:
     """Run a real pytest on ``source`` as tools/suites.sh runs a pass; return its results line."""
     folder = tmp_path / name
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     (folder / "test_sample.py").write_text(source)
     junit = folder / "report.xml"
     started = time.time()
@@ -93,6 +93,23 @@ def passes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]
         "sample": pytest_pass(root, "sqlite"),
         "green": pytest_pass(root, "postgresql", "def test_a():\n    pass\n\ndef test_b():\n    pass\n"),
     }
+
+
+def test_inherited_tests_of_two_classes_are_two_tests(tmp_path: Path) -> None:
+    """A test inherited by two classes from a base in another file (the
+    store conformance suite's shape) is two tests with two ids, not one: the
+    first table counted 48 fewer tests than pytest did."""
+    folder = tmp_path / "inherit"
+    folder.mkdir()
+    (folder / "base_checks.py").write_text("class Base:\n    def test_shared(self):\n        assert self.ok\n")
+    entry = pytest_pass(
+        tmp_path,
+        "inherit",
+        "from base_checks import Base\n\nclass TestA(Base):\n    ok = True\n\nclass TestB(Base):\n    ok = False\n",
+    )
+    counts = summary.read_junit(Path(entry["junit"]))
+    assert (counts.passed, counts.failed) == (1, 1)
+    assert counts.failing == ["test_sample.py::TestB::test_shared"]
 
 
 def check(name: str, rc: int = 0) -> dict[str, Any]:

@@ -53,15 +53,23 @@ _RANK = {"passed": 0, "skipped": 1, "xfailed": 1, "failed": 2}
 
 
 def _test_id(case: ElementTree.Element) -> str:
-    """Return pytest's node id of a ``<testcase>`` (xunit1: ``file`` and ``classname``)."""
+    """Return pytest's node id of a ``<testcase>``, from its ``classname``.
+
+    ``classname`` is the dotted module path, then the classes: the longest
+    prefix that is a file from the current directory is the module (a test
+    inherited from a base class in another file has that other file as its
+    ``file`` attribute, so ``file`` cannot tell two subclasses' tests apart);
+    without such a file, the classes are the parts that start with a capital.
+    """
     name = case.get("name", "?")
-    classname = case.get("classname", "")
-    path = case.get("file")
-    if path:
-        module = path[:-3].replace("/", ".") if path.endswith(".py") else path
-        inner = classname[len(module) + 1 :] if classname.startswith(module + ".") else ""
-        return "::".join(part for part in (path, *inner.split("."), name) if part)
-    return f"{classname}::{name}" if classname else name
+    parts = [part for part in case.get("classname", "").split(".") if part]
+    for cut in range(len(parts), 0, -1):
+        path = "/".join(parts[:cut]) + ".py"
+        if Path(path).is_file():
+            return "::".join([path, *parts[cut:], name])
+    cut = next((n for n, part in enumerate(parts) if part[:1].isupper()), len(parts))
+    module = "/".join(parts[:cut]) + ".py" if cut else case.get("file", "")
+    return "::".join(part for part in (module, *parts[cut:], name) if part)
 
 
 def _outcome(case: ElementTree.Element) -> str:
