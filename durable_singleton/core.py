@@ -70,6 +70,9 @@ INTERRUPTED_REASON = "interrupted:"
 #: in a failed run's ``error`` (the rest is cut, with a marker), so the error
 #: always fits a row on every database (MySQL/MariaDB's ``max_allowed_packet``).
 ERROR_TEXT_CHARS = 10_000
+
+#: The park reason of a run handed back because its worker was shutting down (R7).
+SHUTDOWN_REASON = "shutdown"
 _CUT = "\n[... cut at ERROR_TEXT_CHARS]"
 
 
@@ -633,11 +636,21 @@ class Core:
             return Outcome.INTERRUPTED
         except RunCancelledError:
             return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
-        except Exception as exc:  # the body may raise anything: it fails the run
+        except BaseException as exc:  # the body may raise anything, BaseException included: it fails the run (R7)
+            if not isinstance(exc, Exception) and self.dispatcher.shutting_down():
+                # This worker is shutting down (its own flag says so, not the
+                # exception's type): the run goes back with its slot, and the
+                # exception goes on to stop the process (R7).
+                self._hand_back(run, owner, exc)
+                raise
             if ctx.stopped_by is RunCancelledError:  # ... unless it was stopped by a cancel first (D6)
                 return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
             if ctx.stopped_by is LeaseLostError:
                 return Outcome.FENCED
+            if not isinstance(exc, Exception):
+                # SystemExit, KeyboardInterrupt raised by the body's own code: it
+                # ends the turn like any exception; the thread goes on (R7).
+                logger.warning("run %s: the body raised %s; the run fails (R7)", run.run_id, type(exc).__qualname__)
             error = {
                 "code": "exception",
                 "type": type(exc).__qualname__,
@@ -648,6 +661,27 @@ class Core:
             self.store.discard_broken_connection()
             return self._finish(run, owner, RunStatus.FAILED, error=error)
         return self._finish(run, owner, RunStatus.COMPLETED, output=output)
+
+    def _hand_back(self, run: RunRecord, owner: str, exc: BaseException) -> None:
+        """Give a run back with its slot because this worker is shutting down (R7).
+
+        The run is parked ``pending`` with its ``wake_at`` now, so the tick of
+        any live worker sends it at once; it keeps its slot (S6) and its stored
+        steps replay (R4). A cancel that landed meanwhile is settled instead
+        (D6). Nothing here may keep the shutdown from going on: a store that
+        does not answer leaves the run to its lease (D4).
+        """
+        logger.warning(
+            "run %s: the worker is shutting down (%s); the run is handed back with its slot",
+            run.run_id,
+            type(exc).__qualname__,
+        )
+        try:
+            verdict = self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=self.now(), reason=SHUTDOWN_REASON)
+            if verdict == "cancelled":
+                self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
+        except Exception:
+            logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id, exc_info=True)
 
     @staticmethod
     def _arrived_meanwhile(run: RunRecord, recheck: Callable[[], bool]) -> bool:

@@ -110,6 +110,19 @@ def _send_turn(app: Any, run_id: str, options: dict[str, Any]) -> None:
         app.send_task(EXECUTE_TASK, (run_id,), **options)
 
 
+def _terminate_handler_fired() -> bool:
+    """Tell whether this process's billiard terminate handler ran (it then
+    raises ``SystemExit`` in the task it interrupts): billiard's own answer
+    where it has one (4.3.2 and later), else the flag that answer reads."""
+    from billiard import common
+
+    # Read by name: billiard's stubs know neither, and billiard before 4.3.2 has only the flag.
+    fired = getattr(common, "terminate_handler_fired", None)
+    if fired is not None:
+        return bool(fired())
+    return bool(getattr(common, "_should_have_exited", [False])[0])
+
+
 class CeleryDispatcher(_DjangoCommit):
     """Send each turn as the Celery task ``durable_singleton.execute_run`` after commit.
 
@@ -128,6 +141,24 @@ class CeleryDispatcher(_DjangoCommit):
                 logger.exception("could not send turn of run %s; the tick will re-send it", run_id)
 
         self.on_commit(send)
+
+    def shutting_down(self) -> bool:
+        """Tell whether this Celery worker process is shutting down (R7).
+
+        A pool process (prefork) learns of a cold shutdown, a pool restart or
+        a ``revoke(terminate=True)`` by SIGTERM, whose handler (billiard's)
+        raises ``SystemExit`` inside the running task after it records that it
+        fired; a warm shutdown waits for the task instead. A main process
+        (the solo and threads pools) has Celery's shutdown flags, set by its
+        SIGTERM, SIGINT and SIGQUIT handlers before a hard shutdown raises
+        ``WorkerTerminate`` in the task. Either says so here.
+        """
+        if _terminate_handler_fired():
+            return True
+        from celery.worker import state
+
+        # Set to an exit code, 0 included (a warm shutdown's): compared by identity, as Celery does.
+        return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
 
     def dispatch_many(self, run_ids: Sequence[str], queue: str | None = None) -> None:
         """Send many turns after commit through one producer (one broker connection)."""
@@ -285,7 +316,7 @@ class ThreadDispatcher(_DjangoCommit):
                     self.refresh_connections()
                     outcome = self.engine.execute(run_id)
                     logger.debug("turn of run %s: %s", run_id, outcome, extra={"run_id": run_id})
-                except Exception:  # keep the worker alive; the tick re-drives the run
+                except BaseException:  # keep the worker alive, whatever left the turn; the tick re-drives the run (R7)
                     logger.exception("turn of run %s failed", run_id, extra={"run_id": run_id})
                 finally:
                     self.in_hand.pop(name, None)

@@ -58,6 +58,18 @@ class Dispatcher(ABC):
         """Attach the engine whose turns this dispatcher executes."""
         self.runner = runner
 
+    def shutting_down(self) -> bool:
+        """Tell whether the worker this process runs was asked to shut down
+        (SIGTERM, SIGINT, its own stop), by the worker's own flag.
+
+        The engine asks when a body raised a ``BaseException`` that is no
+        ``Exception`` (``SystemExit``, ``KeyboardInterrupt``): True hands the
+        run back with its slot and lets the exception stop the process; False
+        (the default: nothing here interrupts a body to stop) means the body's
+        own code raised it, and the run fails (R7).
+        """
+        return False
+
     def close_thread_resources(self) -> None:
         """Release this thread's resources (database connections) after a helper
         thread's work; the default has none."""

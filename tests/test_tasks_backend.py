@@ -121,6 +121,31 @@ def test_a_failing_task_reports_its_exception_class_and_traceback(manual: Engine
         result.return_value  # noqa: B018
 
 
+@pytest.mark.parametrize(
+    ("job", "argument", "path"),
+    [
+        (jobs.exits, "stock sync exits", "builtins.SystemExit"),
+        (jobs.interrupts, "stock sync interrupted", "builtins.KeyboardInterrupt"),
+    ],
+)
+def test_a_task_raising_system_exit_or_keyboard_interrupt_fails_and_the_worker_goes_on(
+    manual: Engine, job: Any, argument: str, path: str
+) -> None:
+    """R7 (#18 item 5): a task that calls ``sys.exit()`` or raises
+    KeyboardInterrupt fails with that class and its message; ``drain`` (the
+    worker) is not stopped by it and runs the next task. Before: the exception
+    left the turn, the run stayed RUNNING and the worker's loop ended."""
+    results = [job.enqueue(argument), jobs.fail.enqueue("after it")]
+    manual.dispatcher.drain()
+    for result in results:
+        result.refresh()
+    assert [r.status for r in results] == [TaskResultStatus.FAILED, TaskResultStatus.FAILED]
+    [error] = results[0].errors
+    assert error.exception_class_path == path
+    assert error.traceback.rstrip().endswith(f"{path.removeprefix('builtins.')}: {argument}")
+    assert results[1].errors[0].exception_class is ValueError
+
+
 def test_an_async_task_and_a_task_with_context_run_on_the_worker(manual: Engine) -> None:
     """An ``async def`` task runs on the worker's thread; a task taking the
     context sees its own result id and attempt number."""

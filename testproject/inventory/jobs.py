@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from typing import Any
 
@@ -42,6 +43,18 @@ def sync_store(context: TaskContext, store_id: str, duration: float = 0.0) -> di
 def fail(message: str) -> None:
     """Raise ValueError(``message``): the run fails and its result carries the error."""
     raise ValueError(message)
+
+
+@task
+def exits(code: int | str) -> None:
+    """Call ``sys.exit(code)``: the run fails with SystemExit and the worker goes on (R7)."""
+    sys.exit(code)
+
+
+@task
+def interrupts(message: str) -> None:
+    """Raise KeyboardInterrupt(``message``): the run fails with it and the worker goes on (R7)."""
+    raise KeyboardInterrupt(message)
 
 
 @task

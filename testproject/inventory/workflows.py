@@ -10,6 +10,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -184,6 +185,25 @@ def fault_hold(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
 def fault_hold_isolated(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     """The same, with turns sent to Celery queue ``ds-faults`` (a test's own worker)."""
     return _fault_body(ctx, input)
+
+
+@workflow(
+    name="fault-exit",
+    version="1",
+    singleton=Singleton(key=store_key, limit=1),
+    steps=("fault:hold",),
+    on_dead=_log_dead,
+)
+def fault_exit(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """Hold as ``fault-hold`` does, then raise what ``input["raise"]`` names:
+    ``"exit"`` calls ``sys.exit()``, ``"interrupt"`` raises KeyboardInterrupt
+    (tests/test_body_base_exceptions_processes.py, R7); else return."""
+    output = _fault_body(ctx, input)
+    if input.get("raise") == "exit":
+        sys.exit(f"fault-exit {ctx.run_id}")
+    if input.get("raise") == "interrupt":
+        raise KeyboardInterrupt(f"fault-exit {ctx.run_id}")
+    return output
 
 
 #: A workflow whose body runs in another service (testproject.remote_service):
