@@ -22,6 +22,7 @@ from .exceptions import (
     RunCancelledError,
     SignalTimeoutError,
     SingletonQueueFullError,
+    StepInTransactionError,
 )
 from .stores.base import BaseStore, RunRecord, StepRecord
 from .values import MAX_JSON_DEPTH, check_text, derived_id, printable, to_json_value
@@ -129,6 +130,9 @@ class WorkflowCtx:
         #: :class:`LeaseLostError`: a body that swallows either still ends
         #: cancelled, or fenced, however it returns (D6, R5).
         self.stopped_by: type[Exception] | None = None
+        #: The store's transaction depth when the turn began: deeper at a
+        #: ``ctx`` write means the body opened a transaction around it.
+        self._depth = engine.store.transaction_depth()
 
     @property
     def run_id(self) -> str:
@@ -156,8 +160,23 @@ class WorkflowCtx:
         self._position += 1
         return position, self._steps.get(position)
 
+    def _outside_transaction(self) -> None:
+        """Refuse a ``ctx`` write inside a transaction the body opened on the
+        store's database: the write would hold the run's row lock until the
+        body's transaction ends (R5). Raises :class:`StepInTransactionError`."""
+        depth = self.engine.store.transaction_depth()
+        if depth > self._depth:
+            raise StepInTransactionError(
+                f"run {self.run.run_id!r}: a ctx call that writes (step, sleep, signal wait, child) inside "
+                f"transaction.atomic() on the store's database ({depth - self._depth} open since the turn began); "
+                "its write would hold the run's row lock until that transaction ends, so the lease renewal would "
+                "wait for the body. Open the transaction inside the step's handler instead"
+            )
+
     def _boundary(self) -> None:
-        """Stop at a step boundary if the run was cancelled or taken over (D6, R5)."""
+        """Stop at a step boundary if the run was cancelled or taken over (D6, R5),
+        or refuse the boundary inside a transaction the body opened (R5)."""
+        self._outside_transaction()
         verdict = self._store.check_boundary(self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS)
         if verdict == "cancelled":
             self.stopped_by = RunCancelledError
@@ -167,6 +186,7 @@ class WorkflowCtx:
             raise LeaseLostError(f"run {self.run.run_id!r}: lease lost by {self.owner}")
 
     def _record(self, position: int, name: str, result: Any, started_at: datetime, max_bytes: int | None = None) -> Any:
+        self._outside_transaction()
         result = to_json_value(result, f"result of step {name!r}", max_bytes=max_bytes)
         record = StepRecord(position, name, result, started_at, self.engine.now())
         if not self._store.save_step(self.run.run_id, self.owner, record):
@@ -180,6 +200,9 @@ class WorkflowCtx:
         """Run step ``name`` once for this run and position; return its JSON result (R4).
 
         Raises :class:`UnknownStepError` for an unregistered name,
+        :class:`StepInTransactionError` when called inside a
+        ``transaction.atomic()`` the body opened on the store's database
+        (nothing is run or written; uncaught, the run fails with it),
         :class:`InvalidInputError` for a result that is not JSON or is larger
         than ``MAX_RESULT_BYTES`` (it is not stored: the run fails unless the
         body handles it), :class:`RunCancelledError` if the run was cancelled,

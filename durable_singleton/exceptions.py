@@ -22,6 +22,7 @@ __all__ = [
     "SingletonFallbackWarning",
     "SingletonKeyError",
     "SingletonQueueFullError",
+    "StepInTransactionError",
     "UnknownStepError",
     "UnknownWorkflowError",
     "UnsupportedByStoreError",
@@ -120,6 +121,15 @@ class RunCancelledError(DurableSingletonError):
 
 class SignalTimeoutError(DurableSingletonError):
     """``ctx.wait_for_signal`` timed out before the signal arrived (D2)."""
+
+
+class StepInTransactionError(DurableSingletonError):
+    """A body called ``ctx.step`` (or another ``ctx`` call that writes: a sleep,
+    a signal wait, a child) inside a transaction it opened on the store's
+    database (``transaction.atomic()``). The step's write would hold the run's
+    row lock until that transaction ends, so the lease renewal and every
+    other writer of the run would wait for the body (R5); nothing is written.
+    Open the transaction inside the step's handler instead (docs/durability.rst)."""
 
 
 class ChildWorkflowError(DurableSingletonError):

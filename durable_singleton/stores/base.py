@@ -360,6 +360,16 @@ class BaseStore(ABC):
         default: ``ConnectionError`` and ``TimeoutError``."""
         return isinstance(exc, (ConnectionError, TimeoutError))
 
+    def transaction_depth(self) -> int:
+        """Return how many transactions this thread has open on the store's
+        database (nested ``transaction.atomic()`` blocks count one each). A
+        body's context compares it with the depth at the start of its turn,
+        so a ``ctx`` write inside a transaction the body opened raises
+        :class:`~durable_singleton.exceptions.StepInTransactionError` instead
+        of holding the run's row lock (R5). The default: 0 (a store outside
+        Django's databases has no transaction a body could hold open)."""
+        return 0
+
     def discard_broken_connection(self) -> None:
         """Drop this thread's connection to the store if a failure left it
         unusable, so the next call opens a new one. The default does nothing

@@ -99,6 +99,9 @@ class CodecStore(BaseStore):
         """Return the inner store's database alias."""
         return self.inner.database
 
+    def transaction_depth(self) -> int:
+        return self.inner.transaction_depth()
+
     def apply_key_controls(
         self,
         workflow: str,

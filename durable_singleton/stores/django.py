@@ -250,6 +250,9 @@ class DjangoStore(BaseStore):
         shutdown, a lock or statement timeout, a deadlock."""
         return isinstance(exc, (OperationalError, InterfaceError)) or super().is_unreachable(exc)
 
+    def transaction_depth(self) -> int:
+        return len(connections[self.db].atomic_blocks)
+
     def discard_broken_connection(self) -> None:
         """Close this thread's connection if an error left it unusable (outside
         a transaction), so the next query reconnects; Django does this only
