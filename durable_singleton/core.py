@@ -88,6 +88,7 @@ class TickReport:
     dispatched: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
     caught_up: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
@@ -774,11 +775,22 @@ class Core:
             self._on_dead(run)
         self.dispatcher.on_commit(lambda: signals.run_finished.send(sender=self.signal_sender, run=run))
         if run.status == RunStatus.CANCELLED:
-            for child_id in self.store.children(run.run_id):
-                with contextlib.suppress(RunNotFoundError):  # it ended meanwhile
-                    self.cancel(child_id)
+            self._cancel_children(run.run_id)
         if run.parent_run_id:
             self._wake_parent(run.parent_run_id)
+
+    def _cancel_children(self, run_id: str) -> None:
+        """Cancel the active children of run ``run_id``, cancelled or being
+        cancelled (D6). A failure (the store away) is logged, never raised: the
+        tick's ``cascade`` job finishes the cascade of a cancelled run."""
+        try:
+            for child_id in self.store.children(run_id):
+                with contextlib.suppress(RunNotFoundError):  # it ended meanwhile
+                    self._cancel_run(child_id)
+        except Exception:
+            logger.warning(
+                "run %s: cancelling its children failed; the tick finishes the cascade (D6)", run_id, exc_info=True
+            )
 
     def _wake_parent(self, parent_run_id: str) -> None:
         """Dispatch a parent parked on this child (D7); a parent still running
@@ -829,9 +841,14 @@ class Core:
         running body stops at its next step boundary. Raises
         :class:`RunNotFoundError`. A terminal run is returned unchanged; a
         cancelled one has its active children cancelled again, so calling
-        ``cancel`` again completes a cascade that a store failure cut short.
+        ``cancel`` again completes a cascade that a store failure cut short
+        (as the tick's ``cascade`` job does by itself).
         """
         self.get(run_id)
+        return self._cancel_run(run_id)
+
+    def _cancel_run(self, run_id: str) -> RunRecord:
+        """Cancel run ``run_id`` and its active children, whatever its namespace (D6)."""
         result = self.store.request_cancel(run_id, limits=self.limits())
         if result is None:
             raise RunNotFoundError(f"no run {run_id!r}")
@@ -840,14 +857,11 @@ class Core:
             self._settled(result)
             return result.run
         if result.status == RunStatus.RUNNING:
-            for child_id in self.store.children(run_id):
-                self.cancel(child_id)
+            self._cancel_children(run_id)
             # The holder may be dead: this turn re-drives it once its lease expires.
             self.dispatcher.dispatch(run_id, self.queue_of(result))
         elif result.status == RunStatus.CANCELLED:
-            for child_id in self.store.children(run_id):
-                with contextlib.suppress(RunNotFoundError):  # it ended meanwhile
-                    self.cancel(child_id)
+            self._cancel_children(run_id)
         return result
 
     def retry(self, run_id: str) -> RunRecord:
@@ -945,7 +959,7 @@ class Core:
         Each job has its own bounded batch (``TICK_BATCH``), oldest first, and
         an error in one is logged and skipped without stopping the others: the
         jobs of :meth:`tick_jobs` (on the engine: execution timeouts, the
-        per-key catch-up, due wakes, recovery of expired leases, schedules,
+        cancel cascades left unfinished, the per-key catch-up, due wakes, recovery of expired leases, schedules,
         retention); then :meth:`after_tick` (on the engine: the heartbeat the
         health command reads).
         """
@@ -963,10 +977,11 @@ class Core:
 
     def tick_jobs(self) -> list[TickJob]:
         """Return the tick's jobs, in order: the core's (execution timeouts, the
-        per-key catch-up, due wakes, recovery of expired leases); the façade
+        cancel cascades left unfinished, the per-key catch-up, due wakes, recovery of expired leases); the façade
         appends its features' (schedules, retention)."""
         return [
             ("timeouts", self._tick_timeouts),
+            ("cascade", self._tick_cascade),
             ("catch-up", self._tick_catch_up),
             ("due", self._tick_due),
             ("recovery", self._tick_recovery),
@@ -999,6 +1014,20 @@ class Core:
                     self._settled(done)
             except Exception:
                 logger.exception("tick: timeout of run %s failed", run.run_id)
+
+    def _tick_cascade(self, report: TickReport) -> None:
+        """D6: cancel the active children of cancelled runs, up to ``TICK_BATCH``
+        of them, oldest first. A cascade that a store failure cut short (a
+        parent ended by its execution timeout, or cancelled, while the store
+        was away) is finished here instead of waiting for a second ``cancel``;
+        a running child marked for cancellation is left to stop at its next
+        boundary."""
+        for child_id in self.store.children_of_cancelled(self.settings.TICK_BATCH):
+            try:
+                self._cancel_run(child_id)
+                report.cancelled.append(child_id)
+            except RunNotFoundError:  # deleted meanwhile
+                continue
 
     def _tick_catch_up(self, report: TickReport) -> None:
         granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH)

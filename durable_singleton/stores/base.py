@@ -554,6 +554,22 @@ class BaseStore(ABC):
     def children(self, run_id: str) -> list[str]:
         """Return the ids of the active children of ``run_id`` (D6, D7)."""
 
+    def children_of_cancelled(self, batch: int) -> list[str]:
+        """Return up to ``batch`` ids of active runs whose parent is cancelled,
+        oldest first, leaving out running ones already marked for
+        cancellation (they stop at their next boundary): the cancel cascades
+        the tick finishes (D6). The default scans :meth:`list_runs`; a store
+        with a query language answers it in one query."""
+        runs = self.list_runs()
+        cancelled = {r.run_id for r in runs if r.status == RunStatus.CANCELLED}
+        return [
+            r.run_id
+            for r in runs
+            if r.parent_run_id in cancelled
+            and not r.is_terminal
+            and not (r.status == RunStatus.RUNNING and r.cancel_requested)
+        ][:batch]
+
     # -- the tick --------------------------------------------------------------
     @abstractmethod
     def due_runs(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:

@@ -228,6 +228,9 @@ class CodecStore(BaseStore):
     def children(self, run_id: str) -> list[str]:
         return self.inner.children(run_id)
 
+    def children_of_cancelled(self, batch: int) -> list[str]:
+        return self.inner.children_of_cancelled(batch)
+
     def due_runs(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
         return self.inner.due_runs(redelivery_seconds=redelivery_seconds, batch=batch)
 

@@ -903,6 +903,19 @@ class DjangoStore(BaseStore):
     def children(self, run_id: str) -> list[str]:
         return list(self._runs().active().filter(parent_run_id=run_id).values_list("run_id", flat=True))
 
+    def children_of_cancelled(self, batch: int) -> list[str]:
+        # Driven by the active runs (the status indexes), each parent found by its key.
+        parent_cancelled = Exists(self._runs().filter(pk=OuterRef("parent_run_id"), status=RunStatus.CANCELLED))
+        return list(
+            self._runs()
+            .active()
+            .filter(parent_run_id__isnull=False)
+            .exclude(status=RunStatus.RUNNING, cancel_requested=True)
+            .filter(parent_cancelled)
+            .order_by("created_at", "run_id")
+            .values_list("run_id", flat=True)[:batch]
+        )
+
     # -- the tick ------------------------------------------------------------------
     def _take(self, queryset: Any, order: str, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
         """Take a batch, oldest first, pushing each run's next send by the redelivery window (S7a)."""
