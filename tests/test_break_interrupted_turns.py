@@ -264,10 +264,11 @@ class LostChildrenReadMemoryStore(MemoryStore):
 
 def test_cancelling_a_cancelled_parent_again_cancels_the_children_its_first_cascade_missed() -> None:
     """D6: the parent's cancel settled it, then the read of its children failed
-    (the store blinked), so the error reached the caller and the child ran
-    on. The caller cancels the parent again: the parent stays as it is and
-    the cascade is done now; before, a terminal parent was returned unchanged
-    and the child was never cancelled."""
+    (the store blinked), so the child ran on. The failure is logged, not
+    raised (the tick's cascade job finishes it, tests/test_cancel_cascade.py,
+    #18 item 14). The caller cancels the parent again: the parent stays as it
+    is and the cascade is done now; before, a terminal parent was returned
+    unchanged and the child was never cancelled."""
     store = LostChildrenReadMemoryStore()
     engine = make_engine(store, registry=Registry())
     engine.registry.add("kid", "1", lambda ctx, input: ctx.sleep(3600))
@@ -277,8 +278,7 @@ def test_cancelling_a_cancelled_parent_again_cancels_the_children_its_first_casc
     child_id = "parent-1:child:0"
     assert (engine.get(parent.run_id).status, engine.get(child_id).status) == ("suspended", "suspended")
     store.armed = True
-    with pytest.raises(ConnectionError):
-        engine.cancel(parent.run_id)
+    assert engine.cancel(parent.run_id).status == "cancelled"
     assert (engine.get(parent.run_id).status, engine.get(child_id).status) == ("cancelled", "suspended")
     assert engine.cancel(parent.run_id).status == "cancelled"
     assert engine.get(child_id).status == "cancelled"
