@@ -24,6 +24,7 @@ from .exceptions import (
     SingletonQueueFullError,
     StepInTransactionError,
 )
+from .statuses import RunStatus
 from .stores.base import BaseStore, RunRecord, StepRecord
 from .values import MAX_JSON_DEPTH, check_text, derived_id, printable, to_json_value
 
@@ -59,6 +60,8 @@ _SLEEP = "durable:sleep"
 _WAIT = "durable:wait"
 _SIGNAL = "durable:signal"
 _CHILD = "durable:child"
+#: The step a parent stores when ``call_child`` first sees its child's outcome (D7, O2).
+_CHILD_OUTCOME = "durable:child-outcome"
 
 
 @dataclass(frozen=True)
@@ -309,16 +312,37 @@ class WorkflowCtx:
     def call_child(self, name: str, input: Any = None, *, run_id: str | None = None) -> Any:
         """Start child workflow ``name`` once and return its output when it completes (D7).
 
-        Parks the parent until the child is terminal. Raises
-        :class:`ChildWorkflowError` if the child failed, was cancelled, died or
-        was rejected by its queue cap (S16).
+        Parks the parent until the child is terminal. The outcome the parent
+        first sees (the child's status, output and error) is stored as the
+        parent's own next step (R4), so every replay returns or raises it
+        again from there, even after retention, ``durable_purge`` or the admin
+        deleted the child (O2). Raises :class:`ChildWorkflowError` if the child
+        failed, was cancelled, died, was rejected by its queue cap (S16), or
+        no longer exists when the parent first looks for its outcome
+        (status ``"missing"``).
         """
         child_id = self.start_child(name, input, run_id=run_id)
+        stored = self._steps.get(self._position)
+        if stored is not None and stored.name == _CHILD_OUTCOME:
+            self._position += 1
+            return self._child_outcome(child_id, stored.result)
         child = self._store.get_run(child_id)
-        if child is not None and child.is_terminal:
-            if child.status == "completed":
-                return child.output
-            raise ChildWorkflowError(child_id, child.status, child.error)
+        if stored is not None:
+            # A parent of an older release, which kept no outcome: its next call
+            # is stored here, and the child's row is the only outcome it has.
+            if child is None:
+                raise ChildWorkflowError(child_id, "missing", "the child run no longer exists")
+            return self._child_outcome(child_id, {"status": child.status, "output": child.output, "error": child.error})
+        if child is None or child.is_terminal:
+            outcome = (
+                {"status": child.status, "output": child.output, "error": child.error}
+                if child is not None
+                else {"status": "missing", "output": None, "error": "the child run no longer exists"}
+            )
+            position, _ = self._next()
+            self._boundary()
+            self._record(position, _CHILD_OUTCOME, outcome, self.engine.now())
+            return self._child_outcome(child_id, outcome)
 
         def finished() -> bool:
             latest = self.engine.store.get_run(child_id)
@@ -326,6 +350,13 @@ class WorkflowCtx:
 
         wake = self.engine.now() + timedelta(seconds=self.engine.settings.SIGNAL_FALLBACK_SECONDS)
         raise Suspend("suspended", wake, f"child:{child_id}", finished)
+
+    @staticmethod
+    def _child_outcome(child_id: str, outcome: Mapping[str, Any]) -> Any:
+        """Return a child's output, or raise :class:`ChildWorkflowError` for any other end (D7)."""
+        if outcome["status"] == RunStatus.COMPLETED:
+            return outcome["output"]
+        raise ChildWorkflowError(child_id, outcome["status"], outcome["error"])
 
     def block(self, reason: str, poll_seconds: float = 5.0) -> None:
         """Park the run ``blocked`` with ``reason``; the tick re-drives it after

@@ -54,7 +54,8 @@ def test_a_child_of_a_185_character_parent_is_started_and_returns(engine: Engine
     assert (parent.status, parent.output) == ("completed", [2, 4]), parent.error
     children = [r for r in _all_runs(engine) if r != parent_id]
     assert len(children) == 2 and all(len(c) <= ID_MAX_LENGTH for c in children)
-    assert sorted(children) == sorted(derived_id(f"{parent_id}:child:{n}") for n in (0, 1))
+    # Positions 0 and 2: each call_child also stores the outcome it saw (#18 item 6).
+    assert sorted(children) == sorted(derived_id(f"{parent_id}:child:{n}") for n in (0, 2))
 
 
 def test_emit_with_a_long_event_id_starts_every_subscriber_once(engine: Engine, registry: Registry) -> None:

@@ -171,7 +171,9 @@ def test_holder_cancelled_then_killed_ends_cancelled_after_recovery(
 
 
 def test_call_child_returns_its_output_and_inherits_the_namespace(engine: Engine, registry: Registry) -> None:
-    """D7: deterministic child ids; the parent parks until the child is done, then replays."""
+    """D7: deterministic child ids (``<parent>:child:<position>``; a call_child
+    takes two positions, its start and the outcome it stored, #18 item 6);
+    the parent parks until the child is done, then replays."""
     registry.add("child", "1", lambda ctx, i: i * 10)
     registry.add("parent", "1", lambda ctx, i: [ctx.call_child("child", 1), ctx.call_child("child", 2)])
     engine.namespace = "acme"
@@ -180,7 +182,7 @@ def test_call_child_returns_its_output_and_inherits_the_namespace(engine: Engine
     assert engine.get("P").output == [10, 20]
     child = engine.get("P:child:0")
     assert child.parent_run_id == "P" and child.namespace == "acme"
-    assert engine.get("P:child:1").output == 20
+    assert engine.get("P:child:2").output == 20
     assert run.run_id == "P"
 
 
