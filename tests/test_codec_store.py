@@ -224,3 +224,22 @@ def test_admin_shows_payloads_decoded_only_where_the_codec_is_configured(
         assert "hush" in decoded and "decoded (stored encoded)" in decoded
     finally:
         codec_stores.KEYS[:] = []
+
+
+def test_every_store_method_is_forwarded_to_the_inner_store() -> None:
+    """S13, D4: the codec store defines every public method of ``BaseStore``,
+    so none falls back to the base class's default instead of the inner
+    store's. Before: ``is_unreachable`` and ``discard_broken_connection`` did,
+    so around the Django store a dropped connection under a body (an
+    ``OperationalError``) failed the run instead of handing it back, and a
+    broken connection was never dropped (docs/durability.rst)."""
+    missing = [
+        name
+        for name, value in vars(BaseStore).items()
+        if not name.startswith("_") and (callable(value) or isinstance(value, property)) and name not in vars(CodecStore)
+    ]
+    assert missing == []
+    from django.db import OperationalError
+
+    wrapped = CodecStore(DjangoStore(), _codec(KEY_A))
+    assert wrapped.is_unreachable(OperationalError("server closed the connection"))

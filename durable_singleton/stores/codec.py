@@ -102,6 +102,12 @@ class CodecStore(BaseStore):
     def transaction_depth(self) -> int:
         return self.inner.transaction_depth()
 
+    def is_unreachable(self, exc: BaseException) -> bool:
+        return self.inner.is_unreachable(exc)
+
+    def discard_broken_connection(self) -> None:
+        self.inner.discard_broken_connection()
+
     def apply_key_controls(
         self,
         workflow: str,
