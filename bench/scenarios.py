@@ -520,7 +520,7 @@ def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> d
     interleaved so they share the machine's noise.
     """
     store = engine.store
-    alias = store.db
+    alias = store.database
     settings = engine.settings
     tails = {}
     for size, info in keys.items():

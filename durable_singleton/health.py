@@ -76,7 +76,7 @@ def check_health(
 
     now = now or engine.now()
     audit = audit_slots(engine, repair=repair, now=now)
-    db = getattr(engine.store, "db", None)
+    db = engine.store.database
     beat = last_tick(db) if db is not None else None
     report = HealthReport(
         checked_at=now,

@@ -127,7 +127,7 @@ class DatabaseCollector(Collector):
         from .runtime import get_engine
 
         engine = get_engine()
-        db = getattr(engine.store, "db", None)
+        db = engine.store.database
         holders, waiters, oldest, findings = self._families()
         workflows = sorted(d.name for d in list(engine.registry.latest.values()) if d.singleton is not None)
         seen: dict[str, dict[str, float]] = {"holder": {}, "waiter": {}}

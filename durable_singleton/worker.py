@@ -120,7 +120,7 @@ def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
     are refused because its lease expired). Only the Django store has
     leases outside the process; other stores return 0.
     """
-    db = getattr(engine.store, "db", None)
+    db = engine.store.database
     if db is None or not run_ids:
         return 0
     from .models import Run

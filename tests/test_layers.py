@@ -127,3 +127,21 @@ def test_every_async_twin_takes_its_sync_methods_arguments() -> None:
         got = list(inspect.signature(getattr(Engine, async_name)).parameters.values())
         want = list(inspect.signature(getattr(Engine, sync_name)).parameters.values())
         assert [(p.name, p.kind, p.default) for p in got] == [(p.name, p.kind, p.default) for p in want], async_name
+
+
+def test_no_module_probes_a_store_for_undeclared_members() -> None:
+    """No ``getattr``/``hasattr`` on a store (``store``, ``engine.store``, a wrapper's
+    ``inner``): what a feature needs of a store is a declared seam member of
+    BaseStore behind a capability flag (STYLE "Seams and roots"; #16 counted 19
+    such probes in 13 modules)."""
+    found = []
+    for path in sorted((ROOT / "durable_singleton").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args):
+                continue
+            if node.func.id not in ("getattr", "hasattr"):
+                continue
+            target = ast.unparse(node.args[0])
+            if target.split(".")[-1] in ("store", "inner") or target.endswith("()" + ".store"):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    assert found == []

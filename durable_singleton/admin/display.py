@@ -74,7 +74,7 @@ def _decoded(value: Any) -> tuple[bool, Any]:
     from ..codecs import PayloadDecodeError
     from ..runtime import get_engine
 
-    codec = getattr(get_engine().store, "codec", None)
+    codec = get_engine().store.codec
     if codec is None:
         return False, value
     try:

@@ -338,6 +338,9 @@ class BaseStore(ABC):
     supports_bulk_start: bool = False
     supports_key_controls: bool = False
     supports_schedules: bool = False
+    #: The codec payloads are stored encoded with (a
+    #: :class:`~durable_singleton.stores.codec.CodecStore`'s), or None: stored as given.
+    codec: Codec | None = None
 
     # -- the clock ---------------------------------------------------------
     @abstractmethod

@@ -52,6 +52,8 @@ __all__ = ["CodecStore"]
 class CodecStore(BaseStore):
     """Wrap ``inner`` (a BaseStore) so payloads are stored encoded by ``codec`` (S13)."""
 
+    codec: Codec
+
     def __init__(self, inner: BaseStore, codec: Codec) -> None:
         self.inner = inner
         self.codec = codec
@@ -59,13 +61,6 @@ class CodecStore(BaseStore):
         self.supports_bulk_start = inner.supports_bulk_start
         self.supports_schedules = inner.supports_schedules
         self.supports_key_controls = inner.supports_key_controls
-
-    def __getattr__(self, name: str) -> Any:
-        # Anything else the inner store offers (its database alias ``db``, for
-        # the dispatcher's on-commit hooks) is the inner store's.
-        if name == "inner":
-            raise AttributeError(name)
-        return getattr(self.inner, name)
 
     # -- encoding ------------------------------------------------------------------
     def _in(self, run: RunRecord) -> RunRecord:

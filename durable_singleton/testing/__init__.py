@@ -22,6 +22,7 @@ from ..definitions import Registry, registry
 from ..dispatch import ManualDispatcher
 from ..engine import Engine
 from ..runtime import build_store
+from ..stores.memory import MemoryStore
 
 __all__ = ["ManualDispatcher", "make_engine"]
 
@@ -43,7 +44,7 @@ def make_engine(
     conf = Settings.from_mapping({"DISPATCH": "manual", **settings})
     if isinstance(store, str):
         store = build_store(Settings.from_mapping({"DISPATCH": "manual", "STORE": store, **settings}))
-        if clock is not None and hasattr(store, "clock"):
+        if clock is not None and isinstance(store, MemoryStore):
             store.clock = clock  # the in-memory store's clock is the one clock of its leases (R5)
     dispatcher = ManualDispatcher(store)
     engine = Engine(

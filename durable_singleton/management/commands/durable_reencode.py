@@ -45,7 +45,7 @@ class Command(BaseCommand):
             raise CommandError(
                 f"the configured store is {type(store).__name__}, not a CodecStore: nothing to re-encode"
             )
-        if getattr(store.inner, "db", None) is None:
+        if store.inner.database is None:
             raise CommandError("re-encoding rewrites database rows; the codec store does not wrap a database store")
         try:
             counts = reencode_all(store, batch=options["batch"], dry_run=options["dry_run"])

@@ -59,7 +59,7 @@ class Command(BaseCommand):
         engine = get_engine()
         # Newest first, as git log, docker ps and Django's admin list them.
         order = ("created_at", "run_id") if options["oldest_first"] else ("-created_at", "-run_id")
-        runs = Run.objects.using(getattr(engine.store, "db", None) or "default").order_by(*order)
+        runs = Run.objects.using(engine.store.database or "default").order_by(*order)
         if run_ids:
             runs = runs.filter(pk__in=run_ids)
         if workflow:
