@@ -54,6 +54,18 @@ def test_no_import_cycle_but_models_and_querysets() -> None:
     assert imports.forbidden_cycles(imports.graph()) == []
 
 
+def test_the_graph_command_prints_no_forbidden_cycle_and_exits_0() -> None:
+    """``python tools/imports.py --cycles``, the command the docs name, exits 0 on the package as it is."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "tools/imports.py", "--cycles"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "cycle of 2 (allowed): models querysets" in done.stdout
+    assert "# 0 upward import(s)" in done.stdout
+
+
 def _synthetic(source: str, name: str = "durable_singleton.statuses") -> list[str]:
     """Return the violations of module ``name`` if its source were ``source``."""
     modules = imports.package_modules()
@@ -145,3 +157,27 @@ def test_no_module_probes_a_store_for_undeclared_members() -> None:
             if target.split(".")[-1] in ("store", "inner") or target.endswith("()" + ".store"):
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert found == []
+
+
+def test_the_workflow_class_twins_take_the_same_arguments() -> None:
+    """``BaseWorkflow.astart`` takes what ``BaseWorkflow.start`` takes (docs/async.rst)."""
+    from durable_singleton.workflows import BaseWorkflow
+
+    def params(fn: object) -> list[tuple[str, object, object]]:
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]  # type: ignore[arg-type]
+
+    assert params(BaseWorkflow.astart) == params(BaseWorkflow.start)
+
+
+def test_the_engine_forwards_the_key_controls_with_their_signatures() -> None:
+    """Each key-control call of the façade is the service's: the same parameters and
+    docstring (K2), so ``engine.pause_key`` cannot drift from ``engine.controls.pause_key``."""
+    from durable_singleton.controls import KeyControls
+    from durable_singleton.engine import Engine
+
+    public = [n for n in vars(KeyControls) if not n.startswith("_")]
+    assert {"pause_key", "resume_key", "override_limit", "pause_workflow", "key_controls"} <= set(public)
+    for name in public:
+        forwarded, service = getattr(Engine, name), getattr(KeyControls, name)
+        assert inspect.signature(forwarded) == inspect.signature(service), name
+        assert forwarded.__doc__ == service.__doc__, name

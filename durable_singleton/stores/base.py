@@ -1,9 +1,14 @@
 """The store seam: everything the engine asks of durable storage.
 
-:class:`BaseStore` lists every method the engine calls. A store is a
-subclass: the Django ORM store, the in-memory store, or a user's own (set
-``DURABLE_SINGLETON["STORE"]`` to its dotted path). The contract is stated by
-the conformance suite in :mod:`durable_singleton.testing.conformance`.
+:class:`BaseStore` lists every method the engine and its features call: the
+turn protocol's (abstract), and the features' seam methods with defaults
+behind capability flags (key controls, ``supports_key_controls``; schedule
+state, ``supports_schedules``; the ``database`` alias and the ``codec``). A
+store is a subclass: the Django ORM store, the in-memory store, the codec
+store, or a user's own (set ``DURABLE_SINGLETON["STORE"]`` to its dotted
+path). The contract is stated by the conformance suite in
+:mod:`durable_singleton.testing.conformance`; ``tests/test_custom_store.py``
+runs it on a store with only the abstract methods and the claim.
 
 The turn protocol (docs/design.rst):
 
