@@ -130,7 +130,12 @@ def test_a_burst_on_one_key_backs_up_only_its_lane(
 
     seen = wait_until(busy, 90, "store:A to hand off four times with waiters left")
     assert {"store:A", "store:B", "store:C"} <= set(seen["lanes"]), seen["lanes"]
-    assert set(seen["rows"]) == {1}, f"one slot, one row: a handoff's spans follow one another {seen['rows']}"
+    spans = list(
+        Run.objects.filter(workflow_name=DEMO)
+        .order_by("singleton_key", "admitted_at")
+        .values_list("run_id", "singleton_key", "status", "singleton_slot", "created_at", "admitted_at", "finished_at")
+    )
+    assert set(seen["rows"]) == {1}, f"one slot, one row: a handoff's spans follow one another {seen}, {spans}"
     waiting_a = [w for w in seen["waiters"] if w["run"] in burst]
     assert [w["position"] for w in waiting_a] == list(range(1, len(waiting_a) + 1))
     order = list(Run.objects.filter(run_id__in=burst).order_by("created_at", "run_id").values_list("run_id", flat=True))
