@@ -81,7 +81,7 @@ class RetryPolicy:
 
 
 class AdmissionResult(enum.Enum):
-    """Outcome of ``try_admit_singleton`` (S5, S14)."""
+    """Outcome of a singleton admission (S5, S14); ``begin_turn`` admits or parks a turn itself."""
 
     ADMITTED = "admitted"  # a holder now (or already): run the body
     PARKED = "parked"  # denied: parked suspended with a retry wake_at, lease released
@@ -684,7 +684,7 @@ def warn_fallback(store: BaseStore) -> None:
     from ..exceptions import SingletonFallbackWarning
 
     message = (
-        f"store {type(store).__name__} has no atomic try_admit_singleton; singleton admission "
+        f"store {type(store).__name__} has no atomic admission in begin_turn; singleton admission "
         "falls back to a scan that can briefly over-admit"
     )
     logging.getLogger("durable_singleton").warning(message)
