@@ -24,7 +24,7 @@ from .exceptions import (
     SingletonQueueFullError,
     StepInTransactionError,
 )
-from .statuses import RunStatus
+from .statuses import ParkReason, RunStatus, Verdict
 from .stores.base import BaseStore, RunRecord, StepRecord
 from .values import MAX_JSON_DEPTH, check_text, derived_id, printable, to_json_value
 
@@ -181,10 +181,10 @@ class WorkflowCtx:
         or refuse the boundary inside a transaction the body opened (R5)."""
         self._outside_transaction()
         verdict = self._store.check_boundary(self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS)
-        if verdict == "cancelled":
+        if verdict == Verdict.CANCELLED:
             self.stopped_by = RunCancelledError
             raise RunCancelledError(f"run {self.run.run_id!r} was cancelled")
-        if verdict != "ok":
+        if verdict != Verdict.OK:
             self.stopped_by = LeaseLostError
             raise LeaseLostError(f"run {self.run.run_id!r}: lease lost by {self.owner}")
 
@@ -234,7 +234,7 @@ class WorkflowCtx:
         else:
             target = datetime.fromisoformat(stored.result)
         if self.engine.now() < target:
-            raise Suspend("suspended", target, "sleep")
+            raise Suspend(RunStatus.SUSPENDED, target, ParkReason.SLEEP)
 
     def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
         """Return the payload of the next signal ``name``, parking until it arrives (D2).
@@ -273,7 +273,9 @@ class WorkflowCtx:
                 s.name == name and s.seq not in consumed for s in self.engine.store.load_signals(self.run.run_id)
             )
 
-        raise Suspend("suspended", min(deadline, fallback) if deadline else fallback, f"signal:{name}", arrived)
+        raise Suspend(
+            RunStatus.SUSPENDED, min(deadline, fallback) if deadline else fallback, ParkReason.SIGNAL.of(name), arrived
+        )
 
     def start_child(self, name: str, input: Any = None, *, run_id: str | None = None, tags: Iterable[str] = ()) -> str:
         """Start child workflow ``name`` once; return its run id (D7).
@@ -349,7 +351,7 @@ class WorkflowCtx:
             return latest is None or latest.is_terminal
 
         wake = self.engine.now() + timedelta(seconds=self.engine.settings.SIGNAL_FALLBACK_SECONDS)
-        raise Suspend("suspended", wake, f"child:{child_id}", finished)
+        raise Suspend(RunStatus.SUSPENDED, wake, ParkReason.CHILD.of(child_id), finished)
 
     @staticmethod
     def _child_outcome(child_id: str, outcome: Mapping[str, Any]) -> Any:
@@ -361,4 +363,6 @@ class WorkflowCtx:
     def block(self, reason: str, poll_seconds: float = 5.0) -> None:
         """Park the run ``blocked`` with ``reason``; the tick re-drives it after
         ``poll_seconds`` and the body runs again from the top (D3)."""
-        raise Suspend("blocked", self.engine.now() + timedelta(seconds=poll_seconds), reason or "blocked")
+        raise Suspend(
+            RunStatus.BLOCKED, self.engine.now() + timedelta(seconds=poll_seconds), reason or RunStatus.BLOCKED.value
+        )

@@ -43,7 +43,7 @@ from .exceptions import (
     UnknownWorkflowError,
     ValidationError,
 )
-from .statuses import Outcome, RunStatus
+from .statuses import Outcome, ParkReason, RunStatus, Verdict
 from .stores.base import (
     CANCELLED_ERROR,
     TIMEOUT_ERROR,
@@ -64,7 +64,7 @@ RUN_ID_MAX_LENGTH = 191
 
 #: The park reason of a run handed back after an interrupted turn, followed by
 #: the number of interruptions in a row.
-INTERRUPTED_REASON = "interrupted:"
+INTERRUPTED_REASON = ParkReason.INTERRUPTED.value
 
 #: Most characters of a body's exception message, and of its traceback, kept
 #: in a failed run's ``error`` (the rest is cut, with a marker), so the error
@@ -72,7 +72,7 @@ INTERRUPTED_REASON = "interrupted:"
 ERROR_TEXT_CHARS = 10_000
 
 #: The park reason of a run handed back because its worker was shutting down (R7).
-SHUTDOWN_REASON = "shutdown"
+SHUTDOWN_REASON = ParkReason.SHUTDOWN.value
 _CUT = "\n[... cut at ERROR_TEXT_CHARS]"
 
 
@@ -378,7 +378,7 @@ class Core:
             # that could only park (S8a). Keeps bursts off the broker queue.
             record = record.evolve(
                 wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
-                park_reason="singleton",
+                park_reason=ParkReason.SINGLETON,
             )
         run, created = self.store.create_run(
             record, cap=cap, cap_namespace=self.namespace if self.scope_reads else None
@@ -531,7 +531,7 @@ class Core:
             self._after_settle(run)
             return run.status
         if turn.state is TurnState.PARKED:
-            signals.run_parked.send(sender=self.signal_sender, run=run, reason="singleton")
+            signals.run_parked.send(sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON)
             return Outcome.PARKED
         try:
             definition = self.registry.get(run.workflow_name, run.workflow_version)
@@ -539,7 +539,7 @@ class Core:
             return self._finish(run, owner, RunStatus.FAILED, error={"code": "unknown_workflow", "message": str(exc)})
         if definition.body is None:
             # A remote workflow reached this worker: hand the turn back to its queue.
-            if self.store.park(run_id, owner, RunStatus.PENDING, wake_at=self.now()) == "parked":
+            if self.store.park(run_id, owner, RunStatus.PENDING, wake_at=self.now()) == Verdict.PARKED:
                 self.dispatcher.dispatch(run_id, definition.queue)
             return Outcome.PARKED
         if turn.admitted:
@@ -620,10 +620,10 @@ class Core:
             output = to_json_value(output, "workflow output", max_bytes=self.settings.MAX_RESULT_BYTES)
         except Suspend as parked:
             verdict = self.store.park(run.run_id, owner, parked.status, wake_at=parked.wake_at, reason=parked.reason)
-            if verdict == "cancelled":
+            if verdict == Verdict.CANCELLED:
                 # A cancel landed before the park: it is never parked over (D6).
                 return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
-            if verdict != "parked":
+            if verdict != Verdict.PARKED:
                 return Outcome.FENCED
             signals.run_parked.send(sender=self.signal_sender, run=run, reason=parked.reason)
             if parked.recheck is not None and self._arrived_meanwhile(run, parked.recheck):
@@ -679,7 +679,7 @@ class Core:
         )
         try:
             verdict = self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=self.now(), reason=SHUTDOWN_REASON)
-            if verdict == "cancelled":
+            if verdict == Verdict.CANCELLED:
                 self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception:
             logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id, exc_info=True)
@@ -741,7 +741,10 @@ class Core:
             self.store.discard_broken_connection()
             wake_at = self.now() + timedelta(seconds=self.settings.ADMISSION_RETRY_SECONDS)
             reason = f"{INTERRUPTED_REASON}{count}"
-            if self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at, reason=reason) == "cancelled":
+            if (
+                self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at, reason=reason)
+                == Verdict.CANCELLED
+            ):
                 self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception:  # the store is still away: recovery after the lease takes over (D4)
             logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id)
@@ -805,7 +808,7 @@ class Core:
                 logger.warning("run %s: reading the parent failed; sending its turn", parent_run_id, exc_info=True)
                 self.dispatcher.dispatch(parent_run_id, None)
                 return
-            if parent is not None and parent.is_parked and parent.park_reason.startswith("child:"):
+            if parent is not None and parent.is_parked and ParkReason.CHILD.matches(parent.park_reason):
                 self.dispatcher.dispatch(parent_run_id, self.queue_of(parent))
 
         self.dispatcher.on_commit(wake)
@@ -902,7 +905,7 @@ class Core:
         run = self.store.add_signal(run_id, name, payload)
         if run is None:
             raise RunNotFoundError(f"no active run {run_id!r} to signal")
-        if run.is_parked and run.park_reason.startswith("signal:"):
+        if run.is_parked and ParkReason.SIGNAL.matches(run.park_reason):
             self.dispatcher.dispatch(run_id, self.queue_of(run))
         return run
 

@@ -22,6 +22,7 @@ from typing import Any
 from .admission import free_slots, limit_in_force
 from .core import Core
 from .exceptions import UnknownWorkflowError
+from .statuses import ParkReason, RunStatus, SlotState
 from .stores.base import BaseStore, RunRecord
 
 __all__ = ["ExplainState", "Explanation", "HolderInfo", "KeyControls", "explain"]
@@ -178,7 +179,8 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
         )
         count = len(rows) if len(rows) <= NAMED_HOLDERS else runs.holders().count()
         ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
-        totals = runs.filter(singleton_slot="waiter").aggregate(depth=Count("pk"), ahead=Count("pk", filter=ahead))
+        waiting = runs.filter(singleton_slot=SlotState.WAITER)
+        totals = waiting.aggregate(depth=Count("pk"), ahead=Count("pk", filter=ahead))
         holders = [(r[0], r[1], _since(r[2], r[3], r[4])) for r in rows[:NAMED_HOLDERS]]
         is_waiter = run.tracked and not run.admitted
         return _QueueFacts(holders, count, totals["depth"], totals["ahead"] + 1 if is_waiter else None)
@@ -207,7 +209,7 @@ def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
         rows = (
             Run.objects.using(store.database)
             .for_key(workflow, key)
-            .filter(status="completed", finished_at__isnull=False)
+            .filter(status=RunStatus.COMPLETED, finished_at__isnull=False)
             .annotate(began=Coalesce("admitted_at", "started_at"))
             .order_by("-finished_at")
             .values_list("began", "finished_at")[:RECENT_RUNS]
@@ -216,7 +218,7 @@ def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
         done = [
             r
             for r in store.list_runs(workflow_name=workflow)
-            if r.singleton_key == key and r.status == "completed" and r.finished_at is not None
+            if r.singleton_key == key and r.status == RunStatus.COMPLETED and r.finished_at is not None
         ]
         done.sort(key=lambda r: r.finished_at or r.created_at, reverse=True)
         rows = [(r.admitted_at or r.started_at, r.finished_at) for r in done[:RECENT_RUNS]]
@@ -293,15 +295,20 @@ def explain(engine: Core, run_id: str) -> Explanation:
         held_since = next((h.since for h in holder_infos if h.run_id == run.run_id), None)
         if held_since is None:
             held_since = run.admitted_at or _since(None, run.started_at, run.attempts)
-        doing = {
-            "running": f"running (lease held by {run.lease_owner})" if run.lease_owner else "running",
-            "suspended": f"parked ({run.park_reason or 'sleeping'}) until {_at(run.wake_at)}; the slot stays held",
-            "blocked": f"blocked ({run.park_reason or 'no reason given'}); the slot stays held",
-            "pending": "about to run",
-        }[run.status]
+        doings: dict[str, str] = {
+            RunStatus.RUNNING: f"running (lease held by {run.lease_owner})" if run.lease_owner else run.status,
+            RunStatus.SUSPENDED: (
+                f"parked ({run.park_reason or 'sleeping'}) until {_at(run.wake_at)}; the slot stays held"
+            ),
+            RunStatus.BLOCKED: f"blocked ({run.park_reason or 'no reason given'}); the slot stays held",
+            RunStatus.PENDING: "about to run",
+        }
+        doing = doings[run.status]
         token_words = f", fencing token {token}" if token is not None else ""
         held = f" (for {format_seconds((now - held_since).total_seconds())})" if held_since else ""
-        if run.is_parked and (run.park_reason in ("", "singleton") or run.park_reason.startswith("interrupted:")):
+        reason = run.park_reason
+        granted = not reason or ParkReason.SINGLETON.matches(reason) or ParkReason.INTERRUPTED.matches(reason)
+        if run.is_parked and granted:
             # Granted a slot by a handoff or the catch-up (S7, S8a); its turn has not been taken yet.
             due = run.wake_at is None or run.wake_at <= now
             sentence = (
@@ -322,7 +329,7 @@ def explain(engine: Core, run_id: str) -> Explanation:
         # An active run of an older release without a slot (S12): it joins the line at its next turn.
         position = facts.depth + 1
     free = free_slots(limit, facts.holder_count, paused=controls.paused)
-    idle_since = run.created_at if run.status == "pending" else run.updated_at
+    idle_since = run.created_at if run.status == RunStatus.PENDING else run.updated_at
     if position <= free:
         due = run.wake_at is None or run.wake_at <= now
         when = "now" if due else f"at {_at(run.wake_at)}"
@@ -374,18 +381,18 @@ def explain(engine: Core, run_id: str) -> Explanation:
 
 
 def _explain_unkeyed(run: RunRecord, now: datetime, base: dict[str, Any]) -> Explanation:
-    if run.status == "running":
+    if run.status == RunStatus.RUNNING:
         owner = f" on {run.lease_owner}" if run.lease_owner else ""
         expiry = f" (lease until {_at(run.lease_expires_at)})" if run.lease_expires_at else ""
         sentence = f"Run {run.run_id} is running{owner}{expiry}; it has no singleton key and waits for no one."
         return Explanation(state=ExplainState.RUNNING, sentence=sentence, **base)
-    if run.status == "pending" or (run.wake_at is not None and run.wake_at <= now):
-        since = run.created_at if run.status == "pending" else run.wake_at
+    if run.status == RunStatus.PENDING or (run.wake_at is not None and run.wake_at <= now):
+        since = run.created_at if run.status == RunStatus.PENDING else run.wake_at
         sentence = (
             f"Run {run.run_id} could run now: it has no singleton key, but no worker has taken its turn "
             f"since {_at(since)}; the tick sends it again from {_at(run.wake_at)}."
         )
         return Explanation(state=ExplainState.RUNNABLE, sentence=sentence, idle_since=since, **base)
-    what = run.park_reason or ("sleeping" if run.status == "suspended" else "blocked")
+    what = run.park_reason or ("sleeping" if run.status == RunStatus.SUSPENDED else run.status)
     sentence = f"Run {run.run_id} is {run.status} ({what}) until {_at(run.wake_at)}; it has no singleton key."
     return Explanation(state=ExplainState.PARKED, sentence=sentence, **base)

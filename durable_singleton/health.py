@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .audit import AuditReport, audit_slots
+from .statuses import RunStatus, SlotState
 
 __all__ = ["HealthReport", "Problem", "check_health"]
 
@@ -98,10 +99,10 @@ def check_health(
             )
         )
     runs = Run.objects.using(db)
-    report.waiting = runs.filter(singleton_slot="waiter").count()
+    report.waiting = runs.filter(singleton_slot=SlotState.WAITER).count()
     report.backlog = (
-        runs.filter(status="pending", attempts=0, created_at__lte=now - timedelta(seconds=backlog_seconds))
-        .exclude(singleton_slot="waiter")
+        runs.filter(status=RunStatus.PENDING, attempts=0, created_at__lte=now - timedelta(seconds=backlog_seconds))
+        .exclude(singleton_slot=SlotState.WAITER)
         .count()
     )
     if report.backlog:

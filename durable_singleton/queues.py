@@ -502,17 +502,17 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
     admitted = run.singleton_slot == SlotState.HOLDER
     if holds_slot(run.status, key=run.singleton_key, admitted=admitted, tracked=run.singleton_tracked):
         if run.admitted_at is not None:
-            return Place("holder", since=run.admitted_at)
+            return Place(SlotState.HOLDER, since=run.admitted_at)
         if run.attempts <= 1 and run.started_at is not None:
-            return Place("holder", since=run.started_at)
+            return Place(SlotState.HOLDER, since=run.started_at)
         first = Step.objects.filter(run_id=run.pk).order_by("position").values_list("started_at", flat=True).first()
-        return Place("holder", since=holder_since(run, first))
+        return Place(SlotState.HOLDER, since=holder_since(run, first))
     holders = tuple(runs.holders().order_by("created_at", "run_id").values_list("run_id", flat=True)[:20])
     if run.singleton_slot != SlotState.WAITER:
         return Place("legacy-pending", holders=holders)
     waiting = runs.waiting()
     ahead = waiting.filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id))
-    return Place("waiter", position=ahead.count() + 1, holders=holders)
+    return Place(SlotState.WAITER, position=ahead.count() + 1, holders=holders)
 
 
 class Cause(enum.StrEnum):

@@ -26,6 +26,8 @@ from typing import Any
 
 from django.dispatch import Signal
 
+from .statuses import RunStatus
+
 __all__ = [
     "connect_log_receivers",
     "fields",
@@ -61,7 +63,7 @@ def _log_parked(sender: Any, run: Any, reason: str = "", **kwargs: Any) -> None:
 
 
 def _log_finished(sender: Any, run: Any, **kwargs: Any) -> None:
-    level = logging.INFO if run.status == "completed" else logging.WARNING
+    level = logging.INFO if run.status == RunStatus.COMPLETED else logging.WARNING
     logger.log(level, "run %s of %s ended %s", run.run_id, run.workflow_name, run.status, extra=fields(run))
 
 

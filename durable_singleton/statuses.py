@@ -1,7 +1,10 @@
-"""Run statuses, slot states and turn outcomes: one definition each (R2, S5).
+"""The words the protocol speaks, one definition each (R2, S5, R5, D1-D4):
+run statuses, slot states, turn outcomes, store verdicts and park reasons.
 
-Every module names statuses through these enumerations; a ``TextChoices``
-member is a ``str``, so it is stored and compared as the plain value.
+No other module of the package spells one of these as a string literal
+(tests/test_literals.py checks it; migrations, frozen history, excepted). A
+``TextChoices`` or ``StrEnum`` member is a ``str``, so it is stored and
+compared as the plain value.
 """
 
 from __future__ import annotations
@@ -11,7 +14,16 @@ import enum
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-__all__ = ["ACTIVE_STATUSES", "PARKED_STATUSES", "TERMINAL_STATUSES", "Outcome", "RunStatus", "SlotState"]
+__all__ = [
+    "ACTIVE_STATUSES",
+    "PARKED_STATUSES",
+    "TERMINAL_STATUSES",
+    "Outcome",
+    "ParkReason",
+    "RunStatus",
+    "SlotState",
+    "Verdict",
+]
 
 
 class RunStatus(models.TextChoices):
@@ -59,3 +71,37 @@ class Outcome(enum.StrEnum):
     DEAD = "dead"
     FENCED = "fenced"  # this executor's lease was taken over: its writes were refused (R5)
     INTERRUPTED = "interrupted"  # a store call failed under the body: the run resumes from its stored steps (D4)
+
+
+class Verdict(enum.StrEnum):
+    """What a store answered a lease-fenced write of a running run (R5, D6):
+    ``BaseStore.check_boundary`` and ``BaseStore.park``."""
+
+    OK = "ok"  # the boundary renewed the lease: the body goes on
+    PARKED = "parked"  # the park was written, the lease released
+    CANCELLED = "cancelled"  # a cancel was requested: nothing written (D6)
+    FENCED = "fenced"  # the lease is no longer this executor's: nothing written (R5)
+
+
+class ParkReason(enum.StrEnum):
+    """Why a parked run is parked (``park_reason``). The members whose value ends
+    with a colon are prefixes: the reason carries a detail after it."""
+
+    SINGLETON = "singleton"  # denied admission: a waiter (S5 step 5)
+    SLEEP = "sleep"  # ctx.sleep / ctx.sleep_until (D1)
+    SIGNAL = "signal:"  # ctx.wait_for_signal: signal:<name> (D2)
+    CHILD = "child:"  # ctx.call_child: child:<run id> (D7)
+    INTERRUPTED = "interrupted:"  # a store call failed under the body: interrupted:<count in a row> (D4)
+    SHUTDOWN = "shutdown"  # handed back with its slot by a worker shutting down (O1)
+
+    def of(self, detail: object) -> str:
+        """Return the reason ``<prefix><detail>`` of a prefix member."""
+        return f"{self.value}{detail}"
+
+    def matches(self, reason: str) -> bool:
+        """Tell whether ``reason`` is this one: starts with a prefix member, equals another."""
+        return reason.startswith(self.value) if self.value.endswith(":") else reason == self.value
+
+    def detail(self, reason: str) -> str:
+        """Return what follows this prefix in ``reason``."""
+        return reason.removeprefix(self.value)

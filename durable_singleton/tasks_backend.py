@@ -51,6 +51,7 @@ from django.utils.module_loading import import_string
 from . import signals
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
 from .exceptions import ConfigurationError, InvalidInputError, InvalidInputTypeError, RunNotFoundError
+from .statuses import RunStatus
 from .stores.base import RunRecord, StepRecord
 
 __all__ = ["TASK_WORKFLOW_PREFIX", "DurableSingletonBackend", "register_configured_tasks", "task_workflow_name"]
@@ -392,7 +393,7 @@ def _task_of(workflow_name: str) -> Task[..., Any] | None:
 
 
 def _errors(run: RunRecord) -> list[TaskError]:
-    if run.status not in ("failed", "cancelled", "dead") or not isinstance(run.error, dict):
+    if run.status not in (RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD) or not isinstance(run.error, dict):
         return []
     error = run.error
     trace = str(error.get("traceback") or f"{error.get('code', run.status)}: {error.get('message', '')}")

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from .dispatch import ThreadDispatcher
+from .statuses import RunStatus
 
 __all__ = ["HAND_BACK_SECONDS", "ForegroundWorker", "connect", "expire_own_leases", "start_embedded_worker"]
 
@@ -131,7 +132,7 @@ def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
     now = engine.now()
     return int(
         Run.objects.using(db)
-        .filter(pk__in=run_ids, status="running", lease_owner__startswith=prefix)
+        .filter(pk__in=run_ids, status=RunStatus.RUNNING, lease_owner__startswith=prefix)
         .update(lease_expires_at=now, wake_at=now)
     )
 

@@ -26,6 +26,7 @@ from ..engine import Engine
 from ..exceptions import DurableSingletonError
 from ..models import Run
 from ..runtime import get_engine
+from ..statuses import PARKED_STATUSES, RunStatus
 
 StrOrPromise = str | Promise
 
@@ -33,8 +34,8 @@ __all__ = ["FORM_PREFIX", "ActionLocation", "EngineActionsMixin", "change_action
 
 #: The prefix of the action form on a run's page (Django 6.1+).
 FORM_PREFIX = "CHANGE_FORM"
-_PARKED = ("pending", "suspended", "blocked")
-_RETRYABLE = ("failed", "dead")
+_PARKED = PARKED_STATUSES
+_RETRYABLE = (RunStatus.FAILED, RunStatus.DEAD)
 
 
 def change_action(description: StrOrPromise, description_plural: StrOrPromise) -> Callable[[Any], Any]:

@@ -18,7 +18,9 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
+from ..admission import is_legacy_holder
 from ..queues import format_age
+from ..statuses import ParkReason, RunStatus, SlotState
 
 __all__ = [
     "BACKLOG_NOTE",
@@ -137,16 +139,16 @@ def state_label(run: Any) -> SafeString:
     status (pending or suspended, S5), with the stored status in the tooltip; a holder
     reads its status and ``holder`` (an untracked one of an older release: ``holder
     (legacy)``, S12)."""
-    if run.singleton_slot == "waiter":
+    if run.singleton_slot == SlotState.WAITER:
         return format_html(
             '<span class="ds-state ds-state-waiting" title="{}">{}</span>',
             _("waiting for a slot of its key (stored status: %(status)s)") % {"status": run.status},
             _("waiting"),
         )
     slot: SafeString | str = ""
-    if run.singleton_slot == "holder":
+    if run.singleton_slot == SlotState.HOLDER:
         slot = format_html('<span class="ds-slot ds-slot-holder">{}</span>', _("holder"))
-    elif run.singleton_key and not run.singleton_tracked and run.status in ("running", "suspended", "blocked"):
+    elif is_legacy_holder(run.status, key=run.singleton_key, tracked=run.singleton_tracked):
         slot = format_html('<span class="ds-slot ds-slot-holder">{}</span>', _("holder (legacy)"))
     return format_html('<span class="ds-state ds-state-{}">{}{}</span>', run.status, run.get_status_display(), slot)
 
@@ -154,7 +156,7 @@ def state_label(run: Any) -> SafeString:
 def is_backlog_wake(run: Any, now: datetime) -> bool:
     """Tell whether ``run`` is a waiter whose ``wake_at`` is the far backlog fallback (S8a)."""
     return (
-        run.singleton_slot == "waiter"
+        run.singleton_slot == SlotState.WAITER
         and run.wake_at is not None
         and (run.wake_at - now).total_seconds() > BACKLOG_WAKE_AFTER_SECONDS
     )
@@ -176,7 +178,7 @@ def activity(run: Any, steps_done: int | None, last_step: str | None, now: datet
     step ``steps_done + 1`` (or between steps); its name is known once stored.
     """
     done = steps_done or 0
-    if run.status == "running":
+    if run.status == RunStatus.RUNNING:
         if run.lease_expires_at is not None and run.lease_expires_at <= now:
             return format_html(
                 '<span class="ds-warn">{}</span>',
@@ -192,14 +194,14 @@ def activity(run: Any, steps_done: int | None, last_step: str | None, now: datet
         )
         return format_html("{} <strong>{}</strong> ({})", _("running step"), done + 1, done_text)
     reason = run.park_reason or ""
-    if reason == "sleep":
+    if ParkReason.SLEEP.matches(reason):
         return format_html("{} {}", _("sleeping until"), time_html(run.wake_at, short=True))
-    if reason.startswith("signal:"):
-        return _("waiting for signal %(name)s") % {"name": reason.removeprefix("signal:")}
-    if reason.startswith("child:"):
-        return _("waiting for child run %(run)s") % {"run": reason.removeprefix("child:")}
-    if run.status == "blocked":
+    if ParkReason.SIGNAL.matches(reason):
+        return _("waiting for signal %(name)s") % {"name": ParkReason.SIGNAL.detail(reason)}
+    if ParkReason.CHILD.matches(reason):
+        return _("waiting for child run %(run)s") % {"run": ParkReason.CHILD.detail(reason)}
+    if run.status == RunStatus.BLOCKED:
         return _("blocked: %(reason)s") % {"reason": reason}
-    if run.status in ("pending", "suspended"):
+    if run.status in (RunStatus.PENDING, RunStatus.SUSPENDED):
         return _("parked, next turn %(when)s") % {"when": relative(run.wake_at, now) or "—"}
     return "—"

@@ -30,6 +30,7 @@ from django.utils.translation import gettext as _
 from .. import admission, queues
 from ..admission import KEY_MAX_LENGTH
 from ..queues import format_age
+from ..statuses import SlotState
 from ..values import ID_MAX_LENGTH, is_text
 from .display import BACKLOG_NOTE, activity, is_backlog_wake, state_label
 
@@ -307,7 +308,7 @@ class QueuePagesMixin:
                 "since": since,
                 "held": format_age((now - since).total_seconds()) if since else None,
                 "waited": format_age((now - run.created_at).total_seconds()),
-                "legacy": run.singleton_slot != "holder" and item.position is None,
+                "legacy": run.singleton_slot != SlotState.HOLDER and item.position is None,
                 "doing": activity(run, item.steps_done, item.last_step, now),
                 # Waiters further back retry late; a release or the tick's catch-up admits them (S7, S8a).
                 "on_release": is_backlog_wake(run, now),

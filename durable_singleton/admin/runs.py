@@ -24,6 +24,7 @@ from .. import queues
 from ..admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, key_tag
 from ..models import Run, Signal, Step
 from ..queues import format_age
+from ..statuses import SlotState
 from ..values import is_text
 from .actions import EngineActionsMixin, is_action_post
 from .bounded import StorableInputMixin
@@ -225,7 +226,7 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
             tags.append((key_tag(obj.singleton_key), "key"))
             if obj.singleton_tracked:
                 tags.append((TRACKED_TAG, "marker"))
-            if obj.singleton_slot == "holder":
+            if obj.singleton_slot == SlotState.HOLDER:
                 tags.append((ADMITTED_TAG, "marker"))
         if not tags:
             return "—"
@@ -263,7 +264,7 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
             return str(_("not a singleton run"))
         if place.kind == "terminal":
             return str(_("no slot: the run has finished"))
-        if place.kind == "holder":
+        if place.kind == SlotState.HOLDER:
             since = place.since
             if since is None:
                 return format_html(

@@ -38,7 +38,7 @@ from ..codecs import Codec
 from ..exceptions import UnsupportedByStoreError
 from ..records import RunRecord, SignalRecord, StepRecord
 from ..schedule_specs import Schedule
-from ..statuses import TERMINAL_STATUSES, RunStatus
+from ..statuses import TERMINAL_STATUSES, ParkReason, RunStatus, Verdict
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -471,7 +471,7 @@ class BaseStore(ABC):
         if decide_admission(candidates, run_id, limit):
             return Turn(TurnState.RUN, run.evolve(admitted=True), recovered=turn.recovered, admitted=True)
         wake = self.now() + _seconds(retry_delay(retry.seconds, retry.jitter))
-        if self.park(run_id, owner, RunStatus.SUSPENDED, wake_at=wake, reason="singleton") == "parked":
+        if self.park(run_id, owner, RunStatus.SUSPENDED, wake_at=wake, reason=ParkReason.SINGLETON) == Verdict.PARKED:
             return Turn(TurnState.PARKED, run)
         return Turn(TurnState.SKIPPED, run)
 
@@ -666,7 +666,7 @@ _schedule_states: weakref.WeakKeyDictionary[BaseStore, ScheduleStore] = weakref.
 _schedule_states_lock = threading.Lock()
 
 #: The error stored on a run cancelled by request (D6).
-CANCELLED_ERROR = {"code": "cancelled", "message": "cancelled"}
+CANCELLED_ERROR = {"code": RunStatus.CANCELLED.value, "message": RunStatus.CANCELLED.value}
 #: The error stored on a run cancelled by its execution timeout (D5).
 TIMEOUT_ERROR = {"code": "execution_timeout", "message": "execution timeout passed"}
 

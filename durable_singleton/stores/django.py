@@ -48,7 +48,7 @@ from ..codecs import Codec
 from ..exceptions import SingletonQueueFullError
 from ..models import Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
-from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState
+from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
 from . import key_controls
 from .base import (
     CANCELLED_ERROR,
@@ -716,7 +716,7 @@ class DjangoStore(BaseStore):
                 wake_at=db_now_plus(retry_delay(seconds, retry.jitter)),
                 lease_owner=None,
                 lease_expires_at=None,
-                park_reason="singleton",
+                park_reason=ParkReason.SINGLETON,
                 updated_at=DbNow(),
             )
         )
@@ -734,8 +734,8 @@ class DjangoStore(BaseStore):
         if leased.filter(cancel_requested=False).update(
             lease_expires_at=db_now_plus(lease_seconds), updated_at=DbNow()
         ):
-            return "ok"
-        return "cancelled" if leased.filter(cancel_requested=True).exists() else "fenced"
+            return Verdict.OK
+        return Verdict.CANCELLED if leased.filter(cancel_requested=True).exists() else Verdict.FENCED
 
     def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
         try:
@@ -771,8 +771,8 @@ class DjangoStore(BaseStore):
             lease_expires_at=None,
             updated_at=DbNow(),
         ):
-            return "parked"
-        return "cancelled" if leased.filter(cancel_requested=True).exists() else "fenced"
+            return Verdict.PARKED
+        return Verdict.CANCELLED if leased.filter(cancel_requested=True).exists() else Verdict.FENCED
 
     def finish(
         self,
@@ -889,7 +889,7 @@ class DjangoStore(BaseStore):
             if row is None or row.status not in ACTIVE_STATUSES:
                 return None
             Signal.objects.using(self.db).create(run_id=run_id, name=name, payload=payload, created_at=timezone.now())
-            if row.status in PARKED_STATUSES and row.park_reason.startswith("signal:"):
+            if row.status in PARKED_STATUSES and ParkReason.SIGNAL.matches(row.park_reason):
                 self._runs().filter(pk=run_id, status=row.status).update(wake_at=DbNow(), updated_at=DbNow())
                 row.wake_at = timezone.now()
             return record_of(row)

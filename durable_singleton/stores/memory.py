@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from ..admission import cap_in_force, free_slots, limit_in_force, retry_delay
 from ..exceptions import SingletonQueueFullError
-from ..statuses import PARKED_STATUSES, RunStatus
+from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, Verdict
 from .base import (
     CANCELLED_ERROR,
     BaseStore,
@@ -232,7 +232,7 @@ class MemoryStore(BaseStore):
                 wake_at=now + timedelta(seconds=retry_delay(seconds, retry.jitter)),
                 lease_owner=None,
                 lease_expires_at=None,
-                park_reason="singleton",
+                park_reason=ParkReason.SINGLETON,
             )
             return Turn(TurnState.PARKED, parked, granted=tuple(granted))
 
@@ -272,11 +272,11 @@ class MemoryStore(BaseStore):
         with self._critical():
             run = self._leased(run_id, owner)
             if run is None:
-                return "fenced"
+                return Verdict.FENCED
             if run.cancel_requested:
-                return "cancelled"
+                return Verdict.CANCELLED
             self._replace(run, lease_expires_at=self.clock() + timedelta(seconds=lease_seconds))
-            return "ok"
+            return Verdict.OK
 
     def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
         with self._critical():
@@ -298,13 +298,13 @@ class MemoryStore(BaseStore):
         with self._critical():
             run = self._leased(run_id, owner)
             if run is None:
-                return "fenced"
+                return Verdict.FENCED
             if run.cancel_requested:
-                return "cancelled"
+                return Verdict.CANCELLED
             self._replace(
                 run, status=status, wake_at=wake_at, park_reason=reason, lease_owner=None, lease_expires_at=None
             )
-            return "parked"
+            return Verdict.PARKED
 
     def _settle(self, run: RunRecord, status: str, output: Any, error: Any, limits: Limits) -> Finish:
         settled = self._replace(
@@ -389,7 +389,7 @@ class MemoryStore(BaseStore):
                 return None
             self._signal_seq += 1
             self._signals.setdefault(run_id, []).append(SignalRecord(self._signal_seq, name, payload, self.clock()))
-            if run.status in PARKED_STATUSES and run.park_reason.startswith("signal:"):
+            if run.status in PARKED_STATUSES and ParkReason.SIGNAL.matches(run.park_reason):
                 run = self._replace(run, wake_at=self.clock())
             return run
 
@@ -512,9 +512,7 @@ class MemoryStore(BaseStore):
 
     def key_control_history(self, workflow: str, key: str | None, limit: int) -> list[ControlChangeRecord]:
         with self._lock:
-            found = [
-                r for r in self._control_records if r.workflow == workflow and (key is None or r.key in (key, ""))
-            ]
+            found = [r for r in self._control_records if r.workflow == workflow and (key is None or r.key in (key, ""))]
             return sorted(found, key=lambda r: r.at, reverse=True)[:limit]
 
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:

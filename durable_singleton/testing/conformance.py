@@ -35,6 +35,7 @@ from ..context import WorkflowCtx
 from ..definitions import Registry
 from ..engine import Engine
 from ..exceptions import SingletonFallbackWarning, SingletonQueueFullError
+from ..statuses import Outcome, ParkReason, RunStatus, Verdict
 from ..stores.base import BaseStore, TurnState
 from . import make_engine
 
@@ -171,10 +172,10 @@ class StoreConformance:
         for n in range(3):
             engine.start("conf-1", {"k": "K"}, run_id=f"r{n}")
         engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-        assert engine.execute("r2") == "parked"
-        assert engine.execute("r1") == "parked"
+        assert engine.execute("r2") == Outcome.PARKED
+        assert engine.execute("r1") == Outcome.PARKED
         engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-        assert engine.execute("r0") == "completed"
+        assert engine.execute("r0") == Outcome.COMPLETED
         assert list(engine.dispatcher.queue) == ["r1"]  # type: ignore[attr-defined]
         assert engine.get("r1").admitted and not engine.get("r2").admitted
         engine.dispatcher.drain()  # type: ignore[attr-defined]
@@ -194,26 +195,28 @@ class StoreConformance:
         assert second.state is TurnState.RUN and second.recovered
         store = engine.store
         assert not store.renew_lease("A", "slow", 30)
-        assert store.check_boundary("A", "slow", 30) == "fenced"
+        assert store.check_boundary("A", "slow", 30) == Verdict.FENCED
         from ..stores.base import StepRecord
 
         step = StepRecord(0, "conformance:step", 1, engine.now(), engine.now())
         assert not store.save_step("A", "slow", step)
-        assert store.park("A", "slow", "suspended", wake_at=engine.now(), reason="sleep") == "fenced"
+        parked = store.park("A", "slow", RunStatus.SUSPENDED, wake_at=engine.now(), reason=ParkReason.SLEEP)
+        assert parked == Verdict.FENCED
         run = engine.get("A")
-        assert not store.finish(run, "slow", "completed", limits=engine.limits()).settled
-        assert store.finish(run, "fast", "completed", limits=engine.limits()).settled
-        assert engine.get("A").status == "completed"
+        assert not store.finish(run, "slow", RunStatus.COMPLETED, limits=engine.limits()).settled
+        assert store.finish(run, "fast", RunStatus.COMPLETED, limits=engine.limits()).settled
+        assert engine.get("A").status == RunStatus.COMPLETED
 
     def test_a_terminal_run_never_changes(self, engine: Engine) -> None:
         """R2: settles are compare-and-set: a completed run is not settled again,
         not claimed, not cancelled."""
         engine.start("conf-1", {"k": "K"}, run_id="A")
-        assert engine.execute("A") == "completed"
+        assert engine.execute("A") == Outcome.COMPLETED
         run = engine.get("A")
-        assert not engine.store.finish(run, None, "failed", limits=engine.limits(), expect=("completed",)).settled
+        late = engine.store.finish(run, None, RunStatus.FAILED, limits=engine.limits(), expect=(RunStatus.COMPLETED,))
+        assert not late.settled
         assert self._turn(engine, "A", "late").state is TurnState.SKIPPED
-        assert engine.cancel("A").status == "completed"
+        assert engine.cancel("A").status == RunStatus.COMPLETED
 
     # -- the cap ---------------------------------------------------------------------
     def test_the_queue_cap_counts_active_runs_and_ids_dedupe_first(self, engine: Engine) -> None:
@@ -235,7 +238,7 @@ class StoreConformance:
         engine.start("conf-1", {"k": "K"}, run_id="B")
         assert self._turn(engine, "A", "dead-worker", lease=LEASE).state is TurnState.RUN
         engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-        assert engine.execute("B") == "parked"
+        assert engine.execute("B") == Outcome.PARKED
         time.sleep(LEASE + 0.2)
         report = engine.tick()
         assert "A" in report.recovered
@@ -252,9 +255,9 @@ class StoreConformance:
         time.sleep(LEASE + 0.2)
         report = engine.tick()
         assert set(report.timed_out) == {"A", "B"}
-        assert engine.get("A").status == "running" and engine.get("A").cancel_requested
+        assert engine.get("A").status == RunStatus.RUNNING and engine.get("A").cancel_requested
         b = engine.get("B")
-        assert b.status == "cancelled" and b.error["code"] == "execution_timeout"
+        assert b.status == RunStatus.CANCELLED and b.error["code"] == "execution_timeout"
 
     def test_cancel_settles_a_parked_run_and_hands_its_slot_off(self, engine: Engine) -> None:
         """D6, S7, F11: cancelling the head waiter passes the next slot on; a
@@ -263,9 +266,9 @@ class StoreConformance:
             engine.start("conf-1", {"k": "K"}, run_id=f"r{n}")
         assert self._turn(engine, "r0", "w").state is TurnState.RUN
         engine.cancel("r1")
-        assert engine.get("r1").status == "cancelled"
+        assert engine.get("r1").status == RunStatus.CANCELLED
         run = engine.get("r0")
-        done = engine.store.finish(run, "w", "completed", limits=engine.limits())
+        done = engine.store.finish(run, "w", RunStatus.COMPLETED, limits=engine.limits())
         assert [r.run_id for r in done.granted] == ["r2"]
 
     # -- the rules: one in Python, its twin in SQL -----------------------------------
