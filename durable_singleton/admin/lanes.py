@@ -31,7 +31,7 @@ from django.utils.translation import gettext as _
 from ..lanes import DEFAULT_MINUTES, MAX_MINUTES, Lane, Lanes, workflow_lanes
 from ..queues import format_age, singleton_options
 from ..runtime import get_engine
-from ..statuses import RunStatus
+from ..statuses import RunStatus, Verdict
 
 __all__ = ["LanePagesMixin", "draw"]
 
@@ -75,7 +75,8 @@ def _ticks(seconds: float) -> list[tuple[float, str]]:
 
 def _bar_class(status: str, holding: bool) -> str:
     if holding:
-        return "running" if status == RunStatus.RUNNING else "parked"
+        # A holder runs, or it parked (its park's verdict) and keeps its slot (S6).
+        return str(RunStatus.RUNNING) if status == RunStatus.RUNNING else str(Verdict.PARKED)
     return str(status)
 
 
