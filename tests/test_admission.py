@@ -248,7 +248,7 @@ def test_store_without_claim_falls_back_with_one_warning(registry: Registry, mon
         assert engine.execute("a") == "completed"
         assert engine.execute("b") == "completed"
     fallback = [w for w in caught if issubclass(w.category, SingletonFallbackWarning)]
-    assert len(fallback) == 1 and "try_admit_singleton" in str(fallback[0].message)
+    assert len(fallback) == 1 and "no atomic admission in begin_turn" in str(fallback[0].message)
 
 
 def test_public_helpers() -> None:
