@@ -143,4 +143,7 @@ class ChildWorkflowError(DurableSingletonError):
 
 
 class SingletonFallbackWarning(UserWarning):
-    """A store lacks ``try_admit_singleton``; admission falls back to a racy scan (S14)."""
+    """A store has no atomic admission in ``begin_turn``: admission falls back to a racy scan (S14).
+
+    Issued (warnings.warn) once per store whose ``supports_atomic_admission`` is False.
+    """
