@@ -145,5 +145,6 @@ class ChildWorkflowError(DurableSingletonError):
 class SingletonFallbackWarning(UserWarning):
     """A store has no atomic admission in ``begin_turn``: admission falls back to a racy scan (S14).
 
-    Issued (warnings.warn) once per store whose ``supports_atomic_admission`` is False.
+    Issued (warnings.warn) by an engine at its first turn on a store whose
+    ``supports_atomic_admission`` is False.
     """
