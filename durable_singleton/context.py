@@ -39,6 +39,10 @@ class TurnHost(Protocol):
     registry: Registry
     now: Callable[[], datetime]
 
+    def corrected_now(self) -> datetime:
+        """The current time, the process clock corrected to the store's first (R8)."""
+        ...
+
     def start(
         self,
         name: str,
@@ -128,6 +132,7 @@ class WorkflowCtx:
         self.owner = owner
         self._steps = steps
         self._position = 0
+        self._clock_corrected = False
         self._store = _GuardedStore(engine.store)
         #: Set when a boundary raised :class:`RunCancelledError` or
         #: :class:`LeaseLostError`: a body that swallows either still ends
@@ -220,9 +225,22 @@ class WorkflowCtx:
         result = handler(to_json_value(input, f"input of step {name!r}"))
         return self._record(position, name, result, started, self.engine.settings.MAX_RESULT_BYTES)
 
+    def _now(self) -> datetime:
+        """The time a wake, a deadline or a poll is computed from (R8, D1, D2).
+
+        The first use in a turn corrects the process clock to the store's (one
+        read of the store's clock), so a clock stepped since the engine's last
+        correction never moves a ``wake_at`` or a deadline; later uses in the
+        same turn reuse that correction.
+        """
+        if self._clock_corrected:
+            return self.engine.now()
+        self._clock_corrected = True
+        return self.engine.corrected_now()
+
     def sleep(self, seconds: float) -> None:
         """Park the run for ``seconds``; a holder keeps its slot (D1, S6)."""
-        self.sleep_until(self.engine.now() + timedelta(seconds=seconds))
+        self.sleep_until(self._now() + timedelta(seconds=seconds))
 
     def sleep_until(self, when: datetime) -> None:
         """Park the run until ``when`` (an aware datetime); a holder keeps its slot (D1)."""
@@ -233,7 +251,7 @@ class WorkflowCtx:
             target = when
         else:
             target = datetime.fromisoformat(stored.result)
-        if self.engine.now() < target:
+        if self._now() < target:
             raise Suspend(RunStatus.SUSPENDED, target, ParkReason.SLEEP)
 
     def wait_for_signal(self, name: str, timeout: float | None = None) -> Any:
@@ -245,7 +263,7 @@ class WorkflowCtx:
         start_position, started = self._next()
         if started is None:
             self._boundary()
-            deadline = self.engine.now() + timedelta(seconds=timeout) if timeout is not None else None
+            deadline = self._now() + timedelta(seconds=timeout) if timeout is not None else None
             started_rec = {"deadline": deadline.isoformat() if deadline else None}
             self._record(start_position, _WAIT, started_rec, self.engine.now())
         else:
@@ -260,7 +278,7 @@ class WorkflowCtx:
             if signal.name == name and signal.seq not in consumed:
                 self._record(position, _SIGNAL, {"seq": signal.seq, "payload": signal.payload}, self.engine.now())
                 return signal.payload
-        now = self.engine.now()
+        now = self._now()
         stored_deadline = started_rec.get("deadline")
         deadline = datetime.fromisoformat(stored_deadline) if stored_deadline else None
         if deadline is not None and now >= deadline:
@@ -350,7 +368,7 @@ class WorkflowCtx:
             latest = self.engine.store.get_run(child_id)
             return latest is None or latest.is_terminal
 
-        wake = self.engine.now() + timedelta(seconds=self.engine.settings.SIGNAL_FALLBACK_SECONDS)
+        wake = self._now() + timedelta(seconds=self.engine.settings.SIGNAL_FALLBACK_SECONDS)
         raise Suspend(RunStatus.SUSPENDED, wake, ParkReason.CHILD.of(child_id), finished)
 
     @staticmethod
@@ -364,5 +382,5 @@ class WorkflowCtx:
         """Park the run ``blocked`` with ``reason``; the tick re-drives it after
         ``poll_seconds`` and the body runs again from the top (D3)."""
         raise Suspend(
-            RunStatus.BLOCKED, self.engine.now() + timedelta(seconds=poll_seconds), reason or RunStatus.BLOCKED.value
+            RunStatus.BLOCKED, self._now() + timedelta(seconds=poll_seconds), reason or RunStatus.BLOCKED.value
         )

@@ -218,6 +218,16 @@ class Core:
         self._owner_prefix = _owner_prefix()
         self._local = threading.local()
 
+    def corrected_now(self) -> datetime:
+        """Return the current time with the process clock corrected first (R8).
+
+        On the default clock (:class:`StoreClock`) this is one read of the
+        store's clock; an injected ``clock`` is used as it is.
+        """
+        if isinstance(self.now, StoreClock):
+            self.now.correct()
+        return self.now()
+
     # -- declaring ---------------------------------------------------------
     def register(
         self,

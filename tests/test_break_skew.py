@@ -1,10 +1,11 @@
-"""Adversarial: times the engine computes come from the process's clock (R5, D1, D5).
+"""Adversarial: a process clock that steps never moves the times a start or a
+sleep writes (R8, R5, D1, D5).
 
-``Engine(clock=...)`` is how the suite models a process whose clock is off
-(tests/test_protocol.py, defects 1 and 2). Every comparison with "now" is made
-on the database's clock, but the absolute times a start or a sleep writes
-(``deadline_at``, a sleep's ``wake_at``) are computed from the process's clock,
-so its skew moves them.
+The engine's default clock (:class:`~durable_singleton.engine.StoreClock`) is
+the process clock corrected to the database's. These tests correct it, then
+step the process clock an hour (NTP, a resumed VM) before the start or the
+sleep, as production meets it. They replace two strict xfails that pinned an
+injected ``Engine(clock=...)``, which production never uses.
 """
 
 from __future__ import annotations
@@ -13,47 +14,45 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.utils import timezone
 
 from durable_singleton.definitions import Registry
 from durable_singleton.testing import make_engine
+from tests.test_clock_steps import step_clock
 
-SKEW = timedelta(hours=1)
-REASON = (
-    "deadline_at and a sleep's wake_at are computed from Engine(clock=...), not corrected "
-    "to the database clock; see the report of the break session"
-)
+STEP = timedelta(hours=1)
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason=REASON)
-def test_a_start_on_a_process_behind_does_not_time_a_holder_out_early() -> None:
-    """R5, D5, S6: a process whose clock is an hour behind starts a run with a
-    ten-minute timeout; the run is admitted and parks in a 30 s sleep. The next
-    tick (on a process with a correct clock) must leave the holder alone: its
-    deadline is ten minutes away on the database's clock. It cancels it with
-    ``execution_timeout`` and frees its slot at once."""
+def test_a_start_on_a_process_stepped_back_does_not_time_a_holder_out_early() -> None:
+    """R8, R5, D5, S6: a process whose clock stepped an hour back starts a run
+    with a ten-minute timeout; the run is admitted and parks in a 30 s sleep.
+    The next tick (on a process with a correct clock) must leave the holder
+    alone: its deadline is ten minutes away on the database's clock."""
     registry = Registry()
     registry.add("wf", "1", lambda ctx, i: ctx.sleep(30), singleton={"key": lambda i: "K"}, timeout=600)
-    behind = make_engine("django", registry=registry, clock=lambda: timezone.now() - SKEW)
+    stepped = make_engine("django", registry=registry)
     honest = make_engine("django", registry=registry)
-    behind.start("wf", {}, run_id="A")
-    behind.dispatcher.drain()
-    assert honest.get("A").status == "suspended" and honest.get("A").admitted
+    step_clock(stepped, -STEP)
+    stepped.start("wf", {}, run_id="A")
+    stepped.dispatcher.drain()
+    run: Any = honest.get("A")
+    assert run.status == "suspended" and run.admitted
+    assert run.deadline_at - honest.store.now() > timedelta(minutes=9), run.deadline_at
     honest.tick()
     assert honest.get("A").status == "suspended", honest.get("A").error
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(strict=True, reason=REASON)
-def test_a_sleep_on_a_process_ahead_is_not_stretched_by_its_skew() -> None:
-    """R5, D1: a holder that sleeps 2 s on a process whose clock is an hour ahead
-    must be due about 2 s later on the database's clock, not an hour and 2 s."""
+def test_a_sleep_on_a_process_stepped_ahead_is_not_stretched_by_the_step() -> None:
+    """R8, R5, D1: a holder that sleeps 2 s on a process whose clock stepped an
+    hour ahead must be due about 2 s later on the database's clock, not an hour
+    and 2 s."""
     registry = Registry()
     registry.add("wf", "1", lambda ctx, i: ctx.sleep(2), singleton={"key": lambda i: "K"})
-    ahead = make_engine("django", registry=registry, clock=lambda: timezone.now() + SKEW)
-    ahead.start("wf", {}, run_id="A")
-    ahead.dispatcher.drain()
-    run: Any = ahead.get("A")
+    stepped = make_engine("django", registry=registry)
+    stepped.start("wf", {}, run_id="A")
+    step_clock(stepped, STEP)  # between the start and the turn that sleeps
+    stepped.dispatcher.drain()
+    run: Any = stepped.get("A")
     assert run.status == "suspended"
-    assert run.wake_at - ahead.store.now() < timedelta(seconds=10), run.wake_at - ahead.store.now()
+    assert run.wake_at - stepped.store.now() < timedelta(seconds=10), run.wake_at - stepped.store.now()
