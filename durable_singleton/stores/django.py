@@ -30,8 +30,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, router, transaction
-from django.db.models import BooleanField, Case, Count, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import BooleanField, Case, Count, Exists, F, Model, OuterRef, Q, Subquery, Value, When
+from django.db.models.constants import OnConflict
 from django.db.models.functions import Coalesce
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from ..admission import (
@@ -457,33 +459,73 @@ class DjangoStore(BaseStore):
     def create_runs(
         self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
     ) -> list[tuple[RunRecord, bool] | BaseException]:
-        """Insert a batch: runs without a cap in one INSERT (existing ids are
-        returned, R3); capped runs one by one under their key's lock (S15)."""
+        """Insert a batch; per run, (run, created) or the exception its start raised.
+
+        Runs without a cap go in one INSERT per batch of rows (:meth:`_insert_new`),
+        which tells the rows it wrote from those a racing start wrote first: only
+        the former are reported created; the others are read back and returned as
+        stored (R3, S16). An id repeated in the batch is created from its first
+        entry. Capped runs go one by one through :meth:`create_run`, under their
+        key's lock (S15). On a database that cannot return the rows an INSERT
+        wrote (MySQL; MariaDB 10.5+ can), every run goes through :meth:`create_run`.
+        """
+        if not connections[self.db].features.can_return_rows_from_bulk_insert:
+            return super().create_runs(runs, caps=caps, cap_namespace=cap_namespace)
         results: dict[int, tuple[RunRecord, bool] | BaseException] = {}
-        plain = [(i, r) for i, r in enumerate(runs) if r.singleton_key is None or caps.get(r.workflow_name) is None]
+        first: dict[str, RunRecord] = {}  # the plain runs' first entry per id, in batch order
         for i, run in enumerate(runs):
-            if (i, run) not in plain:
-                try:
-                    results[i] = self.create_run(run, cap=caps.get(run.workflow_name), cap_namespace=cap_namespace)
-                except Exception as exc:  # reported per run, as a single start would raise it
-                    results[i] = exc
-        if plain:
-            ids = [r.run_id for _, r in plain]
-            existing = {row.run_id: row for row in self._runs().filter(pk__in=ids)}
-            fresh: dict[str, tuple[int, RunRecord]] = {}
-            for i, run in plain:
-                if run.run_id in existing:
-                    results[i] = (record_of(existing[run.run_id]), False)
-                elif run.run_id in fresh:
-                    results[i] = (fresh[run.run_id][1], False)
-                else:
-                    fresh[run.run_id] = (i, run)
-            if fresh:
-                self._runs().bulk_create([self._row(r) for _, r in fresh.values()], ignore_conflicts=True)
-                stored = set(self._runs().filter(pk__in=list(fresh)).values_list("pk", flat=True))
-                for run_id, (i, run) in fresh.items():
-                    results[i] = (run, True) if run_id in stored else (self.get_run(run_id) or run, False)
+            if run.singleton_key is None or caps.get(run.workflow_name) is None:
+                first.setdefault(run.run_id, run)
+                continue
+            try:
+                results[i] = self.create_run(run, cap=caps.get(run.workflow_name), cap_namespace=cap_namespace)
+            except Exception as exc:  # reported per run, as a single start would raise it
+                results[i] = exc
+        if first:
+            created = self._insert_new(list(first.values()))
+            stored = {
+                run_id: (first[run_id], True) if run_id in created else self._stored(first[run_id]) for run_id in first
+            }
+            for i, run in enumerate(runs):
+                if i not in results:
+                    record, was_created = stored[run.run_id]
+                    # Its first entry reports the creation; a repeat of the id found it (R3).
+                    results[i] = (record, was_created and run is first[run.run_id])
         return [results[i] for i in range(len(runs))]
+
+    def _stored(self, run: RunRecord) -> tuple[RunRecord, bool]:
+        """Return the stored run of an id whose insert met a conflict (R3); one
+        deleted meanwhile (a purge) is created again by :meth:`create_run`."""
+        row = self._runs().filter(pk=run.run_id).first()
+        return (record_of(row), False) if row is not None else self.create_run(run, cap=None)
+
+    def _insert_new(self, runs: Sequence[RunRecord]) -> set[str]:
+        """Insert the runs whose ids are free; return the ids this call wrote (R3).
+
+        One ``INSERT ... ON CONFLICT DO NOTHING ... RETURNING run_id`` per batch
+        of rows the database takes (``INSERT OR IGNORE`` on SQLite, ``INSERT
+        IGNORE`` on MariaDB), in one transaction. A row that a racing start
+        wrote first is skipped by the INSERT and not returned, so it is never
+        reported as created by this call; an INSERT that ignores conflicts
+        without ``RETURNING`` (``bulk_create(ignore_conflicts=True)``) cannot
+        tell the two apart. The database must return rows from a bulk insert
+        (``can_return_rows_from_bulk_insert``).
+        """
+        connection = connections[self.db]
+        objs: list[Model] = [self._row(run) for run in runs]
+        fields = [f for f in Run._meta.concrete_fields if not f.generated]
+        size = connection.ops.bulk_batch_size(fields, objs) or len(objs)
+        written: set[str] = set()
+        with transaction.atomic(using=self.db, savepoint=False), connection.cursor() as cursor:
+            for start in range(0, len(objs), size):
+                query = InsertQuery(Run, on_conflict=OnConflict.IGNORE)
+                query.insert_values(fields, objs[start : start + size])
+                compiler = query.get_compiler(using=self.db)
+                compiler.returning_fields = [Run._meta.pk]
+                for sql, params in compiler.as_sql():
+                    cursor.execute(sql, params)
+                    written.update(str(row[0]) for row in cursor.fetchall())
+        return written
 
     def _row(self, run: RunRecord) -> Run:
         return Run(
