@@ -127,16 +127,42 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def attempt(kind: str, call: Callable[[], Any], check: Callable[[Any], None]) -> None:
+def _storable(value: Any, max_bytes: int = 1_000_000) -> bool:
+    """The contract's oracle for a JSON input or payload (section 7): JSON
+    without NaN or infinities, no NUL and no lone surrogate, nested at most
+    30 levels (MAX_JSON_DEPTH), at most ``max_bytes`` encoded (MAX_INPUT_BYTES)."""
+
+    def depth(node: Any) -> int:
+        if isinstance(node, dict):
+            return 1 + max((depth(v) for v in node.values()), default=0)
+        if isinstance(node, list | tuple):
+            return 1 + max((depth(v) for v in node), default=0)
+        return 0
+
+    try:
+        if depth(value) > 30:
+            return False
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        size = len(text.encode("utf-8"))
+    except (TypeError, ValueError, RecursionError):
+        return False
+    return size <= max_bytes and "\x00" not in text and "\\u0000" not in text
+
+
+def attempt(kind: str, call: Callable[[], Any], check: Callable[[Any], None], *, valid: bool | None = None) -> None:
     """Run ``call``; on success run ``check`` on its result; on a typed error
-    assert nothing was written. Any other exception fails the test."""
+    assert nothing was written. Any other exception fails the test. With
+    ``valid`` given (the contract's verdict on the input), a valid input that
+    is refused, or an invalid one that is accepted, fails the test too."""
     TRIED[f"{kind}:{connection.vendor}"] += 1
     before = _counts()
     try:
         result = call()
-    except exceptions.DurableSingletonError:
+    except exceptions.DurableSingletonError as exc:
         assert _counts() == before, f"{kind}: a refused call wrote rows"
+        assert valid is not True, f"{kind}: valid input refused: {exc!r}"
         return
+    assert valid is not False, f"{kind}: invalid input accepted"
     check(result)
 
 
@@ -189,14 +215,14 @@ def test_inputs(fz: Engine, value: Any) -> None:
     def check(run: Any) -> None:
         assert _same(fz.get(run.run_id).input, _json_round_trip(value))
 
-    attempt("input", lambda: fz.start("fz-plain", value), check)
+    attempt("input", lambda: fz.start("fz-plain", value), check, valid=_storable(value))
     target = fz.start("fz-plain", None)
 
     def check_signal(_: Any) -> None:
         stored = fz.store.load_signals(target.run_id)[-1]
         assert stored.name == "s" and _same(stored.payload, _json_round_trip(value))
 
-    attempt("signal-payload", lambda: fz.signal(target.run_id, "s", value), check_signal)
+    attempt("signal-payload", lambda: fz.signal(target.run_id, "s", value), check_signal, valid=_storable(value))
 
 
 @FUZZ
@@ -209,7 +235,7 @@ def test_huge_inputs(fz: Engine, depth: int, size: int) -> None:
     def check(run: Any) -> None:
         assert _same(fz.get(run.run_id).input, value)
 
-    attempt("input-huge", lambda: fz.start("fz-plain", value), check)
+    attempt("input-huge", lambda: fz.start("fz-plain", value), check, valid=_storable(value))
 
 
 @settings(FUZZ, max_examples=30, report_multiple_bugs=False)
@@ -224,7 +250,7 @@ def test_deeply_nested_inputs(fz: Engine, depth: int) -> None:
     def check(run: Any) -> None:
         assert _same(fz.get(run.run_id).input, value)
 
-    attempt("input-deep", lambda: fz.start("fz-plain", value), check)
+    attempt("input-deep", lambda: fz.start("fz-plain", value), check, valid=_storable(value))
 
 
 @FUZZ
