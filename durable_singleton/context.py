@@ -20,6 +20,7 @@ from .exceptions import (
     DurableSingletonError,
     LeaseLostError,
     RunCancelledError,
+    RunIdInUseError,
     SignalTimeoutError,
     SingletonQueueFullError,
     StepInTransactionError,
@@ -302,7 +303,8 @@ class WorkflowCtx:
         given; past 191 characters, shortened with a hash suffix by
         :func:`~durable_singleton.values.derived_id`) and the child inherits
         the namespace. A child rejected by its
-        queue cap (S16) raises :class:`ChildWorkflowError` here, on every replay.
+        queue cap (S16), or whose id a run of another namespace holds (D10),
+        raises :class:`ChildWorkflowError` here, on every replay.
         """
         position, stored = self._next()
         if stored is not None:
@@ -322,7 +324,9 @@ class WorkflowCtx:
                     namespace=self.run.namespace,
                 )
                 result = {"run_id": child_id}
-            except SingletonQueueFullError as exc:
+            except (SingletonQueueFullError, RunIdInUseError) as exc:
+                # A full queue (S16), or an id another namespace's run holds: a
+                # child lives in its parent's namespace (D7, D10).
                 result = {"run_id": child_id, "rejected": str(exc)}
             self._record(position, _CHILD, result, self.engine.now())
         if "rejected" in result:

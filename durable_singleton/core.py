@@ -38,6 +38,7 @@ from .exceptions import (
     InvalidRunIdError,
     LeaseLostError,
     RunCancelledError,
+    RunIdInUseError,
     RunNotFoundError,
     SingletonQueueFullError,
     UnknownWorkflowError,
@@ -362,19 +363,23 @@ class Core:
 
         ``run_id``: a str of at most 191 characters with a non-space character
         and no control characters, or None for a generated one. If a run with
-        that id exists it is returned and nothing is created (R3, S16).
+        that id exists it is returned as stored and nothing is created (R3,
+        S16), unless it is in another namespace and this engine has
+        ``scope_reads`` or the start names its ``namespace``: then
+        :class:`RunIdInUseError` (D10, :meth:`_found`).
         ``input``: JSON-serializable, at most ``MAX_INPUT_BYTES`` bytes encoded.
         ``namespace`` defaults to the engine's (children pass their parent's, D7).
 
         Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
-        :class:`InvalidInputError`, :class:`SingletonKeyError`, or
-        :class:`SingletonQueueFullError` (S15); each writes nothing.
+        :class:`InvalidInputError`, :class:`SingletonKeyError`,
+        :class:`SingletonQueueFullError` (S15) or :class:`RunIdInUseError`
+        (D10); each writes nothing.
         """
         if run_id is not None:
             self._check_run_id(run_id)
             existing = self.store.get_run(run_id)
             if existing is not None:
-                return existing
+                return self._found(existing, namespace)
         self._correct_clock()
         record, definition, cap = self._new_run(
             name, input, run_id=run_id, tags=tags, version=version, parent_run_id=parent_run_id, namespace=namespace
@@ -393,22 +398,35 @@ class Core:
         run, created = self.store.create_run(
             record, cap=cap, cap_namespace=self.namespace if self.scope_reads else None
         )
-        if created:
-            self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
-            if not deep:
-                self.dispatcher.dispatch(run.run_id, definition.queue)
+        if not created:  # a racing start of the same id created it first (R3)
+            return self._found(run, namespace)
+        self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
+        if not deep:
+            self.dispatcher.dispatch(run.run_id, definition.queue)
+        return run
+
+    def _found(self, run: RunRecord, namespace: str | None) -> RunRecord:
+        """Return ``run``, which a start in ``namespace`` (None: the engine's)
+        found under its run id (R3); raise :class:`RunIdInUseError` if the run is
+        in another namespace and this engine has ``scope_reads`` or the start
+        names its namespace, as a child's does (D10, D7): a scoped engine never
+        returns another namespace's run, and a child always lives in its parent's."""
+        if run.namespace != (namespace or self.namespace) and (self.scope_reads or namespace is not None):
+            raise RunIdInUseError(run.run_id)
         return run
 
     def start_many(
         self, name: str, inputs: Sequence[Any], *, run_ids: Sequence[str | None] | None = None
-    ) -> list[RunRecord | SingletonQueueFullError]:
+    ) -> list[RunRecord | SingletonQueueFullError | RunIdInUseError]:
         """Start one run per input of workflow ``name``: one INSERT and one send per batch
         where the store supports it (``supports_bulk_start``).
 
         Same rules as :meth:`start`: each ``run_ids`` entry dedupes its start
-        (R3); a run rejected by its queue cap is returned as its
-        :class:`SingletonQueueFullError` in its place (S15). Any other invalid
-        input raises before anything is written.
+        (R3) and gets the run as stored; a run rejected by its queue cap is
+        returned as its :class:`SingletonQueueFullError` in its place (S15),
+        an id that another namespace's run holds, on an engine with
+        ``scope_reads``, as its :class:`RunIdInUseError` (D10). Any other
+        invalid input raises before anything is written.
         """
         ids = list(run_ids) if run_ids is not None else [None] * len(inputs)
         if len(ids) != len(inputs):
@@ -425,17 +443,21 @@ class Core:
             caps[definition.name] = cap
             records.append(record)
         results = self.store.create_runs(records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None)
-        out: list[RunRecord | SingletonQueueFullError] = []
+        out: list[RunRecord | SingletonQueueFullError | RunIdInUseError] = []
         created: list[RunRecord] = []
         for result in results:
             if isinstance(result, SingletonQueueFullError):
                 out.append(result)
             elif isinstance(result, BaseException):
                 raise result
-            else:
+            elif result[1]:
                 out.append(result[0])
-                if result[1]:
-                    created.append(result[0])
+                created.append(result[0])
+            else:
+                try:
+                    out.append(self._found(result[0], None))
+                except RunIdInUseError as exc:
+                    out.append(exc)
         queue = self.queue_of(name)
         for run in created:
             self.dispatcher.on_commit(functools.partial(signals.run_created.send, sender=self.signal_sender, run=run))
@@ -942,7 +964,10 @@ class Core:
         validated before any is made: an emit that raises (a key function
         that refuses the payload, :class:`InvalidInputError`) started nothing.
         A subscriber whose key queue is full is skipped and logged (S16);
-        returns the runs started or found.
+        returns the runs started or found. The derived run ids are global: on
+        an engine with ``scope_reads``, an ``event_id`` whose run ids another
+        namespace's emit used raises :class:`RunIdInUseError` before any start
+        (D10); give tenants' events ids of their own (a tenant prefix).
         """
         check_text(event, "event")
         if event_id is not None:
@@ -956,6 +981,8 @@ class Core:
             self._new_run(
                 definition.name, payload, run_id=run_id, tags=(), version=None, parent_run_id=None, namespace=None
             )
+            if run_id is not None and self.scope_reads and (found := self.store.get_run(run_id)) is not None:
+                self._found(found, None)  # another namespace's run: refused before any start (D10)
             planned.append((definition, run_id))
         runs = []
         for definition, run_id in planned:

@@ -17,6 +17,7 @@ __all__ = [
     "InvalidWorkflowError",
     "LeaseLostError",
     "RunCancelledError",
+    "RunIdInUseError",
     "RunNotFoundError",
     "SignalTimeoutError",
     "SingletonFallbackWarning",
@@ -109,6 +110,21 @@ class UnsupportedByStoreError(DurableSingletonError):
 
 class RunNotFoundError(DurableSingletonError):
     """No run has that run id."""
+
+
+class RunIdInUseError(DurableSingletonError):
+    """A start's ``run_id`` is taken by a run of another namespace (D10).
+
+    A run id names one run, in one namespace. Raised by a start of an engine
+    with ``scope_reads`` (and by a child's start on any engine: a child lives
+    in its parent's namespace, D7) instead of returning that run; nothing is
+    written. The message names the id only, never the other run's namespace
+    or data. Attribute: ``run_id`` (str).
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"run id {run_id!r} is in use in another namespace; choose another run id")
 
 
 class LeaseLostError(DurableSingletonError):
