@@ -924,17 +924,30 @@ class Core:
             self.dispatcher.dispatch(run_id, self.queue_of(run))
         return run
 
-    def signal(self, run_id: str, name: str, payload: Any = None) -> RunRecord:
+    def signal(self, run_id: str, name: str, payload: Any = None, *, signal_id: str | None = None) -> RunRecord:
         """Buffer signal ``name`` for an active run and wake it if it waits (D2).
 
+        ``signal_id``: the caller's id of this signal (a str of at most 191
+        characters), so a retry after a lost reply stores nothing again: a
+        signal of the run with that id already stored, by any process, is
+        kept and the run is returned, even if it finished since; the first
+        signal sent with an id wins (a retry with another name or payload
+        changes nothing). Without it every call stores a signal.
+
         Raises :class:`RunNotFoundError` if the run does not exist or is
-        terminal, :class:`ValidationError` for a bad name, and
+        terminal (a retry of a stored ``signal_id`` excepted), and
+        :class:`ValidationError` for a bad name or ``signal_id``, and
         :class:`InvalidInputError` for a non-JSON or oversize payload.
         """
         payload = self._check_input(payload, "signal payload")
         check_text(name, "signal name")
+        if signal_id is not None:
+            check_text(signal_id, "signal_id", RUN_ID_MAX_LENGTH)
         self.get(run_id)
-        run = self.store.add_signal(run_id, name, payload)
+        if signal_id is None:
+            run = self.store.add_signal(run_id, name, payload)
+        else:
+            run = self.store.add_signal(run_id, name, payload, signal_id=signal_id)
         if run is None:
             raise RunNotFoundError(f"no active run {run_id!r} to signal")
         if run.is_parked and ParkReason.SIGNAL.matches(run.park_reason):
@@ -942,17 +955,29 @@ class Core:
         return run
 
     def signal_with_start(
-        self, name: str, input: Any, *, run_id: str, signal: str, payload: Any = None, tags: Iterable[str] = ()
+        self,
+        name: str,
+        input: Any,
+        *,
+        run_id: str,
+        signal: str,
+        payload: Any = None,
+        tags: Iterable[str] = (),
+        signal_id: str | None = None,
     ) -> RunRecord:
         """Start (idempotent by ``run_id``), then signal the run (S18).
 
         On a busy key the run queues like any other; the signal is buffered
-        and seen by the body only once admitted.
+        and seen by the body only once admitted. ``signal_id`` dedupes the
+        signal as :meth:`signal`'s does, so a retried call starts once and
+        signals once (D2).
         """
         payload = self._check_input(payload, "signal payload")
         check_text(signal, "signal name")
+        if signal_id is not None:
+            check_text(signal_id, "signal_id", RUN_ID_MAX_LENGTH)
         run = self.start(name, input, run_id=run_id, tags=tags)
-        return self.signal(run.run_id, signal, payload)
+        return self.signal(run.run_id, signal, payload, signal_id=signal_id)
 
     def emit(self, event: str, payload: Any = None, *, event_id: str | None = None) -> list[RunRecord]:
         """Start every workflow subscribed to ``event`` with ``payload`` as input (D8).

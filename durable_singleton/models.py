@@ -152,11 +152,16 @@ class Signal(models.Model):
     name = models.CharField(_("name"), max_length=191)
     payload = models.JSONField(_("payload"), null=True)
     created_at = models.DateTimeField(_("created at"))
+    #: The caller's id of the signal (``engine.signal(..., signal_id=...)``): a
+    #: retry with the same id stores nothing (D2). NULLs are distinct: signals
+    #: sent without an id are never deduplicated.
+    signal_id = ExactCharField(_("signal id"), max_length=191, null=True, blank=True)
 
     class Meta:
         verbose_name = _("signal")
         verbose_name_plural = _("signals")
         ordering = ["run", "id"]
+        constraints = [models.UniqueConstraint(fields=["run", "signal_id"], name="ds_signal_once")]
 
     def __str__(self) -> str:
         return f"{self.run_id} {self.name}"

@@ -551,8 +551,13 @@ class BaseStore(ABC):
         """Delete a run with its steps and signals; return what was deleted."""
 
     @abstractmethod
-    def add_signal(self, run_id: str, name: str, payload: Any) -> RunRecord | None:
-        """Buffer a signal for an active run and make a run waiting on it due (D2); None if not active."""
+    def add_signal(self, run_id: str, name: str, payload: Any, *, signal_id: str | None = None) -> RunRecord | None:
+        """Buffer a signal for an active run and make a run waiting on it due (D2); None if not active.
+
+        With ``signal_id``, a signal of the run with that id already stored
+        (by any process, whatever the run's status since) is kept and nothing
+        is stored: the run is returned (first wins, D2).
+        """
 
     @abstractmethod
     def load_signals(self, run_id: str) -> list[SignalRecord]:

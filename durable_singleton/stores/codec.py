@@ -220,8 +220,9 @@ class CodecStore(BaseStore):
     def delete_run(self, run_id: str) -> RunRecord | None:
         return self._out(self.inner.delete_run(run_id))  # type: ignore[no-any-return]
 
-    def add_signal(self, run_id: str, name: str, payload: Any) -> RunRecord | None:
-        return self._out(self.inner.add_signal(run_id, name, self.codec.encode(payload)))  # type: ignore[no-any-return]
+    def add_signal(self, run_id: str, name: str, payload: Any, *, signal_id: str | None = None) -> RunRecord | None:
+        encoded = self.codec.encode(payload)
+        return self._out(self.inner.add_signal(run_id, name, encoded, signal_id=signal_id))  # type: ignore[no-any-return]
 
     def load_signals(self, run_id: str) -> list[SignalRecord]:
         return self._out(self.inner.load_signals(run_id))  # type: ignore[no-any-return]

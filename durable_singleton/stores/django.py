@@ -925,16 +925,30 @@ class DjangoStore(BaseStore):
 
         return self._retrying(grant)
 
-    def add_signal(self, run_id: str, name: str, payload: Any) -> RunRecord | None:
-        with transaction.atomic(using=self.db):
-            row = self._runs().select_for_update().filter(pk=run_id).first()
-            if row is None or row.status not in ACTIVE_STATUSES:
-                return None
-            Signal.objects.using(self.db).create(run_id=run_id, name=name, payload=payload, created_at=timezone.now())
-            if row.status in PARKED_STATUSES and ParkReason.SIGNAL.matches(row.park_reason):
-                self._runs().filter(pk=run_id, status=row.status).update(wake_at=DbNow(), updated_at=DbNow())
-                row.wake_at = timezone.now()
-            return record_of(row)
+    def add_signal(self, run_id: str, name: str, payload: Any, *, signal_id: str | None = None) -> RunRecord | None:
+        """Buffer a signal under the run's row lock (D2). With ``signal_id``, a
+        signal of the run with that id already stored is kept and nothing is
+        stored (first wins); the ``ds_signal_once`` unique constraint holds it
+        across processes, and a racing insert that loses it returns the run."""
+        try:
+            with transaction.atomic(using=self.db):
+                row = self._runs().select_for_update().filter(pk=run_id).first()
+                signals = Signal.objects.using(self.db)
+                sent = signal_id is not None and signals.filter(run_id=run_id, signal_id=signal_id).exists()
+                if row is not None and sent:
+                    return record_of(row)  # a retry of a stored signal (D2)
+                if row is None or row.status not in ACTIVE_STATUSES:
+                    return None
+                now = timezone.now()
+                signals.create(run_id=run_id, name=name, payload=payload, created_at=now, signal_id=signal_id)
+                if row.status in PARKED_STATUSES and ParkReason.SIGNAL.matches(row.park_reason):
+                    self._runs().filter(pk=run_id, status=row.status).update(wake_at=DbNow(), updated_at=DbNow())
+                    row.wake_at = timezone.now()
+                return record_of(row)
+        except IntegrityError:
+            if signal_id is None:
+                raise
+            return self.get_run(run_id)  # the racing sender of the same id committed first (D2)
 
     def load_signals(self, run_id: str) -> list[SignalRecord]:
         return [

@@ -60,6 +60,7 @@ class MemoryStore(BaseStore):
         self._runs: dict[str, RunRecord] = {}
         self._steps: dict[str, dict[int, StepRecord]] = {}
         self._signals: dict[str, list[SignalRecord]] = {}
+        self._signal_ids: set[tuple[str, str]] = set()
         self._signal_seq = 0
         self._tokens: dict[tuple[str, str], int] = {}
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
@@ -129,6 +130,7 @@ class MemoryStore(BaseStore):
         with self._critical():
             self._steps.pop(run_id, None)
             self._signals.pop(run_id, None)
+            self._signal_ids = {k for k in self._signal_ids if k[0] != run_id}
             return self._runs.pop(run_id, None)
 
     # -- admission -------------------------------------------------------------------
@@ -382,11 +384,15 @@ class MemoryStore(BaseStore):
         with self._critical():
             return tuple(self._grant(workflow_name, key, limits)[0])
 
-    def add_signal(self, run_id: str, name: str, payload: Any) -> RunRecord | None:
+    def add_signal(self, run_id: str, name: str, payload: Any, *, signal_id: str | None = None) -> RunRecord | None:
         with self._critical():
             run = self._runs.get(run_id)
+            if run is not None and signal_id is not None and (run_id, signal_id) in self._signal_ids:
+                return run  # a retry of a stored signal: first wins (D2)
             if run is None or run.is_terminal:
                 return None
+            if signal_id is not None:
+                self._signal_ids.add((run_id, signal_id))
             self._signal_seq += 1
             self._signals.setdefault(run_id, []).append(SignalRecord(self._signal_seq, name, payload, self.clock()))
             if run.status in PARKED_STATUSES and ParkReason.SIGNAL.matches(run.park_reason):
