@@ -146,7 +146,7 @@ def _key_controls(store: BaseStore, workflow: str, key: str) -> KeyControls:
 
 @dataclass(frozen=True)
 class _QueueFacts:
-    holders: list[tuple[str, str, datetime | None]]  # (run id, status, since), the oldest first
+    holders: list[tuple[str, str, datetime | None, str]]  # (run id, status, since, namespace), the oldest first
     holder_count: int
     depth: int
     position: int | None
@@ -175,13 +175,13 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
         rows = list(
             runs.holders()
             .order_by("created_at", "run_id")
-            .values_list("run_id", "status", "admitted_at", "started_at", "attempts")[: NAMED_HOLDERS + 1]
+            .values_list("run_id", "status", "admitted_at", "started_at", "attempts", "namespace")[: NAMED_HOLDERS + 1]
         )
         count = len(rows) if len(rows) <= NAMED_HOLDERS else runs.holders().count()
         ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
         waiting = runs.filter(singleton_slot=SlotState.WAITER)
         totals = waiting.aggregate(depth=Count("pk"), ahead=Count("pk", filter=ahead))
-        holders = [(r[0], r[1], _since(r[2], r[3], r[4])) for r in rows[:NAMED_HOLDERS]]
+        holders = [(r[0], r[1], _since(r[2], r[3], r[4]), r[5]) for r in rows[:NAMED_HOLDERS]]
         is_waiter = run.tracked and not run.admitted
         return _QueueFacts(holders, count, totals["depth"], totals["ahead"] + 1 if is_waiter else None)
     active = list(store.active_runs_for_key(run.workflow_name, run.singleton_key))
@@ -192,7 +192,7 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
     waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: (r.created_at, r.run_id))
     position = next((n for n, w in enumerate(waiters, 1) if w.run_id == run.run_id), None)
     holders = [
-        (r.run_id, r.status, _since(r.admitted_at, r.started_at, r.attempts))
+        (r.run_id, r.status, _since(r.admitted_at, r.started_at, r.attempts), r.namespace)
         for r in held[:NAMED_HOLDERS]
     ]
     return _QueueFacts(holders, len(held), len(waiters), position)
@@ -274,9 +274,12 @@ def explain(engine: Core, run_id: str) -> Explanation:
     controls = _key_controls(store, run.workflow_name, key)
     configured = _key_limit(engine, run)
     limit = limit_in_force(configured, controls.override)
+    # Admission is global (S11): a scoped engine counts other namespaces'
+    # holders but never names them (D10).
     holder_infos = [
         HolderInfo(run_id, status, since, (now - since).total_seconds() if since is not None else None)
-        for run_id, status, since in facts.holders
+        for run_id, status, since, namespace in facts.holders
+        if not engine.scope_reads or namespace == engine.namespace
     ]
     keyed = {
         **base,
@@ -355,6 +358,8 @@ def explain(engine: Core, run_id: str) -> Explanation:
         )
         more = f" and {facts.holder_count - len(holder_infos)} more" if facts.holder_count > len(holder_infos) else ""
         behind = f"behind {named}{more}"
+    elif facts.holder_count:
+        behind = f"behind {facts.holder_count} holder(s) of another namespace"
     else:
         behind = "behind no holder"
     reasons = [limit_words]

@@ -28,7 +28,7 @@ from durable_singleton.exceptions import (
 from durable_singleton.stores.base import RunRecord
 
 from .conftest import Monitor, run_threads
-from .helpers import audited
+from .helpers import audited, claim
 
 SECRET = {"k": "K", "card": "4111-secret"}
 
@@ -136,6 +136,25 @@ def test_scoped_reads_and_actions_on_another_namespace_run_say_it_does_not_exist
     with pytest.raises(RunNotFoundError):
         calls[call]()
     _untouched(acme, before)
+
+
+def test_scoped_explain_names_no_holder_of_another_namespace(
+    make: Callable[..., Engine], registry: Registry, monitor: Monitor
+) -> None:
+    """D10, S11, K3: admission is global, so globex's waiter queues behind acme's
+    holder; its explanation counts that holder but names no run of acme (on
+    e035ec7 it named acme's holder, its status and how long it held)."""
+    acme, globex = _tenants(make)
+    audited(registry, monitor)
+    acme.start("wf", {"k": "K"}, run_id="acme-holder")
+    claim(acme, "acme-holder")
+    globex.start("wf", {"k": "K"}, run_id="globex-waiter")
+    claim(globex, "globex-waiter")
+    explanation = globex.explain("globex-waiter")
+    assert explanation.holder_count == 1
+    assert "acme-holder" not in explanation.sentence
+    assert all(h.run_id != "acme-holder" for h in explanation.holders)
+    assert "acme-holder" in acme.explain("acme-holder").sentence
 
 
 @pytest.mark.parametrize("scoped", [True, False])
