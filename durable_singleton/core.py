@@ -73,7 +73,6 @@ INTERRUPTED_REASON = ParkReason.INTERRUPTED.value
 ERROR_TEXT_CHARS = 10_000
 
 #: The park reason of a run handed back because its worker was shutting down (R7).
-SHUTDOWN_REASON = ParkReason.SHUTDOWN.value
 _CUT = "\n[... cut at ERROR_TEXT_CHARS]"
 
 
@@ -709,12 +708,28 @@ class Core:
             run.run_id,
             type(exc).__qualname__,
         )
+        count = self._in_a_row(run, ParkReason.SHUTDOWN)
+        if count > self.settings.MAX_RECOVERIES:
+            # A pool child killed every time (a hard time limit terminates it the
+            # way a shutdown does) must not loop: the lease's recoveries count (D4).
+            logger.warning("run %s: handed back %d times in a row; it resumes after its lease (D4)", run.run_id, count)
+            return
         try:
-            verdict = self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=self.now(), reason=SHUTDOWN_REASON)
+            verdict = self.store.park(
+                run.run_id, owner, RunStatus.PENDING, wake_at=self.now(), reason=ParkReason.SHUTDOWN.of(count)
+            )
             if verdict == Verdict.CANCELLED:
                 self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
         except Exception:
             logger.warning("run %s: could not hand the run back; it resumes after its lease", run.run_id, exc_info=True)
+
+    @staticmethod
+    def _in_a_row(run: RunRecord, reason: ParkReason) -> int:
+        """Return how many hand-backs for ``reason`` this one makes in a row:
+        one more than the count its last park recorded (``<reason><count>``),
+        1 after any other park (D4)."""
+        detail = reason.detail(run.park_reason) if reason.matches(run.park_reason) else ""
+        return int(detail) + 1 if detail.isdigit() else 1
 
     @staticmethod
     def _arrived_meanwhile(run: RunRecord, recheck: Callable[[], bool]) -> bool:
@@ -763,9 +778,7 @@ class Core:
         running its body, and the step whose write fails, without end.
         """
         logger.warning("run %s: %s; the turn ends and the run resumes", run.run_id, interrupted)
-        count = 1
-        if run.park_reason.startswith(INTERRUPTED_REASON) and run.park_reason[len(INTERRUPTED_REASON) :].isdigit():
-            count = int(run.park_reason[len(INTERRUPTED_REASON) :]) + 1
+        count = self._in_a_row(run, ParkReason.INTERRUPTED)
         if count > self.settings.MAX_RECOVERIES:
             logger.warning("run %s: interrupted %d times in a row; it resumes after its lease (D4)", run.run_id, count)
             return

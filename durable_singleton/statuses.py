@@ -92,7 +92,7 @@ class ParkReason(enum.StrEnum):
     SIGNAL = "signal:"  # ctx.wait_for_signal: signal:<name> (D2)
     CHILD = "child:"  # ctx.call_child: child:<run id> (D7)
     INTERRUPTED = "interrupted:"  # a store call failed under the body: interrupted:<count in a row> (D4)
-    SHUTDOWN = "shutdown"  # handed back with its slot by a worker shutting down (O1)
+    SHUTDOWN = "shutdown:"  # handed back with its slot by a worker shutting down: shutdown:<count in a row> (O1, R7)
 
     def of(self, detail: object) -> str:
         """Return the reason ``<prefix><detail>`` of a prefix member."""

@@ -135,7 +135,7 @@ def test_a_base_exception_during_the_worker_s_own_shutdown_hands_the_run_back_wi
     with pytest.raises(SystemExit):
         stopping.execute("r7-held")
     held = engine.get("r7-held")
-    assert (held.status, held.park_reason, held.admitted) == ("pending", "shutdown", True)
+    assert (held.status, held.park_reason, held.admitted) == ("pending", "shutdown:1", True)
     assert held.wake_at is not None and held.wake_at <= engine.now()
     assert engine.execute("r7-behind") == "parked"
     state["stop"] = False
@@ -202,3 +202,31 @@ def test_dispatchers_read_the_worker_s_own_shutdown_flag_not_the_exception() -> 
         assert celery.shutting_down() is True
     finally:
         state.should_stop, state.should_terminate = saved
+
+
+def test_hand_backs_in_a_row_are_bounded_by_max_recoveries(make: Callable[..., Engine]) -> None:
+    """R7, D4: a pool child terminated every time (Celery's hard time limit
+    sends the SIGTERM a shutdown sends) is handed back at most
+    ``MAX_RECOVERIES`` times in a row (``shutdown:N``); the next one is left to
+    its lease, whose recoveries count towards ``dead``, so the run cannot loop
+    (found by CI: test_hard_time_limit_kills_the_holder_and_the_key_moves_on)."""
+    engine = make()
+
+    def body(ctx: Any, input: Any) -> Any:
+        raise SystemExit(-15)
+
+    engine.registry.add("r7-loop", "1", body, singleton={"key": lambda i: "k", "limit": 1})
+    stopping = Engine(
+        engine.store, _StoppingDispatcher(engine.store), registry=engine.registry, settings=engine.settings
+    )
+    stopping.dispatcher.bind(stopping)
+    engine.start("r7-loop", None, run_id="r7-loop")
+    limit = engine.settings.MAX_RECOVERIES
+    for count in range(1, limit + 1):
+        with pytest.raises(SystemExit):
+            stopping.execute("r7-loop")
+        assert engine.get("r7-loop").park_reason == f"shutdown:{count}"
+    with pytest.raises(SystemExit):
+        stopping.execute("r7-loop")
+    left = engine.get("r7-loop")
+    assert (left.status, left.park_reason) == ("running", f"shutdown:{limit}"), (left.status, left.park_reason)

@@ -137,7 +137,7 @@ def test_a_celery_pool_process_lives_on_after_a_body_exits_and_a_cold_shutdown_h
     worker.kill(signal.SIGQUIT)
     worker.proc.wait(WAIT)
     held = _run(holder)
-    assert (held.status, held.park_reason, held.singleton_slot) == ("pending", "shutdown", "holder"), (
+    assert (held.status, held.park_reason, held.singleton_slot) == ("pending", "shutdown:1", "holder"), (
         celery_workers.logs()
     )
     assert _run(waiter).singleton_slot == "waiter"

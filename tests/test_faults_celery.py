@@ -389,12 +389,15 @@ def test_sigkill_of_a_whole_worker_then_restart_recovers_under_a_burst_of_ticks(
 def test_hard_time_limit_kills_the_holder_and_the_key_moves_on(driver: Driver, celery_workers: CeleryWorkers) -> None:
     """F9, D4, S8, S10: a worker with Celery's hard time limit of 2 s
     (``--time-limit=2``) and ``MAX_RECOVERIES`` = 1; A's body sleeps 30 s, B
-    waits. The worker kills A's pool process; within one lease plus one tick
-    of that kill the tick re-drives A (recovery 1), whose body is killed
-    again; the next recovery exceeds the maximum, so A becomes dead (error
-    ``max_recoveries``, on_dead hook and run_dead signal logged) and frees its
-    slot in the same write, and B runs within one lease plus one tick of the
-    second kill. A later start on the key is accepted and runs normally."""
+    waits. The worker terminates A's pool process with SIGTERM, which a pool
+    process cannot tell from a shutdown's (R7): the first time A is handed
+    back with its slot (``shutdown:1``) and re-driven at once; past
+    ``MAX_RECOVERIES`` hand-backs in a row it is left to its lease, the tick
+    re-drives it (recovery 1), it is killed again, and the next recovery
+    exceeds the maximum, so A becomes dead (error ``max_recoveries``, on_dead
+    hook and run_dead signal logged) and frees its slot in the same write; B
+    runs within one lease plus one tick of the last kill. A later start on
+    the key is accepted and runs normally."""
     time_limit = 2.0
     celery_workers.start(
         1,
@@ -410,26 +413,28 @@ def test_hard_time_limit_kills_the_holder_and_the_key_moves_on(driver: Driver, c
     driver.watch(first.pid)
     b = driver.start(ISOLATED, store_id, "B", seconds=0.3)
 
-    def second_entry() -> BodyAudit | None:
-        rows = _entries(a)
-        if len(rows) >= 2:
-            driver.watch(rows[1].pid)
-            return rows[1]
-        return None
+    def watch_entries() -> bool:
+        for row in _entries(a):
+            driver.watch(row.pid)
+        return driver.status(a) == "dead"
 
-    second = driver.until("A re-driven after the time limit", second_entry, time_limit + LEASE + SLACK + 30)
-    driver.until("A dead", lambda: driver.status(a) == "dead", time_limit + LEASE + SLACK + 30)
+    driver.until("A dead", watch_entries, 3 * (time_limit + LEASE + SLACK) + 30)
     driver.until("B completed", lambda: driver.status(b) == "completed", 60)
 
     run_a = Run.objects.get(pk=a)
     assert run_a.error["code"] == "max_recoveries" and run_a.recoveries == 2, driver.report()
     assert run_a.singleton_slot is None and run_a.lease_owner is None
     entries = _entries(a)
-    assert len(entries) == 2 and all(e.exited_at is None for e in entries), driver.report()
-    driver.until("both killed processes seen dead", lambda: {first.pid, second.pid} <= set(driver.deaths), 60)
+    assert len(entries) == 3 and all(e.exited_at is None for e in entries), driver.report()
+    first, second, third = entries
+    driver.until("the killed processes seen dead", lambda: {e.pid for e in entries} <= set(driver.deaths), 60)
     (entry_b,) = _entries(b)
     # The time limit counts from the task's start, just before the body's entry.
-    for entry, after, what in ((first, second.entered_at, "A re-driven"), (second, entry_b.entered_at, "B admitted")):
+    for entry, after, what in (
+        (first, second.entered_at, "A handed back"),
+        (second, third.entered_at, "A re-driven"),
+        (third, entry_b.entered_at, "B admitted"),
+    ):
         waited = _seconds(after, driver.deaths[entry.pid])
         assert waited <= LEASE + TICK + SLACK, f"{what} {waited:.2f} s after the kill\n{driver.report()}"
     logs = driver.logs()
