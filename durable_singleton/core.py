@@ -24,7 +24,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from . import signals
@@ -159,11 +159,17 @@ class StoreClock:
         self._refresh = refresh_seconds
         self._offset = timedelta(0)
         self._measured: float | None = None
+        self._last = datetime.min.replace(tzinfo=UTC)
 
     def __call__(self) -> datetime:
         if self._measured is None or time.monotonic() - self._measured > self._refresh:
             self.correct()
-        return self._local() + self._offset
+        # Each correction measures the offset with a few microseconds of
+        # jitter: never return a time before one already returned, so two
+        # starts of this process keep their order (S5, R8).
+        now = max(self._local() + self._offset, self._last)
+        self._last = now
+        return now
 
     def correct(self) -> None:
         """Measure the offset to the store's clock now (one read of it)."""
