@@ -36,7 +36,7 @@ def test_passes():
     pass
 
 def test_fails():
-    assert 1 == 2
+    assert sum([1, 1]) == 3, "this sample test fails on purpose"
 
 @pytest.mark.skip(reason="not here")
 def test_skipped():
