@@ -24,7 +24,7 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from . import signals
@@ -159,7 +159,7 @@ class StoreClock:
         self._refresh = refresh_seconds
         self._offset = timedelta(0)
         self._measured: float | None = None
-        self._last = datetime.min.replace(tzinfo=UTC)
+        self._last: datetime | None = None
 
     def __call__(self) -> datetime:
         if self._measured is None or time.monotonic() - self._measured > self._refresh:
@@ -167,7 +167,12 @@ class StoreClock:
         # Each correction measures the offset with a few microseconds of
         # jitter: never return a time before one already returned, so two
         # starts of this process keep their order (S5, R8).
-        now = max(self._local() + self._offset, self._last)
+        # (A naive clock, USE_TZ = False, which check E012 refuses, is never
+        # compared with an aware one returned before the setting changed.)
+        now = self._local() + self._offset
+        last = self._last
+        if last is not None and (last.tzinfo is None) == (now.tzinfo is None) and now < last:
+            now = last
         self._last = now
         return now
 
