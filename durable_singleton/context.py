@@ -25,6 +25,7 @@ from .exceptions import (
     SingletonQueueFullError,
     StepInTransactionError,
 )
+from .leases import Lease
 from .statuses import ParkReason, RunStatus, Verdict
 from .stores.base import BaseStore, RunRecord, StepRecord
 from .values import MAX_JSON_DEPTH, check_text, derived_id, printable, to_json_value
@@ -142,6 +143,10 @@ class WorkflowCtx:
         #: The store's transaction depth when the turn began: deeper at a
         #: ``ctx`` write means the body opened a transaction around it.
         self._depth = engine.store.transaction_depth()
+        #: This turn's lease at the process's renewer, set while the body runs:
+        #: once a renewal found it taken over, the next boundary stops the body
+        #: without asking the store again (R5).
+        self.lease: Lease | None = None
 
     @property
     def run_id(self) -> str:
@@ -186,6 +191,9 @@ class WorkflowCtx:
         """Stop at a step boundary if the run was cancelled or taken over (D6, R5),
         or refuse the boundary inside a transaction the body opened (R5)."""
         self._outside_transaction()
+        if self.lease is not None and self.lease.fenced.is_set():
+            self.stopped_by = LeaseLostError
+            raise LeaseLostError(f"run {self.run.run_id!r}: lease lost by {self.owner}")
         verdict = self._store.check_boundary(self.run.run_id, self.owner, self.engine.settings.LEASE_SECONDS)
         if verdict == Verdict.CANCELLED:
             self.stopped_by = RunCancelledError

@@ -44,6 +44,7 @@ from .exceptions import (
     UnknownWorkflowError,
     ValidationError,
 )
+from .leases import renewer
 from .statuses import Outcome, ParkReason, RunStatus, Verdict
 from .stores.base import (
     CANCELLED_ERROR,
@@ -100,45 +101,6 @@ TickJob = tuple[str, Callable[[TickReport], None]]
 
 def _owner_prefix() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-class _LeaseKeeper:
-    """Renews a turn's lease every ``LEASE_RENEW_SECONDS`` while the body runs (R5)."""
-
-    def __init__(self, engine: Core, run_id: str, owner: str) -> None:
-        self.engine = engine
-        self.run_id = run_id
-        self.owner = owner
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"lease:{run_id}", daemon=True)
-
-    def __enter__(self) -> _LeaseKeeper:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        settings = self.engine.settings
-        try:
-            while not self._stop.wait(settings.LEASE_RENEW_SECONDS):
-                try:
-                    renewed = self.engine.store.renew_lease(self.run_id, self.owner, settings.LEASE_SECONDS)
-                except Exception:
-                    # A dropped connection (server restart, pg_terminate_backend;
-                    # Django's InterfaceError is no DatabaseError, a store of
-                    # another kind raises its own): close it and renew on a new
-                    # one next time, never stop renewing a live body (O1, S9). An
-                    # expired lease is never renewed, so a late retry cannot revive it (R5).
-                    logger.warning("run %s: lease renewal failed; retrying", self.run_id, exc_info=True)
-                    self.engine.close_thread_resources()
-                    continue
-                if not renewed:
-                    return  # fenced: the body stops at its next step boundary
-        finally:
-            self.engine.close_thread_resources()
 
 
 class StoreClock:
@@ -655,7 +617,15 @@ class Core:
         steps = self.store.load_steps(run.run_id)
         ctx = WorkflowCtx(self, run, owner, steps)
         try:
-            with _LeaseKeeper(self, run.run_id, owner):
+            with renewer().hold(
+                self.store,
+                run.run_id,
+                owner,
+                lease_seconds=self.settings.LEASE_SECONDS,
+                renew_seconds=self.settings.LEASE_RENEW_SECONDS,
+                close=self.close_thread_resources,
+            ) as lease:
+                ctx.lease = lease
                 output = definition.body(ctx, run.input)
             if ctx.stopped_by is not None:  # the body swallowed its stop and returned: re-raise it
                 raise ctx.stopped_by(f"run {run.run_id!r}: the body returned after its boundary stopped it")

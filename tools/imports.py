@@ -71,6 +71,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "core": (
         "core",
         "context",
+        "leases",
     ),
     "services": (
         "controls",
