@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("baseline", "handoff", "drain", "many", "lane", "backlog", "claims", "peers")
+SCENARIOS = ("statements", "baseline", "handoff", "drain", "many", "lane", "backlog", "claims", "worker", "peers")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -25,9 +25,13 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench", description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every size by this (default 1: the issue's)")
     parser.add_argument("--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {','.join(SCENARIOS)}")
-    parser.add_argument("--workers", type=int, default=2, help="Celery worker processes (default 2)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="Celery worker processes, and durable_worker processes (default 2)"
+    )
     parser.add_argument("--producers", type=int, default=2, help="processes landing the burst on key A (default 2)")
-    parser.add_argument("--concurrency", type=int, default=2, help="pool size of each Celery worker (default 2)")
+    parser.add_argument(
+        "--concurrency", type=int, default=2, help="pool size of each Celery worker, threads of each durable_worker"
+    )
     parser.add_argument("--pool", default="prefork", help="Celery pool: prefork, threads or solo (default prefork)")
     parser.add_argument("--tick", type=float, default=1.0, help="tick period in seconds (default 1)")
     parser.add_argument("--djq-poll", type=float, default=0.1, help="dj-queue worker polling interval (default 0.1 s)")
@@ -71,7 +75,7 @@ def main(argv: list[str]) -> int:
 
     from durable_singleton.runtime import get_engine
 
-    from . import audit, peers, report, scenarios
+    from . import audit, peers, report, scenarios, statements
     from .celery_app import app
     from .procs import Procs, celery_beat_argv, celery_worker_argv, wait_until
 
@@ -90,6 +94,14 @@ def main(argv: list[str]) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SHOW server_version")
         pg_version = cursor.fetchone()[0]
+    # Read from the servers, not assumed: what a commit costs depends on them.
+    redis_config = audit.client().config_get("appendonly")
+    redis_config.update(audit.client().config_get("save"))
+    servers = {"postgresql": statements.server_settings(connection), "redis": redis_config}
+    say(
+        "PostgreSQL "
+        + ", ".join(f"{k}={servers['postgresql'][k]}" for k in ("fsync", "synchronous_commit", "full_page_writes"))
+    )
     sizes = scenarios.Sizes().scaled(args.scale) if args.scale != 1.0 else scenarios.Sizes()
     sizes.burst_producers = args.producers
     raw: dict[str, Any] = {
@@ -97,6 +109,7 @@ def main(argv: list[str]) -> int:
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": report.machine(),
         "versions": report.versions(pg_version, audit.client().info("server")["redis_version"]),
+        "servers": servers,
         "config": {
             "celery": {"workers": args.workers, "concurrency": args.concurrency, "pool": args.pool, "prefetch": 1},
             "tick_seconds": args.tick,
@@ -118,6 +131,10 @@ def main(argv: list[str]) -> int:
             say(f"[red]{name} failed: {exc}[/red]")
             return None
         return result
+
+    if "statements" in only:
+        # Before any worker runs: their ticks must not take these runs (another registry's workflows).
+        raw["statements"] = attempt("0 round trips per run (python -m bench.statements)", statements.measure)
 
     env = dict(os.environ)
     with Procs(env, log_dir).running() as procs:
@@ -178,6 +195,12 @@ def main(argv: list[str]) -> int:
             raw["baseline_end"] = attempt("1 baseline again (noise check)", lambda: scenarios.baseline(sizes))
         procs.stop(ours)
 
+        if "worker" in only:
+            raw["worker"] = attempt(
+                "8 the embedded worker: manage.py durable_worker, no Celery",
+                lambda: embedded_worker(procs, args, sizes, raw),
+            )
+
         if "peers" in only:
             slots = args.workers * args.concurrency
             raw["peers"] = {}
@@ -218,6 +241,62 @@ def main(argv: list[str]) -> int:
     path = report.write(raw, found, out_dir, stamp)
     say(f"wrote {path} (logs in {log_dir})")
     return 1 if raw["errors"] else 0
+
+
+def embedded_worker(procs: Any, args: argparse.Namespace, sizes: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """Scenarios 2 to 4 on ``manage.py durable_worker`` processes (DISPATCH "thread"), Celery stopped.
+
+    ``args.workers`` processes of ``args.concurrency`` threads: the same slots
+    as the Celery workers. This process starts the runs with an engine whose
+    embedded worker is not started (DISPATCH "thread", as a script or a web
+    process without workers): a start sends nothing, and the workers' tick
+    picks the run up once its ``wake_at`` passes (REDELIVERY_SECONDS after the
+    start, S8, O1). Handoffs happen inside the workers.
+    """
+    from django.conf import settings as django_settings
+
+    from durable_singleton.conf import Settings
+    from durable_singleton.runtime import build_engine
+
+    from . import scenarios
+    from .procs import durable_worker_argv, wait_until
+
+    conf = Settings.from_mapping({**django_settings.DURABLE_SINGLETON, "DISPATCH": "thread"})
+    engine = build_engine(conf)
+    extra = {"DURABLE_DISPATCH": "thread"}
+    workers = [
+        procs.start(f"durable-worker-{n}", durable_worker_argv(args.concurrency, args.tick), extra)
+        for n in range(args.workers)
+    ]
+    try:
+        wait_until(
+            lambda: (
+                all(w.alive() and b"ready." in w.log.read_bytes() for w in workers)
+                or any(not w.alive() for w in workers)
+            ),
+            120,
+            "durable_worker processes",
+            every=0.2,
+        )
+        dead = [w.name for w in workers if not w.alive()]
+        if dead:
+            raise RuntimeError(f"durable_worker exited at start: {', '.join(dead)} (see its log)")
+        out: dict[str, Any] = {
+            "config": {
+                "processes": args.workers,
+                "threads": args.concurrency,
+                "tick_seconds": args.tick,
+                "redelivery_seconds": conf.REDELIVERY_SECONDS,
+                "client": "DISPATCH thread, embedded worker not started",
+            }
+        }
+        out["handoff"] = scenarios.hot_key(engine, "w-handoff", sizes.handoff_runs)
+        out["drain"] = scenarios.hot_key(engine, "w-drain", sizes.hot_runs)
+        out["many_keys"] = scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys)
+        out["many_keys_bulk"] = scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys, bulk=True)
+        return out
+    finally:
+        procs.stop(workers)
 
 
 if __name__ == "__main__":

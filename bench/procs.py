@@ -148,3 +148,8 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, every: floa
         if time.monotonic() - started > timeout:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(every)
+
+
+def durable_worker_argv(threads: int, tick_seconds: float) -> list[str]:
+    """Return the command line of one ``manage.py durable_worker`` process (the embedded worker, no Celery)."""
+    return django_admin_argv("durable_worker", "--threads", str(threads), "--tick-seconds", str(tick_seconds))

@@ -64,17 +64,22 @@ def _div(a: float, b: float) -> float:
         return math.nan
 
 
+def _concurrency_ok(raw: dict[str, Any]) -> tuple[int, int, bool]:
+    """Return (workloads audited, highest concurrency seen, every key within its limit)."""
+    rows = concurrency_rows(raw)
+    top = max((int(r["max_seen"]) for _, r in rows), default=0)
+    return len(rows), top, bool(rows) and all(r["ok"] for _, r in rows)
+
+
 def targets(raw: dict[str, Any]) -> list[Target]:
-    """Compute each target of the issue from the raw figures of one run."""
+    """Compute each target of issue #17 from the raw figures of one run (ratios of that run)."""
     out = []
     rt = _get(raw, "baseline", "round_trip", "p50_ms")
     hp50 = _get(raw, "handoff", "handoff", "terminal_to_entry", "p50_ms")
     hp99 = _get(raw, "handoff", "handoff", "terminal_to_entry", "p99_ms")
     ratio = _div(hp50, rt)
-    out.append(
-        Target("handoff p50", "ms", hp50, f"baseline round trip p50 {rt:.2f} ms", ratio, "<= 1.0x", ratio <= 1.0)
-    )
-    out.append(Target("handoff p99", "ms", hp99, "absolute", math.nan, "< 25 ms", hp99 < 25))
+    out.append(Target("handoff p50", "ms", hp50, f"Celery round trip p50 {rt:.2f} ms", ratio, "<= 0.7x", ratio <= 0.7))
+    out.append(Target("handoff p99", "ms", hp99, "absolute", math.nan, "< 10 ms", hp99 < 10))
     drain = _get(raw, "drain", "runs_per_s")
     djq = _get(raw, "peers", "dj_queue", "hot_key", "runs_per_s")
     pc = _get(raw, "peers", "procrastinate", "hot_key", "runs_per_s")
@@ -90,25 +95,46 @@ def targets(raw: dict[str, Any]) -> list[Target]:
             drain,
             f"procrastinate {pc:.1f} runs/s",
             ratio,
-            "> 1x",
-            ratio > 1,
+            ">= 4x",
+            ratio >= 4,
         )
     )
-    many = _get(raw, "many_keys", "runs_per_s")
     tasks = _get(raw, "baseline", "independent", "tasks_per_s")
-    ratio = _div(many, tasks)
-    out.append(Target("many keys", "runs/s", many, f"baseline {tasks:.0f} tasks/s", ratio, ">= 0.7x", ratio >= 0.7))
     bulk = _get(raw, "many_keys_bulk", "runs_per_s")
     ratio = _div(bulk, tasks)
     out.append(
-        Target("many keys, start_many", "runs/s", bulk, f"baseline {tasks:.0f} tasks/s", ratio, ">= 0.7x", ratio >= 0.7)
+        Target(
+            "many keys, start_many", "runs/s", bulk, f"Celery {tasks:.0f} no-op tasks/s", ratio, ">= 0.7x", ratio >= 0.7
+        )
     )
+    many = _get(raw, "many_keys", "runs_per_s")
     for peer in ("dj_queue", "procrastinate"):
         theirs = _get(raw, "peers", peer, "many_keys", "runs_per_s")
-        best = max(many, bulk) if not (math.isnan(many) or math.isnan(bulk)) else many
-        ratio = _div(best, theirs)
+        ratio = _div(many, theirs)
         out.append(
-            Target(f"many keys vs {peer}", "runs/s", best, f"{peer} {theirs:.0f} runs/s", ratio, "> 1x", ratio > 1)
+            Target(
+                f"many keys one by one vs {peer}",
+                "runs/s",
+                many,
+                f"{peer} {theirs:.0f} runs/s",
+                ratio,
+                "> 1x",
+                ratio > 1,
+            )
+        )
+    vendor = _get(raw, "statements", "database")
+    for kind, bound in (("handoff-admitted", 3), ("idle key", 4)):
+        trips = _get(raw, "statements", kind, "round_trips")
+        out.append(
+            Target(
+                f"round trips per run, {kind}",
+                "count",
+                trips,
+                f"bench.statements on {vendor if isinstance(vendor, str) else 'n/a'}",
+                math.nan,
+                f"<= {bound}",
+                trips <= bound,
+            )
         )
     claims = _get(raw, "claims")
     if isinstance(claims, dict) and claims:
@@ -127,16 +153,15 @@ def targets(raw: dict[str, Any]) -> list[Target]:
             )
         )
         counts = {s: claims[s]["statements"] for s in sizes}
-        same = len(set(counts.values())) == 1
         out.append(
             Target(
-                "statements per claim",
+                "round trips per claim",
                 "count",
                 float(big["statements"]),
                 ", ".join(f"{c} at {s}" for s, c in counts.items()),
                 math.nan,
                 "same at every size",
-                same,
+                len(set(counts.values())) == 1,
             )
         )
     rate = _get(raw, "backlog", "statements_per_s")
@@ -157,18 +182,63 @@ def targets(raw: dict[str, Any]) -> list[Target]:
             busy - idle <= 100,
         )
     )
+    audited, top, ok = _concurrency_ok(raw)
+    out.append(
+        Target(
+            "max concurrency per key",
+            "bodies",
+            float(top) if audited else math.nan,
+            f"{audited} workloads audited, every deployment",
+            math.nan,
+            "never above the limit",
+            ok,
+        )
+    )
     return out
 
 
+def deployment_rows(raw: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Return (figure, on Celery, on durable_worker, durable_worker / Celery) of the embedded worker's run."""
+    rows = []
+    for label, path, fmt in (
+        ("handoff p50 ms", ("handoff", "handoff", "terminal_to_entry", "p50_ms"), "{:.2f}"),
+        ("handoff p99 ms", ("handoff", "handoff", "terminal_to_entry", "p99_ms"), "{:.2f}"),
+        ("hot-key drain runs/s", ("drain", "runs_per_s"), "{:.0f}"),
+        ("many keys one by one runs/s", ("many_keys", "runs_per_s"), "{:.0f}"),
+        ("many keys one by one: first body after s", ("many_keys", "first_entry_seconds"), "{:.2f}"),
+        ("many keys start_many runs/s", ("many_keys_bulk", "runs_per_s"), "{:.0f}"),
+        ("many keys start_many: first body after s", ("many_keys_bulk", "first_entry_seconds"), "{:.2f}"),
+    ):
+        celery, worker = _get(raw, *path), _get(raw, "worker", *path)
+        if not isinstance(worker, (int, float)) or math.isnan(worker):
+            continue
+        celery = celery if isinstance(celery, (int, float)) else math.nan
+        ratio = _div(worker, celery)
+        rows.append(
+            (
+                label,
+                "n/a" if math.isnan(celery) else fmt.format(celery),
+                fmt.format(worker),
+                "" if math.isnan(ratio) else f"{ratio:.2f}",
+            )
+        )
+    return rows
+
+
 def concurrency_rows(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """Return (scenario, concurrency report) for every audited workload of the run."""
+    """Return (scenario, concurrency report) for every audited workload of the run, every deployment."""
     rows = []
     for label, path in (
         ("2 handoff", ("handoff", "concurrency")),
         ("3 hot-key drain", ("drain", "concurrency")),
         ("4 many keys", ("many_keys", "concurrency")),
+        ("4 many keys, start_many", ("many_keys_bulk", "concurrency")),
         ("6 key B idle", ("lane", "idle", "concurrency")),
         ("6 key B in burst", ("lane", "during_burst", "concurrency")),
+        ("8 durable_worker handoff", ("worker", "handoff", "concurrency")),
+        ("8 durable_worker hot-key drain", ("worker", "drain", "concurrency")),
+        ("8 durable_worker many keys", ("worker", "many_keys", "concurrency")),
+        ("8 durable_worker many keys, start_many", ("worker", "many_keys_bulk", "concurrency")),
         ("7 dj-queue hot key", ("peers", "dj_queue", "hot_key", "concurrency")),
         ("7 dj-queue many keys", ("peers", "dj_queue", "many_keys", "concurrency")),
         ("7 procrastinate hot key", ("peers", "procrastinate", "hot_key", "concurrency")),
@@ -189,6 +259,26 @@ def figure_rows(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
         if isinstance(value, (int, float)) and not (isinstance(value, float) and math.isnan(value)):
             rows.append((label, figure, fmt.format(value)))
 
+    pg = _get(raw, "servers", "postgresql")
+    if isinstance(pg, dict):
+        rows.append(
+            (
+                "0 PostgreSQL server",
+                "fsync / synchronous_commit / full_page_writes",
+                " / ".join(str(pg.get(k, "?")) for k in ("fsync", "synchronous_commit", "full_page_writes")),
+            )
+        )
+    for kind in ("plain", "idle key", "handoff-admitted"):
+        trips = _get(raw, "statements", kind, "round_trips")
+        control = _get(raw, "statements", kind, "transaction_control")
+        if isinstance(trips, (int, float)) and not math.isnan(trips):
+            rows.append(
+                (
+                    f"0 round trips per run ({_get(raw, 'statements', 'database')})",
+                    f"{kind}: total (of which BEGIN/COMMIT)",
+                    f"{trips:g} ({control:g})",
+                )
+            )
     for which in ("baseline", "baseline_end"):
         label = "1 Celery" if which == "baseline" else "1 Celery (again, at the end)"
         add(label, "round trip p50 / p99 ms", which, "round_trip", "p50_ms")
@@ -209,7 +299,16 @@ def figure_rows(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
         p50 = _get(raw, "claims", size, "p50_ms")
         p99 = _get(raw, "claims", size, "p99_ms")
         n = _get(raw, "claims", size, "statements")
-        rows.append(("5 claim (ours)", f"{size} waiters: p50 / p99 ms, statements", f"{p50:.2f} / {p99:.2f}, {n}"))
+        rows.append(("5 claim (ours)", f"{size} waiters: p50 / p99 ms, round trips", f"{p50:.2f} / {p99:.2f}, {n}"))
+        explain = _get(raw, "claims", size, "explain")
+        if isinstance(explain, dict):
+            rows.append(
+                (
+                    "5 claim (ours)",
+                    f"{size} waiters: auto_explain statements, server ms",
+                    f"{explain['statements']}, {explain['duration_ms']:.3f}",
+                )
+            )
     add("5 parked backlog (ours)", "statements/s (pg_stat_statements)", "backlog", "statements_per_s")
     add(
         "5 parked backlog (ours)",
@@ -256,6 +355,14 @@ def render(raw: dict[str, Any], found: list[Target], console: Console | None = N
         ratio = "" if math.isnan(t.ratio) else f"{t.ratio:.2f}"
         table.add_row(t.name, measured, t.reference, ratio, t.bound, "yes" if t.ok else "NO")
     console.print(table)
+    deployments = deployment_rows(raw)
+    if deployments:
+        table = Table(title="The embedded worker (manage.py durable_worker, no Celery) beside Celery, same run")
+        for column in ("figure", "Celery workers", "durable_worker", "ratio"):
+            table.add_column(column)
+        for row in deployments:
+            table.add_row(*row)
+        console.print(table)
     table = Table(title="Highest concurrency seen per key (audit of body entry and exit)")
     for column in ("workload", "keys", "max seen", "limit", "ok"):
         table.add_column(column)
@@ -331,7 +438,8 @@ def _rst_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 
 
 def rst(doc: dict[str, Any]) -> str:
-    """Return the three tables of a results file as reStructuredText (for docs/benchmarks.rst)."""
+    """Return the tables of a results file as reStructuredText (for docs/benchmarks.rst): figures,
+    targets, the embedded worker beside Celery (when measured), concurrency audit."""
     found = targets(doc)
     parts = [_rst_table(("scenario", "figure", "value"), figure_rows(doc))]
     rows = []
@@ -340,6 +448,9 @@ def rst(doc: dict[str, Any]) -> str:
         ratio = "" if math.isnan(t.ratio) else f"{t.ratio:.2f}"
         rows.append((t.name, measured, t.reference, ratio or "-", t.bound, "yes" if t.ok else "**no**"))
     parts.append(_rst_table(("target", "measured", "reference", "ratio", "bound", "met"), rows))
+    deployments = deployment_rows(doc)
+    if deployments:
+        parts.append(_rst_table(("figure", "Celery workers", "durable_worker", "ratio"), deployments))
     rows = [
         (label, str(r["keys"]), str(r["max_seen"]), str(r["limit"]), "yes" if r["ok"] else "**no**")
         for label, r in concurrency_rows(doc)

@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connection, connections
-from django.test.utils import CaptureQueriesContext
 
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run
 
 from . import audit
 from .procs import ROOT, wait_until
+from .roundtrips import RoundTrips
 from .workflows import WORKFLOW
 
 
@@ -326,10 +326,12 @@ def many_keys(engine: Engine, runs: int, keys: int, *, bulk: bool = False) -> di
     sent_at = time.time()
     wait_until(lambda: audit.done_count(tag) >= runs, 600, f"{runs} runs over {keys} keys", every=0.02)
     seconds = last_exit(tag) - started_at
+    first = min((e.at for e in audit.events(tag) if e.kind == "E"), default=math.nan)
     return {
         "runs": runs,
         "keys": keys,
         "start_seconds": sent_at - started_at,
+        "first_entry_seconds": first - started_at,
         "seconds": seconds,
         "runs_per_s": runs / seconds,
         "concurrency": concurrency_report(tag, 1),
@@ -512,12 +514,79 @@ def setup_claim_key(engine: Engine, waiters: int) -> dict[str, str]:
     return {"tag": tag, "key": key, "holder": holder}
 
 
+_EXPLAIN_ON = (
+    "LOAD 'auto_explain'",
+    "SET auto_explain.log_min_duration = 0",
+    "SET auto_explain.log_analyze = on",
+    "SET auto_explain.log_buffers = on",
+    "SET auto_explain.log_nested_statements = on",
+    "SET auto_explain.log_level = 'notice'",
+    "SET client_min_messages = notice",
+)
+_EXPLAIN_OFF = ("SET auto_explain.log_min_duration = -1", "SET client_min_messages = DEFAULT")
+
+
+def explained(alias: str, fn: Any) -> list[dict[str, Any]]:
+    """Run ``fn()`` on PostgreSQL with ``auto_explain`` reporting every statement it sends, nested
+    statements of functions included, as ``EXPLAIN (ANALYZE, BUFFERS)`` would: return the plans.
+
+    Each plan: ``duration_ms``, ``buffers`` (the first node's line), ``query`` (its first 400
+    characters) and ``plan`` (the text).
+    Returns [] on another database.
+    """
+    conn = connections[alias]
+    if conn.vendor != "postgresql":
+        return []
+    conn.ensure_connection()
+    raw = conn.connection
+    notes: list[str] = []
+
+    def keep(diagnostic: Any) -> None:
+        notes.append(str(diagnostic.message_primary or ""))
+
+    raw.add_notice_handler(keep)
+    try:
+        with conn.cursor() as cursor:
+            for sql in _EXPLAIN_ON:
+                cursor.execute(sql)
+        try:
+            fn()
+        finally:
+            with conn.cursor() as cursor:
+                for sql in _EXPLAIN_OFF:
+                    cursor.execute(sql)
+    finally:
+        raw.remove_notice_handler(keep)
+    plans = []
+    for note in notes:
+        if not note.startswith("duration:"):
+            continue
+        head, _, plan = note.partition("plan:")
+        lines = plan.strip().splitlines()
+        query = lines[0].removeprefix("Query Text: ") if lines and lines[0].startswith("Query Text:") else ""
+        body = [line for line in lines if not line.startswith("Query Text:")]
+        buffers = next((line.strip() for line in body if "Buffers:" in line), "")
+        plans.append(
+            {
+                "duration_ms": float(head.split()[1]),
+                "buffers": buffers,
+                "query": query[:400],
+                "plan": "\n".join(body)[:4000],
+            }
+        )
+    return plans
+
+
 def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> dict[str, Any]:
-    """Time one claim (``begin_turn``) of the last waiter of each key and count its statements.
+    """Time one claim (``begin_turn``) of the last waiter of each key and count its round trips.
 
     The key's holder is parked, so the claim reads the queue front and parks
     the waiter again: the denial path, in one transaction (S5). Sizes are
-    interleaved so they share the machine's noise.
+    interleaved so they share the machine's noise. Round trips are counted on
+    the connection (:mod:`bench.roundtrips`, BEGIN and COMMIT included). On
+    PostgreSQL one more claim at the smallest and at the largest size runs
+    under ``auto_explain`` (analyze, buffers, nested statements): the plans of
+    every statement it sent are in the result (``explain``).
     """
     store = engine.store
     alias = store.database
@@ -545,12 +614,12 @@ def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> d
             "max_recoveries": settings.MAX_RECOVERIES,
             "retry": engine._retry_policy(),
         }
-        with CaptureQueriesContext(connections[alias]) as queries:
+        with RoundTrips(connections[alias]) as trips:
             began = time.perf_counter()
             turn = store.begin_turn(tails[size], owner, **options)
             elapsed = time.perf_counter() - began
         if capture:
-            statements[size].append(len(queries.captured_queries))
+            statements[size].append(trips.total)
         else:
             timings[size].append(elapsed)
         outcomes[size].add(turn.state.name)
@@ -568,4 +637,13 @@ def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> d
             "statements": max(statements[size]),
             "outcomes": sorted(outcomes[size]),
         }
+    for size in sorted({min(keys), max(keys)}):
+        plans = explained(alias, lambda size=size: one(size, reps, capture=True))
+        if plans:
+            out[str(size)]["explain"] = {
+                "key": keys[size]["key"],
+                "statements": len(plans),
+                "duration_ms": round(sum(p["duration_ms"] for p in plans), 3),
+                "plans": plans,
+            }
     return out

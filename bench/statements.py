@@ -1,17 +1,25 @@
-"""Statements per run, start to settle, no steps (issue #8), on the DATABASE_URL database.
+"""Round trips per run, start to settle, no steps (issues #8 and #17), on the DATABASE_URL database.
 
 ``python -m bench.statements`` (SQLite), or under ``tools/services.py run --pg --mysql``
-with ``DATABASE_URL=$DS_PG_URL`` / ``$DS_MYSQL_URL``. Counts the SQL statements
-Django sends (``CaptureQueriesContext``; BEGIN, COMMIT and savepoints, which
-Django 6 logs too, are counted apart) for three kinds of run, each run executed on this
-thread with the manual dispatcher:
+with ``DATABASE_URL=$DS_PG_URL`` / ``$DS_MYSQL_URL``. Counts the round trips
+the connection makes to its database (:mod:`bench.roundtrips`: on the
+connection itself, so raw cursor statements and the driver's own BEGIN,
+COMMIT and ``SET autocommit`` are counted, not only what Django's cursor
+wrapper logs), for three kinds of run, each executed on this thread with
+the manual dispatcher, each queued turn through ``Engine.execute_chain``
+as ``durable_singleton.tasks.execute_run`` runs it in a Celery worker:
 
-* ``plain``: a run without a key;
-* ``idle key``: a singleton run on a key nobody holds (start, claim with
-  admission, settle);
-* ``hot key``: a singleton run that waits behind a holder and is admitted by
-  the holder's handoff (start deep in the queue, the predecessor's settle and
-  grant counted for the run it admits, the granted turn's confirmation).
+* ``plain``: a run without a key (median of ``runs``);
+* ``idle key``: a singleton run on a key nobody holds: start, claim with
+  admission, settle (median of ``runs``);
+* ``handoff-admitted``: a singleton run that waits behind a holder and is
+  admitted by its predecessor's handoff: its start deep in the queue, its
+  share of the predecessor's settle and grant, its confirmation and its own
+  settle. Measured as the difference between two chains on fresh keys, one of
+  ``runs`` waiters and one of ``runs // 2``, each counted from the first
+  waiter's start to the end of the drain after the parked holder is
+  signalled: the holder's own turns and the first waiter's first turn cancel
+  out, what is left is the marginal cost of one more waiter in a drain.
 
 Prints one JSON object; docs/benchmarks.rst has the table.
 """
@@ -21,95 +29,153 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 
+def server_settings(connection: Any) -> dict[str, str]:
+    """Return the database server's durability settings and version, read from the server.
+
+    PostgreSQL: ``fsync``, ``synchronous_commit``, ``full_page_writes``,
+    ``wal_sync_method``, ``wal_level``, ``shared_buffers``,
+    ``server_version``. MariaDB: ``innodb_flush_log_at_trx_commit``,
+    ``sync_binlog``, ``innodb_doublewrite``, ``log_bin``, ``version``.
+    SQLite: ``journal_mode``, ``synchronous``, ``sqlite_version``.
+    """
+    out: dict[str, str] = {"vendor": connection.vendor}
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            for name in (
+                "server_version",
+                "fsync",
+                "synchronous_commit",
+                "full_page_writes",
+                "wal_sync_method",
+                "wal_level",
+                "shared_buffers",
+            ):
+                cursor.execute(f"SHOW {name}")
+                out[name] = str(cursor.fetchone()[0])
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('version', 'innodb_flush_log_at_trx_commit', "
+                "'sync_binlog', 'innodb_doublewrite', 'log_bin', 'innodb_flush_method')"
+            )
+            out.update({str(k): str(v) for k, v in cursor.fetchall()})
+        elif connection.vendor == "sqlite":
+            for name in ("journal_mode", "synchronous"):
+                cursor.execute(f"PRAGMA {name}")
+                out[name] = str(cursor.fetchone()[0])
+            cursor.execute("SELECT sqlite_version()")
+            out["sqlite_version"] = str(cursor.fetchone()[0])
+    return out
+
+
 def measure(runs: int = 20) -> dict[str, Any]:
-    """Return the statements per run of each kind, as the median over ``runs`` runs."""
+    """Return the round trips per run of each kind on the default database (see the module docstring).
+
+    ``runs``: runs per median and waiters in the longer chain (at least 4).
+    """
     import django
 
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     django.setup()
     from django.core.management import call_command
     from django.db import connection
-    from django.test.utils import CaptureQueriesContext
 
     from durable_singleton.definitions import Registry
     from durable_singleton.testing import make_engine
 
+    from .roundtrips import RoundTrips
+
+    runs = max(4, runs)
     call_command("migrate", verbosity=0)
     registry = Registry()
     registry.add("plain", "1", lambda ctx, i: None)
-    registry.add("keyed", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"]})
+
+    def keyed(ctx: Any, i: dict[str, Any]) -> None:
+        if i.get("park"):
+            ctx.wait_for_signal("go")  # a holder parked with its slot, no worker (D2, S6)
+
+    registry.add("keyed", "1", keyed, singleton={"key": lambda i: i["k"]})
     engine = make_engine("django", registry=registry)
-    engine.now()  # the engine's clock reads the database's once per 5 minutes: not per run
+    engine.now()  # the engine's clock reads the database's now and then: not per run
+    queued = engine.dispatcher.queue  # type: ignore[attr-defined]
 
-    def control(sql: str) -> bool:
-        """Transaction control (BEGIN, COMMIT, savepoints): logged by Django 6, not a statement of ours."""
-        head = sql.strip().upper()
-        return head in ("BEGIN", "COMMIT", "ROLLBACK") or "SAVEPOINT" in head
+    def drain() -> None:
+        """Run every queued turn as a Celery worker's task does: ``execute_chain``, so the
+        waiter a settle grants runs next on this thread (S7)."""
+        while queued:
+            engine.execute_chain(queued.popleft())
 
-    def count(fn: Any) -> tuple[int, int]:
-        with CaptureQueriesContext(connection) as queries:
+    tag = f"{os.getpid()}-{os.urandom(3).hex()}"
+
+    def count(fn: Callable[[], Any]) -> tuple[int, int]:
+        with RoundTrips(connection) as trips:
             fn()
-        sql = [q["sql"] for q in queries.captured_queries]
-        controls = sum(1 for s in sql if control(s))
-        return len(sql) - controls, controls
+        return trips.total, trips.control
 
     measured: list[str] = []
 
     def plain(n: int) -> None:
         measured.append(engine.start("plain", {}).run_id)  # a generated id: no existence check (R3)
-        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        drain()
 
     def idle(n: int) -> None:
-        measured.append(engine.start("keyed", {"k": f"idle-{os.getpid()}-{n}"}).run_id)
-        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        measured.append(engine.start("keyed", {"k": f"idle-{tag}-{n}"}).run_id)
+        drain()
 
-    results: dict[str, Any] = {"database": connection.vendor, "runs": runs}
+    results: dict[str, Any] = {"database": connection.vendor, "server": server_settings(connection), "runs": runs}
     for name, fn in (("plain", plain), ("idle key", idle)):
-        counted = sorted(count(lambda n=n, fn=fn: fn(n)) for n in range(runs))
-        results[name] = counted[len(counted) // 2][0]
-        results[f"{name}: transaction control"] = counted[len(counted) // 2][1]
+        counted = sorted(count(lambda n=n, fn=fn: fn(n)) for n in range(runs))  # type: ignore[misc]
+        total, control = counted[len(counted) // 2]
+        results[name] = {"round_trips": total, "transaction_control": control}
     assert all(engine.get(run_id).status == "completed" for run_id in measured), "every measured run completed"
 
-    # Hot key: a holder admitted, a first waiter, then `runs` waiters started deep
-    # in the queue (parked at creation, S8a). The holder settles; each settle
-    # grants the next waiter, whose turn this thread runs next (execute_chain's
-    # handoff, S7). Every run of the chain: a confirmation claim, its settle and
-    # the grant of the next.
-    key = f"hot-{os.getpid()}"
-    holder = engine.start("keyed", {"k": key}).run_id
-    options = {"limits": engine.limits(), "max_recoveries": 5, "retry": engine._retry_policy()}
-    turn = engine.store.begin_turn(holder, "bench", lease_seconds=60, **options)
-    assert turn.state.name == "RUN"
-    engine.start("keyed", {"k": key})
-    starts = sorted(count(lambda: engine.start("keyed", {"k": key}))[0] for _ in range(runs))
-    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-    follow_ups: list[Any] = []
-    engine._local.follow_ups = follow_ups
-    executed = 0
-    with CaptureQueriesContext(connection) as queries:
-        done = engine.store.finish(turn.run, "bench", "completed", limits=engine.limits())
-        engine._settled(done)
-        while follow_ups:
-            granted = follow_ups.pop(0)
-            engine.execute(granted.run_id, known=granted)
-            executed += 1
-    engine._local.follow_ups = None
-    assert executed == runs + 1, executed
-    chain = sum(1 for q in queries.captured_queries if not control(q["sql"]))
-    per_run = chain / executed
-    results["hot key"] = round(starts[len(starts) // 2] + per_run, 1)
-    results["hot key detail"] = {
-        "start deep in the queue": starts[len(starts) // 2],
-        "confirmation, settle and grant of the next, per run": round(per_run, 2),
+    def chain(waiters: int) -> tuple[int, int]:
+        """Round trips from the first waiter's start to the end of the drain; and of one deep start.
+
+        The deep starts are counted in a separate chain of their own (the counters do not nest).
+        """
+        key = f"hot-{tag}-{waiters}"
+        holder = engine.start("keyed", {"k": key, "park": True}).run_id
+        drain()
+        assert engine.get(holder).status == "suspended", engine.get(holder).status
+        with RoundTrips(connection) as trips:
+            ids = [engine.start("keyed", {"k": key}).run_id]
+            drain()  # the first waiter's turn: denied, it parks (S5)
+            ids += [engine.start("keyed", {"k": key}).run_id for _ in range(waiters - 1)]
+            engine.signal(holder, "go")
+            drain()  # the holder settles; each settle hands the slot to the next waiter (S7)
+        statuses = {engine.get(r).status for r in [holder, *ids]}
+        assert statuses == {"completed"}, statuses
+        return trips.total, trips.control
+
+    def deep_starts(waiters: int) -> int:
+        """Median round trips of a start behind a holder and a first waiter (created parked, S8a)."""
+        key = f"deep-{tag}"
+        holder = engine.start("keyed", {"k": key, "park": True}).run_id
+        engine.start("keyed", {"k": key})
+        drain()
+        counted = sorted(count(lambda: engine.start("keyed", {"k": key}))[0] for _ in range(waiters))
+        engine.signal(holder, "go")
+        drain()
+        return counted[len(counted) // 2]
+
+    long_total, long_control = chain(runs)
+    short_total, short_control = chain(runs // 2)
+    deep_start = deep_starts(runs)
+    extra = runs - runs // 2
+    results["handoff-admitted"] = {
+        "round_trips": round((long_total - short_total) / extra, 2),
+        "transaction_control": round((long_control - short_control) / extra, 2),
+        "of which the start deep in the queue": deep_start,
     }
     return results
 
 
 def main() -> int:
-    """Print the statements per run of the DATABASE_URL database as JSON."""
+    """Print the round trips per run of the DATABASE_URL database as JSON."""
     sys.path.insert(0, os.getcwd())
     print(json.dumps(measure(), indent=2))
     return 0

@@ -7,7 +7,7 @@ and is stopped (and the directory removed) afterwards.
 Command line::
 
     python tools/services.py install
-    python tools/services.py run [--pg] [--mysql] [--redis] [--dir DIR] -- CMD [ARGS...]
+    python tools/services.py run [--pg] [--mysql] [--redis] [--durable] [--dir DIR] -- CMD [ARGS...]
 
 ``run`` starts the selected services (all three when none is selected),
 runs CMD with these variables added to its environment, stops the services
@@ -17,12 +17,21 @@ and exits with CMD's exit status:
 * ``DS_MYSQL_URL=mysql://durable:PASSWORD@127.0.0.1:PORT/durable``
 * ``DS_REDIS_URL=redis://127.0.0.1:PORT/0``
 
+By default the database servers trade durability for speed, which the tests
+do not need: PostgreSQL runs with ``fsync``, ``synchronous_commit`` and
+``full_page_writes`` off, MariaDB with ``innodb_flush_log_at_trx_commit=2``
+and the doublewrite buffer off, so a commit waits for no flush to disk.
+``--durable`` (``durable=True`` in the Python API) starts them with the
+servers' durable defaults instead (PostgreSQL: all three on; MariaDB:
+``innodb_flush_log_at_trx_commit=1``, doublewrite on), as a production
+deployment runs them; the benchmark (``bench/run``) uses it.
+
 Python API::
 
-    with services(pg=True, mysql=False, redis=True) as env:
+    with services(pg=True, mysql=False, redis=True) as env:   # durable=True: flushes on
         os.environ.update(env)
 
-    svc = start_postgres(tmp_path)   # also start_mariadb, start_redis
+    svc = start_postgres(tmp_path)   # also start_mariadb, start_redis; durable=True
     try:
         ...  # use svc.url
     finally:
@@ -42,6 +51,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import functools
 import os
 import pwd
 import secrets
@@ -335,12 +345,16 @@ def _relauncher(
 # --------------------------------------------------------------------------
 
 
-def start_postgres(root: Path) -> Service:
+def start_postgres(root: Path, *, durable: bool = False) -> Service:
     """Start PostgreSQL 15 under ``root/postgres``.
 
     The superuser ``durable`` (password auth) owns database ``durable``;
     ``pg_stat_statements`` is preloaded and created in ``durable`` and in
     ``template1`` (so databases created later have it too).
+
+    ``durable``: False (the tests' default) runs with ``fsync``,
+    ``synchronous_commit`` and ``full_page_writes`` off: a commit flushes
+    nothing. True keeps PostgreSQL's defaults (all three on), as a deployment runs.
     """
     if not (PG_BIN / "postgres").exists():
         raise ServiceError(f"{PG_BIN}/postgres not found; run: services.py install")
@@ -381,11 +395,10 @@ def start_postgres(root: Path) -> Service:
             "port": port,
             "unix_socket_directories": sockets,
             "shared_preload_libraries": "pg_stat_statements",
-            "fsync": "off",
-            "synchronous_commit": "off",
-            "full_page_writes": "off",
             "max_connections": 200,
         }
+        if not durable:
+            settings.update({"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"})
         args = [str(PG_BIN / "postgres"), "-D", str(data)]
         for key, value in settings.items():
             args += ["-c", f"{key}={value}"]
@@ -446,12 +459,17 @@ def start_postgres(root: Path) -> Service:
     return service
 
 
-def start_mariadb(root: Path) -> Service:
+def start_mariadb(root: Path, *, durable: bool = False) -> Service:
     """Start MariaDB under ``root/mariadb``.
 
     User ``durable`` (at '%', '127.0.0.1' and 'localhost') has ALL PRIVILEGES
     on ``*.*`` WITH GRANT OPTION; database ``durable`` is utf8mb4, which is
     also the server default.
+
+    ``durable``: False (the tests' default) runs with
+    ``innodb_flush_log_at_trx_commit=2`` and the doublewrite buffer off (a
+    commit writes the log but does not flush it). True keeps MariaDB's
+    defaults (flush at every commit, doublewrite on).
     """
     base, as_user = _service_dir(root, "mariadb", "mysql")
     data, tmp, log = base / "data", base / "tmp", base / "server.log"
@@ -490,9 +508,8 @@ def start_mariadb(root: Path) -> Service:
             f"--tmpdir={tmp}",
             "--skip-name-resolve",
             "--character-set-server=utf8mb4",
-            "--innodb-flush-log-at-trx-commit=2",
-            "--innodb-doublewrite=0",
             "--max-connections=300",
+            *([] if durable else ["--innodb-flush-log-at-trx-commit=2", "--innodb-doublewrite=0"]),
         ]
 
     root_client = ["mariadb", "--no-defaults", f"--socket={sock}", "--user=root"]
@@ -592,19 +609,22 @@ def services(
     mysql: bool = True,
     redis: bool = True,
     base_dir: str | os.PathLike[str] | None = None,
+    *,
+    durable: bool = False,
 ) -> Iterator[dict[str, str]]:
     """Run the selected servers; yield their ``DS_*_URL`` variables.
 
     Everything lives in a new temporary directory (inside ``base_dir`` if
-    given), which is removed together with the servers on exit.
+    given), which is removed together with the servers on exit. ``durable``:
+    the database servers flush at every commit (see :func:`start_postgres`).
     """
     root = Path(tempfile.mkdtemp(prefix="ds-services-", dir=base_dir))
     root.chmod(0o755)  # let the postgres/mysql users reach their subdirectories
     started: list[tuple[str, Service]] = []
     try:
         for wanted, var, start in (
-            (pg, "DS_PG_URL", start_postgres),
-            (mysql, "DS_MYSQL_URL", start_mariadb),
+            (pg, "DS_PG_URL", functools.partial(start_postgres, durable=durable)),
+            (mysql, "DS_MYSQL_URL", functools.partial(start_mariadb, durable=durable)),
             (redis, "DS_REDIS_URL", start_redis),
         ):
             if wanted:
@@ -675,13 +695,13 @@ def _raise_system_exit(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def run(cmd: list[str], pg: bool, mysql: bool, redis: bool, base_dir: str | None) -> int:
+def run(cmd: list[str], pg: bool, mysql: bool, redis: bool, base_dir: str | None, durable: bool = False) -> int:
     """Start services, run CMD with their URLs, stop services; CMD's status."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_system_exit)
     started = time.monotonic()
     try:
-        with services(pg=pg, mysql=mysql, redis=redis, base_dir=base_dir) as urls:
+        with services(pg=pg, mysql=mysql, redis=redis, base_dir=base_dir, durable=durable) as urls:
             print(f"services: {', '.join(urls)} ready in {time.monotonic() - started:.1f}s", file=sys.stderr)
             try:
                 return _run_command(cmd, {**os.environ, **urls})
@@ -712,12 +732,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("install", help="apt-get install the missing server packages")
     run_parser = sub.add_parser(
         "run",
-        usage="%(prog)s [--pg] [--mysql] [--redis] [--dir DIR] -- CMD [ARGS...]",
+        usage="%(prog)s [--pg] [--mysql] [--redis] [--durable] [--dir DIR] -- CMD [ARGS...]",
         help="start services, run CMD with DS_*_URL set, stop services",
     )
     run_parser.add_argument("--pg", action="store_true", help="start PostgreSQL")
     run_parser.add_argument("--mysql", action="store_true", help="start MariaDB")
     run_parser.add_argument("--redis", action="store_true", help="start Redis")
+    run_parser.add_argument(
+        "--durable",
+        action="store_true",
+        help="database servers flush at every commit (PostgreSQL fsync, synchronous_commit, full_page_writes on)",
+    )
     run_parser.add_argument("--dir", help="parent of the temporary directory")
     args = parser.parse_args(argv)
     if args.action == "install":
@@ -727,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir and not os.path.isdir(args.dir):
         run_parser.error(f"--dir {args.dir}: not a directory")
     everything = not (args.pg or args.mysql or args.redis)
-    return run(cmd, args.pg or everything, args.mysql or everything, args.redis or everything, args.dir)
+    return run(cmd, args.pg or everything, args.mysql or everything, args.redis or everything, args.dir, args.durable)
 
 
 if __name__ == "__main__":
