@@ -55,6 +55,8 @@ __all__ = [
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
+    "turn_on_its_way",
+    "turn_on_its_way_q",
     "without_singleton_markers",
 ]
 
@@ -251,6 +253,30 @@ def holds_slot_q() -> Q:
     """SQL twin of :func:`holds_slot`, on the run table's columns (S5, S12)."""
     marked = Q(singleton_key__isnull=False, singleton_slot=SlotState.HOLDER, status__in=ACTIVE_STATUSES)
     return marked | legacy_holder_q()
+
+
+def turn_on_its_way(status: str, park_reason: str, wake_at: datetime | None, now: datetime) -> bool:
+    """Tell whether a run's turn was sent and is still within its redelivery
+    window: it is ``pending`` with no park reason and its ``wake_at`` is after
+    ``now`` (S8, S8a, S7a).
+
+    A start stamps ``wake_at`` = ``created_at`` + ``REDELIVERY_SECONDS`` and
+    sends the first turn; a retry does the same, and the tick's ``due`` job
+    pushes ``wake_at`` one window ahead whenever it sends a turn again. Such a
+    waiter claims by its own turn, so the tick's per-key catch-up leaves it
+    alone (granting it would send a second turn); once ``wake_at`` passes the
+    turn is overdue (lost), and the catch-up grants it like any waiter.
+    ``now`` is the store's clock (R5, R8); ``wake_at`` None is no window.
+    A run parked with a reason (a waiter denied admission, a deep start, a
+    hand-back) has no turn on its way. SQL twin: :func:`turn_on_its_way_q`.
+    """
+    return status == RunStatus.PENDING and not park_reason and wake_at is not None and wake_at > now
+
+
+def turn_on_its_way_q(now: Any) -> Q:
+    """SQL twin of :func:`turn_on_its_way`, on the run table's columns;
+    ``now`` is an expression of the database's clock (``DbNow()``, R5)."""
+    return Q(status=RunStatus.PENDING, park_reason="", wake_at__gt=now)
 
 
 def is_holder(status: str, tags: Sequence[str]) -> bool:

@@ -164,3 +164,51 @@ def test_blocked_holder_keeps_its_slot_and_is_redriven(make: Callable[..., Engin
     assert "A" in engine.tick().dispatched
     engine.dispatcher.drain()
     assert engine.get("A").status == "completed"
+
+
+def _idle_key(engine: Engine, registry: Registry) -> None:
+    """Register ``keyed`` (limit 1) and leave key K idle: one run of it completed
+    (on the Django store the key's row exists, as after any first claim)."""
+    registry.add("keyed", "1", lambda c, i: "ok", singleton={"key": lambda i: "K"})
+    engine.start("keyed", {}, run_id="first")
+    engine.dispatcher.drain()
+    assert engine.get("first").status == "completed"
+    engine.dispatcher.sent.clear()
+
+
+def test_catch_up_leaves_a_fresh_waiter_alone_while_its_first_turn_is_on_its_way(
+    make: Callable[..., Engine], registry: Registry
+) -> None:
+    """S8, S8a, S7a (#17): W is started on an idle key; its first turn is on
+    its way (sent, its ``wake_at`` one redelivery window ahead). The tick's
+    catch-up neither grants it nor sends it a second turn: W's own turn claims.
+    Before, every tick under a backlog granted such waiters and sent each a
+    second turn (``_grant`` ran 1.7-1.8 times per run)."""
+    engine = make(REDELIVERY_SECONDS=30.0)
+    _idle_key(engine, registry)
+    engine.start("keyed", {}, run_id="W")
+    report = engine.tick()
+    assert report.caught_up == [] and report.dispatched == []
+    assert not engine.get("W").admitted, "W is still a waiter: nothing granted it"
+    assert engine.dispatcher.sent == ["W"], "one turn: the start's"
+    engine.dispatcher.drain()
+    assert engine.get("W").status == "completed"
+
+
+def test_catch_up_grants_a_waiter_whose_first_turn_was_lost(make: Callable[..., Engine], registry: Registry) -> None:
+    """S8, S8a, F4 (#17): W's first turn is lost. Within its redelivery window
+    the catch-up leaves W alone; once its ``wake_at`` (``created_at`` +
+    ``REDELIVERY_SECONDS``, on the store's clock) has passed, the next tick
+    grants it and sends its turn, once (S7a), and W runs."""
+    engine = make(REDELIVERY_SECONDS=0.3)
+    _idle_key(engine, registry)
+    engine.start("keyed", {}, run_id="W")
+    engine.dispatcher.queue.clear()  # the broker lost the first turn
+    assert engine.tick().caught_up == []
+    time.sleep(0.35)
+    report = engine.tick()
+    assert report.caught_up == ["W"] and report.dispatched == []
+    assert engine.get("W").admitted
+    assert list(engine.dispatcher.queue) == ["W"]
+    engine.dispatcher.drain()
+    assert engine.get("W").status == "completed"

@@ -45,6 +45,7 @@ from ..admission import (
     limit_in_force,
     limit_in_force_sql,
     retry_delay,
+    turn_on_its_way_q,
 )
 from ..codecs import Codec
 from ..exceptions import SingletonQueueFullError
@@ -1009,7 +1010,9 @@ class DjangoStore(BaseStore):
 
     def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
         """Grant the free slots of keys that have a waiter and fewer holders than
-        their limit; one query finds them, oldest key first (S8a, S8b)."""
+        their limit; one query finds them, oldest key first (S8a, S8b). A
+        waiter whose turn is on its way (:func:`~durable_singleton.admission.turn_on_its_way`)
+        makes no key due: it claims by that turn (S8)."""
         if not limits:
             return ()
         key_runs = self._runs().filter(workflow_name=OuterRef("workflow_name"), singleton_key=OuterRef("key"))
@@ -1022,7 +1025,7 @@ class DjangoStore(BaseStore):
             .filter(workflow_name__in=list(limits))
             .annotate(
                 holders=Coalesce(Subquery(holders), 0),
-                has_waiter=Exists(key_runs.filter(singleton_slot=SlotState.WAITER)),
+                has_waiter=Exists(key_runs.filter(Q(singleton_slot=SlotState.WAITER) & ~turn_on_its_way_q(DbNow()))),
                 key_limit=limit_in_force_sql(declared, "limit_override"),
             )
             .annotate(free=free_slots_sql(F("key_limit"), F("holders"), F("paused")))

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from django.utils import timezone
 
-from ..admission import cap_in_force, free_slots, limit_in_force, retry_delay
+from ..admission import cap_in_force, free_slots, limit_in_force, retry_delay, turn_on_its_way
 from ..exceptions import SingletonQueueFullError
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, Verdict
 from .base import (
@@ -453,6 +453,7 @@ class MemoryStore(BaseStore):
 
     def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
         with self._critical():
+            now = self.clock()
             keys = sorted(
                 {
                     (r.workflow_name, r.singleton_key)
@@ -462,6 +463,7 @@ class MemoryStore(BaseStore):
                     and not r.admitted
                     and not r.is_terminal
                     and r.workflow_name in limits
+                    and not turn_on_its_way(r.status, r.park_reason, r.wake_at, now)
                 }
             )
             granted: list[RunRecord] = []

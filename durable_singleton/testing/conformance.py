@@ -339,6 +339,56 @@ class StoreConformance:
             got = sql.values_list("limit", "free").get()
             assert got == (limit, free_slots(limit, holders, paused=paused)), (declared, override, holders, paused)
 
+    def test_turn_on_its_way_agrees_in_python_and_sql(self, engine: Engine) -> None:
+        """S8, S8a (#17): on every status, park reason and ``wake_at`` (none, an
+        hour ago, in an hour), ``turn_on_its_way`` and its SQL twin
+        ``turn_on_its_way_q`` (on the database's clock) agree."""
+        from datetime import timedelta
+
+        from django.db import IntegrityError, transaction
+
+        from ..admission import turn_on_its_way, turn_on_its_way_q
+        from ..models import Run
+        from ..querysets import DbNow
+        from ..statuses import ACTIVE_STATUSES, TERMINAL_STATUSES
+        from ..stores.codec import CodecStore
+        from ..stores.django import DjangoStore
+
+        store = engine.store
+        while isinstance(store, CodecStore):
+            store = store.inner
+        if not isinstance(store, DjangoStore):
+            pytest.skip("this store keeps no Django run table: the rules' SQL twins do not apply")
+        runs = Run.objects.using(store.db)
+        now = store.now()
+        expected: dict[str, bool] = {}
+        for n, (status, reason, wake_at) in enumerate(
+            (status, reason, wake_at)
+            for status in (*ACTIVE_STATUSES, *TERMINAL_STATUSES)
+            for reason in ("", ParkReason.SINGLETON.value, ParkReason.SHUTDOWN.of(1))
+            for wake_at in (None, now - timedelta(hours=1), now + timedelta(hours=1))
+        ):
+            run_id = f"way-{n}"
+            try:
+                with transaction.atomic(using=store.db):
+                    runs.create(
+                        run_id=run_id,
+                        workflow_name="conf-1",
+                        workflow_version="1",
+                        status=status,
+                        input={},
+                        park_reason=reason,
+                        wake_at=wake_at,
+                        created_at=now,
+                        updated_at=now,
+                    )
+            except IntegrityError:
+                continue  # a combination the table refuses
+            expected[run_id] = turn_on_its_way(status, reason, wake_at, now)
+        assert any(expected.values()) and not all(expected.values())
+        in_sql = set(runs.filter(pk__in=list(expected)).filter(turn_on_its_way_q(DbNow())).values_list("pk", flat=True))
+        assert in_sql == {run_id for run_id, on_its_way in expected.items() if on_its_way}
+
     def test_a_store_without_an_atomic_claim_warns_once(self, engine: Engine) -> None:
         """S14: a store that sets ``supports_atomic_admission = False`` gets the
         scan fallback and one SingletonFallbackWarning per engine."""
