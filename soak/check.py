@@ -59,6 +59,33 @@ of violations, each naming the rule it breaks:
   run that ended other than its plan says (completed, or cancelled by the
   driver or its execution timeout); a run whose signal was stored but which
   timed out waiting for it.
+
+The workload of issue #18 (the driver's ``--features``) adds:
+
+* ``namespace_leak``, ``namespace_revealed``, ``namespace_own_read``,
+  ``child_namespace`` (D10, D7): a scoped engine's probe of a run of
+  another namespace (by the final dump's ``namespace``) returned it, or
+  raised anything but "no such run" (``get``, ``signal``, ``cancel``,
+  ``wake``) or "id in use" (``start`` of its id); its error's text named
+  the tenant or its secret; a scoped engine did not find its own run, or
+  found it with another namespace or input; a child in another namespace
+  than its parent's. A probe that failed on a fault (a killed connection)
+  is counted, not judged.
+* ``times_off_clock`` (R8): a run the driver started has a ``created_at``
+  outside its start request (from the request to the line written after the
+  commit, ``TIME_MARGIN`` either side), the stepped engine's included; or
+  its ``admitted_at`` or ``finished_at`` is before its ``created_at``.
+* ``schedule_early``, ``schedule_window_missed``, ``schedule_duplicate``
+  (S17, R8): a window of ``SCHEDULE_NAME`` recorded, or its run created,
+  before the window began; a window between the first one recorded and the
+  pause at the end of the load (less ``SCHEDULE_SETTLE``) with no run
+  started for it; two records or runs for one window.
+* ``child_outcome_changed``, ``child_outcome_lost`` (O2, D7, R4): a
+  ``soak-retain`` parent's replays saw different outcomes of its
+  ``call_child`` (or one that no ``soak-rchild`` body produced); a parent
+  that did not end as planned (its child was purged while it slept: it must
+  replay the outcome it stored). The figures count the parents that entered
+  a body after their child was purged.
 """
 
 from __future__ import annotations
@@ -72,7 +99,16 @@ from pathlib import Path
 from typing import Any
 
 TERMINAL = ("completed", "failed", "cancelled", "dead")
-LIMIT_OF = {"soak-l1": 1, "soak-l2": 2, "soak-l3": 3, "soak-timeout": 1, "soak-child": 1}
+LIMIT_OF = {
+    "soak-l1": 1,
+    "soak-l2": 2,
+    "soak-l3": 3,
+    "soak-timeout": 1,
+    "soak-child": 1,
+    "soak-retain": 2,
+    "soak-rchild": 1,
+    "soak-sched": 2,
+}
 #: Exits after which the engine writes a park or a settle (accepted or not).
 FENCED_EXITS = ("LeaseLostError",)
 #: Exits that never fail the run (the others are the body's exception: the run fails).
@@ -82,6 +118,18 @@ NOT_FAILING_EXITS = ("return", "park", "Interrupted", "RunCancelledError")
 #: must differ to count as "before" (one machine; the engine corrects its
 #: clock to the database's).
 CLOCK_MARGIN = 0.05
+#: Seconds by which a run's ``created_at`` may fall outside its start request
+#: (the engine's offset to the database's clock is measured with the
+#: round trip's jitter); a stepped process clock moves it by 5 s or more.
+TIME_MARGIN = 1.0
+#: The soak's schedule (soak/workflows.py): its name and interval, seconds.
+SCHEDULE_NAME = "soak-every-second"
+SCHEDULE_EVERY = 1.0
+#: Seconds before the schedule's pause whose windows are not judged missed
+#: (their tick may not have come yet).
+SCHEDULE_SETTLE = 5.0
+#: Exits of a probe that a fault explains (a killed connection, a restart).
+TRANSIENT_PROBE = "error"
 
 
 @dataclass
@@ -426,8 +474,11 @@ def check(out: Path) -> dict[str, Any]:
             expected.add("cancelled")
         if status not in expected:
             rule = "signal_lost" if error.get("type") == "SignalTimeoutError" and run_id in signalled else None
+            if run["workflow_name"] == "soak-retain":
+                rule = "child_outcome_lost"
             violate(rule or "unexpected_outcome", run=run_id, status=status, code=code, error=error.get("type"))
 
+    features = _check_features(audit, events, final, runs, every_body, per_run, started, violate)
     faults = Counter(e["kind"] for e in events if e["e"] == "fault")
     takeovers = sum(1 for b in bodies if b.recoveries > 0)
     return {
@@ -454,8 +505,145 @@ def check(out: Path) -> dict[str, Any]:
         "signals": sum(signalled.values()),
         "duplicate_deliveries": sum(1 for e in events if e["e"] == "dup"),
         "unreadable_lines": bad_audit + bad_events,
+        "features": features,
         "violations_by_rule": dict(Counter(v["rule"] for v in violations)),
         "violations": violations,
+    }
+
+
+def _check_features(
+    audit: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+    final: dict[str, Any],
+    runs: dict[str, dict[str, Any]],
+    every_body: list[Body],
+    per_run: dict[str, list[Body]],
+    started: dict[str, dict[str, Any]],
+    violate: Any,
+) -> dict[str, Any]:
+    """Judge the workload of #18: namespaces, times, schedules, retention; return its figures."""
+    # -- namespaces (D10, D7) --------------------------------------------------------
+    probes = Counter()
+    for event in events:
+        if event["e"] != "ns_probe":
+            continue
+        run_id, ns, op, outcome = event["run"], event["ns"], event["op"], event["outcome"]
+        owner = runs.get(run_id, {}).get("namespace", event.get("owner"))
+        if owner is None:
+            continue
+        if outcome == TRANSIENT_PROBE:
+            probes["failed on a fault"] += 1
+            continue
+        got = event.get("got") or {}
+        if ns == owner:
+            probes["own reads"] += 1
+            secret = started.get(run_id, {}).get("secret")
+            if outcome != "returned" or (got.get("ns"), got.get("run"), got.get("secret")) != (owner, run_id, secret):
+                violate("namespace_own_read", run=run_id, ns=ns, op=op, outcome=outcome, got=got)
+            continue
+        probes["other namespace"] += 1
+        expected = "in_use" if op == "start" else "not_found"
+        if outcome != expected:
+            violate("namespace_leak", run=run_id, ns=ns, owner=owner, op=op, outcome=outcome, got=got,
+                    text=event.get("text"))  # fmt: skip
+        text = str(event.get("text", "")).lower()
+        if "secret" in text or (owner != "default" and owner.lower() in text):
+            violate("namespace_revealed", run=run_id, ns=ns, owner=owner, op=op, text=event.get("text"))
+    tenant_runs = sum(1 for run in runs.values() if run.get("namespace", "default") != "default")
+    for run_id, run in runs.items():
+        parent = runs.get(run.get("parent_run_id") or "")
+        if parent is not None and "namespace" in run and run["namespace"] != parent.get("namespace"):
+            violate("child_namespace", run=run_id, ns=run["namespace"], parent=parent["run_id"],
+                    parent_ns=parent.get("namespace"))  # fmt: skip
+
+    # -- times on the database's clock (R8) --------------------------------------------
+    times_checked = stepped_starts = 0
+    for run_id, start in started.items():
+        run = runs.get(run_id)
+        if run is None or run.get("created_at") is None:
+            continue
+        times_checked += 1
+        stepped_starts += "stepped" in start
+        created = run["created_at"]
+        if not start.get("t_req", created) - TIME_MARGIN <= created <= start["t"] + TIME_MARGIN:
+            violate("times_off_clock", run=run_id, field="created_at", created_at=created, requested=start.get("t_req"),
+                    committed_by=start["t"], stepped=start.get("stepped"))  # fmt: skip
+        for name in ("admitted_at", "finished_at"):
+            if run.get(name) is not None and run[name] < created - CLOCK_MARGIN:
+                violate("times_off_clock", run=run_id, field=name, at=run[name], created_at=created,
+                        stepped=start.get("stepped"))  # fmt: skip
+
+    # -- schedules (S17, R8) ------------------------------------------------------------
+    firings = [f for f in final.get("firings", []) if f.get("schedule__name") == SCHEDULE_NAME]
+    per_window: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    for firing in firings:
+        per_window[round(firing["window_at"], 3)].append(firing)
+        if firing.get("created_at") is not None and firing["created_at"] < firing["window_at"] - CLOCK_MARGIN:
+            violate("schedule_early", window=firing["window_at"], recorded_at=firing["created_at"],
+                    outcome=firing["outcome"])  # fmt: skip
+    lateness: list[float] = []
+    for window, records in per_window.items():
+        if len(records) > 1:
+            violate("schedule_duplicate", window=window, records=len(records))
+        for firing in records:
+            run = runs.get(firing.get("run_id") or "")
+            if firing["outcome"] == "started" and run is not None:
+                if run["created_at"] < window - CLOCK_MARGIN:
+                    violate("schedule_early", window=window, run=run["run_id"], created_at=run["created_at"])
+                lateness.append(run["created_at"] - window)
+    fired = {w for w, records in per_window.items() if any(f["outcome"] in ("started", "existed") for f in records)}
+    paused = next((e["t"] for e in events if e["e"] == "schedule_paused"), None)
+    judged = missed = 0
+    if per_window and paused is not None:
+        window, gap = min(per_window), None
+        while window <= paused - SCHEDULE_SETTLE:
+            judged += 1
+            if window not in fired:
+                missed += 1
+                gap = gap or window
+            elif gap is not None:
+                violate("schedule_window_missed", first=gap, last=window - SCHEDULE_EVERY,
+                        windows=round((window - gap) / SCHEDULE_EVERY))  # fmt: skip
+                gap = None
+            window = round(window + SCHEDULE_EVERY, 3)
+        if gap is not None:
+            violate("schedule_window_missed", first=gap, last=window - SCHEDULE_EVERY,
+                    windows=round((window - gap) / SCHEDULE_EVERY))  # fmt: skip
+
+    # -- retention of children (O2, D7, R4) ---------------------------------------------
+    seen: dict[str, set[str]] = defaultdict(set)
+    for event in audit:
+        if event["e"] == "child_outcome":
+            seen[event["run"]].add(json.dumps(event.get("outcome"), sort_keys=True))
+    purged_at: dict[str, float] = {}
+    purges = Counter()
+    for event in events:
+        if event["e"] == "purge":
+            purges[event["how"]] += event.get("deleted", 0)
+            for run_id in event["runs"]:
+                purged_at.setdefault(run_id, event["t"])
+    children = {b.run for b in every_body if b.wf == "soak-rchild"}
+    replayed = 0
+    for parent, outcomes in seen.items():
+        outcome = json.loads(next(iter(outcomes)))
+        child = outcome.get("run") if isinstance(outcome, dict) else None
+        if len(outcomes) > 1 or child not in children:
+            violate("child_outcome_changed", run=parent, outcomes=sorted(outcomes))
+        if child in purged_at and any(b.enter_t > purged_at[child] for b in per_run.get(parent, ())):
+            replayed += 1
+    return {
+        "tenant_runs": tenant_runs,
+        "namespace_probes": dict(sorted(probes.items())),
+        "times_checked": times_checked,
+        "stepped_starts": stepped_starts,
+        "clock_steps": Counter(str(e["seconds"]) for e in events if e["e"] == "clock_step"),
+        "schedule_windows_judged": judged,
+        "schedule_windows_fired": len(fired),
+        "schedule_windows_missed": missed,
+        "schedule_lateness_max": round(max(lateness), 3) if lateness else None,
+        "retain_parents": sum(1 for r in runs.values() if r["workflow_name"] == "soak-retain"),
+        "children_purged": dict(sorted(purges.items())),
+        "parents_replayed_after_purge": replayed,
     }
 
 
@@ -481,8 +669,27 @@ def render(summary: dict[str, Any]) -> str:
          f"{summary['cancels']} / {summary['retries']} / {summary['signals']} / {summary['duplicate_deliveries']}"),
         ("faults injected", f"{summary['faults_total']}: " + ", ".join(f"{k} {v}"
          for k, v in summary["faults"].items())),
-        ("violations", sum(summary["violations_by_rule"].values()) or "none"),
     ]  # fmt: skip
+    features = summary.get("features") or {}
+    if features.get("tenant_runs") or features.get("schedule_windows_judged") or features.get("retain_parents"):
+        probes = features["namespace_probes"]
+        rows += [
+            ("tenant runs / probes of another namespace / own reads / failed on a fault",
+             f"{features['tenant_runs']} / {probes.get('other namespace', 0)} / {probes.get('own reads', 0)} / "
+             f"{probes.get('failed on a fault', 0)}"),
+            ("runs whose times were checked (started on a stepped clock)",
+             f"{features['times_checked']} ({features['stepped_starts']})"),
+            ("clock steps (seconds: count)",
+             ", ".join(f"{k}: {v}" for k, v in sorted(features["clock_steps"].items()))),
+            ("schedule windows judged / fired / missed (latest run, s)",
+             f"{features['schedule_windows_judged']} / {features['schedule_windows_fired']} / "
+             f"{features['schedule_windows_missed']} ({features['schedule_lateness_max']})"),
+            ("retain parents / children purged / parents replayed after the purge",
+             f"{features['retain_parents']} / "
+             + ", ".join(f"{k} {v}" for k, v in features["children_purged"].items()) + f" / "
+             f"{features['parents_replayed_after_purge']}"),
+        ]  # fmt: skip
+    rows.append(("violations", sum(summary["violations_by_rule"].values()) or "none"))
     width = max(len(r[0]) for r in rows)
     lines = [f"{name:<{width}}  {value}" for name, value in rows]
     for violation in summary["violations"][:20]:

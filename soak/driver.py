@@ -5,6 +5,21 @@ output folder (starts, cancels, signals, retries, duplicate deliveries and
 each fault with its PIDs and times); the bodies append to ``audit.jsonl``;
 at the end the database is dumped to ``final.json``. :mod:`soak.check`
 reads only those three files.
+
+``--features`` adds the workload of issue #18 (all by default):
+
+* ``namespaces`` (D10, D7): some runs are started by scoped engines of two
+  tenants; scoped engines (the tenants' and the default namespace's) probe
+  recent runs of another namespace with ``get``, ``start`` of the same id,
+  ``signal``, ``cancel`` and ``wake``, and read their own;
+* ``schedules`` (S17): the schedule ``soak-every-second`` fires a window a
+  second, paused when the load ends;
+* ``clock`` (R8): a fourth tick loop runs on an engine whose process clock is
+  stepped (an hour or ten minutes ahead, a minute or 5 s back) right after
+  each correction, and starts runs through it;
+* ``retention`` (O2, D7, R4): ``soak-retain`` parents call a child and sleep;
+  the driver purges their finished children meanwhile (``purge_finished`` or
+  the admin's ``delete_run``), so each parent replays without its child.
 """
 
 from __future__ import annotations
@@ -30,6 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent
 READY_MARK = b" ready."
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 WORKFLOWS = ("soak-l1", "soak-l2", "soak-l3", "soak-timeout")
+FEATURES = ("namespaces", "schedules", "clock", "retention")
+#: The tenants' namespaces (D10); the default engine's is ``default``.
+TENANTS = ("tenant-a", "tenant-b")
+#: The clock steps of the stepped tick loop, seconds (R8).
+CLOCK_STEPS = (3600.0, 600.0, -60.0, -5.0)
 
 
 def _services() -> Any:
@@ -144,8 +164,13 @@ class Plan:
 
     rng: random.Random
     keys: int
+    retain: bool = False  # the ``retention`` feature: 4 % of runs are soak-retain parents
+    frng: random.Random = field(default_factory=random.Random)  # its own stream: the rest is as without it
 
     def run(self, n: int) -> tuple[str, dict[str, Any]]:
+        if self.retain and self.frng.random() < 0.04:
+            frng = self.frng
+            return "soak-retain", {"key": f"rt-k{frng.randrange(3)}", "plan": [["retain", "rc", 2.5]]}
         rng = self.rng
         roll = rng.random()
         if roll < 0.04:
@@ -184,10 +209,21 @@ class Soak:
     counts: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     frozen: set[int] = field(default_factory=set)
+    namespace_of: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.events = Log(self.out / "events.jsonl")
         self.rng = random.Random(self.args.seed)
+        self.features = set(self.args.features)
+
+    def engine(self, **options: Any) -> Any:
+        """Return an engine over the default engine's store and dispatcher with
+        ``options`` (``namespace``, ``scope_reads``; a clock of its own)."""
+        from durable_singleton.engine import Engine
+        from durable_singleton.runtime import get_engine
+
+        base = get_engine()
+        return Engine(base.store, base.dispatcher, registry=base.registry, settings=base.settings, **options)
 
     def count(self, what: str, n: int = 1) -> None:
         with self.lock:
@@ -237,23 +273,42 @@ class Soak:
         from durable_singleton.tasks import execute_run
 
         engine = get_engine()
-        plan = Plan(random.Random(self.args.seed), self.args.keys)
+        retain = "retention" in self.features
+        plan = Plan(random.Random(self.args.seed), self.args.keys, retain, random.Random(self.args.seed + 3))
         rng = random.Random(self.args.seed + 1)
+        frng = random.Random(self.args.seed + 4)
+        scoped = (
+            {ns: self.engine(namespace=ns, scope_reads=True) for ns in ("default", *TENANTS)}
+            if "namespaces" in self.features
+            else {}
+        )
         begin = time.monotonic()
         n = 0
         while not self.stop_load.is_set():
             n += 1
             run_id = f"s{n:06d}"
             workflow, input = plan.run(n)
+            starter, ns = engine, "default"
+            if scoped and frng.random() < 0.15:  # a tenant's run (D10)
+                ns = frng.choice(TENANTS)
+                starter = scoped[ns]
+                input["secret"] = f"{ns}-secret-{n}"
             t_req = time.time()
             try:
-                self._db(lambda: engine.start(workflow, input, run_id=run_id))  # noqa: B023 (called at once)
+                self._db(lambda: starter.start(workflow, input, run_id=run_id))  # noqa: B023 (called at once)
             except Exception as exc:
                 self.events.write("start_failed", run=run_id, error=repr(exc))
                 self.count("start_failed")
                 continue
-            self.events.write("start", run=run_id, wf=workflow, key=input["key"], plan=input["plan"], t_req=t_req)
-            self.started.append(run_id)
+            self.events.write(
+                "start", run=run_id, wf=workflow, key=input["key"], plan=input["plan"], t_req=t_req, ns=ns,
+                secret=input.get("secret"),
+            )  # fmt: skip
+            with self.lock:
+                self.namespace_of[run_id] = ns
+                self.started.append(run_id)
+            if scoped and frng.random() < 0.08:
+                self.probe(scoped, frng)
             for op in input["plan"]:  # one signal per wait, each sent once, some before the wait (D2)
                 if op[0] == "signal":
                     with self.lock:
@@ -270,6 +325,137 @@ class Soak:
             if ahead > 0:
                 self.stop_load.wait(ahead)
         connection.close()
+
+    def probe(self, scoped: dict[str, Any], rng: random.Random) -> None:
+        """Probe a recent run through a scoped engine (D10): one of another
+        namespace with get, start of its id, signal, cancel or wake (each must
+        say "no such run" or "id in use", and reveal nothing), or one of its
+        own with get (it must be found). The checker judges the outcome."""
+        from durable_singleton.exceptions import DurableSingletonError, RunIdInUseError, RunNotFoundError
+
+        with self.lock:
+            run_id = rng.choice(self.started[-300:])
+            owner = self.namespace_of.get(run_id)
+        ns = rng.choice(sorted(scoped))
+        engine = scoped[ns]
+        op = "get" if ns == owner else rng.choice(("get", "start", "signal", "cancel", "wake"))
+        calls: dict[str, Callable[[], Any]] = {
+            "get": lambda: engine.get(run_id),
+            "start": lambda: engine.start("soak-l1", {"key": "probe", "plan": []}, run_id=run_id),
+            "signal": lambda: engine.signal(run_id, "probe", {"from": ns}),
+            "cancel": lambda: engine.cancel(run_id),
+            "wake": lambda: engine.wake(run_id),
+        }
+        got: dict[str, Any] | None = None
+        text = ""
+        try:
+            found = self._db(calls[op], attempts=6)
+            outcome = "returned"
+            secret = found.input.get("secret") if isinstance(found.input, dict) else None
+            got = {"ns": found.namespace, "run": found.run_id, "secret": secret, "status": found.status}
+        except RunIdInUseError as exc:
+            outcome, text = "in_use", str(exc)
+        except RunNotFoundError as exc:
+            outcome, text = "not_found", str(exc)
+        except DurableSingletonError as exc:
+            outcome, text = f"typed:{type(exc).__name__}", str(exc)
+        except Exception as exc:
+            outcome, text = "error", repr(exc)
+        self.events.write("ns_probe", run=run_id, ns=ns, owner=owner, op=op, outcome=outcome, got=got, text=text[:500])
+        self.count("namespace_probes")
+
+    def stepped_loop(self) -> None:
+        """Tick, and start runs, on an engine whose process clock steps (R8).
+
+        Each step first lets the engine correct its clock to the database's,
+        then moves its process clock by one of :data:`CLOCK_STEPS` (what an
+        NTP step or a resumed VM does between two corrections); the engine
+        ticks twice, then starts a run on a limit-1 key and ticks twice more.
+        """
+        from datetime import timedelta
+
+        from django.db import connection
+
+        from durable_singleton.core import StoreClock
+
+        engine = self.engine()
+        clock = engine.now
+        assert isinstance(clock, StoreClock)
+        honest = clock._local
+        rng = random.Random(self.args.seed + 5)
+        n = 0
+        while not self.stop_all.is_set():
+            delta = rng.choice(CLOCK_STEPS)
+            with contextlib.suppress(Exception):
+                clock._local = honest
+                clock.correct()
+            clock._local = lambda d=delta: honest() + timedelta(seconds=d)  # type: ignore[misc]
+            self.events.write("clock_step", seconds=delta)
+            self.count("clock_steps")
+            for turn in range(4):
+                if turn == 2 and not self.stop_load.is_set():
+                    n += 1
+                    run_id = f"x{n:06d}"
+                    key = f"l1-k{rng.randrange(self.args.keys)}"
+                    plan = [["work", rng.randint(0, 20)]]
+                    t_req = time.time()
+                    try:
+                        self._db(lambda: engine.start("soak-l1", {"key": key, "plan": plan}, run_id=run_id))  # noqa: B023
+                    except Exception as exc:
+                        self.events.write("start_failed", run=run_id, error=repr(exc))
+                        self.count("start_failed")
+                    else:
+                        self.events.write(
+                            "start", run=run_id, wf="soak-l1", key=key, plan=plan, t_req=t_req, ns="default",
+                            stepped=delta,
+                        )  # fmt: skip
+                        with self.lock:
+                            self.namespace_of[run_id] = "default"
+                            self.started.append(run_id)
+                try:
+                    engine.tick()
+                    self.count("stepped_ticks")
+                except Exception:
+                    self.count("tick_errors")
+                    with contextlib.suppress(Exception):
+                        connection.close()
+                self.stop_all.wait(self.args.tick * rng.uniform(0.8, 1.2))
+        connection.close()
+
+    def purge_children(self, engine: Any, rng: random.Random) -> None:
+        """Delete the finished children of soak-retain parents that stored their
+        outcome (O2; a child deleted before its parent saw it fails the parent,
+        as documented): by ``purge_finished`` on the child's own key
+        (retention's and ``durable_purge``'s path) or by the store's
+        ``delete_run`` (the admin's), each listed in an event."""
+        from datetime import timedelta
+
+        from durable_singleton.models import Run, Step
+        from durable_singleton.retention import purge_finished
+
+        cutoff = engine.now() - timedelta(seconds=0.3)
+        finished = list(
+            Run.objects.filter(workflow_name="soak-rchild", status__in=TERMINAL, finished_at__lt=cutoff).values_list(
+                "run_id", "parent_run_id", "singleton_key"
+            )
+        )
+        if not finished:
+            return
+        seen = set(
+            Step.objects.filter(
+                run_id__in={parent for _, parent, _ in finished}, name="durable:child-outcome"
+            ).values_list("run_id", flat=True)
+        )
+        for run_id, parent, key in finished:
+            if parent not in seen:
+                continue
+            if rng.random() < 0.5:
+                how = "purge"
+                deleted = purge_finished(engine, before=cutoff, workflow="soak-rchild", key=key).runs
+            else:
+                how, deleted = "delete_run", int(engine.store.delete_run(run_id) is not None)
+            self.events.write("purge", how=how, runs=[run_id], deleted=deleted)
+            self.count("children_purged", deleted)
 
     def cancel(self, engine: Any, run_id: str) -> None:
         t_req = time.time()
@@ -290,7 +476,8 @@ class Soak:
         from durable_singleton.runtime import get_engine
 
         engine = get_engine()
-        last_retry = 0.0
+        last_retry = last_purge = 0.0
+        prng = random.Random(self.args.seed + 6)
         while not self.stop_all.is_set():
             now = time.time()
             with self.lock:
@@ -327,6 +514,14 @@ class Soak:
                             self.events.write("retry", run=run_id)
                             self.count("retries")
                 except Exception:
+                    with contextlib.suppress(Exception):
+                        connection.close()
+            if "retention" in self.features and now - last_purge > 1.0:
+                last_purge = now
+                try:
+                    self.purge_children(engine, prng)
+                except Exception as exc:
+                    self.events.write("purge_failed", error=repr(exc))
                     with contextlib.suppress(Exception):
                         connection.close()
             self.stop_all.wait(0.1)
@@ -475,6 +670,8 @@ class Soak:
     def run(self, db: Any, redis: Any) -> dict[str, Any]:
         args = self.args
         threads = [threading.Thread(target=self.tick_loop, args=(n,), name=f"tick{n}") for n in range(3)]
+        if "clock" in self.features:
+            threads.append(threading.Thread(target=self.stepped_loop, name="stepped"))
         threads.append(threading.Thread(target=self.service_loop, name="service"))
         threads.append(threading.Thread(target=self.supervise, name="supervisor"))
         loader = threading.Thread(target=self.load_loop, name="load")
@@ -484,6 +681,14 @@ class Soak:
         self.fault_loop(db, redis, args.seconds)
         self.stop_load.set()
         loader.join()
+        if "schedules" in self.features:  # no window after the load: the drain can end (S17)
+            from durable_singleton.runtime import get_engine
+            from durable_singleton.schedules import pause_schedule
+
+            from .workflows import SCHEDULE
+
+            self._db(lambda: pause_schedule(get_engine(), SCHEDULE.name))
+            self.events.write("schedule_paused", name=SCHEDULE.name)
         while self.frozen:
             time.sleep(0.1)
         load_end = time.time()
@@ -499,7 +704,7 @@ class Soak:
         return {"load_seconds": load_end - began, "drain_seconds": time.time() - load_end, "active_left": left}
 
     def dump(self) -> None:
-        from durable_singleton.models import Run, SingletonKey, Step
+        from durable_singleton.models import Run, ScheduleFiring, SingletonKey, Step
 
         def epoch(value: Any) -> float | None:
             return value.timestamp() if value is not None else None
@@ -509,7 +714,7 @@ class Soak:
             for row in Run.objects.values(
                 "run_id", "workflow_name", "singleton_key", "singleton_limit", "status", "error", "created_at",
                 "admitted_at", "finished_at", "fencing_token", "attempts", "recoveries", "parent_run_id",
-                "cancel_requested", "step_count",
+                "cancel_requested", "step_count", "namespace", "output",
             )
         ]  # fmt: skip
         steps = [
@@ -517,7 +722,15 @@ class Soak:
             for row in Step.objects.values("run_id", "position", "name", "finished_at", "result")
         ]
         keys = list(SingletonKey.objects.values("workflow_name", "key", "last_token"))
-        (self.out / "final.json").write_text(json.dumps({"runs": runs, "steps": steps, "keys": keys}))
+        firings = [
+            {**row, "window_at": epoch(row["window_at"]), "created_at": epoch(row["created_at"])}
+            for row in ScheduleFiring.objects.values(
+                "schedule__name", "window_at", "run_id", "outcome", "detail", "created_at"
+            )
+        ]
+        (self.out / "final.json").write_text(
+            json.dumps({"runs": runs, "steps": steps, "keys": keys, "firings": firings}, default=str)
+        )
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -540,7 +753,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default artifacts/soak-<db>-<time>)")
     parser.add_argument("--keep", action="store_true", help="keep the servers' folder")
+    parser.add_argument(
+        "--features",
+        default=",".join(FEATURES),
+        help=f"comma-separated workload of #18 ({', '.join(FEATURES)}; 'none' for none; default all)",
+    )
     args = parser.parse_args(argv)
+    chosen = [] if args.features.strip() in ("", "none") else [f.strip() for f in args.features.split(",")]
+    unknown = sorted(set(chosen) - set(FEATURES))
+    if unknown:
+        parser.error(f"--features: unknown {', '.join(unknown)} (choose from {', '.join(FEATURES)}, or none)")
+    args.features = tuple(f for f in FEATURES if f in chosen)
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 30)
     return args
@@ -561,7 +784,10 @@ def main(argv: list[str] | None = None) -> int:
     services = _services()
     root = Path(tempfile.mkdtemp(prefix="ds-soak-"))
     root.chmod(0o755)
-    print(f"soak: --db {args.db} --seconds {args.seconds:g} --rate {args.rate:g} --seed {args.seed}; output {out}")
+    print(
+        f"soak: --db {args.db} --seconds {args.seconds:g} --rate {args.rate:g} --seed {args.seed} "
+        f"--features {','.join(args.features) or 'none'}; output {out}"
+    )
     db = services.start_postgres(root) if args.db == "postgresql" else services.start_mariadb(root)
     redis = services.start_redis(root)
     env = {
@@ -577,6 +803,7 @@ def main(argv: list[str] | None = None) -> int:
         "DATABASE_CONN_MAX_AGE": "60",  # persistent connections, as a deployment keeps them
         "PYTHONDONTWRITEBYTECODE": "1",
         "PYTHONPATH": str(ROOT),
+        "SOAK_FEATURES": ",".join(args.features),  # soak.workflows declares the schedule only with it
     }
     os.environ.update(env)
     soak = Soak(args, out)

@@ -7,7 +7,16 @@ A run's ``input["plan"]`` lists what its body does, in order:
   run (the driver retries the failed run through admission, D9);
 * ``["sleep", seconds]``: ``ctx.sleep`` (parked with its slot, D1);
 * ``["signal"]``: ``ctx.wait_for_signal("go", timeout=SIGNAL_TIMEOUT)`` (D2);
-* ``["child", key]``: ``ctx.call_child("soak-child", ...)`` on a limit-1 key (D7).
+* ``["child", key]``: ``ctx.call_child("soak-child", ...)`` on a limit-1 key (D7);
+* ``["retain", prefix, seconds]``: ``ctx.call_child("soak-rchild", ...)`` on
+  the limit-1 key ``<prefix>-<run id>`` (its own: the driver purges it by
+  key), then ``ctx.sleep(seconds)``; the driver purges the finished
+  child meanwhile, so the replay after the sleep finds its child gone and
+  must return the outcome it first saw (O2, D7, R4). The audit gets
+  ``child_outcome`` with what ``call_child`` returned, on every replay.
+
+``soak-sched`` is fired by the schedule :data:`SCHEDULE`, one window a
+second (S17); its run ids name their window.
 
 ``soak-timeout`` runs have ``timeout=TIMEOUT_SECONDS`` and a step longer
 than that, so the tick's execution timeout ends them (D5).
@@ -15,7 +24,7 @@ than that, so the tick's execution timeout ends them (D5).
 The audit (:mod:`soak.audit`) gets ``enter`` with the fencing token (K1),
 ``exec`` when a step handler starts, ``stored`` once a step this body executed
 was accepted by the store, and ``exit`` with how the body left (``return``,
-``park`` or the exception's name).
+``park`` or the exception's name). A run returns ``{"done": n, "run": run_id}``.
 """
 
 from __future__ import annotations
@@ -27,15 +36,33 @@ import time
 from pathlib import Path
 from typing import Any
 
-from durable_singleton import BaseWorkflow, Singleton, WorkflowCtx, step, workflow
+from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, step, workflow
 from durable_singleton.context import Suspend
 
 from . import audit
 
 #: The limit of each keyed workflow of the soak.
-LIMITS = {"soak-l1": 1, "soak-l2": 2, "soak-l3": 3, "soak-timeout": 1, "soak-child": 1}
+LIMITS = {
+    "soak-l1": 1,
+    "soak-l2": 2,
+    "soak-l3": 3,
+    "soak-timeout": 1,
+    "soak-child": 1,
+    "soak-retain": 2,
+    "soak-rchild": 1,
+    "soak-sched": 2,
+}
 TIMEOUT_SECONDS = 2.0
 SIGNAL_TIMEOUT = 30.0
+#: The soak's schedule (S17): a window every second, each fired once; a window
+#: late by up to ``catch_up_limit`` seconds (a tick held up by a fault) still fires.
+SCHEDULE = Schedule(
+    "soak-every-second",
+    every=1,
+    catch_up="all",
+    catch_up_limit=60,
+    input={"key": "sched", "plan": [["work", 2]]},
+)
 
 _local = threading.local()
 
@@ -98,7 +125,11 @@ def _body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
                 ctx.wait_for_signal("go", timeout=SIGNAL_TIMEOUT)
             elif kind == "child":
                 ctx.call_child("soak-child", {"key": op[1], "plan": [["work", 5]]})
-        return {"done": len(input["plan"])}
+            elif kind == "retain":
+                outcome = ctx.call_child("soak-rchild", {"key": f"{op[1]}-{run_id}", "plan": [["work", 3]]})
+                audit.emit("child_outcome", run=run_id, token=token, outcome=outcome)
+                ctx.sleep(float(op[2]))
+        return {"done": len(input["plan"]), "run": run_id}
     except Suspend:
         how = "park"
         raise
@@ -109,8 +140,10 @@ def _body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
         audit.emit("exit", run=run_id, token=token, how=how)
 
 
-def _declare(name: str, limit: int, timeout: float | None = None) -> type[BaseWorkflow]:
-    @workflow(name=name, version="1", singleton=Singleton(key=_key, limit=limit), timeout=timeout)
+def _declare(
+    name: str, limit: int, timeout: float | None = None, schedules: tuple[Schedule, ...] = ()
+) -> type[BaseWorkflow]:
+    @workflow(name=name, version="1", singleton=Singleton(key=_key, limit=limit), timeout=timeout, schedules=schedules)
     class SoakWorkflow(BaseWorkflow):
         def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
             return _body(ctx, input)
@@ -124,3 +157,12 @@ SoakL2 = _declare("soak-l2", 2)
 SoakL3 = _declare("soak-l3", 3)
 SoakTimeout = _declare("soak-timeout", 1, timeout=TIMEOUT_SECONDS)
 SoakChild = _declare("soak-child", 1)
+SoakRetain = _declare("soak-retain", LIMITS["soak-retain"])
+SoakRetainedChild = _declare("soak-rchild", LIMITS["soak-rchild"])
+#: Declared with its schedule only when the driver's ``--features`` has ``schedules``
+#: (``SOAK_FEATURES``, set for the driver and its workers).
+SoakScheduled = _declare(
+    "soak-sched",
+    LIMITS["soak-sched"],
+    schedules=(SCHEDULE,) if "schedules" in os.environ.get("SOAK_FEATURES", "").split(",") else (),
+)

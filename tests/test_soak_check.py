@@ -320,3 +320,131 @@ def test_a_stale_body_entering_after_a_takeover_holds_nothing_unless_a_write_is_
 
     stale.insert(1, {"e": "stored", "t": T0 + 2.55, "pid": 10, "run": "a", "i": 0, "token": 1})
     assert "stale_write_accepted" in _rules(_write(tmp_path, audit + stale, _starts("a", "b"), runs))
+
+
+# -- the workload of #18 (--features) ----------------------------------------------
+
+
+def _final(folder: Path, **parts: Any) -> Path:
+    final = json.loads((folder / "final.json").read_text())
+    final.update(parts)
+    (folder / "final.json").write_text(json.dumps(final))
+    return folder
+
+
+def _probe(run: str, ns: str, op: str, outcome: str, **extra: Any) -> dict[str, Any]:
+    return {"e": "ns_probe", "t": T0 + 6.0, "run": run, "ns": ns, "owner": None, "op": op, "outcome": outcome,
+            "got": None, "text": "", **extra}  # fmt: skip
+
+
+def test_a_scoped_probe_that_returns_or_reveals_another_namespace_s_run_is_a_leak(tmp_path: Path) -> None:
+    """D10: b is tenant-a's run (by the dump). tenant-b's get says "no such run"
+    and its start of b's id "id in use", and tenant-a finds its own: clean. A
+    probe that got b back, or a "no such run" naming the tenant's secret, is not;
+    a probe failed by a fault is counted, not judged."""
+    audit, events, runs = _clean(tmp_path)
+    runs[1]["namespace"], runs[1]["input"] = "tenant-a", None
+    for run in (runs[0], runs[2]):
+        run["namespace"] = "default"
+    events[1]["secret"] = "tenant-a-secret-2"
+    own = {"ns": "tenant-a", "run": "b", "secret": "tenant-a-secret-2", "status": "completed"}
+    probes = [
+        _probe("b", "tenant-b", "get", "not_found", text="no run 'b'"),
+        _probe("b", "tenant-b", "start", "in_use", text="run id 'b' is in use"),
+        _probe("b", "default", "cancel", "error", text="OperationalError('server closed the connection')"),
+        _probe("b", "tenant-a", "get", "returned", got=own),
+    ]
+    report = check(_write(tmp_path, audit, events + probes, runs))
+    assert report["violations"] == []
+    assert report["features"]["namespace_probes"] == {"failed on a fault": 1, "other namespace": 2, "own reads": 1}
+
+    leaks = [
+        _probe("b", "tenant-b", "get", "returned", got={**own, "ns": "tenant-a"}),
+        _probe("b", "tenant-b", "signal", "typed:RunFinishedError", text="run 'b' has finished"),
+    ]
+    assert _rules(_write(tmp_path, audit, events + leaks, runs)) == {"namespace_leak"}
+    revealed = [_probe("b", "tenant-b", "get", "not_found", text="no run 'b' (tenant-a-secret-2)")]
+    assert _rules(_write(tmp_path, audit, events + revealed, runs)) == {"namespace_revealed"}
+    wrong_own = [_probe("b", "tenant-a", "get", "returned", got={**own, "secret": "tenant-b-secret-9"})]
+    assert _rules(_write(tmp_path, audit, events + wrong_own, runs)) == {"namespace_own_read"}
+
+
+def test_a_child_in_another_namespace_than_its_parent_s_is_found(tmp_path: Path) -> None:
+    """D7: children inherit the namespace."""
+    audit, events, runs = _clean(tmp_path)
+    runs[0]["namespace"] = "tenant-a"
+    runs[1].update(namespace="default", parent_run_id="a")
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"child_namespace"}
+    runs[1]["namespace"] = "tenant-a"
+    assert _rules(_write(tmp_path, audit, events, runs)) == set()
+
+
+def test_a_created_at_outside_its_start_request_is_off_the_database_s_clock(tmp_path: Path) -> None:
+    """R8: a run started by a process whose clock stepped ahead got a
+    ``created_at`` ten minutes after its start was acknowledged; and a run
+    finished before it was created."""
+    audit, events, runs = _clean(tmp_path)
+    for n, event in enumerate(events):
+        event["t_req"] = event["t"] - 0.01
+        runs[n]["created_at"] = event["t"] - 0.005
+    assert _rules(_write(tmp_path, audit, events, runs)) == set()
+    runs[2]["created_at"] = events[2]["t"] + 600
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"times_off_clock"}
+    runs[2]["created_at"] = events[2]["t"] - 0.005
+    runs[1]["finished_at"] = runs[1]["created_at"] - 60
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"times_off_clock"}
+
+
+def _windows(*offsets: float, outcome: str = "started", early: float = 0.0) -> list[dict[str, Any]]:
+    return [{"schedule__name": "soak-every-second", "window_at": T0 + w, "run_id": f"schedule:w{w:g}",
+             "outcome": outcome, "detail": "", "created_at": T0 + w + 0.2 - early} for w in offsets]  # fmt: skip
+
+
+def test_a_schedule_window_fired_early_or_not_at_all_is_found(tmp_path: Path) -> None:
+    """S17, R8: windows 10-19 each fired once, after they began, before the
+    pause at 24.5 (windows of the last SCHEDULE_SETTLE seconds are not judged).
+    Window 14 recorded before it began (a tick on a clock stepped ahead), and
+    windows 15-17 never fired, are violations."""
+    audit, events, runs = _clean(tmp_path)
+    events.append({"e": "schedule_paused", "t": T0 + 24.5, "name": "soak-every-second"})
+    windows = _windows(*range(10, 20))
+    folder = _final(_write(tmp_path, audit, events, runs), firings=windows)
+    report = check(folder)
+    assert report["violations"] == []
+    assert (report["features"]["schedule_windows_judged"], report["features"]["schedule_windows_fired"]) == (10, 10)
+
+    windows[4]["created_at"] = T0 + 14 - 3600
+    del windows[5:8]
+    report = check(_final(_write(tmp_path, audit, events, runs), firings=windows))
+    assert {v["rule"] for v in report["violations"]} == {"schedule_early", "schedule_window_missed"}
+    missed = [v for v in report["violations"] if v["rule"] == "schedule_window_missed"]
+    assert [(v["first"] - T0, v["windows"]) for v in missed] == [(15, 3)]
+
+
+def test_a_parent_whose_replays_saw_different_child_outcomes_or_that_did_not_finish_is_found(tmp_path: Path) -> None:
+    """O2, D7, R4: p's call_child returned its child c's output, c was purged,
+    and p's replay after the purge returned the same and p completed: clean,
+    and counted as replayed after the purge. A replay that saw another outcome,
+    or a parent that failed once its child was gone, is not."""
+    outcome = {"done": 1, "run": "c"}
+    audit = _body("c", 10, 1, 1.0, 1.5, wf="soak-rchild") + _body("p", 11, 1, 0.5, 2.0, wf="soak-retain", settle=None)
+    audit += _body("p", 11, 1, 5.0, 5.5, wf="soak-retain", steps=0)
+    audit += [{"e": "child_outcome", "t": T0 + 1.9, "pid": 11, "run": "p", "token": 1, "outcome": outcome},
+              {"e": "child_outcome", "t": T0 + 5.2, "pid": 11, "run": "p", "token": 1, "outcome": outcome}]  # fmt: skip
+    events = [
+        {"e": "start", "t": T0 + 0.1, "run": "p", "wf": "soak-retain", "key": "k", "plan": []},
+        {"e": "purge", "t": T0 + 3.0, "how": "purge", "runs": ["c"], "deleted": 1},
+    ]
+    runs = [_run("p", 0.05, wf="soak-retain")]
+    report = check(_write(tmp_path, audit, events, runs))
+    assert report["violations"] == []
+    assert report["features"]["parents_replayed_after_purge"] == 1
+
+    audit[-1] = {**audit[-1], "outcome": {"done": 1, "run": "other"}}
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"child_outcome_changed"}
+    runs[0].update(status="failed", error={"type": "ChildWorkflowError"})
+    audit[-1]["outcome"] = outcome
+    for line in audit:
+        if line["e"] == "settled":
+            line["status"] = "failed"
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"child_outcome_lost"}
