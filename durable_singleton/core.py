@@ -103,6 +103,11 @@ def _owner_prefix() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+#: A change of offset this much beyond the round trips' uncertainty is a clock
+#: step, not jitter (:meth:`StoreClock.correct`).
+_STEP_TOLERANCE = timedelta(milliseconds=1)
+
+
 class StoreClock:
     """This process's clock, corrected to the store's clock (R5, R8).
 
@@ -120,6 +125,7 @@ class StoreClock:
         self._local = timezone.now
         self._refresh = refresh_seconds
         self._offset = timedelta(0)
+        self._rtt = timedelta(0)
         self._measured: float | None = None
         self._last: datetime | None = None
 
@@ -140,12 +146,22 @@ class StoreClock:
 
     def correct(self) -> None:
         """Measure the offset to the store's clock now (one read of it)."""
+        first = self._measured is None
         self._measured = time.monotonic()
         try:
             before = self._local()
             remote = self._store.now()
             after = self._local()
-            self._offset = remote - (before + (after - before) / 2)
+            rtt = after - before
+            offset = remote - (before + rtt / 2)
+            # Within the two measurements' uncertainty (half of each round
+            # trip) a new offset is jitter, and the floor keeps this
+            # process's times in order; beyond it a clock stepped (NTP, a
+            # resumed VM), and times returned with the old offset are wrong:
+            # the floor must not hold them (R8).
+            if not first and abs(offset - self._offset) > (rtt + self._rtt) / 2 + _STEP_TOLERANCE:
+                self._last = None
+            self._offset, self._rtt = offset, rtt
         except Exception:  # the store is unreachable: keep the last offset, try later
             logger.warning("could not read the store's clock; keeping offset %s", self._offset, exc_info=True)
 

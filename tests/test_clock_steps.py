@@ -92,3 +92,25 @@ def test_the_database_clock_has_microseconds_on_every_vendor(registry: Registry)
     engine.dispatcher.drain()
     started = [engine.get(f"R{n}").started_at for n in range(20)]
     assert any(at is not None and at.microsecond % 1000 for at in started), started
+
+
+def test_a_time_read_before_a_correction_does_not_hold_later_starts(
+    make: Callable[..., Engine], registry: Registry
+) -> None:
+    """R8: the process clock steps an hour ahead and something (a tick) reads
+    the engine's clock before the next correction: that read is an hour
+    ahead. The next start corrects the clock first and writes ``created_at``
+    on the store's clock: the floor that keeps one process's times in order
+    (against the correction's jitter) is dropped when a correction finds a
+    step, so it does not hold the stepped time (found by the soak's clock
+    feature: with e428228's floor every later start of the process wrote
+    ``created_at`` an hour ahead)."""
+    registry.add("plain", "1", lambda ctx, i: {"ok": True})
+    engine = make()
+    step_clock(engine, timedelta(hours=1))
+    assert engine.now() - engine.store.now() > timedelta(minutes=59)  # the stale offset
+    engine.start("plain", {}, run_id="R")
+    created = engine.get("R").created_at
+    assert abs(created - engine.store.now()) < timedelta(seconds=5), (created, engine.store.now())
+    engine.start("plain", {}, run_id="S")
+    assert created <= engine.get("S").created_at, "still in order after the reset"
