@@ -1,10 +1,11 @@
 """The admission rules, each in one place (SPEC S1, S2, S5, S12, S14, S15, K2).
 
-Who holds a slot is :func:`holds_slot`; the limit in force on a key is
+Who holds a slot is :func:`holds_slot`; whether a run may be admitted yet
+(its delayed start, X5) is :func:`is_due`; the limit in force on a key is
 :func:`limit_in_force`; the slots it has free, :func:`free_slots`; the queue
 cap ``start`` applies, :func:`cap_in_force`. Each has its SQL twin, an
 expression over the run table's columns for the code that decides in a
-query: :func:`holds_slot_q`, :func:`limit_in_force_sql`,
+query: :func:`holds_slot_q`, :func:`is_due_q`, :func:`limit_in_force_sql`,
 :func:`free_slots_sql`. The stores, the audit, the queue views, the metrics,
 explain and the cap call these and restate none of them; the conformance
 suite checks that each Python spelling and its SQL twin agree.
@@ -16,6 +17,7 @@ admission decides with :func:`decide_admission`.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from django.db.models import Case, F, IntegerField, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.db.models.lookups import Exact, GreaterThan
 
-from .exceptions import SingletonKeyError
+from .exceptions import InvalidNotBeforeError, SingletonKeyError
 from .statuses import ACTIVE_STATUSES, RunStatus, SlotState
 
 __all__ = [
@@ -39,6 +41,7 @@ __all__ = [
     "TRACKED_TAG",
     "Candidate",
     "cap_in_force",
+    "check_not_before",
     "compute_singleton_key",
     "decide_admission",
     "effective_limit",
@@ -46,6 +49,8 @@ __all__ = [
     "free_slots_sql",
     "holds_slot",
     "holds_slot_q",
+    "is_due",
+    "is_due_q",
     "is_holder",
     "is_legacy_holder",
     "key_tag",
@@ -207,14 +212,61 @@ def singleton_admission_denial_patch(now: datetime, *, seconds: float = 1.0, jit
     }
 
 
+def is_due(not_before: datetime | None, now: datetime) -> bool:
+    """Tell whether a run may be claimed and admitted now: it has no ``not_before``,
+    or ``not_before`` has come by ``now`` (X5): the one definition.
+
+    ``now`` is the store's clock (the database's, R5), never a process's own.
+    A run that is not due is skipped by its key's queue: it takes no slot and
+    blocks none of the due waiters behind it; once due it is admitted in its
+    (``created_at``, ``run_id``) place among the due waiters, the place it
+    has held since its creation (S5 step 3). SQL twin: :func:`is_due_q`.
+    """
+    return not_before is None or not_before <= now
+
+
+def is_due_q(now: Any) -> Q:
+    """SQL twin of :func:`is_due` on the run table's ``not_before`` column;
+    ``now`` is the database's clock (``querysets.DbNow()``) (X5, R5)."""
+    return Q(not_before__isnull=True) | Q(not_before__lte=now)
+
+
+def check_not_before(value: object, now: datetime) -> datetime | None:
+    """Return the ``not_before`` time of a delayed start (X5), or None for no delay.
+
+    ``value``: None; an aware :class:`~datetime.datetime`; or a number of
+    seconds from ``now`` (an int or float, finite, >= 0), ``now`` being the
+    engine's clock corrected to the store's (R8). A time in the past is due at
+    once. Raises :class:`InvalidNotBeforeError` for a naive datetime, a
+    negative, infinite or NaN number of seconds, a bool or any other type.
+    """
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidNotBeforeError(f"not_before must be an aware datetime, got the naive {value.isoformat()}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidNotBeforeError(
+            f"not_before must be an aware datetime or a number of seconds, got {type(value).__name__}"
+        )
+    if not math.isfinite(value) or value < 0:
+        raise InvalidNotBeforeError(f"not_before in seconds must be finite and >= 0, got {value!r}")
+    try:
+        return now + timedelta(seconds=value)
+    except OverflowError:
+        raise InvalidNotBeforeError(f"not_before of {value!r} seconds is past the largest datetime") from None
+
+
 @dataclass(frozen=True)
 class Candidate:
-    """One active run of a key, as admission sees it."""
+    """One active run of a key, as admission sees it (``not_before``: its delayed start, X5)."""
 
     run_id: str
     created_at: datetime
     status: str
     tags: Sequence[str]
+    not_before: datetime | None = None
 
     @property
     def order(self) -> tuple[datetime, str]:
@@ -285,13 +337,14 @@ def is_holder(status: str, tags: Sequence[str]) -> bool:
     return holds_slot(status, key="", admitted=ADMITTED_TAG in tags, tracked=TRACKED_TAG in tags)
 
 
-def decide_admission(candidates: Iterable[Candidate], run_id: str, limit: int) -> bool:
+def decide_admission(candidates: Iterable[Candidate], run_id: str, limit: int, now: datetime | None = None) -> bool:
     """Decide whether ``run_id`` may take a slot among the key's active runs.
 
     ``candidates`` are the active runs of one workflow and key (S5 step 1).
     Holders keep their slots; the ``limit - holders`` free slots go to the
-    oldest waiters by (``created_at``, ``run_id``); pending runs are waiters
-    too. Returns True if ``run_id`` is a holder or among those waiters.
+    oldest due waiters (:func:`is_due` at ``now``, the store's clock; None:
+    every waiter is due) by (``created_at``, ``run_id``); pending runs are
+    waiters too (X5). Returns True if ``run_id`` is a holder or among those waiters.
     """
     runs = [c for c in candidates if c.status in ACTIVE_STATUSES]
     holders = [c for c in runs if is_holder(c.status, c.tags)]
@@ -300,5 +353,8 @@ def decide_admission(candidates: Iterable[Candidate], run_id: str, limit: int) -
     free = limit - len(holders)
     if free <= 0:
         return False
-    waiters = sorted((c for c in runs if not is_holder(c.status, c.tags)), key=lambda c: c.order)
+    waiters = sorted(
+        (c for c in runs if not is_holder(c.status, c.tags) and (now is None or is_due(c.not_before, now))),
+        key=lambda c: c.order,
+    )
     return any(c.run_id == run_id for c in waiters[:free])

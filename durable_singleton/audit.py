@@ -193,10 +193,11 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
                 )
             )
 
-    # Keys with a waiter due for longer than two ticks (or with no wake time at all).
+    # Keys with a waiter due for longer than two ticks (or with no wake time at all); a
+    # waiter whose not_before has not come is not due, so never stalled (X5).
     overdue = Q(wake_at__isnull=True) | Q(wake_at__lte=grace)
     stale = (
-        runs.filter(overdue, singleton_slot=SlotState.WAITER, status__in=_WAKEABLE)
+        runs.admissible().filter(overdue, singleton_slot=SlotState.WAITER, status__in=_WAKEABLE)
         .values("workflow_name", "singleton_key")
         .annotate(stored_limit=Max("singleton_limit"))
         .order_by()
@@ -209,7 +210,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
         free = free_slots(limit_of(ident, queue["stored_limit"]), held.get(ident, 0), paused=paused)
         if free <= 0 or runs.for_key(*ident).filter(finished_at__gt=grace).exists():
             continue  # no free slot, or one freed less than two ticks ago (its push may be in flight)
-        front = list(runs.for_key(*ident).waiting().values("run_id", "wake_at")[:free])
+        front = list(runs.for_key(*ident).due_waiting().values("run_id", "wake_at")[:free])
         for waiter in front:
             due_since = waiter["wake_at"]
             if (due_since is not None and due_since > grace) or len(report.findings) >= 4 * MAX_LISTED:

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from . import signals
-from .admission import RESERVED_TAGS, compute_singleton_key
+from .admission import RESERVED_TAGS, check_not_before, compute_singleton_key
 from .conf import Settings, get_settings
 from .context import Interrupted, Suspend, WorkflowCtx
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
@@ -97,6 +97,12 @@ class TickReport:
 #: One job of the tick: a name (for the log and ``TickReport.errors``) and a
 #: callable that does one bounded batch and records what it did in the report.
 TickJob = tuple[str, Callable[[TickReport], None]]
+
+
+def _delayed(run: RunRecord) -> bool:
+    """Tell whether a new run's start is delayed past its creation (X5): no turn
+    is sent for it; its ``wake_at`` is its ``not_before``, when the tick sends it."""
+    return run.not_before is not None and run.not_before > run.created_at
 
 
 def _owner_prefix() -> str:
@@ -299,8 +305,13 @@ class Core:
         version: str | None,
         parent_run_id: str | None,
         namespace: str | None,
+        not_before: datetime | float | None = None,
     ) -> tuple[RunRecord, WorkflowDefinition, int | None]:
-        """Validate a start and build its run; return (run, definition, cap). Writes nothing."""
+        """Validate a start and build its run; return (run, definition, cap). Writes nothing.
+
+        A delayed start (``not_before`` in the future, X5) gets ``wake_at`` =
+        ``not_before``: the tick sends its first turn when it is due.
+        """
         if namespace is not None:
             check_text(namespace, "namespace")
         definition = self.registry.get(name, version)
@@ -316,6 +327,9 @@ class Core:
 
                 raise SingletonKeyError(definition.name, str(exc)) from None
         now = self.now()
+        due_at = check_not_before(not_before, now)
+        # The execution timeout (D5) counts from when the run may start (X5).
+        begins = max(now, due_at) if due_at is not None else now
         run = RunRecord(
             run_id=run_id or uuid.uuid4().hex,
             workflow_name=definition.name,
@@ -330,9 +344,12 @@ class Core:
             singleton_limit=single.limit if single else None,
             tracked=single is not None,
             wake_at=now + timedelta(seconds=self.settings.REDELIVERY_SECONDS),
-            deadline_at=now + timedelta(seconds=definition.timeout) if definition.timeout else None,
+            deadline_at=begins + timedelta(seconds=definition.timeout) if definition.timeout else None,
             parent_run_id=parent_run_id,
+            not_before=due_at,
         )
+        if due_at is not None and due_at > now:
+            run = run.evolve(wake_at=due_at)
         cap = single.limit + single.max_queue_depth if single and single.max_queue_depth is not None else None
         return run, definition, cap
 
@@ -346,6 +363,7 @@ class Core:
         version: str | None = None,
         parent_run_id: str | None = None,
         namespace: str | None = None,
+        not_before: datetime | float | None = None,
     ) -> RunRecord:
         """Create a run and dispatch its first turn after commit; never blocks (S3).
 
@@ -357,11 +375,18 @@ class Core:
         :class:`RunIdInUseError` (D10, :meth:`_found`).
         ``input``: JSON-serializable, at most ``MAX_INPUT_BYTES`` bytes encoded.
         ``namespace`` defaults to the engine's (children pass their parent's, D7).
+        ``not_before``: a delayed start (X5): an aware datetime, or seconds
+        from now (int or float >= 0, on the engine's clock corrected to the
+        store's, R8); None (the default) starts at once. The run is in its
+        key's line from its creation, in its creation place, but is neither
+        claimed nor admitted before ``not_before`` by the store's clock (the
+        database's, R5), and blocks none of the due waiters behind it; no turn
+        is sent before then: the tick sends it when it is due (S8).
 
         Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
-        :class:`InvalidInputError`, :class:`SingletonKeyError`,
-        :class:`SingletonQueueFullError` (S15) or :class:`RunIdInUseError`
-        (D10); each writes nothing.
+        :class:`InvalidInputError`, :class:`InvalidNotBeforeError` (X5),
+        :class:`SingletonKeyError`, :class:`SingletonQueueFullError` (S15) or
+        :class:`RunIdInUseError` (D10); each writes nothing.
         """
         if run_id is not None:
             self._check_run_id(run_id)
@@ -370,10 +395,18 @@ class Core:
                 return self._found(existing, namespace)
         self._correct_clock()
         record, definition, cap = self._new_run(
-            name, input, run_id=run_id, tags=tags, version=version, parent_run_id=parent_run_id, namespace=namespace
+            name,
+            input,
+            run_id=run_id,
+            tags=tags,
+            version=version,
+            parent_run_id=parent_run_id,
+            namespace=namespace,
+            not_before=not_before,
         )
+        delayed = _delayed(record)
         deep = False
-        if record.singleton_key is not None and definition.singleton is not None:
+        if not delayed and record.singleton_key is not None and definition.singleton is not None:
             deep = self.store.queue_is_deep(definition.name, record.singleton_key, definition.singleton.limit)
         if deep:
             # Behind `limit` holders and `limit` waiters: park at creation and wait
@@ -389,7 +422,7 @@ class Core:
         if not created:  # a racing start of the same id created it first (R3)
             return self._found(run, namespace)
         self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
-        if not deep:
+        if not deep and not delayed:
             self.dispatcher.dispatch(run.run_id, definition.queue)
         return run
 
@@ -404,7 +437,12 @@ class Core:
         return run
 
     def start_many(
-        self, name: str, inputs: Sequence[Any], *, run_ids: Sequence[str | None] | None = None
+        self,
+        name: str,
+        inputs: Sequence[Any],
+        *,
+        run_ids: Sequence[str | None] | None = None,
+        not_before: datetime | float | None = None,
     ) -> list[RunRecord | SingletonQueueFullError | RunIdInUseError]:
         """Start one run per input of workflow ``name``: one INSERT and one send per batch
         where the store supports it (``supports_bulk_start``).
@@ -413,7 +451,8 @@ class Core:
         (R3) and gets the run as stored; a run rejected by its queue cap is
         returned as its :class:`SingletonQueueFullError` in its place (S15),
         an id that another namespace's run holds, on an engine with
-        ``scope_reads``, as its :class:`RunIdInUseError` (D10). Any other
+        ``scope_reads``, as its :class:`RunIdInUseError` (D10). ``not_before``
+        delays every run of the batch as :meth:`start` does (X5). Any other
         invalid input raises before anything is written.
         """
         ids = list(run_ids) if run_ids is not None else [None] * len(inputs)
@@ -426,7 +465,14 @@ class Core:
             if run_id is not None:
                 self._check_run_id(run_id)
             record, definition, cap = self._new_run(
-                name, input, run_id=run_id, tags=(), version=None, parent_run_id=None, namespace=None
+                name,
+                input,
+                run_id=run_id,
+                tags=(),
+                version=None,
+                parent_run_id=None,
+                namespace=None,
+                not_before=not_before,
             )
             caps[definition.name] = cap
             records.append(record)
@@ -449,7 +495,7 @@ class Core:
         queue = self.queue_of(name)
         for run in created:
             self.dispatcher.on_commit(functools.partial(signals.run_created.send, sender=self.signal_sender, run=run))
-        self.dispatcher.dispatch_many([r.run_id for r in created], queue)
+        self.dispatcher.dispatch_many([r.run_id for r in created if not _delayed(r)], queue)
         return out
 
     def _correct_clock(self) -> None:

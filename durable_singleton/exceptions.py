@@ -13,6 +13,7 @@ __all__ = [
     "DurableSingletonError",
     "InvalidInputError",
     "InvalidInputTypeError",
+    "InvalidNotBeforeError",
     "InvalidRunIdError",
     "InvalidWorkflowError",
     "LeaseLostError",
@@ -76,6 +77,11 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
     """A value holds an object of a type JSON cannot (a set, a datetime, an
     instance): an :class:`InvalidInputError` that is also the ``TypeError``
     which ``json.dumps`` and Django's task API raise for it (section 7)."""
+
+
+class InvalidNotBeforeError(ValidationError):
+    """A delayed start's ``not_before`` is neither None, an aware datetime nor a
+    finite number of seconds >= 0 (X5); nothing was written."""
 
 
 class SingletonKeyError(ValidationError):

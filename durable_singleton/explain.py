@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .admission import free_slots, limit_in_force
+from .admission import free_slots, is_due, is_due_q, limit_in_force
 from .core import Core
 from .exceptions import UnknownWorkflowError
 from .statuses import ParkReason, RunStatus, SlotState
@@ -38,6 +38,7 @@ class ExplainState(enum.StrEnum):
 
     HOLDER = "holder"  # holds a slot of its key (running, sleeping, waiting for a signal, blocked)
     WAITER = "waiter"  # waits in its key's line behind the holders
+    NOT_DUE = "not_due"  # a delayed start before its not_before: claimed by no one, blocks no one (X5)
     RUNNABLE = "runnable"  # could run now; no worker has taken its turn yet
     RUNNING = "running"  # a run without a key, executing
     PARKED = "parked"  # a run without a key, sleeping, waiting for a signal or blocked
@@ -92,6 +93,8 @@ class Explanation:
     idle_since: datetime | None = None
     wake_at: datetime | None = None
     park_reason: str = ""
+    not_before: datetime | None = None
+    not_due_ahead: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         """Return the explanation as JSON-ready values (datetimes as ISO 8601 strings)."""
@@ -150,6 +153,7 @@ class _QueueFacts:
     holder_count: int
     depth: int
     position: int | None
+    not_due_ahead: int = 0
 
 
 def _since(admitted_at: datetime | None, started_at: datetime | None, attempts: int) -> datetime | None:
@@ -162,8 +166,11 @@ def _since(admitted_at: datetime | None, started_at: datetime | None, attempts: 
 def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
     """Read the key's holders (the oldest few), its depth and ``run``'s position.
 
-    On the Django store: two bounded queries, whatever the backlog (the
-    queue index serves both). Elsewhere: the key's active runs.
+    The position counts the due waiters ahead (X5: one not due yet blocks no
+    one), ``not_due_ahead`` the others; the depth counts every waiter. On the
+    Django store: two bounded queries, whatever the backlog (the queue index
+    serves both), on the database's clock. Elsewhere: the key's active runs,
+    on the store's clock.
     """
     assert run.singleton_key is not None
     if store.database is not None:
@@ -178,24 +185,33 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
             .values_list("run_id", "status", "admitted_at", "started_at", "attempts", "namespace")[: NAMED_HOLDERS + 1]
         )
         count = len(rows) if len(rows) <= NAMED_HOLDERS else runs.holders().count()
+        from .querysets import DbNow
+
         ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
         waiting = runs.filter(singleton_slot=SlotState.WAITER)
-        totals = waiting.aggregate(depth=Count("pk"), ahead=Count("pk", filter=ahead))
+        due = is_due_q(DbNow())
+        totals = waiting.aggregate(
+            depth=Count("pk"), ahead=Count("pk", filter=ahead & due), not_due=Count("pk", filter=ahead & ~due)
+        )
         holders = [(r[0], r[1], _since(r[2], r[3], r[4]), r[5]) for r in rows[:NAMED_HOLDERS]]
         is_waiter = run.tracked and not run.admitted
-        return _QueueFacts(holders, count, totals["depth"], totals["ahead"] + 1 if is_waiter else None)
+        position = totals["ahead"] + 1 if is_waiter else None
+        return _QueueFacts(holders, count, totals["depth"], position, totals["not_due"])
     active = list(store.active_runs_for_key(run.workflow_name, run.singleton_key))
     held = sorted(
         (r for r in active if r.holds_slot),
         key=lambda r: (r.created_at, r.run_id),
     )
     waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: (r.created_at, r.run_id))
-    position = next((n for n, w in enumerate(waiters, 1) if w.run_id == run.run_id), None)
+    now = store.now()
+    earlier = [w for w in waiters if (w.created_at, w.run_id) < (run.created_at, run.run_id)]
+    due_ahead = sum(1 for w in earlier if is_due(w.not_before, now))
+    position = due_ahead + 1 if any(w.run_id == run.run_id for w in waiters) else None
     holders = [
         (r.run_id, r.status, _since(r.admitted_at, r.started_at, r.attempts), r.namespace)
         for r in held[:NAMED_HOLDERS]
     ]
-    return _QueueFacts(holders, len(held), len(waiters), position)
+    return _QueueFacts(holders, len(held), len(waiters), position, len(earlier) - due_ahead)
 
 
 def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
@@ -262,10 +278,21 @@ def explain(engine: Core, run_id: str) -> Explanation:
         "wake_at": run.wake_at,
         "park_reason": run.park_reason,
         "key": run.singleton_key,
+        "not_before": run.not_before,
     }
     if run.is_terminal:
         sentence = f"Run {run.run_id} is {run.status} (finished at {_at(run.finished_at)}): it waits for nothing."
         return Explanation(state=ExplainState.TERMINAL, sentence=sentence, **base)
+    if run.not_before is not None and run.is_parked and not run.holds_slot and not is_due(run.not_before, store.now()):
+        # A delayed start (X5), judged on the store's clock as the claim judges it (R5).
+        then = (
+            f"it then takes its place in line for key {run.singleton_key!r} of {run.workflow_name}, the place "
+            f"it has held since its creation at {_at(run.created_at)}, and blocks no due waiter until then"
+            if run.singleton_key is not None
+            else "the tick sends its turn then"
+        )
+        sentence = f"Run {run.run_id} is not due until {_at(run.not_before)} (a delayed start): {then}."
+        return Explanation(state=ExplainState.NOT_DUE, sentence=sentence, **base)
     if run.singleton_key is None:
         return _explain_unkeyed(run, now, base)
 
@@ -290,6 +317,7 @@ def explain(engine: Core, run_id: str) -> Explanation:
         "holders": holder_infos,
         "holder_count": facts.holder_count,
         "fencing_token": token,
+        "not_due_ahead": facts.not_due_ahead,
     }
     key_words = f"key {key!r} of {run.workflow_name}"
     limit_words = f"limit {limit}" + (f" (overridden from {configured})" if controls.override is not None else "")
@@ -370,9 +398,14 @@ def explain(engine: Core, run_id: str) -> Explanation:
         if estimate is not None
         else ""
     )
+    skipped = (
+        f"; {facts.not_due_ahead} waiter(s) ahead of it not due yet (delayed starts) do not count"
+        if facts.not_due_ahead
+        else ""
+    )
     sentence = (
         f"Run {run.run_id} is waiting: position {position} of {facts.depth} in line for {key_words}, "
-        f"{behind} ({', '.join(reasons)}){wait_words}."
+        f"{behind} ({', '.join(reasons)}){wait_words}{skipped}."
     )
     return Explanation(
         state=ExplainState.WAITER,

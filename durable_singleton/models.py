@@ -87,6 +87,8 @@ class Run(models.Model):
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
     fencing_token = models.BigIntegerField(_("fencing token"), null=True, blank=True)
     step_count = models.PositiveIntegerField(_("stored steps"), default=0)
+    #: A delayed start (X5): not claimed or admitted before this time, judged on the database's clock (R5).
+    not_before = models.DateTimeField(_("not before"), null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -95,9 +97,10 @@ class Run(models.Model):
         verbose_name_plural = _("runs")
         ordering = ["-created_at", "-run_id"]
         indexes = [
-            # The queue: holders and waiters of one key in admission order (S5).
+            # The queue: holders and waiters of one key in admission order (S5); its
+            # front skips the waiters not due yet (X5) on the index entries' not_before.
             models.Index(
-                fields=["workflow_name", "singleton_key", "singleton_slot", "created_at", "run_id"],
+                fields=["workflow_name", "singleton_key", "singleton_slot", "created_at", "run_id", "not_before"],
                 name="ds_run_queue_idx",
             ),
             # Untracked active runs of an older release count as holders (S12).

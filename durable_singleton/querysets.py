@@ -14,7 +14,7 @@ from django.db import models
 from django.db.models import ExpressionWrapper, Func, Value
 from django.db.models.expressions import CombinedExpression
 
-from .admission import holds_slot_q, legacy_holder_q
+from .admission import holds_slot_q, is_due_q, legacy_holder_q
 from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
 
 if TYPE_CHECKING:
@@ -89,17 +89,36 @@ class RunQuerySet(models.QuerySet["Run"]):
         return legacy_holder_q()
 
     def waiting(self) -> RunQuerySet:
-        """Active runs waiting for a slot, in admission order (S5 step 3)."""
+        """Active runs waiting for a slot, in admission order (S5 step 3), due or not (X5)."""
         return self.filter(singleton_slot=SlotState.WAITER).order_by("created_at", "run_id")
 
+    def admissible(self) -> RunQuerySet:
+        """Runs whose delayed start has come by the database's clock (X5, R5):
+        :func:`~durable_singleton.admission.is_due_q` at :class:`DbNow`."""
+        return self.filter(is_due_q(DbNow()))
+
+    def not_due(self) -> RunQuerySet:
+        """Runs whose delayed start has not come yet by the database's clock (X5, R5)."""
+        return self.exclude(is_due_q(DbNow()))
+
+    def due_waiting(self) -> RunQuerySet:
+        """The waiters the free slots go to, in admission order: :meth:`waiting` that are
+        :meth:`admissible` (S5 step 3, X5); a waiter not due yet blocks none of them."""
+        return self.waiting().admissible()
+
     def queue_front(self) -> RunQuerySet:
-        """Holders, then waiters in admission order: one read of ``ds_run_queue_idx`` (S5).
+        """Holders, then due waiters in admission order: one read of ``ds_run_queue_idx`` (S5, X5).
 
         'holder' sorts before 'waiter', so the first ``limit`` rows hold every
         holder when there are fewer than ``limit``, followed by exactly the
-        waiters the free slots go to.
+        waiters the free slots go to. A waiter whose ``not_before`` has not
+        come is skipped on the index entry's ``not_before`` (X5).
         """
-        return self.filter(singleton_slot__isnull=False).order_by("singleton_slot", "created_at", "run_id")
+        return (
+            self.filter(singleton_slot__isnull=False)
+            .filter(models.Q(singleton_slot=SlotState.HOLDER) | is_due_q(DbNow()))
+            .order_by("singleton_slot", "created_at", "run_id")
+        )
 
     def due(self) -> RunQuerySet:
         """Parked runs whose ``wake_at`` has come by the database's clock (S8, R5)."""

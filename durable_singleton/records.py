@@ -52,6 +52,8 @@ class RunRecord:
     deadline_at: datetime | None = None
     fencing_token: int | None = None
     step_count: int = 0
+    #: The delayed start (X5): the run is not claimed or admitted before this time (None: no delay).
+    not_before: datetime | None = None
 
     @property
     def tags(self) -> list[str]:

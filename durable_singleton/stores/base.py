@@ -93,7 +93,7 @@ class TurnState(enum.Enum):
 
     RUN = "run"  # the lease is ours and the run holds its slot (or needs none): run the body
     PARKED = "parked"  # denied admission: parked as a waiter, no lease (S5 step 5)
-    SKIPPED = "skipped"  # not claimable: terminal, leased by a live executor, or changed under us (R6)
+    SKIPPED = "skipped"  # not claimable: terminal, leased by a live executor, changed under us (R6), not due (X5)
     SETTLED = "settled"  # settled in the claim: a requested cancel, or dead past MAX_RECOVERIES (D4, D6)
 
 
@@ -446,7 +446,11 @@ class BaseStore(ABC):
         and one past ``max_recoveries`` settles ``dead``, both granting the
         freed slot (``SETTLED``); a holder's claim is a confirmation; a waiter
         is admitted when it is among the oldest waiters that fit the key's free
-        slots (``RUN``), else parked with a retry ``wake_at`` (``PARKED``).
+        slots (``RUN``), else parked with a retry ``wake_at`` (``PARKED``). A
+        parked run whose ``not_before`` has not come on the store's clock
+        (:func:`~durable_singleton.admission.is_due`) is not claimed
+        (``SKIPPED``) and its ``wake_at`` is set to its ``not_before``; the free
+        slots skip it for the due waiters behind it (X5).
 
         ``known`` is the run as this process just granted it (a handoff); a
         store may use it to skip its first read.
@@ -454,8 +458,11 @@ class BaseStore(ABC):
         This default, for a store without an atomic claim, is a read followed
         by a decision (S14): it can briefly over-admit.
         """
-        from ..admission import Candidate, decide_admission, limit_in_force, retry_delay
+        from ..admission import Candidate, decide_admission, is_due, limit_in_force, retry_delay
 
+        seen = self.get_run(run_id)
+        if seen is not None and seen.is_parked and not seen.holds_slot and not is_due(seen.not_before, self.now()):
+            return Turn(TurnState.SKIPPED, seen)  # a delayed start before its time (X5): its wake_at is not_before
         turn = self.claim_run(run_id, owner, lease_seconds)
         run = turn.run
         if turn.state is not TurnState.RUN or run is None or run.singleton_key is None or run.admitted:
@@ -465,10 +472,10 @@ class BaseStore(ABC):
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
         limit = limit_in_force(limits.get(run.workflow_name, run.singleton_limit))
         candidates = [
-            Candidate(r.run_id, r.created_at, r.status, r.tags)
+            Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before)
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)
         ]
-        if decide_admission(candidates, run_id, limit):
+        if decide_admission(candidates, run_id, limit, self.now()):
             return Turn(TurnState.RUN, run.evolve(admitted=True), recovered=turn.recovered, admitted=True)
         wake = self.now() + _seconds(retry_delay(retry.seconds, retry.jitter))
         if self.park(run_id, owner, RunStatus.SUSPENDED, wake_at=wake, reason=ParkReason.SINGLETON) == Verdict.PARKED:

@@ -42,6 +42,7 @@ from ..admission import (
     free_slots_sql,
     holds_slot,
     holds_slot_q,
+    is_due_q,
     limit_in_force,
     limit_in_force_sql,
     retry_delay,
@@ -128,6 +129,7 @@ def record_of(row: Run) -> RunRecord:
         deadline_at=row.deadline_at,
         fencing_token=row.fencing_token,
         step_count=row.step_count,
+        not_before=row.not_before,
     )
 
 
@@ -547,6 +549,7 @@ class DjangoStore(BaseStore):
             deadline_at=run.deadline_at,
             parent_run_id=run.parent_run_id,
             park_reason=run.park_reason,
+            not_before=run.not_before,
         )
 
     def _insert(self, run: RunRecord) -> None:
@@ -589,11 +592,12 @@ class DjangoStore(BaseStore):
 
     # -- a turn ------------------------------------------------------------------
     def _read_for_turn(self, run_id: str) -> tuple[Run | None, bool]:
-        """Read the run and whether its lease expired on the database's clock."""
+        """Read the run, whether its lease expired and whether it is due (X5), on the database's clock."""
         expired = Case(
             When(lease_expires_at__lte=DbNow(), then=Value(True)), default=Value(False), output_field=BooleanField()
         )
-        row = self._runs().filter(pk=run_id).annotate(lease_expired=expired).first()
+        due = Case(When(is_due_q(DbNow()), then=Value(True)), default=Value(False), output_field=BooleanField())
+        row = self._runs().filter(pk=run_id).annotate(lease_expired=expired, due=due).first()
         return row, bool(row is not None and row.lease_expired)  # type: ignore[attr-defined]
 
     @staticmethod
@@ -627,6 +631,7 @@ class DjangoStore(BaseStore):
             row.attempts, row.singleton_slot, row.fencing_token = known.attempts, SlotState.HOLDER, known.fencing_token
             row.step_count, row.started_at, row.recoveries = known.step_count, known.started_at, known.recoveries
             row.cancel_requested, row.singleton_tracked = known.cancel_requested, known.tracked
+            row.due = True  # type: ignore[attr-defined]  # granted: admitted while due (X5)
             expired = False
         else:
             row, expired = self._read_for_turn(run_id)
@@ -649,6 +654,10 @@ class DjangoStore(BaseStore):
             return Turn(
                 TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
             )
+        if not row.due and not recovered and not self._holds_slot(row):  # type: ignore[attr-defined]
+            # A delayed start before its time (X5): no claim; the tick sends it at not_before.
+            self._runs().filter(self._as_read(row)).update(wake_at=F("not_before"), updated_at=DbNow())
+            return Turn(TurnState.SKIPPED, record.evolve(wake_at=row.not_before))
         take = {
             "status": RunStatus.RUNNING,
             "lease_owner": owner,
@@ -1025,7 +1034,13 @@ class DjangoStore(BaseStore):
             .filter(workflow_name__in=list(limits))
             .annotate(
                 holders=Coalesce(Subquery(holders), 0),
-                has_waiter=Exists(key_runs.filter(Q(singleton_slot=SlotState.WAITER) & ~turn_on_its_way_q(DbNow()))),
+                # A due waiter (X5) whose turn is not on its way (S7a): a key whose waiters
+                # are all not due yet, or all have a turn coming, is not picked.
+                has_waiter=Exists(
+                    key_runs.filter(
+                        Q(singleton_slot=SlotState.WAITER) & is_due_q(DbNow()) & ~turn_on_its_way_q(DbNow())
+                    )
+                ),
                 key_limit=limit_in_force_sql(declared, "limit_override"),
             )
             .annotate(free=free_slots_sql(F("key_limit"), F("holders"), F("paused")))

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from django.utils import timezone
 
-from ..admission import cap_in_force, free_slots, limit_in_force, retry_delay, turn_on_its_way
+from ..admission import cap_in_force, free_slots, is_due, limit_in_force, retry_delay, turn_on_its_way
 from ..exceptions import SingletonQueueFullError
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, Verdict
 from .base import (
@@ -90,7 +90,9 @@ class MemoryStore(BaseStore):
         ]
 
     def _waiters(self, workflow_name: str, key: str) -> list[RunRecord]:
-        runs = [r for r in self._key_runs(workflow_name, key) if not r.holds_slot]
+        """The key's due waiters in admission order (S5 step 3, X5)."""
+        now = self.clock()
+        runs = [r for r in self._key_runs(workflow_name, key) if not r.holds_slot and is_due(r.not_before, now)]
         return sorted(runs, key=lambda r: (r.created_at, r.run_id))
 
     def _expired(self, run: RunRecord) -> bool:
@@ -118,9 +120,8 @@ class MemoryStore(BaseStore):
 
     def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
         with self._critical():
-            runs = self._key_runs(workflow_name, key)
-            holders = sum(1 for r in runs if r.holds_slot)
-            return holders >= limit and len(runs) - holders >= limit
+            holders = sum(1 for r in self._key_runs(workflow_name, key) if r.holds_slot)
+            return holders >= limit and len(self._waiters(workflow_name, key)) >= limit
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._critical():
@@ -201,6 +202,9 @@ class MemoryStore(BaseStore):
                 done = self._settle(run, RunStatus.DEAD, None, error, limits)
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
             now = self.clock()
+            if not recovered and not run.holds_slot and not is_due(run.not_before, now):
+                # A delayed start before its time (X5): no claim; the tick sends it at not_before.
+                return Turn(TurnState.SKIPPED, self._replace(run, wake_at=run.not_before))
             take: dict[str, Any] = {
                 "status": RunStatus.RUNNING,
                 "lease_owner": owner,
@@ -462,6 +466,7 @@ class MemoryStore(BaseStore):
                     and r.tracked
                     and not r.admitted
                     and not r.is_terminal
+                    and is_due(r.not_before, now)
                     and r.workflow_name in limits
                     and not turn_on_its_way(r.status, r.park_reason, r.wake_at, now)
                 }

@@ -3,9 +3,9 @@
 Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 (S5, S9, R6), FIFO admission (S5 step 3), the handoff (S7, S7a), fencing
 (R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
-(D5), cancel (D6), for a store without an atomic claim the fallback
+(D5), cancel (D6), the delayed start (X5), for a store without an atomic claim the fallback
 warning (S14) and, for a store on the Django run table, that the admission
-rules' Python spellings and their SQL twins agree (S5, S12, K2). Subclass
+rules' Python spellings and their SQL twins agree (S5, S12, K2, X5). Subclass
 :class:`StoreConformance` in a test module and give it a ``store`` fixture
 that returns a fresh, empty store::
 
@@ -42,6 +42,7 @@ from . import make_engine
 __all__ = ["StoreConformance"]
 
 LEASE = 0.3  # seconds: short, so the suite can let a lease expire
+DELAY = 3.0  # seconds: a delayed start's not_before, long enough for the claims made before it
 
 
 class _Bodies:
@@ -182,6 +183,31 @@ class StoreConformance:
         tokens = [t for t in bodies.tokens if t is not None]
         assert bodies.entered == ["r0", "r1", "r2"]
         assert len(tokens) == len(bodies.tokens) and tokens == sorted(tokens) and len(set(tokens)) == 3
+
+    # -- the delayed start -------------------------------------------------------------
+    def test_a_waiter_not_due_blocks_no_one_and_runs_when_due(self, engine: Engine, bodies: _Bodies) -> None:
+        """X5, S5 step 3, S7, R5: D, created first with a not_before DELAY seconds
+        ahead on the store's clock, is not claimed (its wake time becomes its
+        not_before); W behind it is admitted; W's settle grants D nothing; once
+        due, the tick sends D and it runs."""
+        from datetime import timedelta
+
+        not_before = engine.store.now() + timedelta(seconds=DELAY)
+        engine.start("conf-1", {"k": "K"}, run_id="D", not_before=not_before)
+        engine.start("conf-1", {"k": "K"}, run_id="W")
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        early = self._turn(engine, "D", "early")
+        assert early.state is TurnState.SKIPPED, "a run was claimed before its not_before"
+        stored = engine.get("D")
+        assert stored.status == RunStatus.PENDING and not stored.admitted and stored.wake_at == not_before
+        w = self._turn(engine, "W", "w")
+        assert w.state is TurnState.RUN, "a waiter not due blocked the due waiter behind it"
+        done = engine.store.finish(engine.get("W"), "w", RunStatus.COMPLETED, limits=engine.limits())
+        assert done.settled and "D" not in [r.run_id for r in done.granted]
+        assert not engine.get("D").admitted
+        time.sleep(max(0.0, (not_before - engine.store.now()).total_seconds()) + 0.05)
+        _settle_all(engine)
+        assert bodies.entered == ["D"] and engine.get("D").status == RunStatus.COMPLETED
 
     # -- fencing ---------------------------------------------------------------------
     def test_a_taken_over_lease_fences_every_write(self, engine: Engine) -> None:
@@ -338,6 +364,18 @@ class StoreConformance:
             ).annotate(free=free_slots_sql("limit", Value(holders), Value(paused)))
             got = sql.values_list("limit", "free").get()
             assert got == (limit, free_slots(limit, holders, paused=paused)), (declared, override, holders, paused)
+        # X5: is_due and its twin is_due_q agree on the database's clock.
+        from datetime import timedelta
+
+        from ..admission import is_due, is_due_q
+        from ..querysets import DbNow
+
+        db_now = store.now()
+        moments = {"none": None, "past": db_now - timedelta(hours=1), "future": db_now + timedelta(hours=1)}
+        for name, moment in moments.items():
+            runs.filter(pk=next(iter(expected))).update(not_before=moment)
+            due_in_sql = runs.filter(pk=next(iter(expected))).filter(is_due_q(DbNow())).exists()
+            assert due_in_sql == is_due(moment, store.now()) == (name != "future"), name
 
     def test_turn_on_its_way_agrees_in_python_and_sql(self, engine: Engine) -> None:
         """S8, S8a (#17): on every status, park reason and ``wake_at`` (none, an
