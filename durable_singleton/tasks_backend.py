@@ -97,15 +97,18 @@ class DurableSingletonBackend(BaseTaskBackend):
     ``OPTIONS["SINGLETONS"]``: ``{task module path: {"key": callable or dotted
     path, "limit": int >= 1, "max_queue_depth": int >= 0 or None}}``; the key
     callable receives the task's positional and keyword arguments and returns
-    a non-empty str (S1). Supports async task functions and result retrieval
-    from any process; not priorities (other than 0) or ``run_after``. A
-    task's ``queue_name`` (one of ``QUEUES``, checked by Django) is kept with
+    a non-empty str (S1). Supports async task functions, result retrieval
+    from any process and ``run_after``, a delayed start of the run
+    (``not_before``, X5: not run before it by the database's clock, and no
+    blocker of the due tasks behind it on its key); not priorities (other
+    than 0: admission per key is FIFO, S5). A task's ``queue_name`` (one of ``QUEUES``, checked by Django) is kept with
     its run and read back by :meth:`get_result`; it does not route turns,
     which go to the engine's dispatcher.
     """
 
     supports_async_task = True
     supports_get_result = True
+    supports_defer = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -116,7 +119,9 @@ class DurableSingletonBackend(BaseTaskBackend):
         """Start a durable run of ``task`` with ``args``/``kwargs``; return its result (status READY).
 
         The run is created now and its first turn dispatched after the current
-        transaction commits (S3). Arguments are normalized as Django's
+        transaction commits (S3); with the task's ``run_after`` (an aware
+        datetime, checked by Django) the run's ``not_before`` is that time and
+        the tick sends its first turn when it is due (X5). Arguments are normalized as Django's
         ``TaskResult`` does (tuples become lists). Raises
         :class:`~django.tasks.exceptions.InvalidTask` for a task this backend
         cannot run, :class:`~durable_singleton.exceptions.InvalidInputTypeError`
@@ -141,7 +146,7 @@ class DurableSingletonBackend(BaseTaskBackend):
             input["queue_name"] = task.queue_name
         engine = get_engine()
         definition = self.definition_for(task, engine.registry)
-        run = engine.start(definition.name, input, version=definition.version)
+        run = engine.start(definition.name, input, version=definition.version, not_before=task.run_after)
         result = self._result(task, run, [])
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -260,6 +265,8 @@ class DurableSingletonBackend(BaseTaskBackend):
         if isinstance(queue_name, str) and queue_name != task.queue_name:
             with contextlib.suppress(InvalidTask):  # QUEUES no longer lists it: the task's own
                 task = task.using(queue_name=queue_name)
+        if run.not_before is not None and task.run_after != run.not_before:
+            task = task.using(run_after=run.not_before)  # the task as enqueued (X5)
         result: TaskResult[P, R] = TaskResult(
             task=task,
             id=run.run_id,

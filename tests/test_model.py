@@ -1,6 +1,6 @@
 """A stateful model-based test of the turn protocol (issue #8), with hypothesis.
 
-Random interleavings of start, turn (claim), a holder's step, sleep and wake,
+Random interleavings of start, a delayed start (X5) and its coming due, turn (claim), a holder's step, sleep and wake,
 a signal, cancel, execution timeout, a worker crash with lease expiry and the
 takeover, the tick, a limit change between deploys, and the holder's settle,
 run against the real store (in memory, and the Django store on the DATABASE_URL
@@ -10,7 +10,8 @@ Invariants after every step:
 
 * at most ``limit`` holders per key, counting the limit in force when each
   holder was admitted (a lowered limit never evicts, K2, S8b);
-* admission is FIFO among the key's waiters (S5 step 3);
+* admission is FIFO among the key's due waiters (S5 step 3, X5);
+* a run whose not_before has not come is never claimed or admitted (X5);
 * no body of a cancelled run resumes (D6, F13);
 * fencing tokens strictly increase per key in admission order (K1);
 * at the end, once the holders finish, every waiter is admitted and every run
@@ -104,14 +105,17 @@ class TurnProtocol(RuleBasedStateMachine):
             if other == run.run_id or self.key_of[other] != key:
                 continue
             older = self._run(other)
-            if (older.created_at, older.run_id) < (run.created_at, run.run_id):
+            if (older.created_at, older.run_id) < (run.created_at, run.run_id) and self._is_due(older):
                 assert other in self.admitted_order[key] or older.is_terminal or older.admitted, (
-                    f"{run.run_id} admitted before older waiter {other}"
+                    f"{run.run_id} admitted before older due waiter {other}"
                 )
         self.admitted_order[key].append(run.run_id)
         assert run.fencing_token is not None
         self.tokens[key].append(run.fencing_token)
         self.limit_at_admission[run.run_id] = self.limit
+
+    def _is_due(self, run: Any) -> bool:
+        return run.not_before is None or run.not_before <= self.store.now()
 
     def _sync_admissions(self) -> None:
         holders = [r for r in map(self._run, self.created) if r.admitted]
@@ -126,6 +130,34 @@ class TurnProtocol(RuleBasedStateMachine):
         run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}")
         self.created.append(run.run_id)
         self.key_of[run.run_id] = key
+
+    @rule(key=st.sampled_from(KEYS))
+    def start_delayed(self, key: str) -> None:
+        """A delayed start (X5): not due for an hour, until ``delays_pass``."""
+        self.n += 1
+        self.clock.now += timedelta(microseconds=10)
+        not_before = self.store.now() + timedelta(hours=1)
+        run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}", not_before=not_before)
+        self.created.append(run.run_id)
+        self.key_of[run.run_id] = key
+
+    @rule()
+    def delays_pass(self) -> None:
+        """Every delayed start comes due (its not_before moves into the past)."""
+        self._sync_admissions()
+        self._make_due()
+
+    def _make_due(self) -> None:
+        past = self.store.now() - timedelta(seconds=1)
+        if isinstance(self.store, MemoryStore):
+            with self.store._critical():
+                for run_id, run in list(self.store._runs.items()):
+                    if run.not_before is not None and run.not_before > past:
+                        self.store._runs[run_id] = run.evolve(not_before=past)
+        else:
+            from durable_singleton.models import Run
+
+            Run.objects.filter(not_before__gt=past).update(not_before=past)
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())
@@ -244,6 +276,13 @@ class TurnProtocol(RuleBasedStateMachine):
                 assert len(holders) <= allowed, f"{len(holders)} holders of {key} over limit {allowed}"
 
     @invariant()
+    def no_run_is_claimed_or_admitted_before_its_not_before(self) -> None:
+        for run in map(self._run, self.created):
+            if not self._is_due(run):
+                assert not run.admitted and run.attempts == 0 and run.started_at is None, run
+                assert run.status in ("pending", "cancelled"), run
+
+    @invariant()
     def tokens_strictly_increase_per_key(self) -> None:
         for key in KEYS:
             tokens = self.tokens[key]
@@ -260,6 +299,7 @@ class TurnProtocol(RuleBasedStateMachine):
         self.engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
         for run_id in list(self.owner):
             self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())
+        self._make_due()
         while self._active():
             assert time.monotonic() < deadline, f"runs never finished: {self._active()}"
             past = self.store.now() - timedelta(seconds=1)

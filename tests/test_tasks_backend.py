@@ -370,3 +370,32 @@ def test_task_finished_is_sent_failed_for_a_task_cancelled_before_it_ran(manual:
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class_path == "durable_singleton.exceptions.RunCancelledError"
     assert finished == [(result.id, "FAILED")]
+
+
+def test_run_after_is_a_delayed_start_that_blocks_no_due_task_on_its_key(manual: Engine) -> None:
+    """#18 item 9, X5: a task enqueued with run_after an hour ahead is a run whose
+    not_before is that time; its result reads READY and names its run_after; a
+    due sync of the same store enqueued after it runs past it (one key, limit 1);
+    once due, the tick sends it and it succeeds. Django refuses a naive run_after."""
+    from django.db.models import F
+    from django.tasks.exceptions import InvalidTask
+    from django.utils import timezone
+
+    later = manual.store.now() + timedelta(hours=1)
+    delayed = jobs.sync_store.using(run_after=later).enqueue("A")
+    assert delayed.status == TaskResultStatus.READY and delayed.task.run_after == later
+    assert Run.objects.get(pk=delayed.id).not_before == later
+    assert list(manual.dispatcher.queue) == []
+    due = jobs.sync_store.enqueue("A")
+    manual.dispatcher.drain()
+    assert jobs.sync_store.get_result(due.id).status == TaskResultStatus.SUCCESSFUL
+    fetched = jobs.sync_store.get_result(delayed.id)
+    assert fetched.status == TaskResultStatus.READY and fetched.task.run_after == later
+    Run.objects.filter(pk=delayed.id).update(
+        not_before=F("not_before") - timedelta(hours=2), wake_at=F("wake_at") - timedelta(hours=2)
+    )  # two hours pass for the delayed run
+    manual.tick()
+    manual.dispatcher.drain()
+    assert jobs.sync_store.get_result(delayed.id).status == TaskResultStatus.SUCCESSFUL
+    with pytest.raises(InvalidTask, match="aware"):
+        jobs.sync_store.using(run_after=timezone.now().replace(tzinfo=None))

@@ -24,7 +24,10 @@ _PRIORITY = (
     "priorities are not supported (supports_priority is False): admission per key is FIFO by creation "
     "(S5), and no dispatcher orders turns across keys"
 )
-_RUN_AFTER = "run_after is not supported yet (supports_defer is False)"
+_RUN_AFTER = (
+    "the durable backend supports run_after (supports_defer, a delayed start: SPEC X5); the immediate "
+    "backend's stand-in is the durable backend, so it does not refuse it"
+)
 _R7 = (
     "Django's immediate backend lets a task's KeyboardInterrupt leave enqueue() (\"if the user tried to "
     "terminate, let them\"); here a body's KeyboardInterrupt is its own code's unless the worker's own "
@@ -57,7 +60,6 @@ DIFFERENCES: dict[str, tuple[str, bool]] = {
     _TASKS + "test_refresh_result": (_SYNC_IN_ASYNC, True),
     _TASKS + "test_using_priority": (_PRIORITY, True),
     _TASKS + "test_invalid_priority": (_PRIORITY + "; the refusal comes before the range check", True),
-    _TASKS + "test_chained_using": (_PRIORITY + "; " + _RUN_AFTER, True),
-    _TASKS + "test_using_run_after": (_RUN_AFTER, True),
-    _TASKS + "test_naive_datetime": (_RUN_AFTER + "; the refusal comes before the aware-datetime check", True),
+    _TASKS + "test_chained_using": (_PRIORITY, True),
+    _IMMEDIATE + "test_cannot_pass_run_after": (_RUN_AFTER, True),
 }
