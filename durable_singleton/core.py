@@ -223,6 +223,16 @@ class Core:
             self.now.correct()
         return self.now()
 
+    def caller_now(self) -> datetime | None:
+        """Return the time a write the store can time itself is given (R8).
+
+        None on the default clock (:class:`StoreClock`): the store writes its
+        own clock's time at the moment of the write (a run's ``finished_at``,
+        a schedule's windows). An injected ``clock`` is the clock of
+        everything, and its time is returned.
+        """
+        return None if isinstance(self.now, StoreClock) else self.now()
+
     # -- declaring ---------------------------------------------------------
     def register(
         self,
@@ -847,7 +857,7 @@ class Core:
             error=error,
             limits=self.limits(),
             # On the default clock the store writes its own clock's time (R8).
-            finished_at=None if self._store_clock is not None else self.now(),
+            finished_at=self.caller_now(),
         )
         if not done.settled:
             return Outcome.FENCED

@@ -101,7 +101,8 @@ class Engine(Core):
         return [*super().tick_jobs(), ("schedules", self._tick_schedules), ("retention", self._tick_retention)]
 
     def _tick_schedules(self, report: TickReport) -> None:
-        schedules.fire_due_schedules(self, self.now(), self.settings.TICK_BATCH)  # its own bounded batch (S17, S8b)
+        # Its own bounded batch (S17, S8b), windows decided on the store's clock (R8).
+        schedules.fire_due_schedules(self, self.caller_now(), self.settings.TICK_BATCH)
 
     def _tick_retention(self, report: TickReport) -> None:
         retention.retention_batch(self, self.now())  # finished runs past RETENTION_SECONDS, bounded (O2, S8b)

@@ -8,12 +8,13 @@ admin. Either way its state lives in the store
 store's :class:`~durable_singleton.models.ScheduleState` row): the next window
 not yet fired and whether it is paused. The tick calls
 :func:`fire_due_schedules`, which takes each due schedule under its row lock,
-decides which windows to fire (the catch-up policy), starts one run per window
-with the deterministic run id ``schedule:<name>:<window>`` (idempotent by run
-id, R3), records each window's outcome
-(:class:`~durable_singleton.models.ScheduleFiring`) and moves the cursor past
-``now`` in the same transaction. Two ticks on two machines fire a window
-once: the second finds the cursor moved.
+decides which windows to fire (the catch-up policy) by the store's clock read
+under that lock (R8: a process clock that stepped never fires a window early
+or late), starts one run per window with the deterministic run id
+``schedule:<name>:<window>`` (idempotent by run id, R3), records each
+window's outcome (:class:`~durable_singleton.models.ScheduleFiring`) and
+moves the cursor past that time in the same transaction. Two ticks on two
+machines fire a window once: the second finds the cursor moved.
 
 The declarations (:class:`Schedule`, :class:`Overlap`, :class:`CatchUp`) are
 :mod:`durable_singleton.schedule_specs`'; they are named here too.
@@ -22,7 +23,7 @@ The declarations (:class:`Schedule`, :class:`Overlap`, :class:`CatchUp`) are
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from .core import Core
@@ -69,7 +70,7 @@ def declared_schedules(core: Core) -> list[Schedule]:
     return found
 
 
-def _sync(core: Core, states: ScheduleStore, now: datetime) -> None:
+def _sync(core: Core, states: ScheduleStore, now: datetime | None) -> None:
     """Write code-declared schedules to their rows: one read when nothing changed, so a
     row deleted behind the process's back is declared again at the next tick."""
     specs = declared_schedules(core)
@@ -78,13 +79,16 @@ def _sync(core: Core, states: ScheduleStore, now: datetime) -> None:
 
 
 # -- firing ------------------------------------------------------------------
-def fire_due_schedules(core: Core, now: datetime, batch: int) -> ScheduleReport:
+def fire_due_schedules(core: Core, now: datetime | None, batch: int) -> ScheduleReport:
     """Fire the windows of at most ``batch`` due schedules (S17, S8b).
 
-    Each schedule is fired under its row lock: the windows due by ``now`` are
-    chosen by its catch-up policy, each is started with its deterministic run
-    id (S16: the queue cap applies; a rejected window is recorded), and the
-    cursor moves past ``now``. Errors of one schedule are logged and skipped;
+    ``now``: the time to fire by (an aware datetime), or None for the store's
+    clock, read under each schedule's row lock (R8; the engine's tick passes
+    :meth:`~durable_singleton.core.Core.caller_now`, None on its default clock).
+    Each schedule is fired under its row lock: the windows due by that time
+    are chosen by its catch-up policy, each is started with its deterministic
+    run id (S16: the queue cap applies; a rejected window is recorded), and the
+    cursor moves past that time. Errors of one schedule are logged and skipped;
     this function never raises. Returns what it did.
     """
     report = ScheduleReport()
@@ -105,16 +109,17 @@ def fire_due_schedules(core: Core, now: datetime, batch: int) -> ScheduleReport:
     return report
 
 
-def _fire_one(core: Core, states: ScheduleStore, name: str, now: datetime, report: ScheduleReport) -> None:
+def _fire_one(core: Core, states: ScheduleStore, name: str, now: datetime | None, report: ScheduleReport) -> None:
     with states.locked(name, now) as row:
         if row is None:
             return  # fired by a racing tick, paused, or removed meanwhile
         spec = row.spec
-        assert row.next_fire_at is not None
+        assert row.next_fire_at is not None and row.locked_at is not None
+        at = row.locked_at  # the store's clock under the lock, or the caller's time (R8)
         keep = spec.catch_up_limit if spec.catch_up == CatchUp.ALL else 1
-        windows, older, following = spec.due_windows(row.next_fire_at, now, keep)
+        windows, older, following = spec.due_windows(row.next_fire_at, at, keep)
         missed_from = row.next_fire_at if older else None
-        if spec.catch_up == CatchUp.NONE and windows and (now - windows[-1]).total_seconds() > spec.grace:
+        if spec.catch_up == CatchUp.NONE and windows and (at - windows[-1]).total_seconds() > spec.grace:
             missed_from = missed_from or windows[0]
             older += len(windows)
             windows = []
@@ -129,10 +134,11 @@ def _fire_one(core: Core, states: ScheduleStore, name: str, now: datetime, repor
                     FiringOutcome.MISSED,
                     f"{older} window(s) from {missed_from:%Y-%m-%d %H:%M:%S} UTC to "
                     f"{last_missed:%Y-%m-%d %H:%M:%S} UTC not fired (catch_up={spec.catch_up})",
+                    recorded_at=at,
                 )
             )
         for window in windows:
-            record = _fire_window(core, spec, row, window)
+            record = replace(_fire_window(core, spec, row, window), recorded_at=at)
             states.record(record)
             report.outcomes[record.run_id] = record.outcome
         row.next_fire_at = following
@@ -172,8 +178,11 @@ def pause_schedule(core: Core, name: str) -> None:
 
 
 def resume_schedule(core: Core, name: str) -> None:
-    """Resume schedule ``name``; windows that passed while it was paused are not fired,
-    the next one is the first window at or after now.
+    """Resume schedule ``name``: the windows that passed while it was paused are
+    due, and the next tick fires them as its catch-up policy says (S17):
+    ``"latest"`` the newest, ``"all"`` at most ``catch_up_limit`` newest,
+    ``"none"`` only one at most ``grace`` seconds old; the others are recorded
+    as missed.
 
     Raises :class:`ValidationError` if there is no such schedule.
     """
@@ -182,6 +191,6 @@ def resume_schedule(core: Core, name: str) -> None:
 
 def _set_paused(core: Core, name: str, paused: bool) -> None:
     states = schedule_store_for(core.store)
-    _sync(core, states, core.now())
-    if not states.set_paused(name, paused, core.now()):
+    _sync(core, states, core.caller_now())
+    if not states.set_paused(name, paused, core.caller_now()):
         raise ValidationError(f"no schedule named {name!r}")

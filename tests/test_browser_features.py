@@ -149,3 +149,57 @@ def test_key_page_controls_pause_override_and_record_who(
         ("limit_override", "admin", ""),
         ("paused", "admin", "fixed"),
     ]
+
+
+def test_an_operator_adds_a_paused_schedule_edits_it_and_resumes_it_in_its_form(
+    browser: Browser, thread_workers: Engine, django_user_model: Any
+) -> None:
+    """S17: an operator adds a paused one-second schedule in the admin, opens it
+    again (its name read-only), changes its input and unticks "paused"; the form
+    saves, and the embedded worker's tick then fires the windows that passed
+    while it was paused as its catch-up policy ("latest") says: the newest, the
+    older ones in one missed record from the paused cursor."""
+    _log_in(browser, django_user_model, "/admin/durable_singleton/schedulestate/add/")
+
+    def add(page: Any) -> str:
+        page.fill("#id_name", "ops-browser")
+        page.fill("#id_workflow_name", "sync-inventory-wide")
+        page.fill("#id_every_seconds", "1")
+        page.fill("#id_input", '{"store_id": "BR"}')
+        page.select_option("#id_catch_up", "latest")
+        page.check("#id_paused")
+        with page.expect_navigation():
+            page.click("input[name=_save]")
+        return str(page.inner_text("ul.messagelist"))
+
+    assert "was added successfully" in browser.do(add)
+    row = ScheduleState.objects.get(name="ops-browser")
+    assert row.paused and row.source == "admin" and row.next_fire_at is not None
+    paused_at = row.next_fire_at
+    time.sleep(3.5)  # windows pass while it is paused
+    assert not thread_workers.store.list_runs(), "a paused schedule fires nothing"
+    browser.goto(f"/admin/durable_singleton/schedulestate/{row.pk}/change/")
+
+    def edit(page: Any) -> str:
+        assert page.query_selector("#id_name") is None and "ops-browser" in page.inner_text("#content")
+        page.fill("#id_input", '{"store_id": "BR", "edited": true}')
+        page.uncheck("#id_paused")
+        with page.expect_navigation():
+            page.click("input[name=_save]")
+        errors = page.query_selector(".errornote, .errorlist")
+        return str(errors.inner_text()) if errors else str(page.inner_text("ul.messagelist"))
+
+    message = browser.do(edit)
+    assert "was changed successfully" in message, message
+    row.refresh_from_db()
+    assert (row.paused, row.input) == (False, {"store_id": "BR", "edited": True})
+    firings = wait_until(
+        lambda: list(row.firings.order_by("window_at")[:2]) if row.firings.filter(outcome="started").exists() else None,
+        20,
+        "the first window after the resume",
+    )
+    missed, started = firings
+    assert (missed.outcome, missed.window_at) == ("missed", paused_at), (missed, started)
+    assert int(missed.detail.split(" window")[0]) >= 3 and started.outcome == "started", missed.detail
+    run = thread_workers.get(started.run_id)
+    assert run.input == {"store_id": "BR", "edited": True}

@@ -6,20 +6,25 @@ default :class:`~durable_singleton.engine.StoreClock` reads (its process
 clock) after a correction, forward by an hour or back by a minute, and check
 that the run's ``created_at`` and ``finished_at`` are still on the database's
 clock: a run is never created after it started nor finished before it
-started, and a waiter started by a stepped-back process does not jump the
-queue.
+started, a waiter started by a stepped-back process does not jump the
+queue, and a tick fires each schedule window on time (the tick decides and
+records windows on the store's clock).
 """
 
 from __future__ import annotations
 
+import itertools
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone as django_timezone
 
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine, StoreClock
+from durable_singleton.schedules import Schedule, schedule_store_for
 
 
 def step_clock(engine: Engine, delta: timedelta) -> None:
@@ -114,3 +119,48 @@ def test_a_time_read_before_a_correction_does_not_hold_later_starts(
     assert abs(created - engine.store.now()) < timedelta(seconds=5), (created, engine.store.now())
     engine.start("plain", {}, run_id="S")
     assert created <= engine.get("S").created_at, "still in order after the reset"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delta", [timedelta(hours=1), timedelta(seconds=-60)], ids=["forward", "back"])
+def test_a_stepped_process_fires_every_schedule_window_on_time(
+    make: Callable[..., Engine], registry: Registry, monkeypatch: pytest.MonkeyPatch, delta: timedelta
+) -> None:
+    """R8, S17: a process whose clock stepped an hour forward, or a minute back,
+    since its last correction ticks a one-second schedule for 3 s: every window
+    fires once, none before its start on the store's clock, none recorded as
+    missed, none skipped, and the last one within a second and a half of the
+    end (nothing is left for after the next correction). The step is renewed
+    before each tick (a correction, then the step again) and covers Django's
+    ``timezone.now`` too (the process clock of the app's auto-timed fields);
+    the store's clock (the database's, or the in-memory store's own) does not step."""
+    registry.add("beat", "1", lambda ctx, i: None, schedules=[Schedule("beat", every=1, catch_up="all")])
+    engine = make()
+    clock = engine.now
+    assert isinstance(clock, StoreClock)
+    local: Callable[[], datetime] = clock._local
+    monkeypatch.setattr(django_timezone, "now", lambda: local() + delta)
+
+    def stepped_tick() -> None:
+        clock._local = local
+        clock.correct()
+        clock._local = lambda: local() + delta
+        engine.tick()
+
+    stop = time.monotonic() + 3.0
+    while time.monotonic() < stop:
+        stepped_tick()
+        time.sleep(0.1)
+    end = engine.store.now()
+    firings = schedule_store_for(engine.store).firings("beat")
+    assert [(f.window_at, f.outcome) for f in firings if f.outcome != "started"] == []
+    windows = [f.window_at for f in firings]
+    assert len(windows) >= 2, windows
+    assert {b - a for a, b in itertools.pairwise(windows)} <= {timedelta(seconds=1)}, windows
+    assert timedelta(0) <= end - windows[-1] < timedelta(seconds=1.5), (windows[-1], end)
+    for firing in firings:
+        run = engine.get(firing.run_id)
+        assert firing.window_at <= run.created_at <= end, (firing.window_at, run.created_at)
+        assert firing.recorded_at is not None and firing.window_at <= firing.recorded_at <= end, firing
+    state = schedule_store_for(engine.store).get("beat")
+    assert state is not None and state.next_fire_at == windows[-1] + timedelta(seconds=1)

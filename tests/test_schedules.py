@@ -225,23 +225,43 @@ def test_singleton_schedule_serializes_its_windows(
     assert monitor.entered == [first, second] and monitor.highest["K"] == 1
 
 
-def test_pause_stops_firing_and_resume_skips_the_paused_windows(
-    make: Callable[..., Engine], registry: Registry, clock: Clock
+@pytest.mark.parametrize(
+    ("policy", "limit", "started", "missed_detail"),
+    [
+        ("none", 10, [], "5 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:05:59 UTC"),
+        ("latest", 10, ["10:05"], "4 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:04:59 UTC"),
+        ("all", 2, ["10:04", "10:05"], "3 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:03:59 UTC"),
+        ("all", 10, ["10:01", "10:02", "10:03", "10:04", "10:05"], None),
+    ],
+)
+def test_pause_stops_firing_and_resume_fires_the_paused_windows_by_the_catch_up_policy(
+    make: Callable[..., Engine],
+    registry: Registry,
+    clock: Clock,
+    policy: str,
+    limit: int,
+    started: list[str],
+    missed_detail: str | None,
 ) -> None:
-    """S17: a paused schedule fires nothing; resuming fires from the next window
-    on, not the windows that passed while paused. An unknown name is a typed error."""
-    _plain(registry, Schedule("s", every=60))
+    """S17: a paused schedule fires nothing; once resumed, the windows that passed
+    while it was paused fire as its catch-up policy says, the others are recorded
+    as missed (never silently), and the next window fires on time. An unknown
+    name is a typed error."""
+    _plain(registry, Schedule("s", every=60, catch_up=policy, catch_up_limit=limit, grace=20))
     engine = make(clock=clock)
     pause_schedule(engine, "s")
-    clock.advance(300)
+    clock.advance(300)  # 10:05:30: windows 10:01 .. 10:05 passed while paused
     engine.tick()
     assert engine.store.list_runs() == []
     resume_schedule(engine, "s")
+    assert engine.store.list_runs() == []  # the tick fires, not the resume
     engine.tick()
-    assert engine.store.list_runs() == []
+    assert [r.run_id for r in engine.store.list_runs()] == [f"schedule:s:2030-01-15T{hm}:00Z" for hm in started]
+    missed = [f.detail for f in schedule_store_for(engine.store).firings("s") if f.outcome == "missed"]
+    assert missed == ([] if missed_detail is None else [f"{missed_detail} not fired (catch_up={policy})"])
     clock.advance(30)  # 10:06:00
     engine.tick()
-    assert [r.run_id for r in engine.store.list_runs()] == ["schedule:s:2030-01-15T10:06:00Z"]
+    assert engine.store.get_run("schedule:s:2030-01-15T10:06:00Z") is not None
     with pytest.raises(ValidationError, match="no schedule named 'nope'"):
         pause_schedule(engine, "nope")
 
@@ -316,14 +336,14 @@ def test_racing_ticks_on_a_real_clock_fire_every_window_once_with_bounded_jitter
     within a second of its window (the firing jitter)."""
     _plain(registry, Schedule("every-second", every=1, catch_up="all"))
     engine = make()
-    fire_due_schedules(engine, engine.now(), 10)
+    fire_due_schedules(engine, engine.caller_now(), 10)
     stop = time.monotonic() + 3.0
 
     def loop(i: int) -> int:
         time.sleep(i * 0.033)
         turns = 0
         while time.monotonic() < stop:
-            fire_due_schedules(engine, engine.now(), 10)
+            fire_due_schedules(engine, engine.caller_now(), 10)  # the tick's: the store's clock (R8)
             turns += 1
             time.sleep(0.1)
         return turns
@@ -406,3 +426,116 @@ def test_admin_lists_schedules_with_their_next_window_and_pauses_them(admin_clie
     )
     assert refused.status_code == 200 and "cron" in refused.content.decode()
     assert not ScheduleState.objects.filter(name="ops").exists()
+
+
+def _schedule_form(**fields: Any) -> dict[str, Any]:
+    """The POST of the admin's schedule form: an interval schedule of the test project's
+    sync-inventory-wide (no queue cap), overridden by ``fields`` (a checkbox is sent only when checked)."""
+    form: dict[str, Any] = {
+        "workflow_name": "sync-inventory-wide",
+        "every_seconds": 60,
+        "cron": "",
+        "timezone": "UTC",
+        "input": '{"store_id": "ops"}',
+        "overlap": "allow",
+        "catch_up": "latest",
+        "catch_up_limit": 10,
+        "grace_seconds": 60,
+    }
+    form.update(fields)
+    return {k: v for k, v in form.items() if v is not False}
+
+
+def _errors(response: Any) -> Any:
+    context = response.context or {}
+    return context.get("adminform") and context["adminform"].form.errors
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operator_schedule_is_edited_in_the_admin_and_keeps_its_name(admin_client: Any, settings: Any) -> None:
+    """S17, section 6: a schedule made in the admin opens in its change form with
+    its name read-only (part of every run id) and saves an edit of its other
+    fields; a tampered name in the POST renames nothing; an edit that makes it
+    invalid is refused with the field named and writes nothing; a change of
+    timing moves its cursor to the first new window on the database's clock."""
+    from django.urls import reverse
+
+    from durable_singleton.models import ScheduleState
+    from durable_singleton.runtime import get_engine
+
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
+    made = admin_client.post(reverse("admin:durable_singleton_schedulestate_add"), _schedule_form(name="ops"))
+    assert made.status_code == 302, _errors(made)
+    row = ScheduleState.objects.get(name="ops")
+    assert row.source == "admin" and row.next_fire_at is not None
+    change = reverse("admin:durable_singleton_schedulestate_change", args=[row.pk])
+    page = admin_client.get(change)
+    assert page.status_code == 200 and 'name="name"' not in page.content.decode()
+    edited = admin_client.post(
+        change, _schedule_form(name="renamed", input='{"store_id": "ops-2"}', catch_up="all", catch_up_limit=3)
+    )
+    assert edited.status_code == 302, _errors(edited)
+    row.refresh_from_db()
+    assert (row.name, row.input, row.catch_up, row.catch_up_limit) == ("ops", {"store_id": "ops-2"}, "all", 3)
+    cursor = row.next_fire_at
+    refused = admin_client.post(change, _schedule_form(every_seconds="", cron="99 * * * *"))
+    assert refused.status_code == 200 and "cron" in str(_errors(refused))
+    row.refresh_from_db()
+    assert (row.every_seconds, row.cron, row.next_fire_at) == (60, "", cursor)
+    before = engine.store.now()
+    retimed = admin_client.post(change, _schedule_form(every_seconds=3600, input='{"store_id": "ops-2"}'))
+    assert retimed.status_code == 302, _errors(retimed)
+    row.refresh_from_db()
+    hour = before.replace(minute=0, second=0, microsecond=0)
+    assert row.every_seconds == 3600 and row.next_fire_at in (hour + timedelta(hours=1), hour + timedelta(hours=2))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("policy", "limit", "fired"), [("none", 10, 0), ("latest", 10, 1), ("all", 3, 3), ("all", 10, None)]
+)
+def test_resuming_a_schedule_through_its_admin_form_fires_as_its_catch_up_policy_says(
+    admin_client: Any, settings: Any, policy: str, limit: int, fired: int | None
+) -> None:
+    """S17: a schedule paused for six windows and resumed by unticking "paused"
+    in its change form fires, at the next tick, the windows its catch-up policy
+    picks ("none" with no grace: none; "latest": the newest; "all": at most the
+    limit, the newest, oldest first; fired=None: every one) and records the
+    others in one missed record; its next window is the first after the tick."""
+    from django.urls import reverse
+
+    from durable_singleton.models import ScheduleState
+    from durable_singleton.runtime import get_engine
+
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
+    form = _schedule_form(name="ops", catch_up=policy, catch_up_limit=limit, grace_seconds=0)
+    made = admin_client.post(reverse("admin:durable_singleton_schedulestate_add"), {**form, "paused": "on"})
+    assert made.status_code == 302, _errors(made)
+    # Paused since six windows ago: its cursor is still the first of them.
+    paused_at = engine.store.now().replace(second=0, microsecond=0) - timedelta(minutes=5)
+    ScheduleState.objects.filter(name="ops").update(next_fire_at=paused_at)
+    engine.tick()
+    assert engine.store.list_runs() == []  # paused: nothing fires
+    row = ScheduleState.objects.get(name="ops")
+    resumed = admin_client.post(reverse("admin:durable_singleton_schedulestate_change", args=[row.pk]), form)
+    assert resumed.status_code == 302, _errors(resumed)
+    row.refresh_from_db()
+    assert not row.paused and row.next_fire_at == paused_at  # the tick fires, not the form
+    engine.tick()
+    row.refresh_from_db()
+    assert row.next_fire_at is not None and row.next_fire_at > engine.store.now() - timedelta(seconds=60)
+    due = [paused_at + timedelta(minutes=n) for n in range(int((row.next_fire_at - paused_at) / timedelta(minutes=1)))]
+    assert len(due) >= 6
+    expected = due if fired is None else due[len(due) - fired :] if fired else []
+    firings = schedule_store_for(engine.store).firings("ops")
+    assert [(f.window_at, f.outcome) for f in firings if f.outcome != "missed"] == [(w, "started") for w in expected]
+    assert sorted(r.run_id for r in engine.store.list_runs()) == [schedule_run_id("ops", w) for w in expected]
+    missed = [f for f in firings if f.outcome == "missed"]
+    if len(expected) == len(due):
+        assert missed == []
+    else:
+        assert [(f.window_at, f.detail.split(" from ")[0]) for f in missed] == [
+            (paused_at, f"{len(due) - len(expected)} window(s)")
+        ]

@@ -2,9 +2,13 @@
 became of each window (S17).
 
 Schedules declared in code are listed read-only (their spec comes from the
-code); an operator adds and edits schedules of their own here. Pause and
-resume are actions that need the change permission and call
-:mod:`durable_singleton.schedules`.
+code); an operator adds and edits schedules of their own here. An edit is
+written by the schedule store under the row's lock, only the fields it
+changed (:meth:`~durable_singleton.stores.schedule_state.DjangoScheduleStore.edit`),
+so it never undoes a cursor a tick moved; unticking "paused" resumes the
+schedule as the resume action does (its catch-up policy picks the windows that
+passed while it was paused). Pause and resume are also actions that need the
+change permission and call :mod:`durable_singleton.schedules`.
 """
 
 from __future__ import annotations
@@ -26,24 +30,13 @@ from ..exceptions import DurableSingletonError
 from ..models import ScheduleFiring, ScheduleState
 from ..queues import format_age
 from ..runtime import get_engine
-from ..schedules import pause_schedule, resume_schedule
-from ..stores.schedule_state import spec_of
+from ..schedules import pause_schedule, resume_schedule, schedule_store_for
+from ..stores.schedule_state import EDITABLE_FIELDS, DjangoScheduleStore, spec_of
 from .bounded import StorableInputMixin
 
 __all__ = ["ScheduleAdmin", "ScheduleFiringAdmin"]
 
-_SPEC_FIELDS = (
-    "name",
-    "workflow_name",
-    "every_seconds",
-    "cron",
-    "timezone",
-    "input",
-    "overlap",
-    "catch_up",
-    "catch_up_limit",
-    "grace_seconds",
-)
+_SPEC_FIELDS = ("name", *(f for f in EDITABLE_FIELDS if f != "paused"))
 _RECENT_WINDOWS = 20
 
 
@@ -62,7 +55,9 @@ class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        probe = ScheduleState(**{k: data.get(k) for k in _SPEC_FIELDS if k in data})
+        # The row as it would be saved: the fields the form has (a read-only name
+        # is not one of them) over the stored ones.
+        probe = ScheduleState(**{k: data[k] if k in data else getattr(self.instance, k) for k in _SPEC_FIELDS})
         probe.cron = probe.cron or ""
         try:
             spec_of(probe)
@@ -155,11 +150,18 @@ class ScheduleAdmin(StorableInputMixin, admin.ModelAdmin):  # type: ignore[type-
         )
 
     def save_model(self, request: HttpRequest, obj: ScheduleState, form: Any, change: bool) -> None:
+        store = get_engine().store
         if not change:
             obj.source = ScheduleState.Source.ADMIN
-        if not change or {"every_seconds", "cron", "timezone"} & set(form.changed_data):
-            obj.next_fire_at = spec_of(obj).first_window_at_or_after(timezone.now())
-        super().save_model(request, obj, form, change)
+            # Its first window from now on the store's clock (R8).
+            obj.next_fire_at = spec_of(obj).first_window_at_or_after(store.now())
+            super().save_model(request, obj, form, change)
+            return
+        states = schedule_store_for(store)
+        assert isinstance(states, DjangoScheduleStore), "the admin's schedules are rows of the Django store"
+        changes = {name: form.cleaned_data[name] for name in form.changed_data if name in EDITABLE_FIELDS}
+        if changes and not states.edit(obj.name, changes):
+            self.message_user(request, _("The schedule was deleted meanwhile."), messages.WARNING)
 
     def _set_paused(self, request: HttpRequest, queryset: QuerySet[ScheduleState], paused: bool) -> None:
         engine = get_engine()

@@ -27,10 +27,10 @@ import threading
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
 
@@ -189,7 +189,12 @@ def control_records(
 
 @dataclass
 class ScheduleRow:
-    """A schedule's stored state, as the store hands it to the firing code."""
+    """A schedule's stored state, as the store hands it to the firing code.
+
+    ``locked_at``: set by :meth:`ScheduleStore.locked` only, the time the
+    windows are decided by: the store's clock read under the row's lock, or
+    the caller's ``now`` (R8).
+    """
 
     spec: Schedule
     source: str
@@ -197,6 +202,7 @@ class ScheduleRow:
     next_fire_at: datetime | None
     last_window_at: datetime | None = None
     last_run_id: str | None = None
+    locked_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -208,32 +214,46 @@ class FiringRecord:
     run_id: str
     outcome: str
     detail: str = ""
+    #: When the outcome was recorded: the :attr:`ScheduleRow.locked_at` of the
+    #: firing (R8); None on a record not yet stored.
+    recorded_at: datetime | None = None
 
 
 class ScheduleStore(ABC):
-    """Where a store keeps schedule state (S17): :meth:`BaseStore.schedule_state` returns one."""
+    """Where a store keeps schedule state (S17): :meth:`BaseStore.schedule_state` returns one.
+
+    Every ``now`` is the caller's time (an aware datetime: a test's clock, an
+    engine's injected one), or None: then the store reads its own clock (the
+    database's) at the moment it writes, so a process clock that stepped never
+    decides a window or moves a cursor (R8).
+    """
 
     @abstractmethod
-    def sync_declared(self, specs: Sequence[Schedule], now: datetime) -> None:
-        """Create a row for each code-declared schedule, or update its spec if it changed."""
+    def sync_declared(self, specs: Sequence[Schedule], now: datetime | None) -> None:
+        """Create a row for each code-declared schedule, or update its spec if it changed;
+        a new row, or a change of timing, puts the cursor at the first window >= ``now``."""
 
     @abstractmethod
-    def due(self, now: datetime, batch: int) -> list[str]:
+    def due(self, now: datetime | None, batch: int) -> list[str]:
         """Return the names of at most ``batch`` unpaused schedules due by ``now``, oldest first."""
 
     @abstractmethod
-    def locked(self, name: str, now: datetime) -> Any:
-        """Context manager: yield the row of ``name`` under its lock if it is still due, else None;
-        what the body sets on the row (and :meth:`record`) is saved on exit."""
+    def locked(self, name: str, now: datetime | None) -> Any:
+        """Context manager: yield the row of ``name`` under its lock if it is still due by
+        ``now`` (None: the store's clock, read once the lock is held), else None; the row's
+        ``locked_at`` is that time. What the body sets on the row (and :meth:`record`) is
+        saved on exit."""
 
     @abstractmethod
     def record(self, firing: FiringRecord) -> None:
-        """Store one window's outcome (at most one per schedule and window)."""
+        """Store one window's outcome (at most one per schedule and window), recorded at
+        ``firing.recorded_at`` (None: the store's clock)."""
 
     @abstractmethod
-    def set_paused(self, name: str, paused: bool, now: datetime) -> bool:
-        """Pause or resume ``name``; resuming moves the cursor to the first window >= ``now``.
-        Return False if there is no such schedule."""
+    def set_paused(self, name: str, paused: bool, now: datetime | None) -> bool:
+        """Pause or resume ``name``. Resuming keeps the cursor: the windows that passed while
+        it was paused are due, and the next firing picks them by the schedule's catch-up
+        policy (S17). Return False if there is no such schedule."""
 
     @abstractmethod
     def firings(self, name: str) -> list[FiringRecord]:
@@ -246,15 +266,18 @@ class ScheduleStore(ABC):
 
 class MemoryScheduleStore(ScheduleStore):
     """Schedule state in this process's memory, one lock for all schedules: the
-    default of :meth:`BaseStore.schedule_state`."""
+    default of :meth:`BaseStore.schedule_state`. ``clock`` is the store's clock
+    (a ``now`` of None reads it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._lock = threading.RLock()
         self._rows: dict[str, ScheduleRow] = {}
         self._firings: dict[tuple[str, datetime], FiringRecord] = {}
+        self._clock = clock or (lambda: datetime.now(UTC))
 
-    def sync_declared(self, specs: Sequence[Schedule], now: datetime) -> None:
+    def sync_declared(self, specs: Sequence[Schedule], now: datetime | None) -> None:
         with self._lock:
+            now = now or self._clock()
             for spec in specs:
                 row = self._rows.get(spec.name)
                 if row is None:
@@ -269,34 +292,35 @@ class MemoryScheduleStore(ScheduleStore):
                     if timing_changed:
                         row.next_fire_at = spec.first_window_at_or_after(now)
 
-    def due(self, now: datetime, batch: int) -> list[str]:
+    def due(self, now: datetime | None, batch: int) -> list[str]:
         with self._lock:
+            now = now or self._clock()
             due = [r for r in self._rows.values() if not r.paused and r.next_fire_at and r.next_fire_at <= now]
             due.sort(key=lambda r: (r.next_fire_at, r.spec.name))
             return [r.spec.name for r in due[:batch]]
 
     @contextmanager
-    def locked(self, name: str, now: datetime) -> Iterator[ScheduleRow | None]:
+    def locked(self, name: str, now: datetime | None) -> Iterator[ScheduleRow | None]:
         with self._lock:
+            now = now or self._clock()
             row = self._rows.get(name)
             if row is None or row.paused or row.next_fire_at is None or row.next_fire_at > now:
                 yield None
                 return
-            work = replace(row)
+            work = replace(row, locked_at=now)
             yield work
-            self._rows[name] = work
+            self._rows[name] = replace(work, locked_at=None)
 
     def record(self, firing: FiringRecord) -> None:
         with self._lock:
-            self._firings.setdefault((firing.schedule, firing.window_at), firing)
+            stored = replace(firing, recorded_at=firing.recorded_at or self._clock())
+            self._firings.setdefault((firing.schedule, firing.window_at), stored)
 
-    def set_paused(self, name: str, paused: bool, now: datetime) -> bool:
+    def set_paused(self, name: str, paused: bool, now: datetime | None) -> bool:
         with self._lock:
             row = self._rows.get(name)
             if row is None:
                 return False
-            if row.paused and not paused:
-                row.next_fire_at = row.spec.first_window_at_or_after(now)
             row.paused = paused
             return True
 
@@ -666,7 +690,14 @@ class BaseStore(ABC):
         with _schedule_states_lock:
             found = _schedule_states.get(self)
             if found is None:
-                found = _schedule_states[self] = MemoryScheduleStore()
+                store = weakref.ref(self)  # the state must not keep its store alive
+
+                def clock() -> datetime:
+                    owner = store()
+                    assert owner is not None, "a store's schedule state outlived the store"
+                    return owner.now()
+
+                found = _schedule_states[self] = MemoryScheduleStore(clock)
             return found
 
     @abstractmethod
