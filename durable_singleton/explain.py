@@ -7,14 +7,18 @@ or waiting for: holding a slot (since when, with its fencing token), waiting
 at position N behind named holders (how long each has held, the queue's
 depth, the key's pause and limit state, an estimated wait), or able to run
 but not running (no worker has taken its turn since when; its wake time).
-The admin's run and key pages and ``manage.py durable_explain`` show it.
+A running run whose lease was not renewed for longer than the renewal
+interval (:func:`~durable_singleton.renewals.lease_state`, judged on the
+database's clock) is said to be so, with when it is recovered, and a
+waiter's estimate waits for that recovery. The admin's run and key pages and
+``manage.py durable_explain`` show it.
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -22,10 +26,11 @@ from typing import Any
 from .admission import free_slots, is_due, is_due_q, limit_in_force
 from .core import Core
 from .exceptions import UnknownWorkflowError
+from .renewals import LeaseState, lease_state
 from .statuses import ParkReason, RunStatus, SlotState
 from .stores.base import BaseStore, RunRecord
 
-__all__ = ["ExplainState", "Explanation", "HolderInfo", "KeyControls", "explain"]
+__all__ = ["ExplainState", "Explanation", "HolderInfo", "KeyControls", "explain", "lease_words"]
 
 #: Completed runs of a key whose durations feed the estimated wait.
 RECENT_RUNS = 20
@@ -48,12 +53,17 @@ class ExplainState(enum.StrEnum):
 @dataclass(frozen=True)
 class HolderInfo:
     """A holder of the key: its run id, status, since when it holds (None if
-    unknown) and for how many seconds."""
+    unknown) and for how many seconds. For a holder whose lease was not
+    renewed for longer than the renewal interval (:mod:`~durable_singleton.renewals`):
+    the seconds since its last renewal and when it is recovered (its lease's
+    expiry); None otherwise."""
 
     run_id: str
     status: str
     since: datetime | None
     held_seconds: float | None
+    not_renewed_seconds: float | None = None
+    recovery_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -89,12 +99,20 @@ class Explanation:
     holders: list[HolderInfo] = field(default_factory=list)
     holder_count: int = 0
     estimated_wait_seconds: float | None = None
+    #: The estimate is a lower bound: the time until an unrenewed holder's recovery,
+    #: with no recent run to estimate the rest.
+    estimate_is_lower_bound: bool = False
     recent_durations: int = 0
     idle_since: datetime | None = None
     wake_at: datetime | None = None
     park_reason: str = ""
     not_before: datetime | None = None
     not_due_ahead: int = 0
+    #: The run is running and its lease was not renewed for this many seconds, longer
+    #: than the renewal interval (:func:`~durable_singleton.renewals.lease_state`); None otherwise.
+    not_renewed_seconds: float | None = None
+    #: When such a run is recovered: its lease's expiry (D4); None otherwise.
+    recovery_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the explanation as JSON-ready values (datetimes as ISO 8601 strings)."""
@@ -132,6 +150,20 @@ def _at(moment: datetime | None) -> str:
     return "an unknown time" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def lease_words(lease: LeaseState, at: Callable[[datetime], str] = _at) -> str:
+    """Say an unrenewed lease (:func:`~durable_singleton.renewals.lease_state`) in the
+    words every page and command uses (K3): ``not renewed for 14 s (renewed every
+    10 s); recovered at T``, or, once it expired, that the tick recovers it.
+    ``at`` formats a time (default: UTC to the second)."""
+    silent = (
+        f"not renewed for {format_seconds(lease.not_renewed_seconds)} "
+        f"(renewed every {format_seconds(lease.renew_seconds)})"
+    )
+    if lease.expired:
+        return f"{silent}; its lease expired at {at(lease.expires_at)}: recovered as soon as the tick re-drives it"
+    return f"{silent}; recovered at {at(lease.recovery_at)}"
+
+
 def _key_limit(engine: Core, run: RunRecord) -> int:
     """The key's configured limit: the latest registered version's (S2), else the stored one."""
     try:
@@ -149,7 +181,8 @@ def _key_controls(store: BaseStore, workflow: str, key: str) -> KeyControls:
 
 @dataclass(frozen=True)
 class _QueueFacts:
-    holders: list[tuple[str, str, datetime | None, str]]  # (run id, status, since, namespace), the oldest first
+    # (run id, status, since, namespace, lease owner, lease expiry), the oldest first
+    holders: list[tuple[str, str, datetime | None, str, str | None, datetime | None]]
     holder_count: int
     depth: int
     position: int | None
@@ -182,7 +215,16 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
         rows = list(
             runs.holders()
             .order_by("created_at", "run_id")
-            .values_list("run_id", "status", "admitted_at", "started_at", "attempts", "namespace")[: NAMED_HOLDERS + 1]
+            .values_list(
+                "run_id",
+                "status",
+                "admitted_at",
+                "started_at",
+                "attempts",
+                "namespace",
+                "lease_owner",
+                "lease_expires_at",
+            )[: NAMED_HOLDERS + 1]
         )
         count = len(rows) if len(rows) <= NAMED_HOLDERS else runs.holders().count()
         from .querysets import DbNow
@@ -193,7 +235,7 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
         totals = waiting.aggregate(
             depth=Count("pk"), ahead=Count("pk", filter=ahead & due), not_due=Count("pk", filter=ahead & ~due)
         )
-        holders = [(r[0], r[1], _since(r[2], r[3], r[4]), r[5]) for r in rows[:NAMED_HOLDERS]]
+        holders = [(r[0], r[1], _since(r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows[:NAMED_HOLDERS]]
         is_waiter = run.tracked and not run.admitted
         position = totals["ahead"] + 1 if is_waiter else None
         return _QueueFacts(holders, count, totals["depth"], position, totals["not_due"])
@@ -208,7 +250,14 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
     due_ahead = sum(1 for w in earlier if is_due(w.not_before, now))
     position = due_ahead + 1 if any(w.run_id == run.run_id for w in waiters) else None
     holders = [
-        (r.run_id, r.status, _since(r.admitted_at, r.started_at, r.attempts), r.namespace)
+        (
+            r.run_id,
+            r.status,
+            _since(r.admitted_at, r.started_at, r.attempts),
+            r.namespace,
+            r.lease_owner,
+            r.lease_expires_at,
+        )
         for r in held[:NAMED_HOLDERS]
     ]
     return _QueueFacts(holders, len(held), len(waiters), position, len(earlier) - due_ahead)
@@ -241,15 +290,29 @@ def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
     return [(end - begin).total_seconds() for begin, end in rows if begin is not None and end is not None]
 
 
-def estimate_wait(position: int, slots: int, held: list[float | None], typical: float) -> float:
+def estimate_wait(
+    position: int,
+    slots: int,
+    held: list[float | None],
+    typical: float,
+    recovery: Sequence[float | None] = (),
+) -> float:
     """Estimate seconds until the waiter at ``position`` (1-based) is admitted.
 
     ``slots`` is the key's effective limit, ``held`` how long each holder has
-    held (None: unknown), ``typical`` a typical run's duration in seconds. Each
-    holder frees its slot after ``typical - held`` seconds (at least 0), a free
-    slot at once; every waiter ahead then holds a slot for ``typical`` seconds.
+    held (None: unknown), ``typical`` a typical run's duration in seconds,
+    ``recovery`` (in the order of ``held``; missing or None: a live holder)
+    the seconds until an unrenewed holder's recovery
+    (:meth:`~durable_singleton.renewals.LeaseState.seconds_to_recovery`). Each
+    live holder frees its slot after ``typical - held`` seconds (at least 0),
+    an unrenewed one after its recovery and then a whole ``typical`` (its body
+    runs again from its stored steps), a free slot at once; every waiter ahead
+    then holds a slot for ``typical`` seconds.
     """
-    free_at = [max(0.0, typical - (h or 0.0)) for h in held][:slots]
+    until = list(recovery) + [None] * (len(held) - len(recovery))
+    free_at = [max(0.0, typical - (h or 0.0)) if r is None else r + typical for h, r in zip(held, until, strict=False)][
+        :slots
+    ]
     free_at += [0.0] * (slots - len(free_at))
     if not free_at:
         return 0.0
@@ -262,8 +325,9 @@ def estimate_wait(position: int, slots: int, held: list[float | None], typical: 
 def explain(engine: Core, run_id: str) -> Explanation:
     """Return why run ``run_id`` is where it is (K3).
 
-    Reads through ``engine``'s store: the run, its key's active runs and its
-    key's last completed runs. Raises
+    Reads through ``engine``'s store: the run, its key's active runs, its
+    key's last completed runs and the store's clock, on which leases are
+    judged (:func:`~durable_singleton.renewals.lease_state`, R5). Raises
     :class:`~durable_singleton.exceptions.RunNotFoundError` as
     :meth:`Engine.get` does.
     """
@@ -283,7 +347,19 @@ def explain(engine: Core, run_id: str) -> Explanation:
     if run.is_terminal:
         sentence = f"Run {run.run_id} is {run.status} (finished at {_at(run.finished_at)}): it waits for nothing."
         return Explanation(state=ExplainState.TERMINAL, sentence=sentence, **base)
-    if run.not_before is not None and run.is_parked and not run.holds_slot and not is_due(run.not_before, store.now()):
+    # Leases are judged on the database's clock (R5): one read of it.
+    db_now = store.now()
+
+    def lease_of(status: str, owner: str | None, expires_at: datetime | None) -> LeaseState | None:
+        """The lease of a running run, when it was not renewed for longer than the interval."""
+        lease = lease_state(status, owner, expires_at, settings=engine.settings, now=db_now)
+        return lease if lease is not None and lease.unrenewed else None
+
+    own_lease = lease_of(run.status, run.lease_owner, run.lease_expires_at)
+    if own_lease is not None:
+        base["not_renewed_seconds"] = own_lease.not_renewed_seconds
+        base["recovery_at"] = own_lease.recovery_at
+    if run.not_before is not None and run.is_parked and not run.holds_slot and not is_due(run.not_before, db_now):
         # A delayed start (X5), judged on the store's clock as the claim judges it (R5).
         then = (
             f"it then takes its place in line for key {run.singleton_key!r} of {run.workflow_name}, the place "
@@ -294,7 +370,7 @@ def explain(engine: Core, run_id: str) -> Explanation:
         sentence = f"Run {run.run_id} is not due until {_at(run.not_before)} (a delayed start): {then}."
         return Explanation(state=ExplainState.NOT_DUE, sentence=sentence, **base)
     if run.singleton_key is None:
-        return _explain_unkeyed(run, now, base)
+        return _explain_unkeyed(run, now, base, own_lease)
 
     key = run.singleton_key
     facts = _queue_facts(store, run)
@@ -303,11 +379,23 @@ def explain(engine: Core, run_id: str) -> Explanation:
     limit = limit_in_force(configured, controls.override)
     # Admission is global (S11): a scoped engine counts other namespaces'
     # holders but never names them (D10).
-    holder_infos = [
-        HolderInfo(run_id, status, since, (now - since).total_seconds() if since is not None else None)
-        for run_id, status, since, namespace in facts.holders
-        if not engine.scope_reads or namespace == engine.namespace
-    ]
+    holder_infos: list[HolderInfo] = []
+    holder_leases: list[LeaseState | None] = []
+    for holder_id, status, since, namespace, owner, expires_at in facts.holders:
+        if engine.scope_reads and namespace != engine.namespace:
+            continue
+        lease = lease_of(status, owner, expires_at)
+        holder_leases.append(lease)
+        holder_infos.append(
+            HolderInfo(
+                holder_id,
+                status,
+                since,
+                (now - since).total_seconds() if since is not None else None,
+                lease.not_renewed_seconds if lease is not None else None,
+                lease.recovery_at if lease is not None else None,
+            )
+        )
     keyed = {
         **base,
         "limit": limit,
@@ -326,8 +414,12 @@ def explain(engine: Core, run_id: str) -> Explanation:
         held_since = next((h.since for h in holder_infos if h.run_id == run.run_id), None)
         if held_since is None:
             held_since = run.admitted_at or _since(None, run.started_at, run.attempts)
+        running = f"running (lease held by {run.lease_owner})" if run.lease_owner else run.status
+        if own_lease is not None:
+            # Its worker stopped renewing: killed, frozen or cut off (K3).
+            running = f"not known to be running: its lease (held by {run.lease_owner}) was {lease_words(own_lease)}"
         doings: dict[str, str] = {
-            RunStatus.RUNNING: f"running (lease held by {run.lease_owner})" if run.lease_owner else run.status,
+            RunStatus.RUNNING: running,
             RunStatus.SUSPENDED: (
                 f"parked ({run.park_reason or 'sleeping'}) until {_at(run.wake_at)}; the slot stays held"
             ),
@@ -374,16 +466,27 @@ def explain(engine: Core, run_id: str) -> Explanation:
 
     durations = _recent_durations(store, run.workflow_name, key)
     estimate = None
+    at_least = False
+    held_list = [h.held_seconds for h in holder_infos]
+    # An unrenewed holder frees its slot no sooner than its recovery (K3).
+    recovery = [lease.seconds_to_recovery(db_now) if lease is not None else None for lease in holder_leases]
+    unrenewed = [h.run_id for h in holder_infos if h.recovery_at is not None]
     if durations and not controls.paused:
         typical = sorted(durations)[len(durations) // 2]
-        estimate = estimate_wait(position, max(limit, 1), [h.held_seconds for h in holder_infos], typical)
+        estimate = estimate_wait(position, max(limit, 1), held_list, typical, recovery)
+    elif unrenewed and not controls.paused:
+        estimate, at_least = estimate_wait(position, max(limit, 1), held_list, 0.0, recovery), True
+
+    def holder_words(h: HolderInfo, lease: LeaseState | None) -> str:
+        parts = [h.status]
+        if h.held_seconds is not None:
+            parts.append(f"holding for {format_seconds(h.held_seconds)}")
+        if lease is not None:
+            parts.append(f"lease {lease_words(lease)}")
+        return f"{h.run_id} ({', '.join(parts)})"
+
     if holder_infos:
-        named = ", ".join(
-            f"{h.run_id} ({h.status}, holding for {format_seconds(h.held_seconds)})"
-            if h.held_seconds is not None
-            else f"{h.run_id} ({h.status})"
-            for h in holder_infos
-        )
+        named = ", ".join(holder_words(h, lease) for h, lease in zip(holder_infos, holder_leases, strict=True))
         more = f" and {facts.holder_count - len(holder_infos)} more" if facts.holder_count > len(holder_infos) else ""
         behind = f"behind {named}{more}"
     elif facts.holder_count:
@@ -393,11 +496,23 @@ def explain(engine: Core, run_id: str) -> Explanation:
     reasons = [limit_words]
     if controls.paused:
         reasons.insert(0, "the key is paused: no run is admitted until it is resumed")
-    wait_words = (
-        f"; estimated wait about {format_seconds(estimate)} (median of the last {len(durations)} runs)"
-        if estimate is not None
-        else ""
-    )
+    after = f", after the recovery of {', '.join(unrenewed)}" if unrenewed else ""
+    if estimate is None:
+        wait_words = ""
+    elif at_least and estimate == 0:
+        wait_words = (
+            f"; it waits for the recovery of {', '.join(unrenewed)}, due now "
+            "(no completed run of the key to estimate the rest)"
+        )
+    elif at_least:
+        wait_words = (
+            f"; estimated wait at least {format_seconds(estimate)} (until the recovery of {', '.join(unrenewed)}; "
+            "no completed run of the key to estimate the rest)"
+        )
+    else:
+        wait_words = (
+            f"; estimated wait about {format_seconds(estimate)} (median of the last {len(durations)} runs{after})"
+        )
     skipped = (
         f"; {facts.not_due_ahead} waiter(s) ahead of it not due yet (delayed starts) do not count"
         if facts.not_due_ahead
@@ -412,17 +527,21 @@ def explain(engine: Core, run_id: str) -> Explanation:
         sentence=sentence,
         position=position,
         estimated_wait_seconds=estimate,
+        estimate_is_lower_bound=at_least,
         recent_durations=len(durations),
         idle_since=idle_since,
         **keyed,
     )
 
 
-def _explain_unkeyed(run: RunRecord, now: datetime, base: dict[str, Any]) -> Explanation:
+def _explain_unkeyed(run: RunRecord, now: datetime, base: dict[str, Any], unrenewed: LeaseState | None) -> Explanation:
     if run.status == RunStatus.RUNNING:
         owner = f" on {run.lease_owner}" if run.lease_owner else ""
         expiry = f" (lease until {_at(run.lease_expires_at)})" if run.lease_expires_at else ""
-        sentence = f"Run {run.run_id} is running{owner}{expiry}; it has no singleton key and waits for no one."
+        doing = f"is running{owner}{expiry}"
+        if unrenewed is not None:
+            doing = f"is not known to be running: its lease (held by {run.lease_owner}) was {lease_words(unrenewed)}"
+        sentence = f"Run {run.run_id} {doing}; it has no singleton key and waits for no one."
         return Explanation(state=ExplainState.RUNNING, sentence=sentence, **base)
     if run.status == RunStatus.PENDING or (run.wake_at is not None and run.wake_at <= now):
         since = run.created_at if run.status == RunStatus.PENDING else run.wake_at

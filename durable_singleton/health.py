@@ -9,6 +9,14 @@ A deployment is unhealthy when any of these holds:
   holders than the limit, an inactive holder;
 * ``backlog``: runs that are not key waiters and were still not started
   ``backlog_seconds`` after their creation (no worker takes them).
+
+It warns, and stays healthy, about ``unrenewed_lease``: a running run whose
+lease was not renewed for longer than the renewal interval
+(:func:`~durable_singleton.renewals.lease_state`, on the database's clock, K3),
+so its worker was killed, is frozen or is cut off. Nothing is broken yet: the
+tick recovers the run when the lease expires (D4), and a lease still not
+re-driven two ticks after its expiry is the ``expired_lease`` finding, a
+problem.
 """
 
 from __future__ import annotations
@@ -18,14 +26,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from .audit import AuditReport, audit_slots
+from .explain import lease_words
+from .renewals import lease_state, unrenewed_q
 from .statuses import RunStatus, SlotState
 
 __all__ = ["HealthReport", "Problem", "check_health"]
 
+#: Unrenewed leases named in a report (the count is always complete).
+MAX_WARNINGS = 100
+
 
 @dataclass(frozen=True)
 class Problem:
-    """One reason the deployment is unhealthy: a kind and a sentence."""
+    """One reason the deployment is unhealthy, or a warning: a kind and a sentence."""
 
     kind: str
     detail: str
@@ -42,6 +55,10 @@ class HealthReport:
     waiting: int
     audit: AuditReport
     problems: list[Problem] = field(default_factory=list)
+    #: Warnings that leave the deployment healthy: unrenewed leases (at most :data:`MAX_WARNINGS`).
+    warnings: list[Problem] = field(default_factory=list)
+    #: Running runs whose lease was not renewed for longer than the renewal interval.
+    unrenewed_leases: int = 0
 
     @property
     def healthy(self) -> bool:
@@ -58,6 +75,8 @@ class HealthReport:
             "backlog": self.backlog,
             "waiting": self.waiting,
             "problems": [{"kind": p.kind, "detail": p.detail} for p in self.problems],
+            "unrenewed_leases": self.unrenewed_leases,
+            "warnings": [{"kind": p.kind, "detail": p.detail} for p in self.warnings],
             "audit": self.audit.as_dict(),
         }
 
@@ -70,7 +89,8 @@ def check_health(
     ``stale_seconds``: the longest accepted time since the last completed
     tick; ``backlog_seconds``: how long a run other than a key waiter may stay
     ``pending`` without a first turn; ``repair``: let the audit repair its
-    safe findings (K4). Only the Django store is checked.
+    safe findings (K4). Leases are judged on the store's clock, read once
+    (R5), whatever ``now`` says. Only the Django store is checked.
     """
     from .heartbeat import last_tick
     from .models import Run
@@ -112,4 +132,21 @@ def check_health(
     for finding in audit.findings:
         if not finding.repaired:
             report.problems.append(Problem(str(finding.kind), finding.detail))
+    db_now = engine.store.now()
+    unrenewed = runs.filter(unrenewed_q(settings=engine.settings, now=db_now))
+    report.unrenewed_leases = unrenewed.count()
+    rows = unrenewed.order_by("lease_expires_at", "run_id").values_list(
+        "run_id", "workflow_name", "singleton_key", "status", "lease_owner", "lease_expires_at"
+    )
+    for run_id, workflow, key, status, owner, expires_at in rows[:MAX_WARNINGS] if report.unrenewed_leases else ():
+        lease = lease_state(status, owner, expires_at, settings=engine.settings, now=db_now)
+        if lease is None:
+            continue
+        where = f" (key {key!r})" if key is not None else ""
+        report.warnings.append(
+            Problem(
+                "unrenewed_lease",
+                f"run {run_id} of {workflow}{where}: lease of {owner} {lease_words(lease)}",
+            )
+        )
     return report

@@ -10,22 +10,26 @@ that was already waiting when the slot freed (S7). Nothing here writes.
 Bounded whatever the history: the busy keys are the queue table's
 (:func:`~durable_singleton.queues.queue_table`, at most ``max_keys``), their
 first waiters :func:`~durable_singleton.queues.queue_members`, and the spans
-one query of at most ``max_spans`` rows; five queries in all.
+one query of at most ``max_spans`` rows; five queries in all. A span still
+held by a run whose lease was not renewed for longer than the renewal
+interval carries that lease (:func:`~durable_singleton.renewals.lease_state`, K3).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.db.models import Q
 from django.db.models.functions import Coalesce
 
 from .admission import holds_slot, holds_slot_q, limit_in_force
+from .conf import Settings
 from .definitions import Registry, registry
 from .exceptions import InvalidInputError
 from .models import Run
 from .queues import QueueRow, queue_members, queue_table, singleton_options
+from .renewals import LeaseState, lease_state
 from .statuses import SlotState
 
 __all__ = [
@@ -56,6 +60,8 @@ class Hold:
     ``slot`` is the row of the lane it is drawn on (0-based): spans on one
     row never overlap, so a key with limit 2 needs at most 2 rows (more only
     when a lowered limit or an older release left extra holders, S12).
+    ``unrenewed``: the lease of a holder not renewed for longer than the
+    renewal interval (K3), else None.
     """
 
     run_id: str
@@ -64,6 +70,7 @@ class Hold:
     start: datetime
     end: datetime | None
     slot: int = 0
+    unrenewed: LeaseState | None = None
 
     def seconds(self, now: datetime) -> float:
         """Return how long the run held (or has held until ``now``) its slot, in seconds."""
@@ -156,7 +163,7 @@ def _assign_slots(holds: list[Hold]) -> list[Hold]:
             ends.append(hold.end)
         else:
             ends[row] = hold.end
-        placed.append(Hold(hold.run_id, hold.status, hold.created_at, hold.start, hold.end, row))
+        placed.append(replace(hold, slot=row))
     return placed
 
 
@@ -195,8 +202,13 @@ def workflow_lanes(
     max_spans: int = 2000,
     reg: Registry = registry,
     using: str | None = None,
+    settings: Settings | None = None,
 ) -> Lanes:
     """Return the lanes of ``workflow`` over the ``minutes`` before ``now`` (the store's clock).
+
+    With ``settings``, each span still held by a run whose lease was not
+    renewed for longer than the renewal interval at ``now`` (then the
+    database's clock, R5) carries it (``Hold.unrenewed``, K3).
 
     Lanes are the keys with active runs (the ``max_keys`` with most waiters
     when there are more), then keys that held a slot in the window, up to
@@ -230,16 +242,20 @@ def workflow_lanes(
             "finished_at",
             "singleton_slot",
             "singleton_tracked",
+            "lease_owner",
+            "lease_expires_at",
         )[: max_spans + 1]
     )
     cut = len(spans) > max_spans
     by_key: dict[str, list[Hold]] = {}
-    for run_id, key, status, created_at, began, finished_at, slot, tracked in spans[:max_spans]:
+    for run_id, key, status, created_at, began, finished_at, slot, tracked, owner, expires in spans[:max_spans]:
         holding = holds_slot(status, key=key, admitted=slot == SlotState.HOLDER, tracked=tracked)
         end = None if holding else finished_at
         if end is None and not holding:
             continue  # admitted once, neither holding nor finished (handed back for a retry)
-        by_key.setdefault(str(key), []).append(Hold(run_id, status, created_at, began, end))
+        lease = lease_state(status, owner, expires, settings=settings, now=now) if settings is not None else None
+        unrenewed = lease if lease is not None and lease.unrenewed else None
+        by_key.setdefault(str(key), []).append(Hold(run_id, status, created_at, began, end, unrenewed=unrenewed))
     order = sorted(rows)  # by key, so that a refresh does not reorder the lanes
     for key in sorted(by_key):
         if key not in rows and len(order) < max_keys:

@@ -10,7 +10,11 @@ the same whichever process is scraped):
 * ``durable_singleton_waiters{workflow}``: active runs waiting for a slot;
 * ``durable_singleton_oldest_wait_seconds{workflow}``: age of the oldest waiter;
 * ``durable_singleton_audit_findings{workflow,kind}``: findings of the slot
-  audit (K4, not repaired by the scrape).
+  audit (K4, not repaired by the scrape);
+* ``durable_singleton_unrenewed_leases{workflow}``: running runs whose lease
+  was not renewed for longer than the renewal interval, on the database's
+  clock (:func:`~durable_singleton.renewals.unrenewed_q`, K3): their workers
+  were killed, are frozen or are cut off.
 
 Counted in the process that sees the event (per process, like any
 prometheus_client counter without multiprocess mode):
@@ -39,6 +43,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from .admission import holds_slot_q, legacy_holder_q
+from .renewals import unrenewed_q
 from .statuses import SlotState
 
 __all__ = ["ADMISSIONS", "HANDOFF", "REGISTRY", "TICK", "DatabaseCollector", "connect", "metrics_view", "observe_tick"]
@@ -106,7 +111,9 @@ class DatabaseCollector(Collector):
         yield from self._families()
 
     @staticmethod
-    def _families() -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families() -> tuple[
+        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+    ]:
         return (
             GaugeMetricFamily("durable_singleton_holders", "Active runs holding a slot.", labels=["workflow"]),
             GaugeMetricFamily("durable_singleton_waiters", "Active runs waiting for a slot.", labels=["workflow"]),
@@ -115,6 +122,11 @@ class DatabaseCollector(Collector):
             ),
             GaugeMetricFamily(
                 "durable_singleton_audit_findings", "Slot audit findings (K4).", labels=["workflow", "kind"]
+            ),
+            GaugeMetricFamily(
+                "durable_singleton_unrenewed_leases",
+                "Running runs whose lease was not renewed for longer than the renewal interval (K3).",
+                labels=["workflow"],
             ),
         )
 
@@ -128,7 +140,7 @@ class DatabaseCollector(Collector):
 
         engine = get_engine()
         db = engine.store.database
-        holders, waiters, oldest, findings = self._families()
+        holders, waiters, oldest, findings, unrenewed = self._families()
         workflows = sorted(d.name for d in list(engine.registry.latest.values()) if d.singleton is not None)
         seen: dict[str, dict[str, float]] = {"holder": {}, "waiter": {}}
         if db is not None:
@@ -155,6 +167,17 @@ class DatabaseCollector(Collector):
             for workflow in names:
                 for kind in FindingKind:
                     findings.add_metric([workflow, str(kind)], counts.get((workflow, str(kind)), 0))
+            # Judged on the database's clock (R5).
+            stale = dict(
+                Run.objects.using(db)
+                .filter(unrenewed_q(settings=engine.settings, now=engine.store.now()))
+                .values("workflow_name")
+                .annotate(n=Count("pk"))
+                .order_by()
+                .values_list("workflow_name", "n")
+            )
+            for workflow in sorted({*workflows, *stale}):
+                unrenewed.add_metric([workflow], stale.get(workflow, 0))
         for workflow in sorted({*workflows, *seen["holder"], *seen["waiter"]}):
             holders.add_metric([workflow], seen["holder"].get(workflow, 0))
             waiters.add_metric([workflow], seen["waiter"].get(workflow, 0))
@@ -162,6 +185,7 @@ class DatabaseCollector(Collector):
         yield waiters
         yield oldest
         yield findings
+        yield unrenewed
 
 
 REGISTRY.register(DatabaseCollector())

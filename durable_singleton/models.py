@@ -11,7 +11,7 @@ from model_utils.models import TimeStampedModel
 
 from .admission import KEY_MAX_LENGTH
 from .querysets import RunQuerySet
-from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState
+from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState, state_word
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -125,7 +125,7 @@ class Run(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.workflow_name} {self.run_id} ({self.status})"
+        return f"{self.workflow_name} {self.run_id} ({state_word(self.status, self.singleton_slot)})"
 
 
 class Step(models.Model):

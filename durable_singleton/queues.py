@@ -524,13 +524,22 @@ class Cause(enum.StrEnum):
     """
 
     RUNNING = "running"
+    # running, but its lease was not renewed for longer than the renewal interval: its worker may be gone (K3)
+    UNRENEWED = "not renewed"
     PARKED = "holder, parked"  # sleeping, waiting for a signal or a child, blocked: keeps its slot (S6)
     NEEDS_WORKER = "waiting for a worker"  # admitted or admissible and due: no worker has taken its turn
     NEEDS_KEY = "waiting for the key"  # behind the holders: waits for a slot to free
 
 
 def run_cause(
-    *, status: str, holder: bool, wake_at: datetime | None, position: int | None, free_slots: int, now: datetime
+    *,
+    status: str,
+    holder: bool,
+    wake_at: datetime | None,
+    position: int | None,
+    free_slots: int,
+    now: datetime,
+    unrenewed: bool = False,
 ) -> Cause:
     """Return why an active singleton run is where it is.
 
@@ -539,10 +548,12 @@ def run_cause(
     its holders. A holder whose ``wake_at`` has come, and a waiter among the
     first ``free_slots``, wait for a worker (their turn is claimable now);
     another holder is parked (a later or no ``wake_at``); other waiters wait
-    for the key.
+    for the key. ``unrenewed``: a running run's lease was not renewed for
+    longer than the renewal interval
+    (:func:`~durable_singleton.renewals.lease_state`, K3).
     """
     if status == RunStatus.RUNNING:
-        return Cause.RUNNING
+        return Cause.UNRENEWED if unrenewed else Cause.RUNNING
     if holder:
         return Cause.NEEDS_WORKER if wake_at is not None and wake_at <= now else Cause.PARKED
     if position is not None and position <= free_slots:

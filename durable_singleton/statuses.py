@@ -18,11 +18,13 @@ __all__ = [
     "ACTIVE_STATUSES",
     "PARKED_STATUSES",
     "TERMINAL_STATUSES",
+    "WAITING",
     "Outcome",
     "ParkReason",
     "RunStatus",
     "SlotState",
     "Verdict",
+    "state_word",
 ]
 
 
@@ -105,3 +107,14 @@ class ParkReason(enum.StrEnum):
     def detail(self, reason: str) -> str:
         """Return what follows this prefix in ``reason``."""
         return reason.removeprefix(self.value)
+
+
+#: The state of a key's waiter, whatever its stored status (S5).
+WAITING = "waiting"
+
+
+def state_word(status: str, slot: str | None) -> str:
+    """Return a run's state as every page and command names it: ``waiting`` for
+    a waiter of its key (``slot`` = ``waiter``, stored ``pending`` or
+    ``suspended``, S5), else its status."""
+    return WAITING if slot == SlotState.WAITER else str(status)

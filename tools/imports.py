@@ -44,6 +44,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     ),
     "rules": (
         "admission",
+        "renewals",
         "definitions",
         "schedule_specs",
         "records",

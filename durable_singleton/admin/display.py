@@ -19,18 +19,25 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_noop
 
 from ..admission import is_legacy_holder
+from ..conf import Settings
+from ..explain import lease_words
 from ..queues import format_age
+from ..renewals import LeaseState, lease_state
 from ..statuses import ParkReason, RunStatus, SlotState
 
 __all__ = [
     "BACKLOG_NOTE",
     "activity",
     "breakable",
+    "clock",
+    "db_now",
     "is_backlog_wake",
+    "overdue_html",
     "pretty_json",
     "relative",
     "state_label",
     "time_html",
+    "unrenewed_lease",
     "wake_html",
 ]
 
@@ -170,20 +177,68 @@ def wake_html(run: Any, now: datetime, *, short: bool = True) -> SafeString | st
     return format_html('{} <span class="ds-backlog" title="{}">{}</span>', shown, _(BACKLOG_NOTE), _("fallback"))
 
 
-def activity(run: Any, steps_done: int | None, last_step: str | None, now: datetime) -> SafeString | str:
-    """Return what an active run is doing: the step a running body is in, or why it is parked.
+def db_now() -> datetime:
+    """Return the default engine's store's clock, the database's (R5): the "now" of
+    the admin's pages that judge leases and wake times (one read)."""
+    from ..runtime import get_engine
+
+    return get_engine().store.now()
+
+
+def _settings() -> Settings:
+    from ..runtime import get_engine
+
+    return get_engine().settings
+
+
+def clock(value: datetime) -> str:
+    """Return ``value`` as the admin's pages show a time of today: ``HH:MM:SS`` in the current time zone."""
+    return timezone.localtime(value).strftime("%H:%M:%S")
+
+
+def unrenewed_lease(run: Any, now: datetime, settings: Settings | None = None) -> LeaseState | None:
+    """Return ``run``'s lease when it was not renewed for longer than the renewal interval
+    at ``now`` (the database's clock, :func:`db_now`): :func:`~durable_singleton.renewals.lease_state`
+    with the default engine's settings; else None."""
+    lease = lease_state(run.status, run.lease_owner, run.lease_expires_at, settings=settings or _settings(), now=now)
+    return lease if lease is not None and lease.unrenewed else None
+
+
+def overdue_html(value: datetime | None, now: datetime) -> SafeString | str:
+    """Return a wake time: ``HH:MM:SS``, or ``overdue since HH:MM:SS`` once it has come
+    by ``now`` (the database's clock) and nobody has taken the turn; "—" for None."""
+    if value is None:
+        return "—"
+    shown = format_html('<time datetime="{}">{}</time>', value.isoformat(), clock(value))
+    if value > now:
+        return shown
+    return format_html(
+        '<span class="ds-overdue" title="{}">{} {}</span>',
+        _("%(age)s ago") % {"age": format_age((now - value).total_seconds())},
+        _("overdue since"),
+        shown,
+    )
+
+
+def activity(
+    run: Any, steps_done: int | None, last_step: str | None, now: datetime, settings: Settings | None = None
+) -> SafeString | str:
+    """Return what an active run is doing: the step a running body is in, that its
+    lease was not renewed (K3), or why it is parked.
 
     ``steps_done``: how many steps it has finished (their results are stored,
     R4); ``last_step``: the name of the last one. A running body is inside
     step ``steps_done + 1`` (or between steps); its name is known once stored.
+    ``now`` is the database's clock (:func:`db_now`), on which leases are
+    judged (R5); ``settings`` default to the default engine's.
     """
     done = steps_done or 0
     if run.status == RunStatus.RUNNING:
-        if run.lease_expires_at is not None and run.lease_expires_at <= now:
+        lease = unrenewed_lease(run, now, settings)
+        if lease is not None:
             return format_html(
-                '<span class="ds-warn">{}</span>',
-                _("lease expired %(age)s ago: the tick will re-drive it (D4)")
-                % {"age": format_age((now - run.lease_expires_at).total_seconds())},
+                '<span class="ds-warn ds-unrenewed">{}</span>',
+                _("lease %(words)s") % {"words": lease_words(lease, at=clock)},
             )
         if done == 0:
             return _("running, before its first step finished")
@@ -202,6 +257,19 @@ def activity(run: Any, steps_done: int | None, last_step: str | None, now: datet
         return _("waiting for child run %(run)s") % {"run": ParkReason.CHILD.detail(reason)}
     if run.status == RunStatus.BLOCKED:
         return _("blocked: %(reason)s") % {"reason": reason}
+    if run.singleton_slot == SlotState.WAITER:
+        # In line for its key: a far wake is only the fallback (S8a), a past one is overdue.
+        if is_backlog_wake(run, now):
+            return _("in line for a slot; admitted when one frees (fallback try %(when)s)") % {
+                "when": relative(run.wake_at, now)
+            }
+        if run.wake_at is not None and run.wake_at <= now:
+            return format_html(
+                "{} {}", _("in line for a slot; next try overdue since"), time_html(run.wake_at, short=True)
+            )
+        return _("in line for a slot; next try %(when)s") % {"when": relative(run.wake_at, now) or "—"}
     if run.status in (RunStatus.PENDING, RunStatus.SUSPENDED):
+        if run.wake_at is not None and run.wake_at <= now:
+            return format_html("{} {}", _("parked, next turn overdue since"), time_html(run.wake_at, short=True))
         return _("parked, next turn %(when)s") % {"when": relative(run.wake_at, now) or "—"}
     return "—"

@@ -28,6 +28,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from ..explain import lease_words
 from ..lanes import DEFAULT_MINUTES, MAX_MINUTES, Lane, Lanes, workflow_lanes
 from ..queues import format_age, singleton_options
 from ..runtime import get_engine
@@ -105,6 +106,7 @@ def _lane(
                 "h": ROW_H,
                 "state": state,
                 "holding": holding,
+                "unrenewed": hold.unrenewed is not None,
                 "title": _("%(run)s: %(state)s, held from %(start)s to %(end)s (%(age)s)")
                 % {
                     "run": hold.run_id,
@@ -112,7 +114,12 @@ def _lane(
                     "start": _clock(hold.start),
                     "end": _("now") if holding else _clock(hold.end or lanes.now),
                     "age": format_age(hold.seconds(lanes.now)),
-                },
+                }
+                + (
+                    "; " + _("lease %(words)s") % {"words": lease_words(hold.unrenewed, at=_clock)}
+                    if hold.unrenewed is not None
+                    else ""
+                ),
             }
         )
     admissions = [
@@ -289,8 +296,15 @@ class LanePagesMixin:
             ],
         }
         if workflow:
+            engine = get_engine()
+            # The database's clock: spans end "now" on it, and leases are judged on it (R5, K3).
             lanes = workflow_lanes(
-                workflow, now=get_engine().now(), minutes=minutes, first_key=key, max_keys=self.lanes_max_keys
+                workflow,
+                now=engine.store.now(),
+                minutes=minutes,
+                first_key=key,
+                max_keys=self.lanes_max_keys,
+                settings=engine.settings,
             )
             context["lanes"] = lanes
             context["drawing"] = draw(lanes, lambda run_id: self._admin_url("change", quote(run_id)))

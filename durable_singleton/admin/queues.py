@@ -32,7 +32,7 @@ from ..admission import KEY_MAX_LENGTH
 from ..queues import format_age
 from ..statuses import SlotState
 from ..values import ID_MAX_LENGTH, is_text
-from .display import BACKLOG_NOTE, activity, is_backlog_wake, state_label
+from .display import BACKLOG_NOTE, activity, db_now, is_backlog_wake, overdue_html, state_label, unrenewed_lease
 
 __all__ = ["QueuePagesMixin"]
 
@@ -281,7 +281,8 @@ class QueuePagesMixin:
         )
         page = paginator.get_page(_requested_page(request))
         queue = fetched[0]
-        now = timezone.now()
+        # The database's clock: leases and wake times are judged on it (R5, K3).
+        now = db_now()
 
         def page_url(n: int) -> str:
             return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
@@ -291,6 +292,8 @@ class QueuePagesMixin:
         def entry(item: queues.QueuedRun) -> dict[str, Any]:
             run = item.run
             since = item.since
+            # Its lease was not renewed for longer than the renewal interval (K3).
+            unrenewed = unrenewed_lease(run, now) is not None
             return {
                 # Waiting for the key, or able to run and waiting for a worker (#9).
                 "cause": queues.run_cause(
@@ -300,6 +303,7 @@ class QueuePagesMixin:
                     position=item.position,
                     free_slots=free_slots,
                     now=now,
+                    unrenewed=unrenewed,
                 ),
                 "run": run,
                 "position": item.position,
@@ -310,6 +314,9 @@ class QueuePagesMixin:
                 "waited": format_age((now - run.created_at).total_seconds()),
                 "legacy": run.singleton_slot != SlotState.HOLDER and item.position is None,
                 "doing": activity(run, item.steps_done, item.last_step, now),
+                "unrenewed": unrenewed,
+                # A wake time that has come and nobody took the turn reads "overdue since" (K3).
+                "wake": overdue_html(run.wake_at, now),
                 # Waiters further back retry late; a release or the tick's catch-up admits them (S7, S8a).
                 "on_release": is_backlog_wake(run, now),
             }

@@ -22,6 +22,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .. import queues
 from ..admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, key_tag
+from ..explain import lease_words
 from ..models import Run, Signal, Step
 from ..queues import format_age
 from ..statuses import SlotState
@@ -32,11 +33,14 @@ from .display import (
     BACKLOG_NOTE,
     activity,
     breakable,
+    clock,
+    db_now,
     is_backlog_wake,
     pretty_json,
     relative,
     state_label,
     time_html,
+    unrenewed_lease,
     wake_html,
 )
 from .filters import SingletonKeyFilter, WorkflowFilter
@@ -196,7 +200,7 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
         if obj.status not in ACTIVE_STATUSES:
             return "—"
         last = Step.objects.filter(run_id=obj.pk).order_by("-position").values_list("position", "name").first()
-        return activity(obj, last[0] + 1 if last else 0, last[1] if last else None, timezone.now())
+        return activity(obj, last[0] + 1 if last else 0, last[1] if last else None, db_now())
 
     @admin.display(description=_("times"))
     def times_display(self, obj: Run) -> str:
@@ -311,7 +315,15 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
     def lease_display(self, obj: Run) -> str:
         if obj.lease_expires_at is None:
             return "—"
-        now = timezone.now()
+        now = db_now()  # the lease's clock (R5)
+        lease = unrenewed_lease(obj, now)
+        if lease is not None:
+            # Not renewed for longer than the renewal interval: its worker may be gone (K3).
+            return format_html(
+                '{} (<span class="ds-warn ds-unrenewed">{}</span>)',
+                time_html(obj.lease_expires_at),
+                lease_words(lease, at=clock),
+            )
         state = _("expired") if obj.lease_expires_at <= now else _("valid")
         return format_html("{} ({}, {})", time_html(obj.lease_expires_at), state, relative(obj.lease_expires_at, now))
 

@@ -1,4 +1,5 @@
-"""``manage.py durable_health``: exit 0 when healthy, 1 with the problems otherwise (O3, K4)."""
+"""``manage.py durable_health``: exit 0 when healthy, 1 with the problems otherwise (O3, K4);
+warnings (a lease not renewed for longer than the renewal interval, K3) are printed and keep exit 0."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from ._options import duration
 class Command(BaseCommand):
     help = (
         "Report a stale tick, leases expired and not re-driven, keys with a free slot and an overdue waiter, "
-        "more holders than a limit, and runs nobody starts. Exit status 0 when healthy, 1 otherwise."
+        "more holders than a limit, and runs nobody starts; warn about leases not renewed for longer than "
+        "LEASE_RENEW_SECONDS. Exit status 0 when healthy (warnings included), 1 otherwise."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -55,6 +57,14 @@ class Command(BaseCommand):
                 self.stdout.write(f"repaired {finding.kind}: {finding.detail}")
             for problem in report.problems:
                 self.stdout.write(f"{problem.kind}: {problem.detail}")
-            self.stdout.write("healthy" if report.healthy else f"unhealthy: {len(report.problems)} problems")
+            for warning in report.warnings:
+                self.stdout.write(f"warning {warning.kind}: {warning.detail}")
+            if report.unrenewed_leases > len(report.warnings):
+                self.stdout.write(f"warning unrenewed_lease: {report.unrenewed_leases - len(report.warnings)} more")
+            verdict = "healthy" if report.healthy else f"unhealthy: {len(report.problems)} problems"
+            if report.unrenewed_leases:
+                joint = " with warnings:" if report.healthy else ";"
+                verdict += f"{joint} {report.unrenewed_leases} unrenewed lease(s)"
+            self.stdout.write(verdict)
         if not report.healthy:
             raise CommandError(f"unhealthy: {', '.join(sorted({p.kind for p in report.problems}))}", returncode=1)
