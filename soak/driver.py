@@ -210,6 +210,7 @@ class Soak:
     lock: threading.Lock = field(default_factory=threading.Lock)
     frozen: set[int] = field(default_factory=set)
     namespace_of: dict[str, str] = field(default_factory=dict)
+    loads: list[float] = field(default_factory=list)  # the 1-minute load average, sampled by the fault loop
 
     def __post_init__(self) -> None:
         self.events = Log(self.out / "events.jsonl")
@@ -569,6 +570,7 @@ class Soak:
         until = time.monotonic() + seconds
         while (left := until - time.monotonic()) > 0:
             self.stop_faults.wait(min(left, self.args.fault_every * rng.uniform(0.5, 1.5)))
+            self.loads.append(os.getloadavg()[0])
             if time.monotonic() >= until:
                 break
             kind = rng.choice(kinds)
@@ -683,12 +685,15 @@ class Soak:
         loader.join()
         if "schedules" in self.features:  # no window after the load: the drain can end (S17)
             from durable_singleton.runtime import get_engine
-            from durable_singleton.schedules import pause_schedule
+            from durable_singleton.schedules import pause_schedule, schedule_store_for
 
             from .workflows import SCHEDULE
 
-            self._db(lambda: pause_schedule(get_engine(), SCHEDULE.name))
-            self.events.write("schedule_paused", name=SCHEDULE.name)
+            engine = get_engine()
+            self._db(lambda: pause_schedule(engine, SCHEDULE.name))
+            row = self._db(lambda: schedule_store_for(engine.store).get(SCHEDULE.name))
+            cursor = row.next_fire_at.timestamp() if row is not None and row.next_fire_at is not None else None
+            self.events.write("schedule_paused", name=SCHEDULE.name, cursor=cursor)  # the first window not yet fired
         while self.frozen:
             time.sleep(0.1)
         load_end = time.time()
@@ -731,6 +736,16 @@ class Soak:
         (self.out / "final.json").write_text(
             json.dumps({"runs": runs, "steps": steps, "keys": keys, "firings": firings}, default=str)
         )
+
+
+def _commit() -> str | None:
+    """Return the commit the soak's code is at (``git describe --always --dirty``), None outside git."""
+    try:
+        command = ["git", "describe", "--always", "--dirty", "--abbrev=7"]
+        found = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found.stdout.strip() or None
 
 
 def _is_transient(exc: BaseException) -> bool:
@@ -807,7 +822,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     os.environ.update(env)
     soak = Soak(args, out)
-    summary: dict[str, Any] = {"db": args.db, "seed": args.seed, "args": {k: str(v) for k, v in vars(args).items()}}
+    summary: dict[str, Any] = {
+        "db": args.db,
+        "seed": args.seed,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "commit": _commit(),
+        "cores": os.cpu_count(),
+    }
     try:
         import django
 
@@ -836,6 +857,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import check
 
     summary["driver"] = dict(sorted(soak.counts.items()))
+    if soak.loads:
+        loads = sorted(soak.loads)
+        summary["load_average"] = {"min": loads[0], "median": loads[len(loads) // 2], "max": loads[-1]}
     report = check.check(out)
     summary.update(report)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

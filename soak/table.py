@@ -32,9 +32,48 @@ def rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
         ("faults injected", f"{summary['faults_total']:,}"),
         ("worker groups that exited by themselves", str(summary.get("driver", {}).get("worker_exits_by_itself", 0))),
         *((f"faults: {kind}", str(n)) for kind, n in sorted(faults.items())),
+        *_feature_rows(summary),
         ("violations", str(sum(summary["violations_by_rule"].values()))),
         ("seed", str(args.get("seed", summary.get("seed")))),
+        ("commit", str(summary.get("commit") or "-")),
+        ("load average (min / median / max)", _load(summary)),
     ]  # fmt: skip
+
+
+def _load(summary: dict[str, Any]) -> str:
+    load = summary.get("load_average")
+    if not load:
+        return "-"
+    return f"{load['min']:.1f} / {load['median']:.1f} / {load['max']:.1f} ({summary.get('cores', '?')} cores)"
+
+
+def _feature_rows(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """The figures of ``--features`` (#18), "-" for a soak without them."""
+    f = summary.get("features") or {}
+    args = summary.get("args", {})
+    if not f:
+        return [(name, "-") for name in FEATURE_ROWS]
+    probes = f["namespace_probes"]
+    purged = f["children_purged"]
+    return list(zip(FEATURE_ROWS, [
+        str(args.get("features", "-")).replace("'", "").strip("()").replace(" ", "") or "none",
+        f"{f['tenant_runs']:,} / {probes.get('other namespace', 0):,} / {probes.get('own reads', 0):,}",
+        f"{f['times_checked']:,} ({f['stepped_starts']:,})",
+        f"{sum(f['clock_steps'].values()):,}",
+        f"{f['schedule_windows_judged']:,} / {f['schedule_windows_fired']:,} / {f['schedule_windows_missed']:,}",
+        f"{f['retain_parents']:,} / {sum(purged.values()):,} / {f['parents_replayed_after_purge']:,}",
+    ], strict=True))  # fmt: skip
+
+
+#: The names of the rows :func:`_feature_rows` returns.
+FEATURE_ROWS = (
+    "features",
+    "tenant runs / cross-namespace probes / own reads",
+    "runs timed (started on a stepped clock)",
+    "clock steps",
+    "schedule windows judged / fired / missed",
+    "retain parents / children purged / replayed after",
+)
 
 
 def table(summaries: list[dict[str, Any]]) -> str:

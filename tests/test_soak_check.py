@@ -402,23 +402,35 @@ def _windows(*offsets: float, outcome: str = "started", early: float = 0.0) -> l
 
 def test_a_schedule_window_fired_early_or_not_at_all_is_found(tmp_path: Path) -> None:
     """S17, R8: windows 10-19 each fired once, after they began, before the
-    pause at 24.5 (windows of the last SCHEDULE_SETTLE seconds are not judged).
-    Window 14 recorded before it began (a tick on a clock stepped ahead), and
-    windows 15-17 never fired, are violations."""
+    pause at 24.5, which left the cursor at 20 (later windows were never due
+    to a tick). Window 14 recorded before it began (a tick on a clock stepped
+    ahead), and windows 15-17 never fired, are violations; so is a "missed"
+    record of windows 15-17 made at once, but not one made when window 17 was
+    SCHEDULE_CATCH_UP windows old (the catch-up policy drops those)."""
     audit, events, runs = _clean(tmp_path)
-    events.append({"e": "schedule_paused", "t": T0 + 24.5, "name": "soak-every-second"})
+    events.append({"e": "schedule_paused", "t": T0 + 24.5, "name": "soak-every-second", "cursor": T0 + 20})
     windows = _windows(*range(10, 20))
-    folder = _final(_write(tmp_path, audit, events, runs), firings=windows)
-    report = check(folder)
+    report = check(_final(_write(tmp_path, audit, events, runs), firings=windows))
     assert report["violations"] == []
     assert (report["features"]["schedule_windows_judged"], report["features"]["schedule_windows_fired"]) == (10, 10)
+    events[-1]["cursor"] = T0 + 30  # the cursor past the pause: 20-24 were due, and never fired
+    assert _rules(_final(_write(tmp_path, audit, events, runs), firings=windows)) == {"schedule_window_missed"}
+    events[-1]["cursor"] = T0 + 20
 
-    windows[4]["created_at"] = T0 + 14 - 3600
-    del windows[5:8]
-    report = check(_final(_write(tmp_path, audit, events, runs), firings=windows))
+    early = [dict(w) for w in windows]
+    early[4]["created_at"] = T0 + 14 - 3600
+    del early[5:8]
+    report = check(_final(_write(tmp_path, audit, events, runs), firings=early))
     assert {v["rule"] for v in report["violations"]} == {"schedule_early", "schedule_window_missed"}
     missed = [v for v in report["violations"] if v["rule"] == "schedule_window_missed"]
     assert [(v["first"] - T0, v["windows"]) for v in missed] == [(15, 3)]
+
+    dropped = windows[:5] + _windows(15, outcome="missed") + windows[8:]
+    assert _rules(_final(_write(tmp_path, audit, events, runs), firings=dropped)) == {"schedule_window_missed"}
+    dropped[5]["created_at"] = T0 + 17 + 60
+    report = check(_final(_write(tmp_path, audit, events, runs), firings=dropped))
+    assert report["violations"] == []
+    assert report["features"]["schedule_windows_dropped_by_catch_up"] == 3
 
 
 def test_a_parent_whose_replays_saw_different_child_outcomes_or_that_did_not_finish_is_found(tmp_path: Path) -> None:
