@@ -483,16 +483,18 @@ def holder_since(run: Run, first_step_at: datetime | None) -> datetime | None:
 class Place:
     """Where a run stands in its key's queue (S5)."""
 
-    kind: str  # "none", "holder", "waiter", "legacy-pending", "terminal"
+    kind: str  # "none", "holder", "waiter", "not-due", "legacy-pending", "terminal"
     position: int | None = None
     holders: tuple[str, ...] = ()
     since: datetime | None = None
+    not_before: datetime | None = None  # "not-due": a delayed start before its time (X5)
 
 
 def run_place(run: Run, *, using: str | None = None) -> Place:
-    """Return ``run``'s place: holder since when, or waiter at position N behind named holders.
+    """Return ``run``'s place: holder since when, waiter at position N among the due
+    waiters behind named holders, or a delayed start not due yet (X5, on the database's clock).
 
-    At most two queries: the holders and the position, or a holder's first step.
+    At most three queries: the holders, whether it is due and the position, or a holder's first step.
     """
     if run.singleton_key is None:
         return Place("none")
@@ -510,7 +512,10 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
     holders = tuple(runs.holders().order_by("created_at", "run_id").values_list("run_id", flat=True)[:20])
     if run.singleton_slot != SlotState.WAITER:
         return Place("legacy-pending", holders=holders)
-    waiting = runs.waiting()
+    if run.not_before is not None and runs.filter(pk=run.pk).not_due().exists():
+        return Place("not-due", holders=holders, not_before=run.not_before)
+    # Its position among the due waiters, as the claim and explain count it (S5 step 3, X5, K3).
+    waiting = runs.due_waiting()
     ahead = waiting.filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id))
     return Place(SlotState.WAITER, position=ahead.count() + 1, holders=holders)
 

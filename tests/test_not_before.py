@@ -334,3 +334,27 @@ def test_a_waiter_not_due_is_not_a_stalled_waiter() -> None:
     Run.objects.update(wake_at=F("created_at") - timedelta(minutes=5))  # wake times long past
     found = {f.run_id: f.kind for f in engine.audit_slots().findings}
     assert "D" not in found and found.get("W") == "stalled_waiter", found
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_shows_a_delayed_waiter_as_not_due_and_counts_due_waiters_only() -> None:
+    """X5, K3: the admin's place of a run says what explain says: a delayed
+    waiter is "not due until T"; a due waiter behind it is at position 1."""
+    from django.contrib import admin
+
+    from durable_singleton import queues
+    from durable_singleton.models import Run
+
+    registry = Registry()
+    _declare(registry, [])
+    engine = make_engine("django", registry=registry)
+    engine.start("wf", {"k": "K", "hold": True}, run_id="H")
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    engine.start("wf", {"k": "K"}, run_id="D", not_before=HOUR)
+    engine.start("wf", {"k": "K"}, run_id="W")
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    d, w = Run.objects.get(pk="D"), Run.objects.get(pk="W")
+    assert queues.run_place(d).kind == "not-due" and queues.run_place(d).not_before == d.not_before
+    assert queues.run_place(w).position == 1 == engine.explain("W").position
+    shown = str(admin.site._registry[Run].place_display(d))  # type: ignore[attr-defined]
+    assert "not due until" in shown

@@ -290,6 +290,15 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
         holders = format_html_join(", ", '<a href="{}">{}</a>', ((self._change_url(h), h) for h in place.holders))
         if place.kind == "legacy-pending":
             return format_html("{} {}", _("untracked run of an older release, not in the queue; holders:"), holders)
+        if place.kind == "not-due" and place.not_before is not None:
+            return format_html(
+                '<a href="{}">{}</a> <time datetime="{}">{}</time> {}',
+                key_url,
+                _("not due until"),
+                place.not_before.isoformat(),
+                place.not_before.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                _("(a delayed start): it keeps its creation place in line and blocks no due waiter"),
+            )
         return format_html(
             '<a href="{}">{} {}</a> {} {}',
             key_url,
