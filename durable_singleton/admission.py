@@ -6,9 +6,14 @@ Who holds a slot is :func:`holds_slot`; whether a run may be admitted yet
 cap ``start`` applies, :func:`cap_in_force`. Each has its SQL twin, an
 expression over the run table's columns for the code that decides in a
 query: :func:`holds_slot_q`, :func:`is_due_q`, :func:`limit_in_force_sql`,
-:func:`free_slots_sql`. The stores, the audit, the queue views, the metrics,
-explain and the cap call these and restate none of them; the conformance
-suite checks that each Python spelling and its SQL twin agree.
+:func:`free_slots_sql`; and each has one spelling as SQL text for the raw
+statements of the PostgreSQL fast path (:mod:`durable_singleton.stores.pg`):
+:func:`holds_slot_sql_text`, :func:`legacy_holder_sql_text`,
+:func:`is_due_sql_text`, :func:`limit_in_force_sql_text`,
+:func:`free_slots_sql_text`. The stores, the audit, the queue views, the
+metrics, explain and the cap call these and restate none of them; the
+conformance suite checks that each Python spelling, its ORM twin and its SQL
+text agree.
 
 Nothing here runs a query. A custom store uses these helpers to implement
 its claim inside its own transaction (S14); the store base class's fallback
@@ -47,16 +52,21 @@ __all__ = [
     "effective_limit",
     "free_slots",
     "free_slots_sql",
+    "free_slots_sql_text",
     "holds_slot",
     "holds_slot_q",
+    "holds_slot_sql_text",
     "is_due",
     "is_due_q",
+    "is_due_sql_text",
     "is_holder",
     "is_legacy_holder",
     "key_tag",
     "legacy_holder_q",
+    "legacy_holder_sql_text",
     "limit_in_force",
     "limit_in_force_sql",
+    "limit_in_force_sql_text",
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
@@ -110,6 +120,17 @@ def limit_in_force_sql(declared: Any, override: Any) -> Greatest:
     return Greatest(Coalesce(*parts, output_field=IntegerField()), Value(1), output_field=IntegerField())
 
 
+def limit_in_force_sql_text(declared: str, override: str) -> str:
+    """SQL text of :func:`limit_in_force` for raw statements: ``declared`` and
+    ``override`` are SQL expressions (a column, a placeholder), NULL when unset.
+
+    Written without ``GREATEST`` so that it runs on every database the
+    conformance suite checks it on.
+    """
+    chosen = f"COALESCE({override}, {declared}, 1)"
+    return f"(CASE WHEN {chosen} < 1 THEN 1 ELSE {chosen} END)"
+
+
 def free_slots(limit: int, holders: int, *, paused: bool) -> int:
     """Return a key's free slots: none while it is paused (K2), else ``limit - holders``, never negative (S5).
 
@@ -132,6 +153,12 @@ def free_slots_sql(limit: Any, holders: Any, paused: Any) -> Case:
         default=Value(0),
         output_field=IntegerField(),
     )
+
+
+def free_slots_sql_text(limit: str, holders: str, paused: str) -> str:
+    """SQL text of :func:`free_slots` for raw statements; each argument an SQL
+    expression (``paused`` NULL: not paused)."""
+    return f"(CASE WHEN COALESCE({paused}, FALSE) THEN 0 WHEN {limit} > {holders} THEN {limit} - {holders} ELSE 0 END)"
 
 
 def cap_in_force(declared_cap: int, declared: int | None, override: int | None) -> int:
@@ -229,6 +256,13 @@ def is_due_q(now: Any) -> Q:
     """SQL twin of :func:`is_due` on the run table's ``not_before`` column;
     ``now`` is the database's clock (``querysets.DbNow()``) (X5, R5)."""
     return Q(not_before__isnull=True) | Q(not_before__lte=now)
+
+
+def is_due_sql_text(table: str, now: str) -> str:
+    """SQL text of :func:`is_due` for raw statements, on the ``not_before``
+    column of the run table named (or aliased) ``table``; ``now`` is the SQL of
+    the database's clock (``querysets.PG_NOW_SQL``) (X5, R5)."""
+    return f"({table}.not_before IS NULL OR {table}.not_before <= {now})"
 
 
 def check_not_before(value: object, now: datetime) -> datetime | None:
@@ -329,6 +363,28 @@ def turn_on_its_way_q(now: Any) -> Q:
     """SQL twin of :func:`turn_on_its_way`, on the run table's columns;
     ``now`` is an expression of the database's clock (``DbNow()``, R5)."""
     return Q(status=RunStatus.PENDING, park_reason="", wake_at__gt=now)
+
+def _sql_in(values: Iterable[str]) -> str:
+    return ", ".join(f"'{v}'" for v in values)
+
+
+def legacy_holder_sql_text(table: str) -> str:
+    """SQL text of :func:`is_legacy_holder` for raw statements, on the columns of
+    the run table named (or aliased) ``table`` (S12)."""
+    return (
+        f"({table}.singleton_key IS NOT NULL AND NOT {table}.singleton_tracked"
+        f" AND {table}.status IN ({_sql_in(HOLDING_LEGACY_STATUSES)}))"
+    )
+
+
+def holds_slot_sql_text(table: str) -> str:
+    """SQL text of :func:`holds_slot` for raw statements, on the columns of the
+    run table named (or aliased) ``table`` (S5, S12)."""
+    marked = (
+        f"({table}.singleton_key IS NOT NULL AND {table}.singleton_slot = '{SlotState.HOLDER.value}'"
+        f" AND {table}.status IN ({_sql_in(ACTIVE_STATUSES)}))"
+    )
+    return f"({marked} OR {legacy_holder_sql_text(table)})"
 
 
 def is_holder(status: str, tags: Sequence[str]) -> bool:

@@ -53,6 +53,7 @@ from .stores.base import (
     Finish,
     RetryPolicy,
     RunRecord,
+    StepRecord,
     TurnState,
     warn_fallback,
 )
@@ -403,7 +404,11 @@ class Core:
             existing = self.store.get_run(run_id)
             if existing is not None:
                 return self._found(existing, namespace)
-        self._correct_clock()
+        # On the default clock a store that stamps starts writes created_at by its
+        # own clock (R8): no read of that clock before the insert.
+        stamp = self._store_clock is not None and self.store.stamps_starts
+        if not stamp:
+            self._correct_clock()
         record, definition, cap = self._new_run(
             name,
             input,
@@ -415,24 +420,22 @@ class Core:
             not_before=not_before,
         )
         delayed = _delayed(record)
-        deep = False
-        if not delayed and record.singleton_key is not None and definition.singleton is not None:
-            deep = self.store.queue_is_deep(definition.name, record.singleton_key, definition.singleton.limit)
-        if deep:
-            # Behind `limit` holders and `limit` waiters: park at creation and wait
-            # for the handoff or the tick's catch-up instead of sending a turn
-            # that could only park (S8a). Keeps bursts off the broker queue.
-            record = record.evolve(
-                wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
-                park_reason=ParkReason.SINGLETON,
-            )
-        run, created = self.store.create_run(
-            record, cap=cap, cap_namespace=self.namespace if self.scope_reads else None
+        # Behind `limit` holders and `limit` waiters the run is created parked and
+        # waits for the handoff or the tick's catch-up instead of a turn that
+        # could only park (S8a). Keeps bursts off the broker queue. A delayed
+        # start is parked until its not_before (X5).
+        run, created = self.store.start_run(
+            record,
+            cap=cap,
+            cap_namespace=self.namespace if self.scope_reads else None,
+            deep_limit=definition.singleton.limit if definition.singleton is not None and not delayed else None,
+            backlog_wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
+            stamp=stamp,
         )
         if not created:  # a racing start of the same id created it first (R3)
             return self._found(run, namespace)
         self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
-        if not deep and not delayed:
+        if not delayed and not ParkReason.SINGLETON.matches(run.park_reason):
             self.dispatcher.dispatch(run.run_id, definition.queue)
         return run
 
@@ -620,7 +623,7 @@ class Core:
             return Outcome.PARKED
         if turn.admitted:
             signals.run_admitted.send(sender=self.signal_sender, run=run)
-        return self._run_body(definition, run, owner)
+        return self._run_body(definition, run, owner, turn.steps)
 
     def execute_chain(self, run_id: str, *, max_turns: int = 200, max_seconds: float = 2.0) -> str:
         """Execute a turn, then the turns of the waiters its handoffs granted, on this thread.
@@ -666,9 +669,11 @@ class Core:
             return dict(TIMEOUT_ERROR)
         return dict(CANCELLED_ERROR)
 
-    def _run_body(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
+    def _run_body(
+        self, definition: WorkflowDefinition, run: RunRecord, owner: str, steps: Mapping[int, StepRecord] | None = None
+    ) -> str:
         try:
-            return self._run_body_and_settle(definition, run, owner)
+            return self._run_body_and_settle(definition, run, owner, steps)
         except Exception as exc:
             # The store became unreachable around the body: reading its steps, or
             # parking or settling after it. The turn ends as an interrupted store
@@ -682,11 +687,14 @@ class Core:
             self._resume_interrupted(run, owner, interrupted)
             return Outcome.INTERRUPTED
 
-    def _run_body_and_settle(self, definition: WorkflowDefinition, run: RunRecord, owner: str) -> str:
+    def _run_body_and_settle(
+        self, definition: WorkflowDefinition, run: RunRecord, owner: str, known: Mapping[int, StepRecord] | None
+    ) -> str:
         assert definition.body is not None
-        # Read after the claim, never skipped on the step count the claim read: a
-        # frozen holder's step may commit between that read and the claim (R4).
-        steps = self.store.load_steps(run.run_id)
+        # Read after the claim, never skipped on a step count read before it: a
+        # frozen holder's step may commit between that read and the claim. The
+        # claim's own write may know them (``Turn.steps``): no step under this lease (R4).
+        steps = dict(known) if known is not None else self.store.load_steps(run.run_id)
         ctx = WorkflowCtx(self, run, owner, steps)
         try:
             with renewer().hold(

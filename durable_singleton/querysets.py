@@ -14,13 +14,17 @@ from django.db import models
 from django.db.models import ExpressionWrapper, Func, Value
 from django.db.models.expressions import CombinedExpression
 
-from .admission import holds_slot_q, is_due_q, legacy_holder_q
+from .admission import holds_slot_q, is_due_q, is_due_sql_text, legacy_holder_q
 from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
 
 if TYPE_CHECKING:
     from .models import Run  # noqa: F401  (the queryset's type argument, as a string)
 
-__all__ = ["DbNow", "RunQuerySet", "db_now_plus", "sqlite_now"]
+__all__ = ["PG_NOW_SQL", "DbNow", "RunQuerySet", "db_now_plus", "sqlite_now"]
+
+#: :class:`DbNow` on PostgreSQL, the spelling the raw statements of
+#: :mod:`durable_singleton.stores.pg` use too (R5).
+PG_NOW_SQL = "STATEMENT_TIMESTAMP()"
 
 
 def sqlite_now() -> datetime:
@@ -48,7 +52,7 @@ class DbNow(Func):
     output_field = models.DateTimeField()
 
     def as_postgresql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
-        return self.as_sql(compiler, connection, template="STATEMENT_TIMESTAMP()", **extra)
+        return self.as_sql(compiler, connection, template=PG_NOW_SQL, **extra)
 
     def as_mysql(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         return self.as_sql(compiler, connection, template="UTC_TIMESTAMP(6)", **extra)
@@ -119,6 +123,16 @@ class RunQuerySet(models.QuerySet["Run"]):
             .filter(models.Q(singleton_slot=SlotState.HOLDER) | is_due_q(DbNow()))
             .order_by("singleton_slot", "created_at", "run_id")
         )
+
+    @staticmethod
+    def queue_front_sql_text(table: str, now: str = PG_NOW_SQL) -> tuple[str, str]:
+        """Return :meth:`queue_front` as SQL text for raw statements: (the
+        condition, the ORDER BY list) on the run table named (or aliased)
+        ``table``, ``now`` the SQL of the database's clock (X5)."""
+        due = is_due_sql_text(table, now)
+        holder = f"{table}.singleton_slot = '{SlotState.HOLDER.value}'"
+        condition = f"{table}.singleton_slot IS NOT NULL AND ({holder} OR {due})"
+        return condition, f"{table}.singleton_slot, {table}.created_at, {table}.run_id"
 
     def due(self) -> RunQuerySet:
         """Parked runs whose ``wake_at`` has come by the database's clock (S8, R5)."""

@@ -22,7 +22,12 @@ class _CancelAfterRead(DjangoStore):
     armed = False
 
     def _read_for_turn(self, run_id: str) -> Any:
-        read = super()._read_for_turn(run_id)
+        return self._then_cancel(run_id, super()._read_for_turn(run_id))
+
+    def _fast_read(self, fast: Any, run_id: str) -> Any:  # the PostgreSQL fast path's read (#17)
+        return self._then_cancel(run_id, super()._fast_read(fast, run_id))
+
+    def _then_cancel(self, run_id: str, read: Any) -> Any:
         if self.armed:
             self.armed = False
             self.engine.cancel(run_id)

@@ -406,10 +406,15 @@ def test_f16_sqlite_file_eight_threads_one_holder(registry: Registry, monitor: M
 
 
 class PausedParkStore(DjangoStore):
-    """Pauses a denied claim after it decided to park, before its transaction commits (F6)."""
+    """Pauses a denied claim after it decided to park, before its transaction commits (F6).
+
+    The pause is a hook of the ORM path, so this store keeps it on every
+    database: PostgreSQL's fast path parks in the same message that takes the
+    key's lock, so a release waits for the park's commit by construction (#17).
+    """
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__(raw_sql=False)
         self.decided = threading.Event()
         self.resume = threading.Event()
 

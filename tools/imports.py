@@ -60,6 +60,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "migrations",
         "migrations.*",
         "stores.django",
+        "stores.pg",
         "stores.memory",
         "stores.codec",
         "stores.loading",

@@ -105,7 +105,10 @@ class Turn:
     ``recovered`` tells that an expired lease was taken over (D4);
     ``granted`` are waiters given a slot by a settle in this claim (S7);
     ``admitted`` tells that this claim gave the run its slot (not a
-    confirmation of an earlier admission).
+    confirmation of an earlier admission); ``steps`` are the run's stored
+    steps when the claim knows them (its own write returned a step count of
+    0: none, and nobody else can store one under this turn's lease, R4), None
+    when the engine loads them (:meth:`BaseStore.load_steps`).
     """
 
     state: TurnState
@@ -113,6 +116,7 @@ class Turn:
     recovered: bool = False
     granted: tuple[RunRecord, ...] = ()
     admitted: bool = False
+    steps: Mapping[int, StepRecord] | None = None
 
 
 @dataclass(frozen=True)
@@ -367,6 +371,10 @@ class BaseStore(ABC):
     supports_bulk_start: bool = False
     supports_key_controls: bool = False
     supports_schedules: bool = False
+    #: True when :meth:`start_run` with ``stamp`` writes a run's ``created_at``
+    #: on the store's own clock at the insert (R8), so the engine need not read
+    #: that clock before a start.
+    stamps_starts: bool = False
     #: The codec payloads are stored encoded with (a
     #: :class:`~durable_singleton.stores.codec.CodecStore`'s), or None: stored as given.
     codec: Codec | None = None
@@ -425,6 +433,40 @@ class BaseStore(ABC):
         :func:`~durable_singleton.admission.cap_in_force` (K2). An existing
         ``run_id`` is returned, never rejected.
         """
+
+    def start_run(
+        self,
+        run: RunRecord,
+        *,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        deep_limit: int | None = None,
+        backlog_wake_at: datetime | None = None,
+        stamp: bool = False,
+    ) -> tuple[RunRecord, bool]:
+        """Insert ``run`` as :meth:`create_run` does, created parked when its key's queue is deep (S8a).
+
+        With ``deep_limit`` (the declared limit) and a key, a run whose key already
+        has ``deep_limit`` holders and ``deep_limit`` waiters
+        (:meth:`queue_is_deep`) is created with ``wake_at`` = ``backlog_wake_at``
+        and the park reason ``singleton``: it waits for the handoff or the tick's
+        catch-up instead of a turn that could only park. Returns (the run as
+        stored, created): an existing ``run_id`` is returned as stored (R3, S16).
+        Raises :class:`~durable_singleton.exceptions.SingletonQueueFullError` as
+        :meth:`create_run` does. ``stamp`` (only asked of a store with
+        ``stamps_starts``): ``created_at`` is a provisional time; the store
+        writes its own clock's now instead and moves ``updated_at``,
+        ``wake_at``, ``deadline_at`` and ``backlog_wake_at`` by the same amount
+        (R8). This default makes the two calls; a store may fold the check
+        into its insert.
+        """
+        if (
+            run.singleton_key is not None
+            and deep_limit is not None
+            and self.queue_is_deep(run.workflow_name, run.singleton_key, deep_limit)
+        ):
+            run = replace(run, wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
+        return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
 
     def create_runs(
         self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None

@@ -53,7 +53,7 @@ from ..exceptions import SingletonQueueFullError
 from ..models import Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
-from . import key_controls
+from . import key_controls, pg
 from .base import (
     CANCELLED_ERROR,
     BaseStore,
@@ -171,6 +171,10 @@ class DjangoStore(BaseStore):
     ``retry``: the denied waiters' retry delays (S5, S8a).
     ``redelivery_seconds``: how long a sent turn is left to arrive before the
     tick sends it again (S7a, F4).
+    ``raw_sql``: send the hot transactions (the turn's read and claim, the
+    handoff) as raw SQL, one round trip each (:mod:`durable_singleton.stores.pg`);
+    None (the default): on PostgreSQL through psycopg 3 with client-side
+    binding; False: always the ORM path.
     """
 
     supports_atomic_admission = True
@@ -185,8 +189,11 @@ class DjangoStore(BaseStore):
         claim_retries: int = 5,
         retry: RetryPolicy | None = None,
         redelivery_seconds: float = 5.0,
+        raw_sql: bool | None = None,
     ) -> None:
         self.using = using
+        self.raw_sql = raw_sql
+        self._fast_paths: dict[str, pg.FastPath | None] = {}
         self.claim_retries = claim_retries
         self.retry = retry or RetryPolicy()
         self.redelivery_seconds = redelivery_seconds
@@ -229,6 +236,16 @@ class DjangoStore(BaseStore):
     def database(self) -> str:
         """Return the database alias writes go to (:attr:`db`)."""
         return self.db
+
+    def _fast(self) -> pg.FastPath | None:
+        """Return the raw-SQL fast path of this store's database, or None: the ORM path."""
+        db = self.db
+        try:
+            return self._fast_paths[db]
+        except KeyError:
+            fast = pg.FastPath(self) if self.raw_sql is not False and pg.usable(self) else None
+            self._fast_paths[db] = fast
+            return fast
 
     def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.db)
@@ -459,6 +476,46 @@ class DjangoStore(BaseStore):
                 raise
             return record_of(existing), False
 
+    def start_run(
+        self,
+        run: RunRecord,
+        *,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        deep_limit: int | None = None,
+        backlog_wake_at: datetime | None = None,
+        stamp: bool = False,
+    ) -> tuple[RunRecord, bool]:
+        """:meth:`BaseStore.start_run`; on PostgreSQL a run without a queue cap is
+        one ``INSERT ... ON CONFLICT DO NOTHING RETURNING`` with the backlog
+        check folded in and, with ``stamp``, ``created_at`` written by the
+        database's clock (:meth:`pg.FastPath.start`): only the run it inserted
+        is reported created, another start's is returned as stored (R3, S16,
+        S8a, R8). A capped start with ``stamp`` reads the database's clock first."""
+        fast = self._fast()
+        if fast is not None and (cap is None or run.singleton_key is None):
+            for _ in range(self.claim_retries + 1):
+                started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
+                if started is not None:
+                    return started
+        if stamp:
+            shift = self.now() - run.created_at
+            run = run.evolve(
+                created_at=run.created_at + shift,
+                updated_at=run.updated_at + shift,
+                wake_at=run.wake_at + shift if run.wake_at is not None else None,
+                deadline_at=run.deadline_at + shift if run.deadline_at is not None else None,
+            )
+            backlog_wake_at = backlog_wake_at + shift if backlog_wake_at is not None else None
+        return super().start_run(
+            run, cap=cap, cap_namespace=cap_namespace, deep_limit=deep_limit, backlog_wake_at=backlog_wake_at
+        )
+
+    @property
+    def stamps_starts(self) -> bool:  # type: ignore[override]
+        """True on PostgreSQL's fast path: :meth:`start_run` stamps ``created_at`` with the database's clock (R8)."""
+        return self._fast() is not None
+
     def create_runs(
         self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
     ) -> list[tuple[RunRecord, bool] | BaseException]:
@@ -623,8 +680,15 @@ class DjangoStore(BaseStore):
         """Take the lease and admit or park the run in one transaction (S4, S5, R5, R6).
 
         ``known`` is the run as this process just granted it (a handoff): its
-        claim is then a confirmation without a first read.
+        claim is then a confirmation without a first read. On PostgreSQL the
+        claim is raw SQL (:meth:`_fast_turn`); the cases it leaves out take the
+        ORM path below.
         """
+        fast = self._fast()
+        if fast is not None:
+            turn = self._fast_turn(fast, run_id, owner, lease_seconds, limits, max_recoveries, retry, known)
+            if turn is not None:
+                return turn
         if known is not None and known.admitted and known.is_parked:
             row: Run | None = self._row(known)
             assert row is not None
@@ -688,6 +752,51 @@ class DjangoStore(BaseStore):
                 return Turn(TurnState.SKIPPED, record)
             return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
         return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry))
+
+    def _fast_turn(
+        self,
+        fast: pg.FastPath,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        max_recoveries: int,
+        retry: RetryPolicy,
+        known: RunRecord | None,
+    ) -> Turn | None:
+        """The claim in raw SQL: one read, then one compare-and-set (a run without a
+        key, a holder's confirmation) or one admission message (a tracked waiter of
+        a workflow this process declares), the same rules as the ORM path (S4, S5,
+        S6, R5a, R6). None: the ORM path decides (a requested cancel, a recovery of
+        a holder or past ``max_recoveries``, an untracked run of an older release,
+        a workflow this process does not declare, a claimant changed under us)."""
+        if known is not None and known.admitted and known.is_parked:
+            run: RunRecord | None = known
+            expired, due = False, True  # granted: admitted while due (X5)
+        else:
+            run, expired, due = self._fast_read(fast, run_id)
+        if run is None:
+            return Turn(TurnState.SKIPPED)
+        if run.is_terminal or (run.status == RunStatus.RUNNING and not expired):
+            return Turn(TurnState.SKIPPED, run)
+        recovered = run.status == RunStatus.RUNNING
+        if run.cancel_requested or (recovered and run.recoveries >= max_recoveries):
+            return None
+        if not due and not recovered and not run.holds_slot:
+            return None  # a delayed start before its time (X5): the ORM path moves its wake_at
+        if run.singleton_key is None or run.holds_slot:
+            if run.singleton_key is not None and recovered:
+                return None  # a new token from the key's counter: _take_over (K1)
+            return fast.take(run, owner, lease_seconds, recovered=recovered, holder=run.singleton_key is not None)
+        if recovered or not run.tracked or run.workflow_name not in limits:
+            return None
+        delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
+        return self._retrying(lambda: fast.admit(run, owner, lease_seconds, limits, delays))
+
+    def _fast_read(self, fast: pg.FastPath, run_id: str) -> tuple[RunRecord | None, bool, bool]:
+        """The fast path's read of a turn (:meth:`_read_for_turn`'s twin): the run,
+        whether its lease expired and whether it is due (X5), on the database's clock."""
+        return fast.read(run_id)
 
     def _take_over(self, row: Run, record: RunRecord, taken: RunRecord, take: dict[str, Any]) -> Turn:
         """Recover a holder whose lease expired, with a new token from its key's counter (K1, R5).
@@ -838,6 +947,10 @@ class DjangoStore(BaseStore):
         expect: Sequence[str] | None = None,
         finished_at: datetime | None = None,
     ) -> Finish:
+        fast = self._fast() if owner is not None else None
+        if fast is not None and owner is not None and (run.singleton_key is None or run.workflow_name in limits):
+            # One round trip: the settle and the handoff in raw SQL (S7, R5a).
+            return self._retrying(lambda: fast.finish(run, owner, status, output, error, limits, finished_at))
         if owner is not None:
             cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
         else:

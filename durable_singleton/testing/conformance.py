@@ -299,14 +299,30 @@ class StoreConformance:
 
     # -- the rules: one in Python, its twin in SQL -----------------------------------
     def test_the_rules_agree_in_python_and_sql(self, engine: Engine) -> None:
-        """S5, S12, K2 (#16): on every combination of status and markers the run
-        table accepts, ``holds_slot`` and its SQL twin ``holds_slot_q`` agree, and
-        the store reads the same holders; ``limit_in_force`` / ``free_slots`` and
-        their twins agree on every declared limit, override, holder count and pause."""
-        from django.db import IntegrityError, transaction
+        """S5, S12, K2 (#16, #17): on every combination of status and markers the run
+        table accepts, ``holds_slot`` and ``is_legacy_holder``, their ORM twins
+        (``holds_slot_q``, ``legacy_holder_q``) and their SQL text (the raw
+        statements' spelling) agree, and the store reads the same holders;
+        ``limit_in_force`` / ``free_slots``, their ORM twins and their SQL text
+        agree on every declared limit, override, holder count and pause."""
+        from django.db import IntegrityError, connections, transaction
         from django.db.models import Value
 
-        from ..admission import free_slots, free_slots_sql, holds_slot, holds_slot_q, limit_in_force, limit_in_force_sql
+        from ..admission import (
+            free_slots,
+            free_slots_sql,
+            free_slots_sql_text,
+            holds_slot,
+            holds_slot_q,
+            holds_slot_sql_text,
+            is_due_sql_text,
+            is_legacy_holder,
+            legacy_holder_q,
+            legacy_holder_sql_text,
+            limit_in_force,
+            limit_in_force_sql,
+            limit_in_force_sql_text,
+        )
         from ..models import Run
         from ..statuses import ACTIVE_STATUSES, TERMINAL_STATUSES, SlotState
         from ..stores.codec import CodecStore
@@ -320,6 +336,7 @@ class StoreConformance:
         runs = Run.objects.using(store.db)
         now = engine.now()
         expected: dict[str, bool] = {}
+        legacy: set[str] = set()
         n = 0
         for status in (*ACTIVE_STATUSES, *TERMINAL_STATUSES):
             for slot in (None, SlotState.HOLDER, SlotState.WAITER):
@@ -345,10 +362,23 @@ class StoreConformance:
                             continue  # a combination the table refuses (ds_run_slot_only_active)
                         admitted = slot == SlotState.HOLDER
                         expected[run_id] = holds_slot(status, key=key, admitted=admitted, tracked=tracked)
-        assert len(expected) > 20
+                        if is_legacy_holder(status, key=key, tracked=tracked):
+                            legacy.add(run_id)
+        assert len(expected) > 20 and legacy
         in_sql = set(runs.filter(pk__in=list(expected)).filter(holds_slot_q()).values_list("pk", flat=True))
         assert in_sql == {run_id for run_id, holds in expected.items() if holds}
         assert {r.run_id for r in store.active_runs_for_key("conf-1", "K") if r.holds_slot} == in_sql
+        assert set(runs.filter(pk__in=list(expected)).filter(legacy_holder_q()).values_list("pk", flat=True)) == legacy
+        connection = connections[store.db]
+        table = connection.ops.quote_name(Run._meta.db_table)
+
+        def ids_where(condition: str) -> set[str]:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT run_id FROM {table} WHERE run_id LIKE 'rule-%%' AND {condition}")
+                return {str(row[0]) for row in cursor.fetchall()}
+
+        assert ids_where(holds_slot_sql_text(table)) == in_sql
+        assert ids_where(legacy_holder_sql_text(table)) == legacy
         cases = [
             (declared, override, holders, paused)
             for declared in (None, 1, 3)
@@ -364,11 +394,20 @@ class StoreConformance:
             ).annotate(free=free_slots_sql("limit", Value(holders), Value(paused)))
             got = sql.values_list("limit", "free").get()
             assert got == (limit, free_slots(limit, holders, paused=paused)), (declared, override, holders, paused)
+            with connection.cursor() as cursor:
+                free_text = free_slots_sql_text("x.lim", "x.holders", "x.paused")
+                cursor.execute(
+                    f"SELECT x.lim, {free_text} FROM (SELECT {limit_in_force_sql_text('%s', '%s')} AS lim,"
+                    " %s AS holders, %s AS paused) x",
+                    [override, declared, override, declared, holders, paused],
+                )
+                text = tuple(int(v) for v in cursor.fetchone())
+            assert text == got, (declared, override, holders, paused)
         # X5: is_due and its twin is_due_q agree on the database's clock.
         from datetime import timedelta
 
         from ..admission import is_due, is_due_q
-        from ..querysets import DbNow
+        from ..querysets import PG_NOW_SQL, DbNow
 
         db_now = store.now()
         moments = {"none": None, "past": db_now - timedelta(hours=1), "future": db_now + timedelta(hours=1)}
@@ -376,6 +415,10 @@ class StoreConformance:
             runs.filter(pk=next(iter(expected))).update(not_before=moment)
             due_in_sql = runs.filter(pk=next(iter(expected))).filter(is_due_q(DbNow())).exists()
             assert due_in_sql == is_due(moment, store.now()) == (name != "future"), name
+            if connection.vendor == "postgresql":  # the raw statements' spelling, on PG_NOW_SQL (#17)
+                assert ids_where(f"run_id = '{next(iter(expected))}' AND {is_due_sql_text(table, PG_NOW_SQL)}") == (
+                    {next(iter(expected))} if name != "future" else set()
+                ), name
 
     def test_turn_on_its_way_agrees_in_python_and_sql(self, engine: Engine) -> None:
         """S8, S8a (#17): on every status, park reason and ``wake_at`` (none, an

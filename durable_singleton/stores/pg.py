@@ -1,0 +1,587 @@
+"""The PostgreSQL fast path of the Django store: the hot transactions as raw SQL.
+
+:class:`~durable_singleton.stores.django.DjangoStore` sends these through the
+connection's cursor on PostgreSQL (psycopg 3 with client-side binding, Django's
+default), and keeps its ORM path for every other database and for the rare
+cases named below. Each is one round trip:
+
+* the read of a turn (:data:`READ`), with "has its lease expired?" decided by
+  the database's clock;
+* the confirmation claim of a holder, a run without a key or a run this
+  process just granted (:meth:`FastPath.take`): one ``UPDATE ... RETURNING``,
+  a compare-and-set on what was read; its ``step_count`` tells the engine
+  whether there are steps to load (R4);
+* the admission of a waiter (:meth:`FastPath.admit`) and the handoff
+  (:meth:`FastPath.finish`): one message of three statements, the key row's
+  upsert, its ``SELECT ... FOR UPDATE``, then one statement whose CTEs read
+  the holders and the front of the queue, grant the free slots with their
+  fencing tokens, take the claimant's lease or park it (or settle the run)
+  and bump the key's token. Sent as one simple-protocol message outside a
+  transaction, the three run as one transaction; at READ COMMITTED the third
+  statement's snapshot is taken after the key's lock, so it reads every
+  commit before the lock, as the ORM path's reads after ``lock_key`` do.
+
+The rules are not restated: who holds a slot, the limit in force and the free
+slots are :mod:`durable_singleton.admission`'s SQL text
+(:func:`~durable_singleton.admission.holds_slot_sql_text`,
+:func:`~durable_singleton.admission.limit_in_force_sql_text`,
+:func:`~durable_singleton.admission.free_slots_sql_text`), the queue order
+:meth:`RunQuerySet.queue_front_sql_text
+<durable_singleton.querysets.RunQuerySet.queue_front_sql_text>`, the clock
+:data:`~durable_singleton.querysets.PG_NOW_SQL`. Lock order: the key row,
+then run rows (S13). Every write is a compare-and-set on what was read (R5a).
+
+The clock: ``STATEMENT_TIMESTAMP()`` is the time the message arrived, for
+all three statements. A settle whose message waited for the key's lock is
+judged on its owner's lease at that arrival; that is safe because every
+takeover of a keyed run takes the same lock first (so it either committed
+before, and the compare-and-set on the owner refuses the settle, or it waits
+and finds the run settled).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from django.db import connections
+
+from ..admission import (
+    free_slots_sql_text,
+    holds_slot_sql_text,
+    is_due_sql_text,
+    legacy_holder_sql_text,
+    limit_in_force_sql_text,
+)
+from ..models import Run, SingletonKey
+from ..querysets import PG_NOW_SQL, RunQuerySet
+from ..records import RunRecord, StepRecord
+from ..statuses import ParkReason, RunStatus, SlotState
+from .base import Finish, Limits, Turn, TurnState
+
+
+class Store(Protocol):
+    """What the fast path needs of its :class:`~durable_singleton.stores.django.DjangoStore`."""
+
+    @property
+    def db(self) -> str:
+        """The database alias."""
+
+    @property
+    def redelivery_seconds(self) -> float:
+        """How long a granted waiter's turn is left to arrive before the tick sends it (S7a)."""
+
+__all__ = ["FastPath", "Store", "usable"]
+
+RUN = Run._meta.db_table
+KEY = SingletonKey._meta.db_table
+NOW = PG_NOW_SQL
+
+#: The run table's columns a :class:`RunRecord` is built from, in this order.
+COLUMNS = (
+    "run_id",
+    "workflow_name",
+    "workflow_version",
+    "namespace",
+    "status",
+    "input",
+    "created_at",
+    "updated_at",
+    "output",
+    "error",
+    "tags",
+    "singleton_key",
+    "singleton_limit",
+    "singleton_slot",
+    "singleton_tracked",
+    "wake_at",
+    "lease_owner",
+    "lease_expires_at",
+    "started_at",
+    "finished_at",
+    "admitted_at",
+    "attempts",
+    "recoveries",
+    "parent_run_id",
+    "park_reason",
+    "cancel_requested",
+    "deadline_at",
+    "fencing_token",
+    "step_count",
+    "not_before",
+)
+
+
+def _cols(table: str) -> str:
+    return ", ".join(f"{table}.{c}" for c in COLUMNS)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def record(row: Sequence[Any]) -> RunRecord:
+    """Return the :class:`RunRecord` of a row of :data:`COLUMNS`."""
+    (
+        run_id,
+        workflow_name,
+        workflow_version,
+        namespace,
+        status,
+        input,
+        created_at,
+        updated_at,
+        output,
+        error,
+        tags,
+        singleton_key,
+        singleton_limit,
+        singleton_slot,
+        singleton_tracked,
+        wake_at,
+        lease_owner,
+        lease_expires_at,
+        started_at,
+        finished_at,
+        admitted_at,
+        attempts,
+        recoveries,
+        parent_run_id,
+        park_reason,
+        cancel_requested,
+        deadline_at,
+        fencing_token,
+        step_count,
+        not_before,
+    ) = row[: len(COLUMNS)]
+    return RunRecord(
+        run_id=run_id,
+        workflow_name=workflow_name,
+        workflow_version=workflow_version,
+        namespace=namespace,
+        status=status,
+        input=_json(input),
+        created_at=created_at,
+        updated_at=updated_at,
+        output=_json(output),
+        error=_json(error),
+        user_tags=tuple(_json(tags) or ()),
+        singleton_key=singleton_key,
+        singleton_limit=singleton_limit,
+        admitted=singleton_slot == SlotState.HOLDER,
+        tracked=singleton_tracked,
+        wake_at=wake_at,
+        lease_owner=lease_owner,
+        lease_expires_at=lease_expires_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        admitted_at=admitted_at,
+        attempts=attempts,
+        recoveries=recoveries,
+        parent_run_id=parent_run_id,
+        park_reason=park_reason,
+        cancel_requested=cancel_requested,
+        deadline_at=deadline_at,
+        fencing_token=fencing_token,
+        step_count=step_count,
+        not_before=not_before,
+    )
+
+
+def usable(store: Store) -> bool:
+    """Tell whether the store's connection can take the fast path: PostgreSQL
+    through psycopg 3 with client-side binding (a message of several statements
+    needs the simple query protocol)."""
+    connection = connections[store.db]
+    if connection.vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3) and connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is not True
+
+
+def _seconds(name: str) -> str:
+    return f"{NOW} + make_interval(secs => %({name})s)"
+
+
+# -- the statements ------------------------------------------------------------------------------
+FRONT_WHERE, FRONT_ORDER = RunQuerySet.queue_front_sql_text("q0")
+
+#: One read of a run for its turn, with whether its lease expired and whether it is due
+#: (its delayed start has come, X5) by the database's clock (R5).
+READ = (
+    f"SELECT {_cols('r')}, r.lease_expires_at <= {NOW}, {is_due_sql_text('r', NOW)}"
+    f" FROM {RUN} r WHERE r.run_id = %(run_id)s"
+)
+
+_TAKE_SET = (
+    f"status = '{RunStatus.RUNNING.value}', lease_owner = %(owner)s, lease_expires_at = {_seconds('lease')},"
+    f" wake_at = NULL, attempts = r.attempts + 1, recoveries = r.recoveries + %(recovered)s,"
+    f" started_at = COALESCE(r.started_at, {NOW}), updated_at = {NOW}"
+)
+#: The compare of a claim on what was read (``DjangoStore._as_read``): status, attempts, the
+#: cancel flag, and for a running run its owner and its expired lease (R5a, R6, S9).
+_AS_READ = (
+    "r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
+    " AND r.cancel_requested = %(cancel)s"
+    f" AND (r.status <> '{RunStatus.RUNNING.value}'"
+    f" OR (r.lease_owner IS NOT DISTINCT FROM %(read_owner)s AND r.lease_expires_at <= {NOW}))"
+)
+#: The confirmation claim of a run without a key (``holder`` false) or of a holder (S6).
+TAKE = (
+    f"UPDATE {RUN} r SET {_TAKE_SET},"
+    f" singleton_slot = CASE WHEN %(holder)s THEN '{SlotState.HOLDER.value}' ELSE r.singleton_slot END,"
+    " singleton_tracked = r.singleton_tracked OR %(holder)s"
+    f" WHERE {_AS_READ} RETURNING {_cols('r')}"
+)
+
+#: Lock the key's row, creating it if missing (S13); the first two statements of a message.
+LOCK_KEY = (
+    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
+    f" VALUES ({NOW}, {NOW}, %(wf)s, %(key)s, 0, FALSE) ON CONFLICT (workflow_name, key) DO NOTHING;"
+    f" SELECT k.id FROM {KEY} k WHERE k.workflow_name = %(wf)s AND k.key = %(key)s FOR UPDATE;"
+)
+
+
+def _queue(exclude: str) -> str:
+    """The CTEs every grant reads, under the key's lock: the key (``k``, with
+    the limit in force), the untracked holders of an older release (``lg``),
+    the holders and the front of the queue (``q``: at most twice the limit
+    rows, one read of ``ds_run_queue_idx``), the free slots (``c``) and the
+    waiters in admission order (``w``) (S5, S12, K2). ``exclude``: a run id
+    parameter left out of the reads (the run this statement settles), or ''."""
+    skip = f" AND q0.run_id <> %({exclude})s" if exclude else ""
+    skip_lg = f" AND l0.run_id <> %({exclude})s" if exclude else ""
+    limit = limit_in_force_sql_text("%(declared)s", "k0.limit_override")
+    holders = "(SELECT count(*) FROM q WHERE q.holds) + (SELECT lg.n FROM lg)"
+    return (
+        f"k AS (SELECT k0.id, k0.last_token, k0.paused, {limit} AS lim FROM {KEY} k0"
+        " WHERE k0.workflow_name = %(wf)s AND k0.key = %(key)s),"
+        f" lg AS (SELECT count(*) AS n FROM {RUN} l0 WHERE l0.workflow_name = %(wf)s AND l0.singleton_key = %(key)s"
+        f" AND {legacy_holder_sql_text('l0')}{skip_lg}),"
+        f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.created_at, {holds_slot_sql_text('q0')} AS holds"
+        f" FROM {RUN} q0 WHERE q0.workflow_name = %(wf)s AND q0.singleton_key = %(key)s AND {FRONT_WHERE}{skip}"
+        f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim FROM k)),"
+        f" c AS (SELECT k.id, k.last_token, k.lim, {free_slots_sql_text('k.lim', holders, 'k.paused')} AS free FROM k),"
+        " w AS (SELECT q.run_id, q.status, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
+        f" FROM q WHERE q.singleton_slot = '{SlotState.WAITER.value}')"
+    )
+
+
+_GRANT_SET = (
+    f"singleton_slot = '{SlotState.HOLDER.value}', singleton_tracked = TRUE, fencing_token = g.token,"
+    f" admitted_at = {NOW}"
+)
+#: Each grant is a compare-and-set on the waiter as read (S7, K1).
+_GRANT_CAS = (
+    f"r.run_id = g.run_id AND r.status = g.status AND r.singleton_slot = '{SlotState.WAITER.value}'"
+    " AND NOT r.cancel_requested"
+)
+#: The key's token counter moves past every token the grants handed out (K1).
+_BUMP = (
+    f"t AS (UPDATE {KEY} k1 SET last_token = c.last_token + (SELECT count(*) FROM g) FROM c"
+    " WHERE k1.id = c.id AND EXISTS (SELECT 1 FROM g))"
+)
+
+#: The owner's compare-and-set of a settle (R5a).
+FINISH_OWNED = f"r.status = '{RunStatus.RUNNING.value}' AND r.lease_owner = %(owner)s AND r.lease_expires_at > {NOW}"
+
+#: The handoff: settle the run by compare-and-set on its owner's unexpired lease, dropping
+#: its markers in the same write, then grant the freed slots to the oldest waiters (S7, S12, R5a, K1).
+FINISH = (
+    LOCK_KEY
+    + f" WITH s AS (UPDATE {RUN} r SET status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
+    " singleton_slot = NULL, singleton_tracked = FALSE, lease_owner = NULL, lease_expires_at = NULL,"
+    f" wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
+    f" WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING {_cols('r')}),"
+    f" {_queue('run_id')},"
+    " g AS (SELECT w.run_id, w.status, c.last_token + w.pos AS token FROM w, c"
+    " WHERE w.pos <= c.free AND EXISTS (SELECT 1 FROM s)),"
+    f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
+    f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
+    f" {_BUMP}"
+    f" SELECT 0, {_cols('s')} FROM s UNION ALL SELECT 1, {_cols('u')} FROM u"
+)
+
+#: A settle without a key: the compare-and-set alone (R5a).
+SETTLE = (
+    f"UPDATE {RUN} r SET status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
+    " singleton_slot = NULL, singleton_tracked = FALSE, lease_owner = NULL, lease_expires_at = NULL,"
+    f" wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
+    f" WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
+)
+
+#: The admission of a waiter (S5): under the key's lock, the claimant as read (``me``: still a
+#: tracked waiter with the status, attempts and cancel flag this turn read; if not, nothing
+#: is written and the ORM path decides), the free slots go to the oldest waiters, each with
+#: the next token; the claimant takes its lease as a holder if it is among them, else it is
+#: parked with its retry ``wake_at`` (the front delay if it is among the first ``limit``
+#: waiters, else the backlog's, S5 step 5, S8a).
+ADMIT = (
+    LOCK_KEY + f" WITH me AS (SELECT r.run_id FROM {RUN} r WHERE r.run_id = %(run_id)s AND r.status = %(status)s"
+    f" AND r.attempts = %(attempts)s AND NOT r.cancel_requested AND r.singleton_slot = '{SlotState.WAITER.value}'"
+    " AND r.singleton_tracked),"
+    f" {_queue('')},"
+    " g AS (SELECT w.run_id, w.status, c.last_token + w.pos AS token FROM w, c"
+    " WHERE w.pos <= c.free AND EXISTS (SELECT 1 FROM me)),"
+    f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, {_GRANT_SET} FROM g"
+    f" WHERE g.run_id = %(run_id)s AND {_GRANT_CAS} AND r.attempts = %(attempts)s RETURNING {_cols('r')}),"
+    f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
+    f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
+    f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
+    f" wake_at = {NOW} + make_interval(secs => CASE WHEN EXISTS"
+    " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim) THEN %(front)s ELSE %(backlog)s END),"
+    f" lease_owner = NULL, lease_expires_at = NULL, park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
+    " WHERE r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
+    " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me)"
+    " AND NOT EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)"
+    f" RETURNING {_cols('r')}),"
+    f" {_BUMP}"
+    f" SELECT 0, {_cols('mine')} FROM mine UNION ALL SELECT 1, {_cols('others')} FROM others"
+    f" UNION ALL SELECT 2, {_cols('park')} FROM park"
+)
+
+
+_JSON_COLUMNS = {"input", "output", "error", "tags"}
+#: Is the key's queue deep (``queue_is_deep``: ``limit`` holders and ``limit`` waiters in the
+#: first ``2 * limit`` rows of the queue, S8a)? FALSE for a run without a key.
+_DEEP = (
+    f"SELECT count(*) FILTER (WHERE f.singleton_slot = '{SlotState.HOLDER.value}') >= %(deep_limit)s"
+    f" AND count(*) FILTER (WHERE f.singleton_slot = '{SlotState.WAITER.value}') >= %(deep_limit)s"
+    f" FROM (SELECT q0.singleton_slot FROM {RUN} q0 WHERE q0.workflow_name = %(workflow_name)s"
+    f" AND q0.singleton_key = %(singleton_key)s AND {FRONT_WHERE} ORDER BY {FRONT_ORDER} LIMIT %(rows)s) f"
+)
+_JSON_COLUMNS = {"input", "output", "error", "tags"}
+
+
+def _stamped(name: str) -> str:
+    """A time of a start: as given, or (stamped, the given one NULL) the
+    database's now plus ``<name>_in`` seconds (R8)."""
+    return f"COALESCE(%({name})s, {NOW} + make_interval(secs => %({name}_in)s))"
+
+
+def _insert(deep: str) -> str:
+    inserted = {
+        "created_at": _stamped("created_at"),
+        "updated_at": _stamped("updated_at"),
+        "deadline_at": _stamped("deadline_at"),
+        "wake_at": f"CASE WHEN ({deep}) THEN {_stamped('backlog_wake_at')} ELSE {_stamped('wake_at')} END",
+        "park_reason": f"CASE WHEN ({deep}) THEN '{ParkReason.SINGLETON.value}' ELSE %(park_reason)s END",
+    }
+    values = ", ".join(inserted.get(c, f"%({c})s::jsonb" if c in _JSON_COLUMNS else f"%({c})s") for c in COLUMNS)
+    return (
+        f"INSERT INTO {RUN} ({', '.join(COLUMNS)}) VALUES ({values})"
+        f" ON CONFLICT (run_id) DO NOTHING RETURNING {', '.join(COLUMNS)}"
+    )
+
+
+#: A start: one INSERT of the run that ignores an existing ``run_id`` (R3, S16) and, for a run
+#: with a key, creates it parked when its key's queue is deep (S8a).
+START_KEYED = _insert(_DEEP)
+START = _insert("FALSE")
+#: The run as stored.
+GET = f"SELECT {_cols('r')} FROM {RUN} r WHERE r.run_id = %(run_id)s"
+
+
+def _known_steps(taken: RunRecord) -> Mapping[int, StepRecord] | None:
+    """The steps of a run as its claim's own write returned it: none when its
+    ``step_count`` is 0 (no one else stores a step under the new lease, R4),
+    else None (the engine reads them)."""
+    return {} if taken.step_count == 0 else None
+
+
+def _json_param(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, allow_nan=False)
+
+
+class FastPath:
+    """The raw statements of one :class:`~durable_singleton.stores.django.DjangoStore` on PostgreSQL.
+
+    ``store``: the Django store whose database (``db``) and redelivery window
+    (``redelivery_seconds``) the statements use."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def _cursor(self) -> Any:
+        return connections[self.store.db].cursor()
+
+    def _last_result(self, cursor: Any, statements: int) -> list[tuple[Any, ...]]:
+        """Return the rows of the last of ``statements`` results of one message."""
+        for _ in range(statements - 1):
+            cursor.nextset()
+        return list(cursor.fetchall())
+
+    # -- a start ---------------------------------------------------------------------------------
+    def start(
+        self, run: RunRecord, deep_limit: int | None, backlog_wake_at: Any, *, stamp: bool = False
+    ) -> tuple[RunRecord, bool] | None:
+        """Insert ``run`` in one statement, parked at creation behind a deep queue
+        (S8a); return (the run as stored, whether this statement inserted it)
+        (R3, S16). With ``stamp``, ``created_at`` is the database's now and the
+        run's other times keep their distance to it (R8). None: the id's row was
+        deleted between the conflict and its read; the caller starts again."""
+        params: dict[str, Any] = {
+            "run_id": run.run_id,
+            "workflow_name": run.workflow_name,
+            "workflow_version": run.workflow_version,
+            "namespace": run.namespace,
+            "status": run.status,
+            "input": _json_param(run.input),
+            "created_at": run.created_at,
+            "updated_at": run.updated_at,
+            "output": _json_param(run.output),
+            "error": _json_param(run.error),
+            "tags": _json_param(list(run.user_tags)),
+            "singleton_key": run.singleton_key,
+            "singleton_limit": run.singleton_limit,
+            "singleton_slot": SlotState.WAITER.value if run.singleton_key is not None and run.tracked else None,
+            "singleton_tracked": run.tracked,
+            "wake_at": run.wake_at,
+            "backlog_wake_at": backlog_wake_at,
+            "lease_owner": None,
+            "lease_expires_at": None,
+            "started_at": None,
+            "finished_at": None,
+            "admitted_at": None,
+            "attempts": 0,
+            "recoveries": 0,
+            "parent_run_id": run.parent_run_id,
+            "park_reason": run.park_reason,
+            "cancel_requested": False,
+            "deadline_at": run.deadline_at,
+            "fencing_token": None,
+            "step_count": 0,
+            "not_before": run.not_before,
+        }
+        times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
+        times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)
+        for name, value in times.items():
+            offset = (value - run.created_at).total_seconds() if value is not None else None
+            # A delayed start wakes at its not_before and its timeout counts from it (X5): never moved.
+            fixed = not stamp or (name in ("wake_at", "deadline_at") and run.not_before is not None)
+            params[name], params[f"{name}_in"] = (value, None) if fixed else (None, offset)
+        keyed = run.singleton_key is not None and deep_limit is not None
+        if keyed:
+            params.update(deep_limit=deep_limit, rows=2 * int(deep_limit or 1))
+        with self._cursor() as cursor:
+            cursor.execute(START_KEYED if keyed else START, params)
+            row = cursor.fetchone()
+            if row is not None:
+                return record(row), True
+            cursor.execute(GET, {"run_id": run.run_id})
+            row = cursor.fetchone()
+        return (record(row), False) if row is not None else None
+
+    # -- a turn -----------------------------------------------------------------------------
+    def read(self, run_id: str) -> tuple[RunRecord | None, bool, bool]:
+        """Return the run, whether its lease expired and whether it is due (X5),
+        on the database's clock (R5)."""
+        with self._cursor() as cursor:
+            cursor.execute(READ, {"run_id": run_id})
+            row = cursor.fetchone()
+        if row is None:
+            return None, False, True
+        return record(row), bool(row[len(COLUMNS)]), bool(row[len(COLUMNS) + 1])
+
+    def take(self, run: RunRecord, owner: str, lease_seconds: float, *, recovered: bool, holder: bool) -> Turn:
+        """Take the lease of a run without a key or of a holder: one compare-and-set on
+        ``run`` as read (S6, R5a, R6). The turn's ``steps`` is ``{}`` when the claim's
+        own write returned no stored step: nobody else can store one under this lease (R4)."""
+        params = {
+            "owner": owner,
+            "lease": float(lease_seconds),
+            "recovered": 1 if recovered else 0,
+            "holder": holder,
+            "run_id": run.run_id,
+            "status": run.status,
+            "attempts": run.attempts,
+            "cancel": run.cancel_requested,
+            "read_owner": run.lease_owner,
+        }
+        with self._cursor() as cursor:
+            cursor.execute(TAKE, params)
+            row = cursor.fetchone()
+        if row is None:
+            return Turn(TurnState.SKIPPED, run)
+        taken = record(row)
+        return Turn(TurnState.RUN, taken, recovered=recovered, steps=_known_steps(taken))
+
+    def admit(
+        self, run: RunRecord, owner: str, lease_seconds: float, limits: Limits, delays: tuple[float, float]
+    ) -> Turn | None:
+        """Admit or park a tracked waiter in one message (S5, S9, K1). None: the
+        claimant changed since it was read (nothing was written); the caller
+        decides on the ORM path. ``delays``: the retry delays in seconds of a
+        parked claimant among the first ``limit`` waiters and of one further back
+        (S5 step 5, S8a)."""
+        assert run.singleton_key is not None
+        params = {
+            "wf": run.workflow_name,
+            "key": run.singleton_key,
+            "declared": limits.get(run.workflow_name),
+            "run_id": run.run_id,
+            "status": run.status,
+            "attempts": run.attempts,
+            "owner": owner,
+            "lease": float(lease_seconds),
+            "recovered": 0,
+            "redelivery": float(self.store.redelivery_seconds),
+            "front": float(delays[0]),
+            "backlog": float(delays[1]),
+        }
+        with self._cursor() as cursor:
+            cursor.execute(ADMIT, params)
+            rows = self._last_result(cursor, 3)
+        granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
+        mine = [record(r[1:]) for r in rows if r[0] == 0]
+        if mine:
+            taken = mine[0]
+            return Turn(TurnState.RUN, taken, granted=tuple(granted), admitted=True, steps=_known_steps(taken))
+        parked = [record(r[1:]) for r in rows if r[0] == 2]
+        if parked:
+            return Turn(TurnState.PARKED, parked[0], granted=tuple(granted))
+        if granted:
+            return Turn(TurnState.SKIPPED, run, granted=tuple(granted))
+        return None
+
+    # -- the handoff ----------------------------------------------------------------------------
+    def finish(
+        self,
+        run: RunRecord,
+        owner: str,
+        status: str,
+        output: Any,
+        error: Any,
+        limits: Limits,
+        finished_at: Any,
+    ) -> Finish:
+        """Settle ``run`` by compare-and-set on ``owner``'s unexpired lease and hand
+        its slot off, in one message (S7, S12, R5a, K1)."""
+        params: dict[str, Any] = {
+            "run_id": run.run_id,
+            "owner": owner,
+            "final": status,
+            "output": _json_param(output),
+            "error": _json_param(error),
+            "finished_at": finished_at,
+        }
+        with self._cursor() as cursor:
+            if run.singleton_key is None:
+                cursor.execute(SETTLE, params)
+                rows = list(cursor.fetchall())
+            else:
+                params.update(
+                    wf=run.workflow_name,
+                    key=run.singleton_key,
+                    declared=limits.get(run.workflow_name),
+                    redelivery=float(self.store.redelivery_seconds),
+                )
+                cursor.execute(FINISH, params)
+                rows = self._last_result(cursor, 3)
+        settled = [record(r[1:]) for r in rows if r[0] == 0]
+        if not settled:
+            return Finish(None)
+        granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
+        return Finish(settled[0], tuple(granted))

@@ -1,0 +1,117 @@
+"""The PostgreSQL fast path (durable_singleton.stores.pg, #17): the start, the
+claim and the handoff are one round trip each, with no BEGIN or COMMIT, and a
+run without stored steps does not read them (S5, S7, S8a, R3, R4, R5a).
+
+On the other databases the store keeps the ORM path: these tests check that it
+is not taken there. The rules the statements follow are checked by the
+conformance suite (tests/test_conformance.py) and the model-based test on
+every database.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine
+from durable_singleton.models import Run
+from durable_singleton.statuses import Outcome, RunStatus
+from durable_singleton.stores import pg
+from durable_singleton.stores.django import DjangoStore
+from durable_singleton.testing import make_engine
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _control(sql: str) -> bool:
+    head = sql.strip().upper()
+    return head in ("BEGIN", "COMMIT", "ROLLBACK") or "SAVEPOINT" in head
+
+
+def _round_trips(fn: Callable[[], Any]) -> list[str]:
+    """Return the statements (BEGIN and COMMIT included) ``fn`` sent, one per round trip."""
+    with CaptureQueriesContext(connection) as queries:
+        fn()
+    return [q["sql"] for q in queries.captured_queries]
+
+
+@pytest.fixture
+def engine() -> Engine:
+    registry = Registry()
+    registry.add_step("fp:step", lambda x: x)
+    registry.add("fp-plain", "1", lambda ctx, i: None)
+    registry.add("fp-keyed", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"]})
+
+    def stepped(ctx: Any, i: Any) -> Any:
+        return ctx.step("fp:step", i["n"])
+
+    registry.add("fp-stepped", "1", stepped, singleton={"key": lambda i: i["k"]})
+    made = make_engine(DjangoStore(), registry=registry)
+    made.now()  # the engine's clock: read once here, not counted below
+    return made
+
+
+def test_the_record_covers_every_column_of_the_run_table() -> None:
+    """R1: the raw statements read, write and return every column of the run
+    table: a column added by a migration must be added to ``pg.COLUMNS`` (and to
+    the start's INSERT) too."""
+    assert sorted(pg.COLUMNS) == sorted(f.column for f in Run._meta.concrete_fields)
+
+
+def test_each_transaction_of_a_run_is_one_round_trip_on_postgresql(engine: Engine) -> None:
+    """S5, S7, R5a (#17): on PostgreSQL a singleton run on an idle key costs the
+    start's INSERT, the read, one admission message and one handoff message, with
+    no BEGIN or COMMIT and no read of its (absent) steps; a waiter admitted by that
+    handoff costs one confirmation claim. Elsewhere the ORM path is taken."""
+    engine.start("fp-keyed", {"k": "K"}, run_id="a")
+    engine.start("fp-keyed", {"k": "K"}, run_id="b")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    sql = _round_trips(lambda: engine.execute_chain("a"))
+    assert engine.get("a").status == RunStatus.COMPLETED and engine.get("b").status == RunStatus.COMPLETED
+    if connection.vendor != "postgresql":
+        assert any(_control(s) for s in sql)
+        return
+    # read + admission of a, handoff of a (grants b), confirmation of b, handoff of b.
+    assert not any(_control(s) for s in sql), sql
+    assert len(sql) == 5, sql
+    assert not any("durable_singleton_step" in s for s in sql), "the steps were read"
+
+
+def test_a_start_is_one_insert_on_postgresql_and_reports_only_what_it_inserted(engine: Engine) -> None:
+    """R3, S16, S8a, R8 (#17): a start of a new id is the check of its id and one
+    INSERT, with the backlog check folded in and ``created_at`` by the database's
+    clock (no read of that clock first); a start of an existing id returns the
+    stored run."""
+    before = engine.store.now()
+    sql = _round_trips(lambda: engine.start("fp-keyed", {"k": "K", "v": 1}, run_id="x"))
+    assert before <= engine.get("x").created_at <= engine.store.now()
+    if connection.vendor == "postgresql":
+        assert len(sql) == 2 and "INSERT" in sql[1].upper(), sql  # the id's check, the insert
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    again, created = engine.store.start_run(
+        engine.get("x").evolve(input={"k": "K", "v": 2}), cap=None, deep_limit=1, backlog_wake_at=engine.now()
+    )
+    assert not created and again.input == {"k": "K", "v": 1}
+
+
+def test_a_run_with_stored_steps_reads_them(engine: Engine) -> None:
+    """R4: the steps are skipped only when the claim's own write saw none: a run
+    parked after a step reads it on its next turn and does not run it again."""
+    calls: list[int] = []
+    engine.registry.add_step("fp:count", lambda x: calls.append(x) or x)
+
+    def body(ctx: Any, i: Any) -> Any:
+        ctx.step("fp:count", 1)
+        return ctx.wait_for_signal("go")
+
+    engine.registry.add("fp-waiter", "1", body)
+    engine.start("fp-waiter", {}, run_id="s")
+    assert engine.execute("s") == Outcome.SUSPENDED
+    engine.signal("s", "go", "done")
+    assert engine.execute("s") == Outcome.COMPLETED
+    assert calls == [1] and engine.get("s").output == "done"
