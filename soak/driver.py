@@ -620,7 +620,9 @@ class Soak:
         t = time.time()
         try:
             os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:
+        except ProcessLookupError:  # it died since it was chosen (a kill fault): nothing to thaw
+            with self.lock:
+                self.frozen.discard(pid)
             return
         try:
             self.stop_all.wait(seconds)
@@ -694,7 +696,8 @@ class Soak:
             row = self._db(lambda: schedule_store_for(engine.store).get(SCHEDULE.name))
             cursor = row.next_fire_at.timestamp() if row is not None and row.next_fire_at is not None else None
             self.events.write("schedule_paused", name=SCHEDULE.name, cursor=cursor)  # the first window not yet fired
-        while self.frozen:
+        thawed_by = time.monotonic() + self.args.lease + 10  # every freeze ends within lease + 3 s
+        while self.frozen and time.monotonic() < thawed_by:
             time.sleep(0.1)
         load_end = time.time()
         self.events.write("load_end")
@@ -847,6 +850,8 @@ def main(argv: list[str] | None = None) -> int:
             worker.stop()
         soak.dump()
     finally:
+        soak.stop_load.set()  # the threads end (after an error or SIGTERM too), then the workers stop
+        soak.stop_all.set()
         for worker in soak.workers:
             worker.stop()
         soak.events.close()
