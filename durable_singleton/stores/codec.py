@@ -132,6 +132,31 @@ class CodecStore(BaseStore):
         stored, created = self.inner.create_run(self._in(run), cap=cap, cap_namespace=cap_namespace)
         return self._out(stored), created
 
+    @property
+    def stamps_starts(self) -> bool:  # type: ignore[override]
+        """The inner store's: whether its :meth:`start_run` stamps ``created_at`` itself (R8)."""
+        return self.inner.stamps_starts
+
+    def start_run(
+        self,
+        run: RunRecord,
+        *,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        deep_limit: int | None = None,
+        backlog_wake_at: datetime | None = None,
+        stamp: bool = False,
+    ) -> tuple[RunRecord, bool]:
+        stored, created = self.inner.start_run(
+            self._in(run),
+            cap=cap,
+            cap_namespace=cap_namespace,
+            deep_limit=deep_limit,
+            backlog_wake_at=backlog_wake_at,
+            stamp=stamp,
+        )
+        return self._out(stored), created
+
     def create_runs(
         self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
     ) -> list[tuple[RunRecord, bool] | BaseException]:
