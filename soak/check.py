@@ -278,11 +278,20 @@ def check(out: Path) -> dict[str, Any]:
     for body in bodies:
         if body.exit_t is not None and body.how not in (*NOT_FAILING_EXITS, *FENCED_EXITS):
             failed_exits[body.run].append(body.exit_t)
+    # Each retry answers the oldest failure it has not yet answered: the driver
+    # writes its line after the retry returns, and by then the retried run may
+    # have been admitted and failed again (a failure is retried once, D9).
+    accepted_failures: dict[str, list[float]] = defaultdict(list)
+    for body in bodies:
+        if body.exit_t is not None and body.how == "FlakyStepError" and body.accepted_exit:
+            accepted_failures[body.run].append(body.exit_t)
     retries: dict[str, list[float]] = defaultdict(list)
-    for event in events:
-        if event["e"] == "retry":
-            before = [t for t in failed_exits.get(event["run"], ()) if t < event["t"]]
-            retries[event["run"]].append(max(before, default=event["t"]))
+    for event in sorted((e for e in events if e["e"] == "retry"), key=lambda e: e["t"]):
+        run_id = event["run"]
+        answered = len(retries[run_id])
+        unanswered = sorted(t for t in accepted_failures.get(run_id, ()) if t < event["t"])[answered:]
+        before = [t for t in failed_exits.get(run_id, ()) if t < event["t"]]
+        retries[run_id].append(unanswered[0] if unanswered else max(before, default=event["t"]))
 
     # -- holders at every instant (S5, S6, S9) ---------------------------------
     max_holders: dict[int, int] = defaultdict(int)

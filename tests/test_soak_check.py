@@ -460,3 +460,27 @@ def test_a_parent_whose_replays_saw_different_child_outcomes_or_that_did_not_fin
         if line["e"] == "settled":
             line["status"] = "failed"
     assert _rules(_write(tmp_path, audit, events, runs)) == {"child_outcome_lost"}
+
+
+def test_a_retry_line_written_after_the_retried_run_failed_again_answers_the_first_failure(tmp_path: Path) -> None:
+    """D9, S9: a failed at 1.2 (its flaky step; the settle accepted) and freed
+    its slot; b held the key from 1.3 to 1.6; a's retry, admitted at 2.0,
+    failed again at 2.2, and only then did the driver write the retry line
+    (2.5, under load), then the second one (3.0). Each retry answers the oldest
+    failure it has not answered: three tenures of a, none overlapping b. Seen
+    in the 10-minute feature soak; the previous checker took the last failure
+    before the line, merged a's first two bodies into one tenure over b's,
+    and reported over-admission."""
+
+    def failing(pid: int, token: int, enter: float, leave: float) -> list[dict[str, Any]]:
+        body = _body("a", pid, token, enter, leave, steps=0, settle=None)
+        body[-1]["how"] = "FlakyStepError"
+        return [*body, {"e": "settled", "t": T0 + leave + 0.01, "pid": pid, "run": "a", "status": "failed"}]
+
+    audit = failing(10, 1, 1.0, 1.2) + _body("b", 11, 2, 1.3, 1.6) + failing(10, 3, 2.0, 2.2)
+    audit += _body("a", 10, 4, 3.5, 4.0)
+    events = [*_starts("a", "b"), {"e": "retry", "t": T0 + 2.5, "run": "a"}, {"e": "retry", "t": T0 + 3.0, "run": "a"}]
+    runs = [_run("a", 0.1), _run("b", 0.2)]
+    report = check(_write(tmp_path, audit, events, runs))
+    assert report["violations"] == []
+    assert report["max_holders_by_limit"] == {"1": 1}

@@ -158,14 +158,14 @@ collect alt
 # The chaos soak of #12 (soak/, docs/reliability.rst): its own servers, two groups of real
 # Celery workers, three ticks and random faults for 150 s on each database, then the
 # independent checker; at least 3,000 runs each. DS_SOAK=0 skips it (e.g. with -k).
-# With #18's namespaces, schedules and retention of children (--features); the
-# stepped clock (clock) joins once the tick fires windows on the database's clock (R8).
+# With all of #18's workload (--features: namespaces, schedules, a stepped clock,
+# retention of children).
 if [ "${DS_SOAK:-1}" != 0 ]; then
   for db in postgresql mariadb; do
     echo "=== chaos soak on ${db} (python -m soak) ==="
     started=$EPOCHREALTIME
     timeout --kill-after=30 600 .venv/bin/python -m soak --db "$db" --seconds 150 --rate 20 --drain 120 \
-      --min-runs 3000 --features namespaces,schedules,retention --out "artifacts/soak-ci-${db}"
+      --min-runs 3000 --features namespaces,schedules,clock,retention --out "artifacts/soak-ci-${db}"
     rc=$?
     record soak "$db" "$rc" "$started" ", \"summary\": \"artifacts/soak-ci-${db}/summary.json\""
     if [ "$rc" -ne 0 ]; then
