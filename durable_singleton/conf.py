@@ -43,6 +43,14 @@ DEFAULTS: dict[str, Any] = {
     "TICK_SECONDS": 1.0,
     # Largest number of due runs one tick dispatches.
     "TICK_BATCH": 500,
+    # Most runs one Celery message carries (the execute_runs task): start_many
+    # sends its runs in messages of this many, and coalesced starts are sent
+    # once this many are buffered. 1: one message per run.
+    "DISPATCH_BATCH": 25,
+    # How long a start's first turn may wait, in seconds, for other starts of
+    # the process to share its Celery message (coalesced sends). 0: each start
+    # sends its own message at commit.
+    "DISPATCH_COALESCE_SECONDS": 0.005,
     # Threads of the embedded in-process worker.
     "WORKER_THREADS": 4,
     # Long fallback wake-up of a run waiting on a signal, in seconds (D2).
@@ -79,6 +87,8 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "CLAIM_RETRIES": (0, False),
     "TICK_SECONDS": (0, True),
     "TICK_BATCH": (1, False),
+    "DISPATCH_BATCH": (1, False),
+    "DISPATCH_COALESCE_SECONDS": (0, False),
     "WORKER_THREADS": (1, False),
     "SIGNAL_FALLBACK_SECONDS": (0, True),
     "RETENTION_SECONDS": (0, True),
@@ -160,6 +170,8 @@ class Settings:
     CLAIM_RETRIES: int
     TICK_SECONDS: float
     TICK_BATCH: int
+    DISPATCH_BATCH: int
+    DISPATCH_COALESCE_SECONDS: float
     WORKER_THREADS: int
     SIGNAL_FALLBACK_SECONDS: float
     RETENTION_SECONDS: float | None

@@ -378,6 +378,12 @@ class Core:
     ) -> RunRecord:
         """Create a run and dispatch its first turn after commit; never blocks (S3).
 
+        The Celery dispatcher holds the turn back at most
+        ``DISPATCH_COALESCE_SECONDS`` seconds to send it in one message with
+        the other starts of this process (:meth:`Dispatcher.dispatch_soon
+        <durable_singleton.dispatcher.Dispatcher.dispatch_soon>`); a lost send
+        is made good by the tick after ``REDELIVERY_SECONDS`` (S8, F4).
+
         ``run_id``: a str of at most 191 characters with a non-space character
         and no control characters, or None for a generated one. If a run with
         that id exists it is returned as stored and nothing is created (R3,
@@ -436,7 +442,7 @@ class Core:
             return self._found(run, namespace)
         self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
         if not delayed and not ParkReason.SINGLETON.matches(run.park_reason):
-            self.dispatcher.dispatch(run.run_id, definition.queue)
+            self.dispatcher.dispatch_soon(run.run_id, definition.queue)
         return run
 
     def _found(self, run: RunRecord, namespace: str | None) -> RunRecord:
@@ -457,8 +463,9 @@ class Core:
         run_ids: Sequence[str | None] | None = None,
         not_before: datetime | float | None = None,
     ) -> list[RunRecord | SingletonQueueFullError | RunIdInUseError]:
-        """Start one run per input of workflow ``name``: one INSERT and one send per batch
-        where the store supports it (``supports_bulk_start``).
+        """Start one run per input of workflow ``name``: one INSERT per batch where the
+        store supports it (``supports_bulk_start``), and with the Celery dispatcher one
+        message per ``DISPATCH_BATCH`` runs (``execute_runs``).
 
         Same rules as :meth:`start`: each ``run_ids`` entry dedupes its start
         (R3) and gets the run as stored; a run rejected by its queue cap is
@@ -650,6 +657,38 @@ class Core:
         for left in follow_ups:
             self.dispatcher.dispatch(left.run_id, self.queue_of(left))
         return outcome
+
+    def execute_batch(self, run_ids: Sequence[str], queue: str | None = None, *, max_seconds: float = 2.0) -> list[str]:
+        """Execute the turns of ``run_ids`` one after the other on this thread,
+        each with :meth:`execute_chain`; return their outcomes, in order.
+
+        One Celery message carries them (``execute_runs``, sent by
+        ``start_many`` and by coalesced starts). Past ``max_seconds`` seconds
+        the turns not begun are sent on to ``queue`` (None: the default) in two
+        messages, so that two workers share them: a batch behind long bodies
+        gets its parallelism back in a few hops, with few messages. A turn
+        delayed past its redelivery window meanwhile is sent again by the tick
+        (S8), and the turn that comes second is skipped (R6). A turn that
+        raises an ``Exception`` is logged and the batch goes on; anything else
+        (a worker shutting down, R7) ends the batch, whose turns the tick sends
+        again.
+        """
+        deadline = time.monotonic() + max_seconds
+        outcomes: list[str] = []
+        for n, run_id in enumerate(run_ids):
+            left = deadline - time.monotonic()
+            if n and left <= 0:
+                rest = list(run_ids[n:])
+                half = (len(rest) + 1) // 2
+                self.dispatcher.dispatch_many(rest[:half], queue)
+                self.dispatcher.dispatch_many(rest[half:], queue)
+                break
+            try:
+                outcomes.append(self.execute_chain(run_id, max_seconds=max(left, 0.0)))
+            except Exception:
+                logger.exception("turn of run %s failed; the batch goes on", run_id)
+                outcomes.append(Outcome.INTERRUPTED)
+        return outcomes
 
     def hand_off(self, granted: Sequence[RunRecord]) -> None:
         """Send the turns of waiters just granted a slot (S7): the first runs next

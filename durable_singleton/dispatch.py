@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue as queue_module
@@ -30,7 +31,15 @@ from .dispatcher import Dispatcher, TurnRunner
 from .exceptions import ConfigurationError
 from .stores.base import BaseStore
 
-__all__ = ["EXECUTE_TASK", "TICK_TASK", "CeleryDispatcher", "ManualDispatcher", "ThreadDispatcher", "build_dispatcher"]
+__all__ = [
+    "EXECUTE_MANY_TASK",
+    "EXECUTE_TASK",
+    "TICK_TASK",
+    "CeleryDispatcher",
+    "ManualDispatcher",
+    "ThreadDispatcher",
+    "build_dispatcher",
+]
 
 logger = logging.getLogger("durable_singleton")
 #: The embedded worker's start and stop lines (see :func:`announce`).
@@ -53,8 +62,12 @@ def announce(message: str, *args: object) -> None:
     if not lifecycle_logger.hasHandlers():
         print(f"durable_singleton: {message % args}", file=sys.stderr, flush=True)
 
+
 #: The Celery task that executes one turn (``durable_singleton.tasks.execute_run``).
 EXECUTE_TASK = "durable_singleton.execute_run"
+#: The Celery task that executes the turns of many runs, one after the other
+#: (``durable_singleton.tasks.execute_runs``).
+EXECUTE_MANY_TASK = "durable_singleton.execute_runs"
 #: The Celery beat task that runs the tick (``durable_singleton.tasks.tick``).
 TICK_TASK = "durable_singleton.tick"
 
@@ -110,6 +123,98 @@ def _send_turn(app: Any, run_id: str, options: dict[str, Any]) -> None:
         app.send_task(EXECUTE_TASK, (run_id,), **options)
 
 
+#: The options of every turn's send: one quick retry, then the tick re-sends (F4).
+_SEND_OPTIONS: dict[str, Any] = {"retry": True, "retry_policy": {"max_retries": 1, "interval_start": 0.1}}
+
+
+def _current_app() -> Any:
+    """Return the Celery app current on this thread (the object behind the
+    ``current_app`` proxy), to send from another thread."""
+    from celery import _state
+
+    return _state.get_current_app()
+
+
+def _send_turns(app: Any, run_ids: Sequence[str], queue: str | None, batch: int) -> None:
+    """Send the turns of ``run_ids`` to ``queue`` through one producer: in
+    messages of at most ``batch`` runs (``execute_runs``; a message of one run
+    is ``execute_run``). A failed send is logged for each run it carried, not
+    raised: every run keeps its ``wake_at`` and the tick sends it again (S8, F4)."""
+    options: dict[str, Any] = dict(_SEND_OPTIONS)
+    if queue:
+        options["queue"] = queue
+    chunks = [list(run_ids[n : n + batch]) for n in range(0, len(run_ids), max(batch, 1))]
+    try:
+        with app.producer_or_acquire() as producer:
+            options["producer"] = producer
+            while chunks:
+                chunk = chunks[0]
+                if len(chunk) == 1:
+                    _send_turn(app, chunk[0], options)
+                else:
+                    task = app.tasks.get(EXECUTE_MANY_TASK)
+                    if task is not None:
+                        task.apply_async((chunk, queue), **options)
+                    else:
+                        app.send_task(EXECUTE_MANY_TASK, (chunk, queue), **options)
+                chunks.pop(0)
+    except Exception:  # broker down: the durable timer re-sends (S8, F4)
+        for run_id in (r for chunk in chunks for r in chunk):
+            logger.exception("could not send turn of run %s; the tick will re-send it", run_id)
+
+
+class _Coalescer:
+    """Buffers first turns for up to ``window`` seconds, so that the starts of
+    a process share Celery messages of up to ``batch`` runs (per Celery app
+    and queue). A full batch is sent at once by the thread that fills it; the
+    rest by one flusher thread per process when the window of its oldest run
+    ends, and at interpreter exit."""
+
+    def __init__(self, window: float, batch: int) -> None:
+        self.window = window
+        self.batch = batch
+        self._wake = threading.Condition()
+        self._pending: dict[tuple[Any, str | None], list[str]] = {}
+        self._due: float | None = None
+        self._thread: threading.Thread | None = None
+
+    def add(self, app: Any, queue: str | None, run_id: str) -> None:
+        """Buffer the turn of ``run_id`` (sent within ``window`` seconds)."""
+        full: list[str] | None = None
+        with self._wake:
+            ids = self._pending.setdefault((app, queue), [])
+            ids.append(run_id)
+            if len(ids) >= self.batch:
+                full = self._pending.pop((app, queue))
+            else:
+                if self._due is None:
+                    self._due = time.monotonic() + self.window
+                    self._wake.notify()
+                if self._thread is None or not self._thread.is_alive():
+                    self._thread = threading.Thread(target=self._loop, name="durable-send", daemon=True)
+                    self._thread.start()
+                    atexit.register(self.flush)
+        if full is not None:
+            _send_turns(app, full, queue, self.batch)
+
+    def flush(self) -> None:
+        """Send every buffered turn now."""
+        with self._wake:
+            pending, self._pending, self._due = self._pending, {}, None
+        for (app, queue), ids in pending.items():
+            _send_turns(app, ids, queue, self.batch)
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while self._due is None or self._due > time.monotonic():
+                    self._wake.wait(None if self._due is None else self._due - time.monotonic())
+            try:
+                self.flush()
+            except Exception:  # pragma: no cover - _send_turns logs its own failures
+                logger.exception("coalesced send failed; the tick will re-send the turns")
+
+
 def _terminate_handler_fired() -> bool:
     """Tell whether this process's billiard terminate handler ran (it then
     raises ``SystemExit`` in the task it interrupts): billiard's own answer
@@ -126,13 +231,29 @@ def _terminate_handler_fired() -> bool:
 class CeleryDispatcher(_DjangoCommit):
     """Send each turn as the Celery task ``durable_singleton.execute_run`` after commit.
 
+    ``batch``: the most runs one message carries (``DISPATCH_BATCH``):
+    :meth:`dispatch_many` sends messages of the task
+    ``durable_singleton.execute_runs`` with up to that many run ids.
+    ``coalesce_seconds``: the window of :meth:`dispatch_soon`
+    (``DISPATCH_COALESCE_SECONDS``; 0: no coalescing), in seconds.
+
     A failed send is logged, not raised: the run keeps a ``wake_at`` and the
-    tick sends it again (F4).
+    tick sends it again (F4). So is a message lost after it was sent: each
+    run it carried is sent again on its own by the tick, as a lost single
+    turn is (S8).
     """
+
+    def __init__(self, store: BaseStore, *, batch: int = 25, coalesce_seconds: float = 0.005) -> None:
+        super().__init__(store)
+        self.batch = batch
+        self.coalesce_seconds = coalesce_seconds
+        self._coalescer: _Coalescer | None = None
+        self._coalescer_pid = os.getpid()
+        self._coalescer_lock = threading.Lock()
 
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
         def send() -> None:
-            options: dict[str, Any] = {"retry": True, "retry_policy": {"max_retries": 1, "interval_start": 0.1}}
+            options: dict[str, Any] = dict(_SEND_OPTIONS)
             if queue:
                 options["queue"] = queue
             try:
@@ -141,6 +262,37 @@ class CeleryDispatcher(_DjangoCommit):
                 logger.exception("could not send turn of run %s; the tick will re-send it", run_id)
 
         self.on_commit(send)
+
+    def dispatch_soon(self, run_id: str, queue: str | None = None) -> None:
+        """Send a started run's first turn within ``coalesce_seconds`` of the
+        commit, in one message with the other starts of this process in that
+        window (up to ``batch`` runs; a full batch is sent at once). With a
+        window of 0, with ``batch`` 1, or on an eager Celery app
+        (``task_always_eager``), the same as :meth:`dispatch`."""
+        if self.coalesce_seconds <= 0 or self.batch <= 1:
+            self.dispatch(run_id, queue)
+            return
+
+        def buffer() -> None:
+            app = _current_app()
+            if app.conf.task_always_eager:
+                self.dispatch(run_id, queue)
+            else:
+                self._buffer().add(app, queue, run_id)
+
+        self.on_commit(buffer)
+
+    def _buffer(self) -> _Coalescer:
+        """Return this process's send buffer (a new one after a ``fork``: the
+        parent's thread does not exist in the child, and its runs are the parent's)."""
+        if self._coalescer_pid != os.getpid():
+            self._coalescer_pid = os.getpid()
+            self._coalescer = None
+            self._coalescer_lock = threading.Lock()
+        with self._coalescer_lock:
+            if self._coalescer is None:
+                self._coalescer = _Coalescer(self.coalesce_seconds, self.batch)
+            return self._coalescer
 
     def shutting_down(self) -> bool:
         """Tell whether this Celery worker process is shutting down (R7).
@@ -161,22 +313,11 @@ class CeleryDispatcher(_DjangoCommit):
         return any(flag is not None and flag is not False for flag in (state.should_stop, state.should_terminate))
 
     def dispatch_many(self, run_ids: Sequence[str], queue: str | None = None) -> None:
-        """Send many turns after commit through one producer (one broker connection)."""
-
-        def send() -> None:
-            options: dict[str, Any] = {"retry": True, "retry_policy": {"max_retries": 1, "interval_start": 0.1}}
-            if queue:
-                options["queue"] = queue
-            try:
-                app = current_app
-                with app.producer_or_acquire() as producer:
-                    for run_id in run_ids:
-                        _send_turn(app, run_id, {**options, "producer": producer})
-            except Exception:  # broker down: the durable timer re-sends (S8, F4)
-                logger.exception("could not send %d turns; the tick will re-send them", len(run_ids))
-
+        """Send many turns after commit through one producer (one broker
+        connection), in messages of at most ``batch`` runs each."""
         if run_ids:
-            self.on_commit(send)
+            ids = list(run_ids)
+            self.on_commit(lambda: _send_turns(_current_app(), ids, queue, self.batch))
 
 
 class ThreadDispatcher(_DjangoCommit):
@@ -376,7 +517,9 @@ def build_dispatcher(settings: Settings, store: BaseStore) -> CeleryDispatcher |
     """Return the dispatcher named by ``settings.DISPATCH``; raise
     :class:`~durable_singleton.exceptions.ConfigurationError` for another name."""
     if settings.DISPATCH == "celery":
-        return CeleryDispatcher(store)
+        return CeleryDispatcher(
+            store, batch=settings.DISPATCH_BATCH, coalesce_seconds=settings.DISPATCH_COALESCE_SECONDS
+        )
     if settings.DISPATCH == "thread":
         return ThreadDispatcher(store, settings.WORKER_THREADS, settings.TICK_SECONDS)
     if settings.DISPATCH == "manual":

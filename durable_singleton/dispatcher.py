@@ -49,6 +49,13 @@ class Dispatcher(ABC):
     def on_commit(self, fn: Callable[[], object]) -> None:
         """Call ``fn`` after the current transaction commits (at once outside one)."""
 
+    def dispatch_soon(self, run_id: str, queue: str | None = None) -> None:
+        """Send a started run's first turn after commit; a dispatcher may hold
+        it back a few milliseconds to share a message with other starts (the
+        Celery dispatcher's ``DISPATCH_COALESCE_SECONDS``). The default is
+        :meth:`dispatch`."""
+        self.dispatch(run_id, queue)
+
     def dispatch_many(self, run_ids: Sequence[str], queue: str | None = None) -> None:
         """Send one turn of each run; the default sends them one by one."""
         for run_id in run_ids:

@@ -1,6 +1,8 @@
 """Celery tasks: thin shells that call the engine.
 
 ``execute_run`` runs one turn of a run and is safe to deliver twice (R6);
+``execute_runs`` runs the turns of many, one after the other (a batched or
+coalesced send);
 ``tick`` is the periodic beat task (S8).
 """
 
@@ -10,10 +12,10 @@ from celery import shared_task
 from django.db import close_old_connections
 
 from .conf import get_settings
-from .dispatch import EXECUTE_TASK, TICK_TASK
+from .dispatch import EXECUTE_MANY_TASK, EXECUTE_TASK, TICK_TASK
 from .runtime import get_engine
 
-__all__ = ["EXECUTE_TASK", "TICK_TASK", "beat_schedule", "execute_run", "tick"]
+__all__ = ["EXECUTE_MANY_TASK", "EXECUTE_TASK", "TICK_TASK", "beat_schedule", "execute_run", "execute_runs", "tick"]
 
 
 @shared_task(name=EXECUTE_TASK, ignore_result=True)
@@ -23,6 +25,20 @@ def execute_run(run_id: str) -> str:
     close_old_connections()
     try:
         return get_engine().execute_chain(run_id)
+    finally:
+        close_old_connections()
+
+
+@shared_task(name=EXECUTE_MANY_TASK, ignore_result=True)
+def execute_runs(run_ids: list[str], queue: str | None = None) -> list[str]:
+    """Execute the turns of ``run_ids`` (a list of run id strs) one after the
+    other, each with its handoffs, for at most 2 s; the rest are sent on to
+    ``queue`` (None: the default queue) in two messages (see
+    :meth:`Engine.execute_batch`). Safe to deliver twice, as each turn is (R6).
+    Returns the outcomes of the turns executed here."""
+    close_old_connections()
+    try:
+        return get_engine().execute_batch(list(run_ids), queue)
     finally:
         close_old_connections()
 
