@@ -86,8 +86,9 @@ def test_round_trips_of_another_connection_are_not_counted() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_statements_measures_runs_through_the_public_paths() -> None:
     """``bench.statements.measure`` on the test database: every kind of run
-    completes, and what it reports adds up (a run on an idle key costs more
-    than one without a key, a handoff-admitted run at least its own start).
+    completes, and what it reports adds up (a run on an idle key costs at
+    least as much as one without a key, a handoff-admitted run at least its
+    own start).
     The marginal cost of a waiter in a drain is the same for every waiter, so
     the difference of two chains is a whole number of round trips."""
     from bench.statements import measure
@@ -96,7 +97,7 @@ def test_statements_measures_runs_through_the_public_paths() -> None:
     assert found["database"] == connection.vendor
     assert found["server"]["vendor"] == connection.vendor
     plain, idle, handed = found["plain"], found["idle key"], found["handoff-admitted"]
-    assert 0 < plain["round_trips"] < idle["round_trips"], found
+    assert 0 < plain["round_trips"] <= idle["round_trips"], found  # equal on PostgreSQL's fast path
     assert handed["round_trips"] >= handed["of which the start deep in the queue"] > 0, found
     assert float(handed["round_trips"]).is_integer(), found
 
