@@ -150,15 +150,15 @@ def _at(moment: datetime | None) -> str:
     return "an unknown time" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def lease_words(lease: LeaseState, at: Callable[[datetime], str] = _at) -> str:
+def lease_words(lease: LeaseState, at: Callable[[datetime], str] = _at, *, brief: bool = False) -> str:
     """Say an unrenewed lease (:func:`~durable_singleton.renewals.lease_state`) in the
     words every page and command uses (K3): ``not renewed for 14 s (renewed every
     10 s); recovered at T``, or, once it expired, that the tick recovers it.
-    ``at`` formats a time (default: UTC to the second)."""
-    silent = (
-        f"not renewed for {format_seconds(lease.not_renewed_seconds)} "
-        f"(renewed every {format_seconds(lease.renew_seconds)})"
-    )
+    ``at`` formats a time (default: UTC to the second); ``brief`` leaves out the
+    renewal interval (a table cell, whose title carries the whole words)."""
+    silent = f"not renewed for {format_seconds(lease.not_renewed_seconds)}"
+    if not brief:
+        silent += f" (renewed every {format_seconds(lease.renew_seconds)})"
     if lease.expired:
         return f"{silent}; its lease expired at {at(lease.expires_at)}: recovered as soon as the tick re-drives it"
     return f"{silent}; recovered at {at(lease.recovery_at)}"

@@ -22,7 +22,9 @@ from .test_browser_admin import CHROMIUM, Browser, browser, chromium, wait_until
 
 __all__ = ["browser", "chromium"]  # the fixtures, imported for this module's tests
 
-UNRENEWED = r"lease not renewed for \d+ s \(renewed every 10 s\); recovered at \d\d:\d\d:\d\d"
+#: The cell's brief words; its title carries the renewal interval too (issue #19 item 4).
+UNRENEWED = r"lease not renewed for \d+ s; recovered at \d\d:\d\d:\d\d"
+UNRENEWED_TITLE = r"lease not renewed for \d+ s \(renewed every 10 s\); recovered at \d\d:\d\d:\d\d"
 
 pytestmark = [
     pytest.mark.slow,
@@ -75,6 +77,7 @@ def test_key_page_keeps_saying_the_holder_is_unrenewed_and_the_retry_overdue(
         return {
             "stamp": page.get_attribute(".ds-live-status time", "datetime") or "",
             "holder": page.inner_text('tr.ds-holder.ds-unrenewed[data-run-id="U1"]'),
+            "title": page.get_attribute('tr.ds-holder.ds-unrenewed[data-run-id="U1"] .ds-unrenewed', "title") or "",
             "wake": page.inner_text('tr.ds-waiter[data-run-id="U2"] .ds-wake'),
             "explain": page.inner_text("#ds-explain"),
         }
@@ -82,6 +85,7 @@ def test_key_page_keeps_saying_the_holder_is_unrenewed_and_the_retry_overdue(
     first = browser.do(read)
     for shown in (first, wait_until(lambda: (r := browser.do(read))["stamp"] != first["stamp"] and r, 30, "a refresh")):
         assert re.search(UNRENEWED, shown["holder"]), shown
+        assert re.search(UNRENEWED_TITLE, shown["title"]), shown
         assert shown["wake"].startswith("overdue since"), shown
         assert "until the recovery of U1" in shown["explain"], shown
     browser.shot("admin-queue-key-unrenewed-holder")

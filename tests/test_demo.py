@@ -216,6 +216,8 @@ def test_piped_demo_prints_each_change_of_a_lane_as_a_line() -> None:
     assert all(len(line) <= 80 for line in lines), [line for line in lines if len(line) > 80]
     a = [line for line in lines if re.match(r"\s*\d+\.\d s store:A ", line)]
     holders = [m[1] for line in a if (m := re.search(r"holding (A\d)", line))]
+    # A lane's line is printed again when only its done count changes under the same holder.
+    holders = [h for i, h in enumerate(holders) if i == 0 or holders[i - 1] != h]
     assert holders == sorted(set(holders), key=holders.index), "each holder appears once, in turn"
     assert holders == ["A1", "A2", "A3", "A4"], a
     assert "waiting A2 A3 A4" in a[0], a

@@ -236,9 +236,12 @@ def activity(
     if run.status == RunStatus.RUNNING:
         lease = unrenewed_lease(run, now, settings)
         if lease is not None:
+            # The cell shows the brief words (at most two lines, issue #19 item 4);
+            # its title the whole (K3).
             return format_html(
-                '<span class="ds-warn ds-unrenewed">{}</span>',
+                '<span class="ds-warn ds-unrenewed" title="{}">{}</span>',
                 _("lease %(words)s") % {"words": lease_words(lease, at=clock)},
+                _("lease %(words)s") % {"words": lease_words(lease, at=clock, brief=True)},
             )
         if done == 0:
             return _("running, before its first step finished")
