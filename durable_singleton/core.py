@@ -144,9 +144,17 @@ class StoreClock:
         # starts of this process keep their order (S5, R8).
         # (A naive clock, USE_TZ = False, which check E012 refuses, is never
         # compared with an aware one returned before the setting changed.)
+        # The floor absorbs only what a correction can jitter by (half of each
+        # round trip): a larger step back is the process clock stepping (NTP, a
+        # VM, a restored test clock), and a time held from before it would be
+        # wrong for as long as the step (R8).
         now = self._local() + self._offset
         last = self._last
-        if last is not None and (last.tzinfo is None) == (now.tzinfo is None) and now < last:
+        if (
+            last is not None
+            and (last.tzinfo is None) == (now.tzinfo is None)
+            and last - self._rtt - _STEP_TOLERANCE <= now < last
+        ):
             now = last
         self._last = now
         return now
