@@ -305,7 +305,7 @@ class StoreConformance:
         statements' spelling) agree, and the store reads the same holders;
         ``limit_in_force`` / ``free_slots``, their ORM twins and their SQL text
         agree on every declared limit, override, holder count and pause."""
-        from django.db import IntegrityError, connections, transaction
+        from django.db import connections
         from django.db.models import Value
 
         from ..admission import (
@@ -344,22 +344,17 @@ class StoreConformance:
                     for key in (None, "K"):
                         n += 1
                         run_id = f"rule-{n}"
-                        try:
-                            with transaction.atomic(using=store.db):
-                                runs.create(
-                                    run_id=run_id,
-                                    workflow_name="conf-1",
-                                    workflow_version="1",
-                                    status=status,
-                                    input={},
-                                    singleton_key=key,
-                                    singleton_slot=slot,
-                                    singleton_tracked=tracked,
-                                    created_at=now,
-                                    updated_at=now,
-                                )
-                        except IntegrityError:
-                            continue  # a combination the table refuses (ds_run_slot_only_active)
+                        if not _plant_row(
+                            store,
+                            runs,
+                            run_id,
+                            now,
+                            status=status,
+                            singleton_key=key,
+                            singleton_slot=slot,
+                            singleton_tracked=tracked,
+                        ):
+                            continue
                         admitted = slot == SlotState.HOLDER
                         expected[run_id] = holds_slot(status, key=key, admitted=admitted, tracked=tracked)
                         if is_legacy_holder(status, key=key, tracked=tracked):
@@ -426,8 +421,6 @@ class StoreConformance:
         ``turn_on_its_way_q`` (on the database's clock) agree."""
         from datetime import timedelta
 
-        from django.db import IntegrityError, transaction
-
         from ..admission import turn_on_its_way, turn_on_its_way_q
         from ..models import Run
         from ..querysets import DbNow
@@ -450,21 +443,8 @@ class StoreConformance:
             for wake_at in (None, now - timedelta(hours=1), now + timedelta(hours=1))
         ):
             run_id = f"way-{n}"
-            try:
-                with transaction.atomic(using=store.db):
-                    runs.create(
-                        run_id=run_id,
-                        workflow_name="conf-1",
-                        workflow_version="1",
-                        status=status,
-                        input={},
-                        park_reason=reason,
-                        wake_at=wake_at,
-                        created_at=now,
-                        updated_at=now,
-                    )
-            except IntegrityError:
-                continue  # a combination the table refuses
+            if not _plant_row(store, runs, run_id, now, status=status, park_reason=reason, wake_at=wake_at):
+                continue
             expected[run_id] = turn_on_its_way(status, reason, wake_at, now)
         assert any(expected.values()) and not all(expected.values())
         in_sql = set(runs.filter(pk__in=list(expected)).filter(turn_on_its_way_q(DbNow())).values_list("pk", flat=True))
@@ -491,3 +471,25 @@ def _settle_all(engine: Engine, timeout: float = 30.0) -> None:
         engine.tick()
         engine.dispatcher.drain()  # type: ignore[attr-defined]
         time.sleep(0.02)
+
+
+def _plant_row(store: Any, runs: Any, run_id: str, now: Any, **fields: Any) -> bool:
+    """Insert one run row of workflow ``conf-1`` with ``fields`` for a rule's
+    SQL-twin check; False for a combination the table refuses (its check
+    constraints, e.g. ds_run_slot_only_active)."""
+    from django.db import IntegrityError, transaction
+
+    try:
+        with transaction.atomic(using=store.db):
+            runs.create(
+                run_id=run_id,
+                workflow_name="conf-1",
+                workflow_version="1",
+                input={},
+                created_at=now,
+                updated_at=now,
+                **fields,
+            )
+    except IntegrityError:
+        return False
+    return True
