@@ -110,8 +110,8 @@ def _owner_prefix() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-#: A change of offset this much beyond the round trips' uncertainty is a clock
-#: step, not jitter (:meth:`StoreClock.correct`).
+#: A step back this much beyond the last round trip is a clock step, not a
+#: correction's jitter (:meth:`StoreClock.__call__`).
 _STEP_TOLERANCE = timedelta(milliseconds=1)
 
 
@@ -140,14 +140,12 @@ class StoreClock:
         if self._measured is None or time.monotonic() - self._measured > self._refresh:
             self.correct()
         # Each correction measures the offset with a few microseconds of
-        # jitter: never return a time before one already returned, so two
-        # starts of this process keep their order (S5, R8).
-        # (A naive clock, USE_TZ = False, which check E012 refuses, is never
-        # compared with an aware one returned before the setting changed.)
-        # The floor absorbs only what a correction can jitter by (half of each
-        # round trip): a larger step back is the process clock stepping (NTP, a
-        # VM, a restored test clock), and a time held from before it would be
-        # wrong for as long as the step (R8).
+        # jitter: a time up to the last round trip before one already returned
+        # is held at it, so two starts of this process keep their order (S5).
+        # A larger step back is the process clock stepping (NTP, a resumed
+        # VM), and a held time would be wrong for as long as the step (R8).
+        # A naive clock (USE_TZ = False, refused by check E012) is never
+        # compared with an aware one.
         now = self._local() + self._offset
         last = self._last
         if (
@@ -161,7 +159,6 @@ class StoreClock:
 
     def correct(self) -> None:
         """Measure the offset to the store's clock now (one read of it)."""
-        first = self._measured is None
         self._measured = time.monotonic()
         try:
             before = self._local()
@@ -169,13 +166,6 @@ class StoreClock:
             after = self._local()
             rtt = after - before
             offset = remote - (before + rtt / 2)
-            # Within the two measurements' uncertainty (half of each round
-            # trip) a new offset is jitter, and the floor keeps this
-            # process's times in order; beyond it a clock stepped (NTP, a
-            # resumed VM), and times returned with the old offset are wrong:
-            # the floor must not hold them (R8).
-            if not first and abs(offset - self._offset) > (rtt + self._rtt) / 2 + _STEP_TOLERANCE:
-                self._last = None
             self._offset, self._rtt = offset, rtt
         except Exception:  # the store is unreachable: keep the last offset, try later
             logger.warning("could not read the store's clock; keeping offset %s", self._offset, exc_info=True)
