@@ -257,15 +257,22 @@ class Soak:
         engine = get_engine()
         rng = random.Random(self.args.seed + 100 + n)
         while not self.stop_all.is_set():
-            try:
-                engine.tick()
-                self.count("ticks")
-            except Exception:
-                self.count("tick_errors")
-                with contextlib.suppress(Exception):
-                    connection.close()
+            self.tick_once(engine, "ticks")
             self.stop_all.wait(self.args.tick * rng.uniform(0.8, 1.2))
         connection.close()
+
+    def tick_once(self, engine: Any, counter: str) -> None:
+        """One tick of ``engine``, counted under ``counter``; an error is counted
+        (tick_errors) and the thread's connection closed for the next one."""
+        from django.db import connection
+
+        try:
+            engine.tick()
+            self.count(counter)
+        except Exception:
+            self.count("tick_errors")
+            with contextlib.suppress(Exception):
+                connection.close()
 
     def load_loop(self) -> None:
         from django.db import connection
@@ -413,13 +420,7 @@ class Soak:
                         with self.lock:
                             self.namespace_of[run_id] = "default"
                             self.started.append(run_id)
-                try:
-                    engine.tick()
-                    self.count("stepped_ticks")
-                except Exception:
-                    self.count("tick_errors")
-                    with contextlib.suppress(Exception):
-                        connection.close()
+                self.tick_once(engine, "stepped_ticks")
                 self.stop_all.wait(self.args.tick * rng.uniform(0.8, 1.2))
         connection.close()
 
