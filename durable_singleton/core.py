@@ -661,9 +661,12 @@ class Core:
         each with :meth:`execute_chain`; return their outcomes, in order.
 
         One Celery message carries them (``execute_runs``, sent by
-        ``start_many`` and by coalesced starts). Past ``max_seconds`` seconds
-        the turns not begun are sent on to ``queue`` (None: the default) in two
-        messages, so that two workers share them: a batch behind long bodies
+        ``start_many`` and by coalesced starts). ``max_seconds`` seconds after
+        the batch began, the turns not begun yet are sent on to ``queue``
+        (None: the default) in two messages, so that two workers share them:
+        by a timer, even while a turn of the batch still runs (a long body
+        holds back none of the rest past ``max_seconds``), and each turn is
+        either begun here or sent on, never both. A batch behind long bodies
         gets its parallelism back in a few hops, with few messages. A turn
         delayed past its redelivery window meanwhile is sent again by the tick
         (S8), and the turn that comes second is skipped (R6). A turn that
@@ -671,21 +674,49 @@ class Core:
         (a worker shutting down, R7) ends the batch, whose turns the tick sends
         again.
         """
-        deadline = time.monotonic() + max_seconds
-        outcomes: list[str] = []
-        for n, run_id in enumerate(run_ids):
-            left = deadline - time.monotonic()
-            if n and left <= 0:
-                rest = list(run_ids[n:])
+        pending = list(run_ids)
+        lock = threading.Lock()
+
+        def send_on() -> None:
+            with lock:
+                rest = pending[:]
+                pending.clear()
+            if not rest:
+                return
+            try:
                 half = (len(rest) + 1) // 2
                 self.dispatcher.dispatch_many(rest[:half], queue)
-                self.dispatcher.dispatch_many(rest[half:], queue)
-                break
-            try:
-                outcomes.append(self.execute_chain(run_id, max_seconds=max(left, 0.0)))
-            except Exception:
-                logger.exception("turn of run %s failed; the batch goes on", run_id)
-                outcomes.append(Outcome.INTERRUPTED)
+                if rest[half:]:
+                    self.dispatcher.dispatch_many(rest[half:], queue)
+            except Exception:  # the runs keep their wake_at: the tick sends them (S8)
+                logger.exception("could not send on %d turns of a batch; the tick will send them", len(rest))
+            finally:
+                if threading.current_thread() is not thread:
+                    self.dispatcher.close_thread_resources()
+
+        thread = threading.current_thread()
+        timer = threading.Timer(max_seconds, send_on) if len(pending) > 1 else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        deadline = time.monotonic() + max_seconds
+        outcomes: list[str] = []
+        try:
+            while True:
+                with lock:
+                    if not pending:
+                        break
+                    run_id = pending.pop(0)
+                try:
+                    outcomes.append(self.execute_chain(run_id, max_seconds=max(deadline - time.monotonic(), 0.0)))
+                except Exception:
+                    logger.exception("turn of run %s failed; the batch goes on", run_id)
+                    outcomes.append(Outcome.INTERRUPTED)
+                if time.monotonic() >= deadline:
+                    send_on()
+        finally:
+            if timer is not None:
+                timer.cancel()
         return outcomes
 
     def hand_off(self, granted: Sequence[RunRecord]) -> None:

@@ -62,6 +62,22 @@ def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: flo
     )
 
 
+def sleep_past_lease(engine: Any, run_id: str, timeout: float = 10.0) -> None:
+    """Wait until the store's clock (``engine.now()``, the clock that decides a
+    lease, R5) is past the lease ``run_id`` holds, however loaded the machine
+    is: a fixed sleep of the lease's length can end before the store's clock
+    got there (the clock's floor, a slow claim). Raises AssertionError after
+    ``timeout`` seconds."""
+    import time
+
+    expires = engine.get(run_id).lease_expires_at
+    assert expires is not None, f"run {run_id} holds no lease"
+    deadline = time.monotonic() + timeout
+    while engine.now() <= expires:
+        assert time.monotonic() < deadline, f"the store's clock never passed {run_id}'s lease ({expires})"
+        time.sleep(0.01)
+
+
 def admitted(turn: Any) -> str:
     """Return "admitted", "parked" or "gone" for a :class:`Turn` (the old claim's verdicts)."""
     from durable_singleton.stores.base import TurnState

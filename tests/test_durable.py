@@ -13,7 +13,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidInputError, RunNotFoundError, SignalTimeoutError
 
-from .helpers import claim
+from .helpers import claim, sleep_past_lease
 
 
 def test_sleep_parks_and_the_tick_resumes(engine: Engine, registry: Registry) -> None:
@@ -160,7 +160,7 @@ def test_holder_cancelled_then_killed_ends_cancelled_after_recovery(
     assert claim(engine, "A", "doomed", 0.05).state.value == "run"
     engine.cancel("A")
     assert engine.get("A").status == "running" and engine.get("A").cancel_requested
-    time.sleep(0.06)  # the worker died; its lease expires
+    sleep_past_lease(engine, "A")  # the worker died; its lease expires
     engine.dispatcher.queue.clear()
     assert "A" in engine.tick().dispatched
     engine.dispatcher.drain()

@@ -71,6 +71,15 @@ ISOLATED = "fault-hold-isolated"  # queue "ds-faults": a test's own workers
 ISOLATED_QUEUE = "ds-faults"
 ARTIFACT = Path(__file__).resolve().parent.parent / "artifacts" / "fault_recovery.json"
 OUTCOME = re.compile(r"execute_run\[(?P<task>[0-9a-f-]+)\] succeeded in [0-9.e-]+s: '(?P<outcome>\w+)'")
+#: A turn's log line of either task: ``execute_run`` (one outcome) or
+#: ``execute_runs`` (a batch: the list of the outcomes of the turns it executed).
+TURNS = re.compile(r"execute_runs?\[[0-9a-f-]+\] succeeded in [0-9.e-]+s: (?P<outcomes>'\w+'|\[[^\]]*\])")
+
+
+def turn_outcomes(log: str) -> list[str]:
+    """Return the outcomes of the turns a worker's ``log`` reports, in order,
+    those of a batch (``execute_runs``) one by one."""
+    return [o for m in TURNS.finditer(log) for o in re.findall(r"'(\w+)'", m["outcomes"])]
 
 
 def lease_env(**extra: str) -> dict[str, str]:

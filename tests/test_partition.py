@@ -58,7 +58,7 @@ from testproject.inventory.models import BodyAudit
 from testproject.inventory.workflows import PARTITION_FENCE_URL_ENV, PARTITION_QUEUE
 
 from .celery_workers import CeleryWorkers, celery_stack_missing, celery_workers
-from .test_faults_celery import LEASE, OUTCOME, RENEW, SLACK, TICK, Driver, lease_env
+from .test_faults_celery import LEASE, RENEW, SLACK, TICK, Driver, lease_env, turn_outcomes
 
 __all__ = ["celery_workers"]  # the fixture, imported for this module's test
 
@@ -452,7 +452,7 @@ def test_a_partitioned_holder_is_taken_over_and_its_late_writes_are_refused(cele
 
         def late_turns() -> list[str] | None:
             """Return the outcomes of the cut-off worker's two turns, once both ended."""
-            outcomes = [m["outcome"] for m in OUTCOME.finditer(cut_off.log())]
+            outcomes = turn_outcomes(cut_off.log())
             return outcomes if len(outcomes) >= 2 else None
 
         outcomes = driver.until("the cut-off worker's turns' end", late_turns, 90)

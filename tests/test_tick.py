@@ -15,7 +15,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 
 from .conftest import Monitor, run_threads
-from .helpers import admitted, audited, claim, free_slot_without_handoff
+from .helpers import admitted, audited, claim, free_slot_without_handoff, sleep_past_lease
 
 
 def test_lost_push_is_caught_up_by_the_tick(engine: Engine, registry: Registry, monitor: Monitor) -> None:
@@ -91,7 +91,7 @@ def test_expired_lease_is_recovered_then_dead_lettered(make: Callable[..., Engin
             turn = claim(engine, "A", f"crashed-{attempt}", 0.05)
             assert turn.state.value == "run" and turn.recovered == (attempt > 0)
             assert engine.get("A").admitted, "a crashed holder keeps its slot (S10)"
-            time.sleep(0.06)
+            sleep_past_lease(engine, "A")
         engine.dispatcher.queue.clear()
         report = engine.tick()
         assert "A" in report.dispatched
