@@ -38,7 +38,9 @@ def server_settings(connection: Any) -> dict[str, str]:
 
     PostgreSQL: ``fsync``, ``synchronous_commit``, ``full_page_writes``,
     ``wal_sync_method``, ``wal_level``, ``shared_buffers``,
-    ``server_version``. MariaDB: ``innodb_flush_log_at_trx_commit``,
+    ``server_version``, and the client's ``prepare_threshold`` (the
+    connection's OPTIONS: a number lets the store's fast path prepare its
+    statements, docs/scaling.rst). MariaDB: ``innodb_flush_log_at_trx_commit``,
     ``sync_binlog``, ``innodb_doublewrite``, ``log_bin``, ``version``.
     SQLite: ``journal_mode``, ``synchronous``, ``sqlite_version``.
     """
@@ -56,6 +58,7 @@ def server_settings(connection: Any) -> dict[str, str]:
             ):
                 cursor.execute(f"SHOW {name}")
                 out[name] = str(cursor.fetchone()[0])
+            out["prepare_threshold"] = str(connection.settings_dict.get("OPTIONS", {}).get("prepare_threshold"))
         elif connection.vendor == "mysql":
             cursor.execute(
                 "SHOW GLOBAL VARIABLES WHERE Variable_name IN ('version', 'innodb_flush_log_at_trx_commit', "

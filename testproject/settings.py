@@ -68,6 +68,10 @@ if _engine.endswith("sqlite3"):
     DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / f"test_db_{os.getpid()}.sqlite3")}
 elif _engine.endswith("mysql"):
     DATABASES["default"]["OPTIONS"] = {"isolation_level": "read committed", "charset": "utf8mb4"}
+elif _engine.endswith("postgresql") and os.environ.get("DATABASE_PREPARE", "1") == "1":
+    # No pooler in transaction mode in front of this server: the fast path may
+    # prepare its statements (docs/scaling.rst; DATABASE_PREPARE=0: it does not).
+    DATABASES["default"]["OPTIONS"] = {"prepare_threshold": 5}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

@@ -34,10 +34,40 @@ def _control(sql: str) -> bool:
 
 
 def _round_trips(fn: Callable[[], Any]) -> list[str]:
-    """Return the statements (BEGIN and COMMIT included) ``fn`` sent, one per round trip."""
+    """Return the statements (BEGIN and COMMIT included) ``fn`` sent, one per
+    round trip, leaving out the ``PREPARE`` a connection sends once at the
+    first use of each statement (see the prepared-statement tests below)."""
+    with CaptureQueriesContext(connection) as queries:
+        fn()
+    return [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().startswith("PREPARE ")]
+
+
+def _sent(fn: Callable[[], Any]) -> list[str]:
+    """Return every statement ``fn`` sent on this thread's connection."""
     with CaptureQueriesContext(connection) as queries:
         fn()
     return [q["sql"] for q in queries.captured_queries]
+
+
+def _prepared() -> set[str]:
+    """The fast path's statements prepared on this thread's connection."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name FROM pg_prepared_statements")
+        return {row[0] for row in cursor.fetchall() if row[0].startswith("ds_")}
+
+
+def _chain(engine: Engine, key: str, n: int = 2) -> None:
+    ids = [engine.start("fp-keyed", {"k": key}).run_id for _ in range(n)]
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    engine.execute_chain(ids[0])
+    assert {engine.get(r).status for r in ids} == {RunStatus.COMPLETED}
+
+
+postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's prepared statements")
+prepares = pytest.mark.skipif(
+    connection.vendor != "postgresql" or connection.settings_dict.get("OPTIONS", {}).get("prepare_threshold") is None,
+    reason="PostgreSQL with prepare_threshold in OPTIONS (testproject sets it unless DATABASE_PREPARE=0)",
+)
 
 
 @pytest.fixture
@@ -91,7 +121,8 @@ def test_a_start_is_one_insert_on_postgresql_and_reports_only_what_it_inserted(e
     sql = _round_trips(lambda: engine.start("fp-keyed", {"k": "K", "v": 1}, run_id="x"))
     assert before <= engine.get("x").created_at <= engine.store.now()
     if connection.vendor == "postgresql":
-        assert len(sql) == 2 and "INSERT" in sql[1].upper(), sql  # the id's check, the insert
+        # the id's check, the insert (as text, or by name when prepared)
+        assert len(sql) == 2 and ("INSERT" in sql[1].upper() or sql[1].startswith("EXECUTE ds_start")), sql
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
     again, created = engine.store.start_run(
         engine.get("x").evolve(input={"k": "K", "v": 2}), cap=None, deep_limit=1, backlog_wake_at=engine.now()
@@ -115,3 +146,74 @@ def test_a_run_with_stored_steps_reads_them(engine: Engine) -> None:
     engine.signal("s", "go", "done")
     assert engine.execute("s") == Outcome.COMPLETED
     assert calls == [1] and engine.get("s").output == "done"
+
+
+@prepares
+def test_the_fast_path_prepares_each_statement_once_per_connection(engine: Engine) -> None:
+    """#17, S7: with ``prepare_threshold`` set (tests/testproject: no pooler), the
+    first runs on a connection prepare the fast path's statements, later runs
+    send them by name only (``EXECUTE``: planned once, not at each handoff), and a
+    new connection prepares them again."""
+    connection.close()
+    first = _sent(lambda: _chain(engine, "P1"))
+    assert any(s.startswith("PREPARE ") for s in first), (len(first), [s[:50] for s in first])
+    names = _prepared()
+    assert {n.split("_")[1] for n in names} >= {"read", "take", "finish", "admit", "create", "lock", "start"}, names
+    again = _sent(lambda: _chain(engine, "P2"))
+    assert not any(s.startswith("PREPARE ") for s in again), again
+    assert any("EXECUTE ds_finish_" in s for s in again), again
+    connection.close()
+    third = _sent(lambda: _chain(engine, "P3"))
+    assert any(s.startswith("PREPARE ") for s in third), (len(third), [s[:60] for s in third])
+
+
+@prepares
+def test_statements_deallocated_behind_its_back_are_prepared_again(engine: Engine) -> None:
+    """#17: a ``DEALLOCATE ALL`` (as a pooler's ``DISCARD ALL``) between two runs:
+    the next message fails outside a transaction, nothing of it is committed, the
+    statements are prepared again and the message is sent again; the runs
+    complete once each."""
+    _chain(engine, "D1")
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    assert _prepared() == set()
+    _chain(engine, "D2", n=3)
+    assert any(n.startswith("ds_finish_") for n in _prepared())
+
+
+@prepares
+def test_a_statement_prepared_in_a_rolled_back_transaction_stays_prepared(engine: Engine) -> None:
+    """#17: a start inside ``transaction.atomic()`` that rolls back prepared its
+    INSERT in that transaction; ``PREPARE`` is not undone by the rollback, so the
+    next start (outside and inside a transaction) sends it by name and works."""
+    from django.db import transaction
+
+    connection.close()
+
+    class RollbackError(Exception):
+        pass
+
+    with pytest.raises(RollbackError), transaction.atomic():
+        engine.start("fp-keyed", {"k": "R"}, run_id="rolled-back")
+        raise RollbackError
+    assert not Run.objects.filter(pk="rolled-back").exists()
+    assert any(n.startswith("ds_start_keyed_") for n in _prepared())
+    with transaction.atomic():
+        engine.start("fp-keyed", {"k": "R"}, run_id="kept")
+    assert Run.objects.filter(pk="kept").exists()
+
+
+@postgresql_only
+def test_without_prepare_threshold_the_text_is_sent_whole(engine: Engine) -> None:
+    """#17: a connection without ``prepare_threshold`` (Django's default, for a
+    pooler in transaction mode) never prepares: the statements go as text, and
+    the runs complete."""
+    connection.close()
+    connection.ensure_connection()
+    connection.connection.prepare_threshold = None
+    try:
+        sent = _sent(lambda: _chain(engine, "T1"))
+        assert not any(s.startswith(("PREPARE ", "EXECUTE ")) for s in sent), sent
+        assert _prepared() == set()
+    finally:
+        connection.close()

@@ -41,7 +41,10 @@ and finds the run settled).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -202,7 +205,7 @@ def usable(store: Store) -> bool:
 
 
 def _seconds(name: str) -> str:
-    return f"{NOW} + make_interval(secs => %({name})s)"
+    return f"{NOW} + make_interval(secs => %({name})s::float8)"
 
 
 # -- the statements ------------------------------------------------------------------------------
@@ -237,11 +240,11 @@ TAKE = (
 )
 
 #: Lock the key's row, creating it if missing (S13); the first two statements of a message.
-LOCK_KEY = (
+CREATE_KEY = (
     f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
-    f" VALUES ({NOW}, {NOW}, %(wf)s, %(key)s, 0, FALSE) ON CONFLICT (workflow_name, key) DO NOTHING;"
-    f" SELECT k.id FROM {KEY} k WHERE k.workflow_name = %(wf)s AND k.key = %(key)s FOR UPDATE;"
+    f" VALUES ({NOW}, {NOW}, %(wf)s, %(key)s, 0, FALSE) ON CONFLICT (workflow_name, key) DO NOTHING"
 )
+LOCK_KEY = f"SELECT k.id FROM {KEY} k WHERE k.workflow_name = %(wf)s AND k.key = %(key)s FOR UPDATE"
 
 
 def _queue(exclude: str) -> str:
@@ -290,8 +293,7 @@ FINISH_OWNED = f"r.status = '{RunStatus.RUNNING.value}' AND r.lease_owner = %(ow
 #: The handoff: settle the run by compare-and-set on its owner's unexpired lease, dropping
 #: its markers in the same write, then grant the freed slots to the oldest waiters (S7, S12, R5a, K1).
 FINISH = (
-    LOCK_KEY
-    + f" WITH s AS (UPDATE {RUN} r SET status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
+    f"WITH s AS (UPDATE {RUN} r SET status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
     " singleton_slot = NULL, singleton_tracked = FALSE, lease_owner = NULL, lease_expires_at = NULL,"
     f" wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
     f" WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING {_cols('r')}),"
@@ -319,7 +321,7 @@ SETTLE = (
 #: parked with its retry ``wake_at`` (the front delay if it is among the first ``limit``
 #: waiters, else the backlog's, S5 step 5, S8a).
 ADMIT = (
-    LOCK_KEY + f" WITH me AS (SELECT r.run_id FROM {RUN} r WHERE r.run_id = %(run_id)s AND r.status = %(status)s"
+    f"WITH me AS (SELECT r.run_id FROM {RUN} r WHERE r.run_id = %(run_id)s AND r.status = %(status)s"
     f" AND r.attempts = %(attempts)s AND NOT r.cancel_requested AND r.singleton_slot = '{SlotState.WAITER.value}'"
     " AND r.singleton_tracked),"
     f" {_queue('')},"
@@ -331,7 +333,8 @@ ADMIT = (
     f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
     f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
     f" wake_at = {NOW} + make_interval(secs => CASE WHEN EXISTS"
-    " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim) THEN %(front)s ELSE %(backlog)s END),"
+    " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
+    " THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
     f" lease_owner = NULL, lease_expires_at = NULL, park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
     " WHERE r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
     " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me)"
@@ -349,8 +352,9 @@ _JSON_COLUMNS = {"input", "output", "error", "tags"}
 _DEEP = (
     f"SELECT count(*) FILTER (WHERE f.singleton_slot = '{SlotState.HOLDER.value}') >= %(deep_limit)s"
     f" AND count(*) FILTER (WHERE f.singleton_slot = '{SlotState.WAITER.value}') >= %(deep_limit)s"
-    f" FROM (SELECT q0.singleton_slot FROM {RUN} q0 WHERE q0.workflow_name = %(workflow_name)s"
-    f" AND q0.singleton_key = %(singleton_key)s AND {FRONT_WHERE} ORDER BY {FRONT_ORDER} LIMIT %(rows)s) f"
+    # The casts: the INSERT types these parameters as its columns (varchar) when prepared.
+    f" FROM (SELECT q0.singleton_slot FROM {RUN} q0 WHERE q0.workflow_name = %(workflow_name)s::varchar"
+    f" AND q0.singleton_key = %(singleton_key)s::varchar AND {FRONT_WHERE} ORDER BY {FRONT_ORDER} LIMIT %(rows)s) f"
 )
 _JSON_COLUMNS = {"input", "output", "error", "tags"}
 
@@ -358,7 +362,7 @@ _JSON_COLUMNS = {"input", "output", "error", "tags"}
 def _stamped(name: str) -> str:
     """A time of a start: as given, or (stamped, the given one NULL) the
     database's now plus ``<name>_in`` seconds (R8)."""
-    return f"COALESCE(%({name})s, {NOW} + make_interval(secs => %({name}_in)s))"
+    return f"COALESCE(%({name})s, {NOW} + make_interval(secs => %({name}_in)s::float8))"
 
 
 def _insert(deep: str) -> str:
@@ -384,6 +388,67 @@ START = _insert("FALSE")
 GET = f"SELECT {_cols('r')} FROM {RUN} r WHERE r.run_id = %(run_id)s"
 
 
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+class Statement:
+    """One statement of the fast path as PostgreSQL prepares it (``PREPARE``):
+    its ``%(name)s`` placeholders become ``$1``, ``$2``, ... in order of first
+    use, typed by PostgreSQL from their context. ``label``: part of the
+    prepared name, which also carries a hash of the text (a changed text is a
+    new name, never a stale plan)."""
+
+    def __init__(self, label: str, sql: str) -> None:
+        names: list[str] = []
+
+        def number(match: re.Match[str]) -> str:
+            if match[1] not in names:
+                names.append(match[1])
+            return f"${names.index(match[1]) + 1}"
+
+        body = _PARAM.sub(number, sql)
+        self.sql = sql
+        self.name = f"ds_{label}_{hashlib.sha1(body.encode()).hexdigest()[:12]}"
+        self.prepare = f"PREPARE {self.name} AS {body}"
+        args = ", ".join(f"%({n})s" for n in names)
+        self.execute = f"EXECUTE {self.name}({args})" if names else f"EXECUTE {self.name}"
+
+
+class Message:
+    """Statements sent as one simple-protocol message: one round trip, and
+    outside a transaction one implicit transaction (the ``statements`` run in
+    order, all or none)."""
+
+    def __init__(self, *statements: Statement) -> None:
+        self.statements = statements
+        self.results = len(statements)
+        self.prepared = "; ".join(st.execute for st in statements)
+        self.plain = "; ".join(st.sql for st in statements)
+
+
+#: The statements this process prepared, per psycopg connection: a new
+#: connection (after a reconnect, in a forked child's own connection) prepares again.
+_PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: SQLSTATE of "prepared statement does not exist" (a pooler's ``DISCARD ALL``, a ``DEALLOCATE``).
+_NOT_PREPARED = "26000"
+
+_CREATE_KEY = Statement("create_key", CREATE_KEY)
+_LOCK_KEY = Statement("lock_key", LOCK_KEY)
+READ_MESSAGE = Message(Statement("read", READ))
+TAKE_MESSAGE = Message(Statement("take", TAKE))
+FINISH_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("finish", FINISH))
+SETTLE_MESSAGE = Message(Statement("settle", SETTLE))
+ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("admit", ADMIT))
+START_KEYED_MESSAGE = Message(Statement("start_keyed", START_KEYED))
+START_MESSAGE = Message(Statement("start", START))
+GET_MESSAGE = Message(Statement("get", GET))
+
+
+def _not_prepared(exc: BaseException) -> bool:
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    return getattr(cause, "sqlstate", None) == _NOT_PREPARED
+
+
 def _known_steps(taken: RunRecord) -> Mapping[int, StepRecord] | None:
     """The steps of a run as its claim's own write returned it: none when its
     ``step_count`` is 0 (no one else stores a step under the new lease, R4),
@@ -407,9 +472,41 @@ class FastPath:
     def _cursor(self) -> Any:
         return connections[self.store.db].cursor()
 
-    def _last_result(self, cursor: Any, statements: int) -> list[tuple[Any, ...]]:
-        """Return the rows of the last of ``statements`` results of one message."""
-        for _ in range(statements - 1):
+    def _send(self, cursor: Any, message: Message, params: Mapping[str, Any]) -> None:
+        """Send ``message`` with ``params`` in one round trip, as prepared
+        statements (``EXECUTE``): PostgreSQL plans each statement once per
+        connection instead of at every send (planning the handoff took about
+        three times its execution). The statements a connection lacks are
+        prepared first, in one more round trip, once per connection
+        (``PREPARE`` is not undone by a rollback). A connection opened with
+        ``"prepare_threshold": None`` in its ``OPTIONS`` (psycopg's switch for a
+        pooler in transaction mode) gets the plain text. A prepared statement
+        dropped behind this process's back (a pooler's ``DISCARD ALL``, a
+        ``DEALLOCATE``) is prepared again and the message sent again, outside a transaction only
+        (nothing of the failed message was committed); inside one the error is raised."""
+        wrapper = connections[self.store.db]
+        raw = wrapper.connection
+        if raw is None or getattr(raw, "prepare_threshold", 5) is None:
+            cursor.execute(message.plain, params)
+            return
+        prepared = _PREPARED.setdefault(raw, set())
+        for attempt in (1, 2):
+            missing = [st for st in message.statements if st.name not in prepared]
+            if missing:
+                cursor.execute("; ".join(st.prepare for st in missing))
+                prepared.update(st.name for st in missing)
+            try:
+                cursor.execute(message.prepared, params)
+                return
+            except Exception as exc:
+                if attempt == 2 or not _not_prepared(exc) or wrapper.in_atomic_block:
+                    raise
+                cursor.execute("SELECT name FROM pg_prepared_statements")
+                prepared.intersection_update(row[0] for row in cursor.fetchall())
+
+    def _last_result(self, cursor: Any, message: Message) -> list[tuple[Any, ...]]:
+        """Return the rows of the last result of ``message``."""
+        for _ in range(message.results - 1):
             cursor.nextset()
         return list(cursor.fetchall())
 
@@ -466,11 +563,11 @@ class FastPath:
         if keyed:
             params.update(deep_limit=deep_limit, rows=2 * int(deep_limit or 1))
         with self._cursor() as cursor:
-            cursor.execute(START_KEYED if keyed else START, params)
+            self._send(cursor, START_KEYED_MESSAGE if keyed else START_MESSAGE, params)
             row = cursor.fetchone()
             if row is not None:
                 return record(row), True
-            cursor.execute(GET, {"run_id": run.run_id})
+            self._send(cursor, GET_MESSAGE, {"run_id": run.run_id})
             row = cursor.fetchone()
         return (record(row), False) if row is not None else None
 
@@ -479,7 +576,7 @@ class FastPath:
         """Return the run, whether its lease expired and whether it is due (X5),
         on the database's clock (R5)."""
         with self._cursor() as cursor:
-            cursor.execute(READ, {"run_id": run_id})
+            self._send(cursor, READ_MESSAGE, {"run_id": run_id})
             row = cursor.fetchone()
         if row is None:
             return None, False, True
@@ -501,7 +598,7 @@ class FastPath:
             "read_owner": run.lease_owner,
         }
         with self._cursor() as cursor:
-            cursor.execute(TAKE, params)
+            self._send(cursor, TAKE_MESSAGE, params)
             row = cursor.fetchone()
         if row is None:
             return Turn(TurnState.SKIPPED, run)
@@ -532,8 +629,8 @@ class FastPath:
             "backlog": float(delays[1]),
         }
         with self._cursor() as cursor:
-            cursor.execute(ADMIT, params)
-            rows = self._last_result(cursor, 3)
+            self._send(cursor, ADMIT_MESSAGE, params)
+            rows = self._last_result(cursor, ADMIT_MESSAGE)
         granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
         mine = [record(r[1:]) for r in rows if r[0] == 0]
         if mine:
@@ -569,7 +666,7 @@ class FastPath:
         }
         with self._cursor() as cursor:
             if run.singleton_key is None:
-                cursor.execute(SETTLE, params)
+                self._send(cursor, SETTLE_MESSAGE, params)
                 rows = list(cursor.fetchall())
             else:
                 params.update(
@@ -578,8 +675,8 @@ class FastPath:
                     declared=limits.get(run.workflow_name),
                     redelivery=float(self.store.redelivery_seconds),
                 )
-                cursor.execute(FINISH, params)
-                rows = self._last_result(cursor, 3)
+                self._send(cursor, FINISH_MESSAGE, params)
+                rows = self._last_result(cursor, FINISH_MESSAGE)
         settled = [record(r[1:]) for r in rows if r[0] == 0]
         if not settled:
             return Finish(None)
