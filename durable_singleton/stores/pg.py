@@ -36,7 +36,12 @@ all three statements. A settle whose message waited for the key's lock is
 judged on its owner's lease at that arrival; that is safe because every
 takeover of a keyed run takes the same lock first (so it either committed
 before, and the compare-and-set on the owner refuses the settle, or it waits
-and finds the run settled).
+and finds the run settled). The times a statement writes for what happens
+next (a lease's expiry, the wake of a grant or of a parked claimant,
+``admitted_at``) are :data:`WRITTEN`, the database's clock as the row is
+written, after the lock (R5, R8): measured from the arrival, a claim that
+waited for the lock longer than its lease was admitted with a lease already
+expired, which the tick could recover while the body ran.
 """
 
 from __future__ import annotations
@@ -80,6 +85,9 @@ __all__ = ["FastPath", "Store", "usable"]
 RUN = Run._meta.db_table
 KEY = SingletonKey._meta.db_table
 NOW = PG_NOW_SQL
+#: The database's clock when a row is written (after the key's lock, unlike :data:`NOW`, the
+#: message's arrival): the start of a lease, a wake or an admission written by a statement (R5, R8).
+WRITTEN = "CLOCK_TIMESTAMP()"
 
 #: The run table's columns a :class:`RunRecord` is built from, in this order.
 COLUMNS = (
@@ -205,7 +213,8 @@ def usable(store: Store) -> bool:
 
 
 def _seconds(name: str) -> str:
-    return f"{NOW} + make_interval(secs => %({name})s::float8)"
+    """The database's clock as the row is written plus the ``name`` parameter's seconds (R5, R8)."""
+    return f"{WRITTEN} + make_interval(secs => %({name})s::float8)"
 
 
 # -- the statements ------------------------------------------------------------------------------
@@ -274,7 +283,7 @@ def _queue(exclude: str) -> str:
 
 _GRANT_SET = (
     f"singleton_slot = '{SlotState.HOLDER.value}', singleton_tracked = TRUE, fencing_token = g.token,"
-    f" admitted_at = {NOW}"
+    f" admitted_at = {WRITTEN}"
 )
 #: Each grant is a compare-and-set on the waiter as read (S7, K1).
 _GRANT_CAS = (
@@ -332,7 +341,7 @@ ADMIT = (
     f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
     f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
     f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
-    f" wake_at = {NOW} + make_interval(secs => CASE WHEN EXISTS"
+    f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN EXISTS"
     " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
     " THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
     f" lease_owner = NULL, lease_expires_at = NULL, park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
