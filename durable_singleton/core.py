@@ -409,9 +409,11 @@ class Core:
             if existing is not None:
                 return self._found(existing, namespace)
         # On the default clock a store that stamps starts writes created_at by its
-        # own clock (R8): no read of that clock before the insert.
+        # own clock (R8): no read of that clock before the insert, unless the start
+        # is delayed: its not_before, and the wake and deadline counted from it, are
+        # the engine's times, so on a clock corrected first (R8, X5).
         stamp = self._store_clock is not None and self.store.stamps_starts
-        if not stamp:
+        if not stamp or not_before is not None:
             self._correct_clock()
         record, definition, cap = self._new_run(
             name,

@@ -6,23 +6,34 @@ the new code against the SPEC, and fails on the commit before its fix.
   the message's arrival (``STATEMENT_TIMESTAMP()``), not from its write: a wait
   longer than ``LEASE_SECONDS`` admitted the run with a lease already expired,
   so the tick could recover it while its body ran (R5, R8, S9).
+* A delayed start on PostgreSQL (which stamps ``created_at`` with the
+  database's clock, so skips the clock's correction) computed ``not_before``,
+  ``wake_at`` and ``deadline_at`` from a process clock not corrected since it
+  stepped (R8, X5).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.db import connections, transaction
 
 from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine
 from durable_singleton.models import Run
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
+from tests.test_clock_steps import step_clock
+
+
+def _near(value: datetime | None, expected: datetime, tolerance: float = 5.0) -> bool:
+    return value is not None and abs((value - expected).total_seconds()) <= tolerance
 
 
 @pytest.mark.django_db(transaction=True)
@@ -66,3 +77,35 @@ def test_a_claim_that_waited_for_its_key_lock_takes_a_whole_lease(registry: Regi
         f"the body began with {(expires - now).total_seconds() if expires else None} s of its {lease} s lease"
     )
     assert outcome == RunStatus.COMPLETED and engine.get("W").status == RunStatus.COMPLETED
+
+
+@pytest.mark.parametrize("delta", [timedelta(hours=1), timedelta(seconds=-60)], ids=["forward", "back"])
+def test_a_delayed_start_of_a_stepped_process_is_timed_on_the_store_clock(
+    make: Callable[..., Engine], registry: Registry, delta: timedelta
+) -> None:
+    """R8, X5: with the process clock stepped after its last correction, a
+    start with ``not_before=30`` (seconds from now) stores ``not_before`` and
+    ``wake_at`` 30 s after the store's now and its deadline 30 s + the timeout
+    after it; one with ``not_before=0`` is due now, its redelivery window and
+    deadline counted from now; with and without a queue cap (the capped start
+    takes the store's locked path). Before the fix, on PostgreSQL (whose start
+    stamps ``created_at`` itself and so skipped the correction), they were off
+    by the step: an hour late, or a minute early."""
+    registry.add("later", "1", lambda ctx, i: None, timeout=600)
+    capped = {"key": lambda i: "K", "max_queue_depth": 5}
+    registry.add("later-capped", "1", lambda ctx, i: None, timeout=600, singleton=capped)
+    engine = make()
+    step_clock(engine, delta)
+    for name in ("later", "later-capped"):
+        engine.start(name, {}, run_id=f"{name}-30", not_before=30)
+        engine.start(name, {}, run_id=f"{name}-0", not_before=0)
+    now = engine.store.now()
+    redelivery = timedelta(seconds=engine.settings.REDELIVERY_SECONDS)
+    for name in ("later", "later-capped"):
+        later, due = engine.get(f"{name}-30"), engine.get(f"{name}-0")
+        assert _near(later.not_before, now + timedelta(seconds=30)), (name, later.not_before, now)
+        assert _near(later.wake_at, now + timedelta(seconds=30)), (name, later.wake_at, now)
+        assert _near(later.deadline_at, now + timedelta(seconds=630)), (name, later.deadline_at, now)
+        assert _near(due.not_before, now), (name, due.not_before, now)
+        assert _near(due.wake_at, now + redelivery), (name, due.wake_at, now)
+        assert _near(due.deadline_at, now + timedelta(seconds=600)), (name, due.deadline_at, now)
