@@ -1,16 +1,18 @@
 """The admission rules, each in one place (SPEC S1, S2, S5, S12, S14, S15, K2).
 
 Who holds a slot is :func:`holds_slot`; whether a run may be admitted yet
-(its delayed start, X5) is :func:`is_due`; the limit in force on a key is
+(its delayed start, X5) is :func:`is_due`; whether a waiter outlived its
+key's ``queue_ttl`` (X2) is :func:`queue_ttl_expired`; the limit in force on a key is
 :func:`limit_in_force`; the slots it has free, :func:`free_slots`; the queue
 cap ``start`` applies, :func:`cap_in_force`. Each has its SQL twin, an
 expression over the run table's columns for the code that decides in a
 query: :func:`holds_slot_q`, :func:`is_due_q`, :func:`limit_in_force_sql`,
-:func:`free_slots_sql`; and each has one spelling as SQL text for the raw
+:func:`free_slots_sql`, :func:`queue_ttl_expired_q`; and each has one spelling as SQL text for the raw
 statements of the PostgreSQL fast path (:mod:`durable_singleton.stores.pg`):
 :func:`holds_slot_sql_text`, :func:`legacy_holder_sql_text`,
 :func:`is_due_sql_text`, :func:`limit_in_force_sql_text`,
-:func:`free_slots_sql_text`. The stores, the audit, the queue views, the
+:func:`free_slots_sql_text` (the tick's queue TTL sweep is no statement of
+the fast path, so :func:`queue_ttl_expired` has none). The stores, the audit, the queue views, the
 metrics, explain and the cap call these and restate none of them; the
 conformance suite checks that each Python spelling, its ORM twin and its SQL
 text agree.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db.models import Case, F, IntegerField, Q, Value, When
+from django.db.models import Case, DateTimeField, ExpressionWrapper, F, IntegerField, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.db.models.lookups import Exact, GreaterThan
 
@@ -67,6 +69,9 @@ __all__ = [
     "limit_in_force",
     "limit_in_force_sql",
     "limit_in_force_sql_text",
+    "queue_ttl_expired",
+    "queue_ttl_expired_q",
+    "queue_ttl_expires_at",
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
@@ -263,6 +268,34 @@ def is_due_sql_text(table: str, now: str) -> str:
     column of the run table named (or aliased) ``table``; ``now`` is the SQL of
     the database's clock (``querysets.PG_NOW_SQL``) (X5, R5)."""
     return f"({table}.not_before IS NULL OR {table}.not_before <= {now})"
+
+
+def queue_ttl_expires_at(created_at: datetime, ttl: float) -> datetime:
+    """Return when a waiter created at ``created_at`` ends by its key's
+    ``queue_ttl`` of ``ttl`` seconds if it is not admitted by then (X2).
+
+    It counts from the run's creation (``created_at``, stamped on the store's
+    clock, R8), a delayed start's (X5) included, not from its ``not_before``.
+    """
+    return created_at + timedelta(seconds=ttl)
+
+
+def queue_ttl_expired(created_at: datetime, ttl: float, now: datetime) -> bool:
+    """Tell whether a waiter created at ``created_at`` has outlived ``ttl``
+    seconds by ``now`` (X2): the one definition.
+
+    ``now`` is the store's clock (the database's, R5), never a process's own.
+    Only a waiter (an active run of a key without a slot, parked) expires; a
+    run admitted meanwhile keeps its slot whatever its age. SQL twin:
+    :func:`queue_ttl_expired_q`.
+    """
+    return queue_ttl_expires_at(created_at, ttl) <= now
+
+
+def queue_ttl_expired_q(ttl: float, now: Any) -> Q:
+    """SQL twin of :func:`queue_ttl_expired` on the run table's ``created_at``
+    column; ``now`` is the database's clock (``querysets.DbNow()``) (X2, R5)."""
+    return Q(created_at__lte=ExpressionWrapper(now - Value(timedelta(seconds=ttl)), output_field=DateTimeField()))
 
 
 def check_not_before(value: object, now: datetime) -> datetime | None:

@@ -90,6 +90,8 @@ class TickReport:
     dispatched: list[str] = field(default_factory=list)
     recovered: list[str] = field(default_factory=list)
     timed_out: list[str] = field(default_factory=list)
+    #: Waiters ended by their key's ``queue_ttl`` (X2).
+    expired: list[str] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     caught_up: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -209,6 +211,7 @@ class Core:
         #: The default clock, corrected at each start; None when the caller gave ``clock``.
         self._store_clock = self.now if isinstance(self.now, StoreClock) else None
         self._warned_fallback = False
+        self._warned_queue_ttl = False
         self._owner_prefix = _owner_prefix()
         self._local = threading.local()
 
@@ -288,6 +291,13 @@ class Core:
         store applies a runtime override on top (K2, :func:`effective_limit`).
         """
         return {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
+
+    def queue_ttls(self) -> dict[str, float]:
+        """Return the declared ``queue_ttl`` in seconds of every singleton workflow
+        that has one, by name (X2); the latest registered version's holds for
+        every version, as its limit does (:meth:`limits`):
+        :meth:`Registry.queue_ttls <durable_singleton.definitions.Registry.queue_ttls>`."""
+        return self.registry.queue_ttls()
 
     def _retry_policy(self) -> RetryPolicy:
         settings = self.settings
@@ -1167,8 +1177,9 @@ class Core:
 
         Each job has its own bounded batch (``TICK_BATCH``), oldest first, and
         an error in one is logged and skipped without stopping the others: the
-        jobs of :meth:`tick_jobs` (on the engine: execution timeouts, the
-        cancel cascades left unfinished, the per-key catch-up, due wakes, recovery of expired leases, schedules,
+        jobs of :meth:`tick_jobs` (on the engine: execution timeouts, waiters
+        past their queue TTL (X2), the cancel cascades left unfinished, the
+        per-key catch-up, due wakes, recovery of expired leases, schedules,
         retention); then :meth:`after_tick` (on the engine: the heartbeat the
         health command reads).
         """
@@ -1185,11 +1196,13 @@ class Core:
         return report
 
     def tick_jobs(self) -> list[TickJob]:
-        """Return the tick's jobs, in order: the core's (execution timeouts, the
-        cancel cascades left unfinished, the per-key catch-up, due wakes, recovery of expired leases); the façade
-        appends its features' (schedules, retention)."""
+        """Return the tick's jobs, in order: the core's (execution timeouts,
+        waiters past their queue TTL (X2), the cancel cascades left unfinished,
+        the per-key catch-up, due wakes, recovery of expired leases); the
+        façade appends its features' (schedules, retention)."""
         return [
             ("timeouts", self._tick_timeouts),
+            ("queue-ttl", self._tick_queue_ttl),
             ("cascade", self._tick_cascade),
             ("catch-up", self._tick_catch_up),
             ("due", self._tick_due),
@@ -1223,6 +1236,30 @@ class Core:
                     self._settled(done)
             except Exception:
                 logger.exception("tick: timeout of run %s failed", run.run_id)
+
+    def _tick_queue_ttl(self, report: TickReport) -> None:
+        """X2: end the waiters that outlived their key's ``queue_ttl``, up to
+        ``TICK_BATCH``, oldest first, each ``cancelled`` with code
+        ``queue_ttl_expired`` by a compare-and-set on the store's clock that
+        refuses a run admitted since the read (R5, R5a); the slots its key has
+        free go to the waiters behind it (S7), and the run's signals, children
+        and parent follow as for any settle (D6, D7)."""
+        ttls = self.queue_ttls()
+        if not ttls:
+            return
+        if not self.store.supports_queue_ttl:
+            if not self._warned_queue_ttl:
+                self._warned_queue_ttl = True
+                logger.warning("store %s ends no waiter by its queue_ttl (X2)", type(self.store).__name__)
+            return
+        for run in self.store.expired_waiters(ttls, self.settings.TICK_BATCH):
+            try:
+                done = self.store.expire_waiter(run, ttls[run.workflow_name], limits=self.limits())
+                if done.settled:
+                    report.expired.append(run.run_id)
+                    self._settled(done)
+            except Exception:
+                logger.exception("tick: queue_ttl of run %s failed", run.run_id)
 
     def _tick_cascade(self, report: TickReport) -> None:
         """D6: cancel the active children of cancelled runs, up to ``TICK_BATCH``

@@ -12,9 +12,11 @@ workflow and the field (SPEC section 7).
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from .exceptions import (
@@ -51,11 +53,19 @@ class Singleton:
     ``limit``: slots per key, an ``int`` >= 1 (default 1).
     ``max_queue_depth``: waiters allowed beyond ``limit`` (``int`` >= 0), or
     ``None`` for an unbounded queue (S15).
+    ``queue_ttl``: seconds (``int`` or ``float``, finite, > 0) a waiter may
+    wait from its creation, a delayed start's (X5) included; one not admitted
+    by then is ended ``cancelled`` with error code ``queue_ttl_expired`` by
+    the tick, on the database's clock (X2, R5). ``None`` (the default): no limit.
+
+    Raises :class:`InvalidWorkflowError` (from :meth:`coerce`, at
+    registration) naming the workflow and the field.
     """
 
     key: Callable[[Any], str]
     limit: int = 1
     max_queue_depth: int | None = None
+    queue_ttl: float | None = None
 
     @classmethod
     def coerce(cls, workflow: str, value: Singleton | Mapping[str, Any] | None) -> Singleton | None:
@@ -66,7 +76,7 @@ class Singleton:
         if value is None:
             return None
         if isinstance(value, Mapping):
-            unknown = set(value) - {"key", "limit", "max_queue_depth"}
+            unknown = set(value) - {"key", "limit", "max_queue_depth", "queue_ttl"}
             if unknown:
                 raise InvalidWorkflowError(workflow, "singleton", f"unknown fields {sorted(unknown)}")
             if "key" not in value:
@@ -85,7 +95,24 @@ class Singleton:
             raise InvalidWorkflowError(
                 workflow, "singleton.max_queue_depth", f"must be an int >= 0 or None, got {depth!r}"
             )
+        if value.queue_ttl is not None and not _is_seconds(value.queue_ttl):
+            raise InvalidWorkflowError(
+                workflow,
+                "singleton.queue_ttl",
+                f"must be a finite number of seconds > 0 or None, got {value.queue_ttl!r}",
+            )
         return value
+
+
+def _is_seconds(value: object) -> bool:
+    """Tell whether ``value`` is a duration in seconds a ``timedelta`` holds: an
+    int or float (not a bool), finite and > 0 (X2)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value) and value > 0 and timedelta(seconds=value) > timedelta(0)
+    except OverflowError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -245,6 +272,17 @@ class Registry:
             self.workflows[(name, version)] = definition
             self.latest[name] = definition
         return definition
+
+    def queue_ttls(self) -> dict[str, float]:
+        """Return the ``queue_ttl`` in seconds of every workflow whose latest
+        registered version declares one, by name (X2): the one place that says
+        which TTL a workflow's waiters have, whatever version started them."""
+        with self._lock:
+            return {
+                d.name: float(d.singleton.queue_ttl)
+                for d in self.latest.values()
+                if d.singleton is not None and d.singleton.queue_ttl is not None
+            }
 
     def subscribers(self, event: str) -> list[WorkflowDefinition]:
         """Return the latest definition of every workflow subscribed to ``event`` (D8)."""

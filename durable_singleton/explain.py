@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from .admission import free_slots, is_due, is_due_q, limit_in_force
+from .admission import free_slots, is_due, is_due_q, limit_in_force, queue_ttl_expires_at
 from .core import Core
 from .exceptions import UnknownWorkflowError
 from .renewals import LeaseState, lease_state
@@ -113,6 +113,12 @@ class Explanation:
     not_renewed_seconds: float | None = None
     #: When such a run is recovered: its lease's expiry (D4); None otherwise.
     recovery_at: datetime | None = None
+    #: A waiter of a key with a ``queue_ttl`` (X2): the TTL in seconds, when it ends
+    #: if not admitted by then, and the seconds left by the store's clock (negative:
+    #: past, the tick ends it); None otherwise.
+    queue_ttl: float | None = None
+    expires_at: datetime | None = None
+    expires_in_seconds: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the explanation as JSON-ready values (datetimes as ISO 8601 strings)."""
@@ -359,6 +365,20 @@ def explain(engine: Core, run_id: str) -> Explanation:
     if own_lease is not None:
         base["not_renewed_seconds"] = own_lease.not_renewed_seconds
         base["recovery_at"] = own_lease.recovery_at
+    ttl_words = ""
+    ttl = engine.queue_ttls().get(run.workflow_name) if run.singleton_key is not None else None
+    if ttl is not None and run.tracked and run.is_parked and not run.holds_slot:
+        # Judged on the store's clock, as the tick's sweep judges it (X2, R5).
+        ttl_ends = queue_ttl_expires_at(run.created_at, ttl)
+        left = (ttl_ends - db_now).total_seconds()
+        base.update(queue_ttl=ttl, expires_at=ttl_ends, expires_in_seconds=left)
+        ttl_words = (
+            f"; it expires in {format_seconds(left)} unless admitted first (queue_ttl {format_seconds(ttl)} "
+            "from its creation)"
+            if left > 0
+            else f"; its queue_ttl of {format_seconds(ttl)} passed at {_at(ttl_ends)}: the tick ends it "
+            "cancelled (queue_ttl_expired) unless it is admitted first"
+        )
     if run.not_before is not None and run.is_parked and not run.holds_slot and not is_due(run.not_before, db_now):
         # A delayed start (X5), judged on the store's clock as the claim judges it (R5).
         then = (
@@ -367,7 +387,7 @@ def explain(engine: Core, run_id: str) -> Explanation:
             if run.singleton_key is not None
             else "the tick sends its turn then"
         )
-        sentence = f"Run {run.run_id} is not due until {_at(run.not_before)} (a delayed start): {then}."
+        sentence = f"Run {run.run_id} is not due until {_at(run.not_before)} (a delayed start): {then}{ttl_words}."
         return Explanation(state=ExplainState.NOT_DUE, sentence=sentence, **base)
     if run.singleton_key is None:
         return _explain_unkeyed(run, now, base, own_lease)
@@ -458,7 +478,8 @@ def explain(engine: Core, run_id: str) -> Explanation:
         when = "now" if due else f"at {_at(run.wake_at)}"
         sentence = (
             f"Run {run.run_id} could run now: {key_words} has {free} free slot(s) ({limit_words}) and it is "
-            f"first in line, but no worker has taken its turn since {_at(idle_since)}; its turn is due {when}."
+            f"first in line, but no worker has taken its turn since {_at(idle_since)}; its turn is due {when}"
+            f"{ttl_words}."
         )
         return Explanation(
             state=ExplainState.RUNNABLE, sentence=sentence, position=position, idle_since=idle_since, **keyed
@@ -520,7 +541,7 @@ def explain(engine: Core, run_id: str) -> Explanation:
     )
     sentence = (
         f"Run {run.run_id} is waiting: position {position} of {facts.depth} in line for {key_words}, "
-        f"{behind} ({', '.join(reasons)}){wait_words}{skipped}."
+        f"{behind} ({', '.join(reasons)}){wait_words}{skipped}{ttl_words}."
     )
     return Explanation(
         state=ExplainState.WAITER,

@@ -47,10 +47,11 @@ from .admission import (
     holds_slot_q,
     limit_in_force,
     limit_in_force_sql,
+    queue_ttl_expires_at,
 )
 from .definitions import Registry, registry
 from .models import Run, SingletonKey, Step
-from .statuses import RunStatus, SlotState
+from .statuses import PARKED_STATUSES, RunStatus, SlotState
 
 __all__ = [
     "FILTERS",
@@ -67,6 +68,8 @@ __all__ = [
     "key_queue",
     "queue_members",
     "queue_table",
+    "queue_ttl_left",
+    "queue_ttl_words",
     "run_cause",
     "run_place",
     "singleton_options",
@@ -187,6 +190,27 @@ def singleton_options(reg: Registry = registry) -> dict[str, tuple[int, int | No
         for name, d in list(reg.latest.items())
         if d.singleton is not None
     }
+
+
+def queue_ttl_left(run: Run, now: datetime, reg: Registry = registry) -> float | None:
+    """Return the seconds waiter ``run`` has left before the tick ends it by its
+    workflow's ``queue_ttl`` (X2) at ``now``, the database's clock (R5):
+    negative once it passed. None when the workflow declares no ``queue_ttl``
+    or the run is not a parked waiter of its key."""
+    ttl = reg.queue_ttls().get(run.workflow_name)
+    if ttl is None or run.singleton_slot != SlotState.WAITER or run.status not in PARKED_STATUSES:
+        return None
+    return (queue_ttl_expires_at(run.created_at, ttl) - now).total_seconds()
+
+
+def queue_ttl_words(left: float | None) -> str:
+    """Say :func:`queue_ttl_left` as the admin's pages do: ``expires in 12.0 s``, or
+    that the next tick ends it (X2); empty for None."""
+    if left is None:
+        return ""
+    if left > 0:
+        return f"expires in {format_age(left)}"
+    return "queue_ttl passed: the next tick ends it (queue_ttl_expired)"
 
 
 def _by_workflow(options: dict[str, int], default: Any) -> Max:

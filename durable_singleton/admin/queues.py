@@ -312,6 +312,8 @@ class QueuePagesMixin:
                 "since": since,
                 "held": format_age((now - since).total_seconds()) if since else None,
                 "waited": format_age((now - run.created_at).total_seconds()),
+                # A waiter's queue TTL, on the database's clock as the tick judges it (X2, R5).
+                "expiry": queues.queue_ttl_words(queues.queue_ttl_left(run, now)),
                 "legacy": run.singleton_slot != SlotState.HOLDER and item.position is None,
                 "doing": activity(run, item.steps_done, item.last_step, now),
                 "unrenewed": unrenewed,

@@ -288,24 +288,29 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
                 _("ago"),
             )
         holders = format_html_join(", ", '<a href="{}">{}</a>', ((self._change_url(h), h) for h in place.holders))
+        # A waiter's queue TTL, on the database's clock as the tick judges it (X2, R5).
+        expiry = queues.queue_ttl_words(queues.queue_ttl_left(obj, db_now()))
+        expires = format_html(' <span class="ds-expiry">({})</span>', expiry) if expiry else ""
         if place.kind == "legacy-pending":
             return format_html("{} {}", _("untracked run of an older release, not in the queue; holders:"), holders)
         if place.kind == "not-due" and place.not_before is not None:
             return format_html(
-                '<a href="{}">{}</a> <time datetime="{}">{}</time> {}',
+                '<a href="{}">{}</a> <time datetime="{}">{}</time> {}{}',
                 key_url,
                 _("not due until"),
                 place.not_before.isoformat(),
                 place.not_before.strftime("%Y-%m-%d %H:%M:%S %Z"),
                 _("(a delayed start): it keeps its creation place in line and blocks no due waiter"),
+                expires,
             )
         return format_html(
-            '<a href="{}">{} {}</a> {} {}',
+            '<a href="{}">{} {}</a> {} {}{}',
             key_url,
             _("position"),
             place.position,
             _("behind holders") if place.holders else _("behind no holder (a slot is free)"),
             holders,
+            expires,
         )
 
     @admin.display(description=_("input"))

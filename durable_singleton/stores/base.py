@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any
 
+from ..admission import queue_ttl_expired
 from ..codecs import Codec
 from ..exceptions import UnsupportedByStoreError
 from ..records import RunRecord, SignalRecord, StepRecord
@@ -51,6 +52,7 @@ __all__ = [
     "FiringRecord",
     "Limits",
     "MemoryScheduleStore",
+    "QueueTtls",
     "RetryPolicy",
     "RunRecord",
     "ScheduleRow",
@@ -64,6 +66,8 @@ __all__ = [
 
 #: Declared singleton limits by workflow name (the latest registered version's, S2).
 Limits = Mapping[str, int]
+#: Declared queue TTLs in seconds by workflow name (the latest registered version's, X2).
+QueueTtls = Mapping[str, float]
 
 
 @dataclass(frozen=True)
@@ -362,6 +366,10 @@ class BaseStore(ABC):
         this process's memory (:class:`MemoryScheduleStore`), so each process
         fires from its own cursor; a window's run still starts once, by its
         run id (R3).
+    ``supports_queue_ttl``
+        True when :meth:`expire_waiter` ends a waiter by a compare-and-set
+        that refuses a run admitted meanwhile (X2). False (the default): the
+        tick ends no waiter by its ``queue_ttl`` and logs a warning once.
 
     Times: every "now" comparison (lease expiry, wake times, deadlines) is
     made on the store's clock (:meth:`now`), never the caller's (R5).
@@ -371,6 +379,7 @@ class BaseStore(ABC):
     supports_bulk_start: bool = False
     supports_key_controls: bool = False
     supports_schedules: bool = False
+    supports_queue_ttl: bool = False
     #: True when :meth:`start_run` with ``stamp`` writes a run's ``created_at``
     #: on the store's own clock at the insert (R8), so the engine need not read
     #: that clock before a start.
@@ -672,6 +681,44 @@ class BaseStore(ABC):
     def overdue_runs(self, batch: int) -> list[RunRecord]:
         """Return up to ``batch`` active runs whose execution deadline passed (D5)."""
 
+    def expired_waiters(self, ttls: QueueTtls, batch: int) -> list[RunRecord]:
+        """Return up to ``batch`` waiters that outlived their workflow's queue TTL (X2), oldest first.
+
+        ``ttls``: seconds by workflow name (workflows not named have none). A
+        waiter is a parked tracked run of a key without a slot (S5, S12); it outlived ``ttl``
+        when :func:`~durable_singleton.admission.queue_ttl_expired` says so at
+        the store's clock (R5). Reads only: :meth:`expire_waiter` decides. The
+        default scans :meth:`list_runs`; a store with a query language answers
+        it in one query.
+        """
+        if not ttls:
+            return []
+        now = self.now()
+        runs = [
+            r
+            for r in self.list_runs()
+            if r.workflow_name in ttls
+            and r.singleton_key is not None
+            and r.tracked
+            and r.is_parked
+            and not r.holds_slot
+            and queue_ttl_expired(r.created_at, ttls[r.workflow_name], now)
+        ]
+        return sorted(runs, key=lambda r: (r.created_at, r.run_id))[:batch]
+
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
+        """End waiter ``run`` ``cancelled`` with ``QUEUE_TTL_ERROR`` and grant the
+        slots its key has free, in one transaction (X2, S7, R5a).
+
+        A compare-and-set: only if the run is still a parked waiter of its key
+        (no slot: a run admitted since it was read keeps its slot and runs)
+        and, by the store's clock, outlived ``ttl`` seconds from its
+        ``created_at``. Returns an unsettled :class:`Finish` otherwise. The
+        default raises :class:`~durable_singleton.exceptions.UnsupportedByStoreError`
+        (``supports_queue_ttl`` is False).
+        """
+        raise UnsupportedByStoreError(f"{type(self).__name__} cannot end waiters by their queue_ttl (X2)")
+
     @abstractmethod
     def request_timeout_cancel(self, run_id: str) -> bool:
         """Mark a running run for cancellation at its next boundary if it is still running (D5, R5a)."""
@@ -754,6 +801,8 @@ _schedule_states_lock = threading.Lock()
 CANCELLED_ERROR = {"code": RunStatus.CANCELLED.value, "message": RunStatus.CANCELLED.value}
 #: The error stored on a run cancelled by its execution timeout (D5).
 TIMEOUT_ERROR = {"code": "execution_timeout", "message": "execution timeout passed"}
+#: The error stored on a waiter ended by its key's ``queue_ttl`` (X2).
+QUEUE_TTL_ERROR = {"code": "queue_ttl_expired", "message": "not admitted within the queue_ttl of its creation"}
 
 
 def _seconds(value: float) -> Any:

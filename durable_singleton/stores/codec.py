@@ -38,6 +38,7 @@ from .base import (
     ControlResult,
     Finish,
     Limits,
+    QueueTtls,
     RetryPolicy,
     RunRecord,
     ScheduleStore,
@@ -61,6 +62,7 @@ class CodecStore(BaseStore):
         self.supports_bulk_start = inner.supports_bulk_start
         self.supports_schedules = inner.supports_schedules
         self.supports_key_controls = inner.supports_key_controls
+        self.supports_queue_ttl = inner.supports_queue_ttl
 
     # -- encoding ------------------------------------------------------------------
     def _in(self, run: RunRecord) -> RunRecord:
@@ -266,6 +268,12 @@ class CodecStore(BaseStore):
 
     def overdue_runs(self, batch: int) -> list[RunRecord]:
         return self._out(self.inner.overdue_runs(batch))  # type: ignore[no-any-return]
+
+    def expired_waiters(self, ttls: QueueTtls, batch: int) -> list[RunRecord]:
+        return self._out(self.inner.expired_waiters(ttls, batch))  # type: ignore[no-any-return]
+
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
+        return self._out(self.inner.expire_waiter(self._in(run), ttl, limits=limits))  # type: ignore[no-any-return]
 
     def request_timeout_cancel(self, run_id: str) -> bool:
         return self.inner.request_timeout_cancel(run_id)

@@ -45,6 +45,7 @@ from ..admission import (
     is_due_q,
     limit_in_force,
     limit_in_force_sql,
+    queue_ttl_expired_q,
     retry_delay,
     turn_on_its_way_q,
 )
@@ -56,12 +57,14 @@ from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, Park
 from . import key_controls, pg
 from .base import (
     CANCELLED_ERROR,
+    QUEUE_TTL_ERROR,
     BaseStore,
     ControlChange,
     ControlChangeRecord,
     ControlResult,
     Finish,
     Limits,
+    QueueTtls,
     RetryPolicy,
     RunRecord,
     SignalRecord,
@@ -181,6 +184,7 @@ class DjangoStore(BaseStore):
     supports_bulk_start = True
     supports_key_controls = True
     supports_schedules = True
+    supports_queue_ttl = True
 
     def __init__(
         self,
@@ -1122,6 +1126,32 @@ class DjangoStore(BaseStore):
 
     def overdue_runs(self, batch: int) -> list[RunRecord]:
         return [record_of(r) for r in self._runs().overdue().order_by("deadline_at")[:batch]]
+
+    def expired_waiters(self, ttls: QueueTtls, batch: int) -> list[RunRecord]:
+        if not ttls:
+            return []
+        # One condition per workflow with a TTL, on the database's clock (X2, R5).
+        outlived = Q()
+        for name, ttl in ttls.items():
+            outlived |= Q(workflow_name=name) & queue_ttl_expired_q(ttl, DbNow())
+        rows = (
+            self._runs()
+            .parked()
+            .filter(singleton_slot=SlotState.WAITER)
+            .filter(outlived)
+            .order_by("created_at", "run_id")[:batch]
+        )
+        return [record_of(r) for r in rows]
+
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
+        if run.singleton_key is None:
+            return Finish(None)
+        # Under the key's lock, so no admission of the key is halfway; a run admitted
+        # since it was read is a holder now and is left alone (X2, R5a).
+        cas = Q(pk=run.run_id, status__in=PARKED_STATUSES, singleton_slot=SlotState.WAITER) & queue_ttl_expired_q(
+            ttl, DbNow()
+        )
+        return self._finish(run, cas, RunStatus.CANCELLED, None, dict(QUEUE_TTL_ERROR), limits)
 
     def request_timeout_cancel(self, run_id: str) -> bool:
         return bool(

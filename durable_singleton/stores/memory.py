@@ -13,17 +13,27 @@ from typing import Any, TypeVar
 
 from django.utils import timezone
 
-from ..admission import cap_in_force, free_slots, is_due, limit_in_force, retry_delay, turn_on_its_way
+from ..admission import (
+    cap_in_force,
+    free_slots,
+    is_due,
+    limit_in_force,
+    queue_ttl_expired,
+    retry_delay,
+    turn_on_its_way,
+)
 from ..exceptions import SingletonQueueFullError
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, Verdict
 from .base import (
     CANCELLED_ERROR,
+    QUEUE_TTL_ERROR,
     BaseStore,
     ControlChange,
     ControlChangeRecord,
     ControlResult,
     Finish,
     Limits,
+    QueueTtls,
     RetryPolicy,
     RunRecord,
     SignalRecord,
@@ -47,6 +57,7 @@ class MemoryStore(BaseStore):
 
     supports_atomic_admission = True
     supports_key_controls = True
+    supports_queue_ttl = True
     supports_schedules = True  # the default in-memory state lives as long as the store
 
     def __init__(
@@ -446,6 +457,26 @@ class MemoryStore(BaseStore):
                 if not r.is_terminal and r.deadline_at is not None and r.deadline_at <= now
             ]
             return sorted(overdue, key=lambda r: (r.deadline_at, r.run_id))[:batch]
+
+    def expired_waiters(self, ttls: QueueTtls, batch: int) -> list[RunRecord]:
+        with self._critical():
+            return super().expired_waiters(ttls, batch)
+
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
+        with self._critical():
+            current = self._runs.get(run.run_id)
+            # Still a parked waiter that outlived ttl on this store's clock: a run
+            # admitted since it was read keeps its slot (X2, R5a).
+            if (
+                current is None
+                or current.singleton_key is None
+                or not current.tracked
+                or not current.is_parked
+                or current.holds_slot
+                or not queue_ttl_expired(current.created_at, ttl, self.clock())
+            ):
+                return Finish(None)
+            return self._settle(current, RunStatus.CANCELLED, None, dict(QUEUE_TTL_ERROR), limits)
 
     def request_timeout_cancel(self, run_id: str) -> bool:
         with self._critical():

@@ -3,7 +3,8 @@
 Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 (S5, S9, R6), FIFO admission (S5 step 3), the handoff (S7, S7a), fencing
 (R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
-(D5), cancel (D6), the delayed start (X5), for a store without an atomic claim the fallback
+(D5), cancel (D6), the delayed start (X5), the queue TTL (X2, for a store
+with ``supports_queue_ttl``), for a store without an atomic claim the fallback
 warning (S14) and, for a store on the Django run table, that the admission
 rules' Python spellings and their SQL twins agree (S5, S12, K2, X5). Subclass
 :class:`StoreConformance` in a test module and give it a ``store`` fixture
@@ -43,6 +44,7 @@ __all__ = ["StoreConformance"]
 
 LEASE = 0.3  # seconds: short, so the suite can let a lease expire
 DELAY = 3.0  # seconds: a delayed start's not_before, long enough for the claims made before it
+QUEUE_TTL = 1.0  # seconds: the queue TTL of conf-ttl's waiters (X2)
 
 
 class _Bodies:
@@ -101,6 +103,7 @@ class StoreConformance:
             )
         registry.add("conf-capped", "1", body, singleton={"key": lambda i: i["k"], "max_queue_depth": 2})
         registry.add("conf-timeout", "1", body, singleton={"key": lambda i: i["k"]}, timeout=LEASE)
+        registry.add("conf-ttl", "1", body, singleton={"key": lambda i: i["k"], "queue_ttl": QUEUE_TTL})
         return make_engine(store, registry=registry, LEASE_SECONDS=LEASE, LEASE_RENEW_SECONDS=LEASE / 3)
 
     @staticmethod
@@ -296,6 +299,70 @@ class StoreConformance:
         run = engine.get("r0")
         done = engine.store.finish(run, "w", RunStatus.COMPLETED, limits=engine.limits())
         assert [r.run_id for r in done.granted] == ["r2"]
+
+    # -- the queue TTL ---------------------------------------------------------------
+    def test_a_waiter_past_its_queue_ttl_ends_and_one_admitted_meanwhile_runs(
+        self, engine: Engine, bodies: _Bodies
+    ) -> None:
+        """X2, R5a, S7: behind the holder H, the waiters A and B outlive the queue
+        TTL; the sweep reads A and B; H's settle
+        then admits A, so A's expiry, a compare-and-set on a parked waiter,
+        writes nothing and A runs; B ends ``cancelled`` with code
+        ``queue_ttl_expired`` and is never admitted; the next tick leaves A
+        alone."""
+        if not engine.store.supports_queue_ttl:
+            pytest.skip("the store ends no waiter by its queue_ttl (supports_queue_ttl is False)")
+        for run_id in ("H", "A", "B"):
+            engine.start("conf-ttl", {"k": "K"}, run_id=run_id)
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        assert self._turn(engine, "H", "h").state is TurnState.RUN
+        assert engine.execute("A") == Outcome.PARKED and engine.execute("B") == Outcome.PARKED
+        time.sleep(QUEUE_TTL + 0.2)
+        ttls = engine.queue_ttls()
+        stale = engine.store.expired_waiters(ttls, 10)
+        assert [r.run_id for r in stale] == ["A", "B"]
+        done = engine.store.finish(engine.get("H"), "h", RunStatus.COMPLETED, limits=engine.limits())
+        assert [r.run_id for r in done.granted] == ["A"]
+        assert not engine.store.expire_waiter(stale[0], ttls["conf-ttl"], limits=engine.limits()).settled
+        a = engine.get("A")
+        assert a.admitted and a.is_parked, "a run admitted after the read was expired"
+        ended = engine.store.expire_waiter(stale[1], ttls["conf-ttl"], limits=engine.limits())
+        assert ended.settled and ended.granted == ()
+        b = engine.get("B")
+        assert b.status == RunStatus.CANCELLED and not b.admitted and b.error["code"] == "queue_ttl_expired"
+        report = engine.tick()
+        assert report.expired == [] and engine.get("A").admitted
+        engine.hand_off(done.granted)
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        _settle_all(engine)
+        assert bodies.entered == ["A"] and engine.get("A").status == RunStatus.COMPLETED
+
+    def test_the_tick_ends_an_expired_waiter_and_the_next_one_takes_the_slot(
+        self, engine: Engine, bodies: _Bodies
+    ) -> None:
+        """X2, S7, S8: behind the holder H, A outlives the queue TTL and B, started
+        later, does not; the tick ends A (``queue_ttl_expired``) and not B; H's
+        settle then grants its slot to B, which runs."""
+        if not engine.store.supports_queue_ttl:
+            pytest.skip("the store ends no waiter by its queue_ttl (supports_queue_ttl is False)")
+        engine.start("conf-ttl", {"k": "K"}, run_id="H")
+        engine.start("conf-ttl", {"k": "K"}, run_id="A")
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        assert self._turn(engine, "H", "h").state is TurnState.RUN
+        assert engine.execute("A") == Outcome.PARKED
+        time.sleep(QUEUE_TTL + 0.2)
+        engine.start("conf-ttl", {"k": "K"}, run_id="B")
+        assert engine.execute("B") == Outcome.PARKED
+        report = engine.tick()
+        assert report.expired == ["A"]
+        assert engine.get("A").status == RunStatus.CANCELLED and engine.get("A").error["code"] == "queue_ttl_expired"
+        assert engine.get("B").status == RunStatus.SUSPENDED
+        done = engine.store.finish(engine.get("H"), "h", RunStatus.COMPLETED, limits=engine.limits())
+        assert [r.run_id for r in done.granted] == ["B"]
+        engine.hand_off(done.granted)
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        _settle_all(engine)
+        assert bodies.entered == ["B"] and engine.get("B").status == RunStatus.COMPLETED
 
     # -- the rules: one in Python, its twin in SQL -----------------------------------
     def test_the_rules_agree_in_python_and_sql(self, engine: Engine) -> None:
