@@ -10,6 +10,9 @@ the new code against the SPEC, and fails on the commit before its fix.
   database's clock, so skips the clock's correction) computed ``not_before``,
   ``wake_at`` and ``deadline_at`` from a process clock not corrected since it
   stepped (R8, X5).
+* A start on a key whose limit an operator raised was created parked as if
+  the key's queue were deep under its declared limit, while it had a free slot
+  (K2, S8a).
 """
 
 from __future__ import annotations
@@ -109,3 +112,31 @@ def test_a_delayed_start_of_a_stepped_process_is_timed_on_the_store_clock(
         assert _near(due.not_before, now), (name, due.not_before, now)
         assert _near(due.wake_at, now + redelivery), (name, due.wake_at, now)
         assert _near(due.deadline_at, now + timedelta(seconds=600)), (name, due.deadline_at, now)
+
+
+def test_a_start_on_a_key_whose_limit_was_raised_is_sent_its_turn(
+    make: Callable[..., Engine], registry: Registry
+) -> None:
+    """K2, S8a: key K's limit is raised from its declared 1 to 3; with H holding
+    a slot (asleep) and W waiting for its first turn, a third start N finds two
+    free slots: it is sent its turn and admitted, beside H and W, without
+    waiting for a tick. Before the fix the start judged the queue deep by the
+    declared limit (1 holder and 1 waiter) and created N parked, with no turn,
+    until the tick's catch-up (or its backlog retry) admitted it."""
+
+    def body(ctx: Any, input: Any) -> None:
+        if input.get("hold"):
+            ctx.sleep(3600)
+
+    registry.add("raised", "1", body, singleton={"key": lambda i: "K", "limit": 1})
+    engine = make()
+    engine.controls.override_limit("raised", "K", 3)
+    engine.start("raised", {"hold": True}, run_id="H")
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert engine.get("H").admitted and engine.get("H").status == RunStatus.SUSPENDED
+    engine.start("raised", {}, run_id="W")
+    started = engine.start("raised", {}, run_id="N")
+    assert started.park_reason == "", f"N was created parked ({started.park_reason!r}) beside two free slots"
+    assert "N" in engine.dispatcher.queue, "N's first turn was not sent"  # type: ignore[attr-defined]
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert engine.get("W").status == RunStatus.COMPLETED and engine.get("N").status == RunStatus.COMPLETED

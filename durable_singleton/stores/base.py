@@ -456,8 +456,10 @@ class BaseStore(ABC):
         """Insert ``run`` as :meth:`create_run` does, created parked when its key's queue is deep (S8a).
 
         With ``deep_limit`` (the declared limit) and a key, a run whose key already
-        has ``deep_limit`` holders and ``deep_limit`` waiters
-        (:meth:`queue_is_deep`) is created with ``wake_at`` = ``backlog_wake_at``
+        has as many holders and waiters as its limit in force
+        (:meth:`queue_is_deep` with :func:`~durable_singleton.admission.limit_in_force`
+        of ``deep_limit`` and the key's runtime override, K2) is created with
+        ``wake_at`` = ``backlog_wake_at``
         and the park reason ``singleton``: it waits for the handoff or the tick's
         catch-up instead of a turn that could only park. Returns (the run as
         stored, created): an existing ``run_id`` is returned as stored (R3, S16).
@@ -469,12 +471,12 @@ class BaseStore(ABC):
         (R8). This default makes the two calls; a store may fold the check
         into its insert.
         """
-        if (
-            run.singleton_key is not None
-            and deep_limit is not None
-            and self.queue_is_deep(run.workflow_name, run.singleton_key, deep_limit)
-        ):
-            run = replace(run, wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
+        if run.singleton_key is not None and deep_limit is not None:
+            from ..admission import limit_in_force
+
+            override = self.key_control_state(run.workflow_name, run.singleton_key)[1]
+            if self.queue_is_deep(run.workflow_name, run.singleton_key, limit_in_force(deep_limit, override)):
+                run = replace(run, wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
         return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
 
     def create_runs(

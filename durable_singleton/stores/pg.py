@@ -356,14 +356,23 @@ ADMIT = (
 
 
 _JSON_COLUMNS = {"input", "output", "error", "tags"}
+#: The limit in force on a started run's key: the key's runtime override, else the declared
+#: ``deep_limit`` (K2).
+_DEEP_LIMIT = limit_in_force_sql_text(
+    "%(deep_limit)s::integer",
+    f"(SELECT d0.limit_override FROM {KEY} d0"
+    " WHERE d0.workflow_name = %(workflow_name)s::varchar AND d0.key = %(singleton_key)s::varchar)",
+)
 #: Is the key's queue deep (``queue_is_deep``: ``limit`` holders and ``limit`` waiters in the
-#: first ``2 * limit`` rows of the queue, S8a)? FALSE for a run without a key.
+#: first ``2 * limit`` rows of the queue, ``limit`` the limit in force, S8a, K2)? FALSE for a run
+#: without a key.
 _DEEP = (
-    f"SELECT count(*) FILTER (WHERE f.singleton_slot = '{SlotState.HOLDER.value}') >= %(deep_limit)s"
-    f" AND count(*) FILTER (WHERE f.singleton_slot = '{SlotState.WAITER.value}') >= %(deep_limit)s"
+    f"SELECT count(*) FILTER (WHERE f.singleton_slot = '{SlotState.HOLDER.value}') >= {_DEEP_LIMIT}"
+    f" AND count(*) FILTER (WHERE f.singleton_slot = '{SlotState.WAITER.value}') >= {_DEEP_LIMIT}"
     # The casts: the INSERT types these parameters as its columns (varchar) when prepared.
     f" FROM (SELECT q0.singleton_slot FROM {RUN} q0 WHERE q0.workflow_name = %(workflow_name)s::varchar"
-    f" AND q0.singleton_key = %(singleton_key)s::varchar AND {FRONT_WHERE} ORDER BY {FRONT_ORDER} LIMIT %(rows)s) f"
+    f" AND q0.singleton_key = %(singleton_key)s::varchar AND {FRONT_WHERE} ORDER BY {FRONT_ORDER}"
+    f" LIMIT 2 * {_DEEP_LIMIT}) f"
 )
 _JSON_COLUMNS = {"input", "output", "error", "tags"}
 
@@ -570,7 +579,7 @@ class FastPath:
             params[name], params[f"{name}_in"] = (value, None) if fixed else (None, offset)
         keyed = run.singleton_key is not None and deep_limit is not None
         if keyed:
-            params.update(deep_limit=deep_limit, rows=2 * int(deep_limit or 1))
+            params.update(deep_limit=int(deep_limit or 1))
         with self._cursor() as cursor:
             self._send(cursor, START_KEYED_MESSAGE if keyed else START_MESSAGE, params)
             row = cursor.fetchone()
