@@ -24,6 +24,7 @@ from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, st
 from durable_singleton.conf import get_settings
 from durable_singleton.definitions import registry
 
+from . import crash_hooks
 from .models import BodyAudit
 
 
@@ -204,6 +205,54 @@ def fault_exit(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     if input.get("raise") == "interrupt":
         raise KeyboardInterrupt(f"fault-exit {ctx.run_id}")
     return output
+
+
+# -- handoff crash test (tests/test_handoff_crash.py) ---------------------------
+
+#: How long a body waits at its gate at most, in seconds.
+HANDOFF_GATE_SECONDS = 60.0
+
+
+@step("handoff:hold")
+def handoff_hold(args: dict[str, Any]) -> dict[str, Any]:
+    """Record one body entry (a ``BodyAudit`` row ``<run_id>#<attempts>``), wait
+    until the file ``args["gate"]`` exists if given (else ``args["seconds"]``),
+    record the exit."""
+    row = BodyAudit.objects.create(
+        run_id=args["entry"],
+        workflow_name=args["workflow"],
+        key=args["key"],
+        entered_at=timezone.now(),
+        pid=os.getpid(),
+    )
+    if args.get("gate"):
+        deadline = time.monotonic() + HANDOFF_GATE_SECONDS
+        while not os.path.exists(args["gate"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    else:
+        time.sleep(float(args.get("seconds", 0)))
+    BodyAudit.objects.filter(pk=row.pk).update(exited_at=timezone.now())
+    return {"pid": os.getpid()}
+
+
+@workflow(name="handoff-kill", version="1", singleton=Singleton(key=store_key, limit=1), steps=("handoff:hold",))
+def handoff_kill(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """Hold key ``store:<store_id>`` until ``input["gate"]`` exists (or for
+    ``input["seconds"]``); return the process and the fencing token the body
+    ran with. Its first statement is the ``body`` crash point of
+    :mod:`testproject.inventory.crash_hooks`: the claim committed, nothing of
+    the body done. No queue of its own, so a handoff runs the granted waiter's
+    turn on the releasing worker (``execute_chain``)."""
+    crash_hooks.maybe_kill("body", ctx.run)
+    args = {
+        "entry": f"{ctx.run_id}#{ctx.run.attempts}",
+        "workflow": ctx.run.workflow_name,
+        "key": ctx.run.singleton_key,
+        "gate": input.get("gate"),
+        "seconds": input.get("seconds", 0),
+    }
+    result = ctx.step("handoff:hold", args)
+    return {"store_id": input["store_id"], "pid": result["pid"], "token": ctx.fencing_token}
 
 
 #: A workflow whose body runs in another service (testproject.remote_service):
