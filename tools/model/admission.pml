@@ -115,6 +115,7 @@ bit  creq[NR];      /* cancel_requested */
 byte wake[NR];      /* wake_at */
 byte steps[NR];     /* stored steps: 1 = step 0 done, 2 = sleep done */
 byte rec[NR];       /* recoveries */
+bit  fresh[NR];     /* granted, and no claim wrote the run since (its attempts are the grant's) */
 bit  overdue[NR];   /* deadline_at <= now */
 byte last[2];       /* SingletonKey.last_token */
 
@@ -184,7 +185,7 @@ inline send(r) {
 inline settle(r, outcome) {
   assert(ACTIVE(r));
   printf("    run %d settled (status %d)\n", r, outcome);
-  st[r] = outcome; hold[r] = 0; live[r] = 0; own[r] = NOBODY; wake[r] = W_NONE;
+  st[r] = outcome; hold[r] = 0; live[r] = 0; own[r] = NOBODY; wake[r] = W_NONE; fresh[r] = 0;
   if :: outcome == CANC -> wascanc[r] = 1 :: else -> skip fi
 }
 
@@ -209,6 +210,7 @@ inline grant(k, g) {
         last[k]++; tok[i] = last[k];   /* K1: ++key.last_token */
         printf("    handoff: run %d granted the slot of key %d, token %d\n", i, k, tok[i]);
         wake[i] = W_LATER;             /* wake_at one redelivery window ahead */
+        fresh[i] = 1;                  /* still parked, no lease: the grant takes none */
         g = g | (1 << i)
      :: else -> skip
      fi;
@@ -292,7 +294,7 @@ inline claim(r) {
         fi;
         if
         :: hold[r] ->
-           st[r] = RUN; own[r] = w; live[r] = 1; orphan[r] = 0; wake[r] = W_NONE;
+           st[r] = RUN; own[r] = w; live[r] = 1; orphan[r] = 0; wake[r] = W_NONE; fresh[r] = 0;
            inbody[w] = 1; wok[w] = 1; cur[w] = r;
            if
            :: LIM(k) == 1 -> assert(tok[r] >= maxent[k]); maxent[k] = tok[r]
@@ -301,13 +303,37 @@ inline claim(r) {
            res = 1;
            printf("worker %d: claim run %d -> holder, token %d, lease taken, body enters\n", w, r, tok[r])
         :: else ->
-           st[r] = SUSP; own[r] = NOBODY; live[r] = 0; wake[r] = W_FAR; res = 0;  /* park the waiter (S5.5) */
+           st[r] = SUSP; own[r] = NOBODY; live[r] = 0; wake[r] = W_FAR; res = 0; fresh[r] = 0;  /* park the waiter (S5.5) */
            printf("worker %d: claim run %d -> waiter parked\n", w, r)
         fi
      fi
   fi;
   f = 0; h = 0; i = 0; j = 0;
   if :: res == 0 && g == 0 -> RESET_LOCALS :: else -> skip fi
+}
+
+/* The confirmation claim of a waiter this worker has just granted (begin_turn(known=...)):
+ * no read, one compare-and-set on the run as the grant wrote it (status, attempts, the
+ * cancel flag).  It takes the lease if no claim wrote the run since the grant, else the
+ * turn is skipped: it never recovers, settles or admits (S6, R5a, R6). */
+inline confirm(r) {
+  k = KEY_OF(r);
+  g = 0;
+  if
+  :: fresh[r] && PARKED(r) && hold[r] && !creq[r] ->
+     st[r] = RUN; own[r] = w; live[r] = 1; orphan[r] = 0; wake[r] = W_NONE; fresh[r] = 0;
+     inbody[w] = 1; wok[w] = 1; cur[w] = r;
+     if
+     :: LIM(k) == 1 -> assert(tok[r] >= maxent[k]); maxent[k] = tok[r]
+     :: else -> skip
+     fi;
+     res = 1;
+     printf("worker %d: confirm run %d -> holder, token %d, lease taken, body enters\n", w, r, tok[r])
+  :: else -> res = 0;
+     printf("worker %d: confirm run %d -> skipped (changed since its grant)\n", w, r)
+  fi;
+  f = 0; h = 0; i = 0; j = 0;
+  if :: res == 0 -> RESET_LOCALS :: else -> skip fi
 }
 
 /* Leave the body (inside the transaction that ends the turn). */
@@ -336,8 +362,8 @@ end_idle:
        };
 next_turn:
        if
-       :: res == 2 -> goto handed_off
-       :: res != 2 && g != 0 -> atomic { send_all(g); g = 0; i = 0 }   /* Engine._hand_off(turn.granted) */
+       :: res == 2 || (res == 0 && g != 0) -> goto handed_off   /* no body here: Core.hand_off(turn.granted) */
+       :: res == 1 && g != 0 -> atomic { send_all(g); g = 0; i = 0 }   /* a body runs here: the grants are sent */
        :: else -> skip
        fi;
        if
@@ -388,12 +414,15 @@ next_turn:
        };
        if :: res == 0 -> goto turn_done :: else -> skip fi;
 handed_off:
-       /* after commit: the first granted waiter's turn runs here (a confirmation
-        * claim), the others are sent */
+       /* after commit (Core.hand_off): inside execute_chain the first granted waiter's
+        * turn runs here (a confirmation claim) and the others are sent; a waiter of a
+        * workflow with a queue of its own, or a handoff outside execute_chain (the
+        * embedded worker), sends them all */
        atomic {
          if
          :: g == 0 -> RESET_LOCALS
-         :: else ->
+         :: g != 0 -> send_all(g); RESET_LOCALS
+         :: g != 0 ->
             i = 0;
             do
             :: (g >> i) & 1 -> break
@@ -407,7 +436,7 @@ handed_off:
          fi
        };
        if
-       :: res == 3 -> atomic { claim(r) }; goto next_turn
+       :: res == 3 -> atomic { confirm(r) }; goto next_turn
        :: else -> skip
        fi;
 turn_done:
