@@ -1,6 +1,7 @@
 """A stateful model-based test of the turn protocol (issue #8), with hypothesis.
 
-Random interleavings of start, a delayed start (X5) and its coming due, turn (claim), a holder's step, sleep and wake,
+Random interleavings of start, a delayed start (X5) and its coming due, a waiter's queue TTL passing (X2),
+turn (claim), a holder's step, sleep and wake,
 a signal, cancel, execution timeout, a worker crash with lease expiry and the
 takeover, the tick, a limit change between deploys, and the holder's settle,
 run against the real store (in memory, and the Django store on the DATABASE_URL
@@ -13,6 +14,8 @@ Invariants after every step:
 * admission is FIFO among the key's due waiters (S5 step 3, X5);
 * a run whose not_before has not come is never claimed or admitted (X5);
 * no body of a cancelled run resumes (D6, F13);
+* a run the tick ended by its queue TTL was never admitted, and is
+  ``cancelled`` with code ``queue_ttl_expired`` (X2, R5a);
 * fencing tokens strictly increase per key in admission order (K1);
 * at the end, once the holders finish, every waiter is admitted and every run
   ends (S7, S8).
@@ -41,6 +44,9 @@ from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 
 KEYS = ("A", "B")
+#: The queue TTL (X2): longer than the hours the teardown moves the clock, so
+#: only ``queue_ttl_passes`` ends a waiter by it.
+QUEUE_TTL = 30 * 86400.0
 EXAMPLES = 25
 STEPS = 40
 
@@ -79,12 +85,14 @@ class TurnProtocol(RuleBasedStateMachine):
         self.tokens: dict[str, list[int]] = {k: [] for k in KEYS}
         self.limit_at_admission: dict[str, int] = {}
         self.cancelled_seen: set[str] = set()
+        self.expired_seen: set[str] = set()
         self.n = 0
 
     def _declare(self, limit: int) -> None:
         registry = Registry()
         registry.add_step("m:step", lambda x: x)
-        registry.add("m", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "limit": limit}, timeout=3600)
+        singleton = {"key": lambda i: i["k"], "limit": limit, "queue_ttl": QUEUE_TTL}
+        registry.add("m", "1", lambda ctx, i: None, singleton=singleton, timeout=3600)
         self.registry = registry
         if hasattr(self, "engine"):
             self.engine.registry = registry
@@ -235,7 +243,6 @@ class TurnProtocol(RuleBasedStateMachine):
         self._sync_admissions()
         if run.status == "cancelled":
             self.cancelled_seen.add(run_id)
-            self.owner.pop(run_id, None)
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())
@@ -251,6 +258,28 @@ class TurnProtocol(RuleBasedStateMachine):
             Run.objects.filter(pk=run_id).update(deadline_at=past)
         self.tick()
 
+    @precondition(lambda self: self.created)
+    @rule(data=st.data())
+    def queue_ttl_passes(self, data: st.DataObject) -> None:
+        """A run's queue TTL passes (X2): its created_at moves back past it; the tick
+        ends it if it is still a waiter, and leaves it alone if it holds a slot."""
+        run_id = data.draw(st.sampled_from(self.created))
+        before = self._run(run_id)
+        earlier = before.created_at - timedelta(seconds=QUEUE_TTL + 1)
+        if isinstance(self.store, MemoryStore):
+            with self.store._critical():
+                self.store._runs[run_id] = self.store._runs[run_id].evolve(created_at=earlier)
+        else:
+            from durable_singleton.models import Run
+
+            Run.objects.filter(pk=run_id).update(created_at=earlier)
+        self.tick()
+        after = self._run(run_id)
+        if before.admitted or before.status == "running":
+            assert run_id not in self.expired_seen, f"{run_id} ended by its queue TTL while it held a slot"
+        elif not before.is_terminal:
+            assert after.is_terminal or after.admitted, f"{run_id} outlived its queue TTL as a waiter"
+
     @rule()
     def tick(self) -> None:
         report = self.engine.tick()
@@ -260,6 +289,10 @@ class TurnProtocol(RuleBasedStateMachine):
         for run_id in report.timed_out:
             if self._run(run_id).status == "cancelled":
                 self.cancelled_seen.add(run_id)
+        for run_id in report.expired:
+            self.expired_seen.add(run_id)
+            self.cancelled_seen.add(run_id)
+            self.owner.pop(run_id, None)
 
     @rule(limit=st.sampled_from((1, 2, 3)))
     def deploy_with_limit(self, limit: int) -> None:
@@ -281,6 +314,13 @@ class TurnProtocol(RuleBasedStateMachine):
             if not self._is_due(run):
                 assert not run.admitted and run.attempts == 0 and run.started_at is None, run
                 assert run.status in ("pending", "cancelled"), run
+
+    @invariant()
+    def no_run_ended_by_its_queue_ttl_was_admitted(self) -> None:
+        for run_id in self.expired_seen:
+            run = self._run(run_id)
+            assert run_id not in self.admitted_order[self.key_of[run_id]], f"{run_id} was admitted, then expired"
+            assert run.status == "cancelled" and run.error["code"] == "queue_ttl_expired", run
 
     @invariant()
     def tokens_strictly_increase_per_key(self) -> None:
