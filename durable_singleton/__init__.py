@@ -15,8 +15,9 @@ from .admission import (
     without_singleton_markers,
 )
 from .definitions import Singleton, WorkflowOptions, step
-from .exceptions import SingletonQueueFullError
+from .exceptions import SingletonBusyError, SingletonQueueFullError
 from .schedules import Schedule
+from .statuses import OnBusy
 from .workflows import BaseWorkflow, workflow
 
 if TYPE_CHECKING:
@@ -29,8 +30,10 @@ __all__ = [
     "TRACKED_TAG",
     "BaseWorkflow",
     "Engine",
+    "OnBusy",
     "Schedule",
     "Singleton",
+    "SingletonBusyError",
     "SingletonQueueFullError",
     "WorkflowCtx",
     "WorkflowOptions",

@@ -4,7 +4,8 @@ Who holds a slot is :func:`holds_slot`; whether a run may be admitted yet
 (its delayed start, X5) is :func:`is_due`; whether a waiter outlived its
 key's ``queue_ttl`` (X2) is :func:`queue_ttl_expired`; the limit in force on a key is
 :func:`limit_in_force`; the slots it has free, :func:`free_slots`; the queue
-cap ``start`` applies, :func:`cap_in_force`. Each has its SQL twin, an
+cap ``start`` applies, :func:`cap_in_force`; the runs a superseding start
+(``on_busy``, X1) ends or stops, :func:`superseded`. Each has its SQL twin, an
 expression over the run table's columns for the code that decides in a
 query: :func:`holds_slot_q`, :func:`is_due_q`, :func:`limit_in_force_sql`,
 :func:`free_slots_sql`, :func:`queue_ttl_expired_q`; and each has one spelling as SQL text for the raw
@@ -36,7 +37,7 @@ from django.db.models.functions import Coalesce, Greatest
 from django.db.models.lookups import Exact, GreaterThan
 
 from .exceptions import InvalidNotBeforeError, SingletonKeyError
-from .statuses import ACTIVE_STATUSES, RunStatus, SlotState
+from .statuses import ACTIVE_STATUSES, OnBusy, RunStatus, SlotState
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -75,6 +76,7 @@ __all__ = [
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
+    "superseded",
     "turn_on_its_way",
     "turn_on_its_way_q",
     "without_singleton_markers",
@@ -176,6 +178,25 @@ def cap_in_force(declared_cap: int, declared: int | None, override: int | None) 
     """
     depth = int(declared_cap) - max(int(declared or 1), 1)
     return limit_in_force(declared, override) + depth
+
+
+def superseded[R](on_busy: str, free: int, holders: Sequence[R], waiters: Sequence[R]) -> tuple[list[R], list[R]]:
+    """Return (the waiters a new start replaces, the holders it asks to stop) (X1).
+
+    ``free`` is the key's free slots (:func:`free_slots`), ``holders`` and
+    ``waiters`` its active runs, waiters oldest first by (``created_at``,
+    ``run_id``). ``"replace_queued"`` replaces the waiters queued behind the
+    holders, those beyond the free slots (the ones within them are being
+    admitted), so at most one run, the new one, is queued; ``"cancel_in_progress"``
+    replaces every waiter and stops every holder, so the new run is admitted
+    next, when they settle (D6). Any other strategy changes nothing. The stores
+    call this under the key's lock, in the start's transaction.
+    """
+    if on_busy == OnBusy.CANCEL_IN_PROGRESS:
+        return list(waiters), list(holders)
+    if on_busy == OnBusy.REPLACE_QUEUED:
+        return list(waiters[max(free, 0) :]), []
+    return [], []
 
 
 def _expr(value: Any) -> Any:

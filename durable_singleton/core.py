@@ -40,12 +40,14 @@ from .exceptions import (
     RunCancelledError,
     RunIdInUseError,
     RunNotFoundError,
+    SingletonBusyError,
     SingletonQueueFullError,
     UnknownWorkflowError,
+    UnsupportedByStoreError,
     ValidationError,
 )
 from .leases import renewer
-from .statuses import Outcome, ParkReason, RunStatus, Verdict
+from .statuses import OnBusy, Outcome, ParkReason, RunStatus, Verdict
 from .stores.base import (
     CANCELLED_ERROR,
     TIMEOUT_ERROR,
@@ -369,8 +371,7 @@ class Core:
         )
         if due_at is not None and due_at > now:
             run = run.evolve(wake_at=due_at)
-        cap = single.limit + single.max_queue_depth if single and single.max_queue_depth is not None else None
-        return run, definition, cap
+        return run, definition, single.cap if single is not None else None
 
     def start(
         self,
@@ -410,19 +411,28 @@ class Core:
 
         Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
         :class:`InvalidInputError`, :class:`InvalidNotBeforeError` (X5),
-        :class:`SingletonKeyError`, :class:`SingletonQueueFullError` (S15) or
-        :class:`RunIdInUseError` (D10); each writes nothing.
+        :class:`SingletonKeyError`, :class:`SingletonQueueFullError` (S15),
+        :class:`SingletonBusyError` (a workflow declared ``on_busy="skip"``
+        whose key has no free slot, X1), :class:`UnsupportedByStoreError` (a
+        workflow declared ``on_busy="replace_queued"`` or ``"cancel_in_progress"``
+        on a store without ``supports_on_busy``) or :class:`RunIdInUseError`
+        (D10); each writes nothing. With ``"replace_queued"`` or
+        ``"cancel_in_progress"`` the start also ends or stops the key's other
+        runs, under the key's lock with its insert (X1; docs/on_busy.rst).
         """
         if run_id is not None:
             self._check_run_id(run_id)
             existing = self.store.get_run(run_id)
             if existing is not None:
                 return self._found(existing, namespace)
+        single = self.registry.get(name, version).singleton
+        supersedes = single is not None and single.supersedes
         # On the default clock a store that stamps starts writes created_at by its
         # own clock (R8): no read of that clock before the insert, unless the start
         # is delayed: its not_before, and the wake and deadline counted from it, are
-        # the engine's times, so on a clock corrected first (R8, X5).
-        stamp = self._store_clock is not None and self.store.stamps_starts
+        # the engine's times, so on a clock corrected first (R8, X5). A superseding
+        # start takes the ORM path, which does not stamp (X1).
+        stamp = self._store_clock is not None and self.store.stamps_starts and not supersedes
         if not stamp or not_before is not None:
             self._correct_clock()
         record, definition, cap = self._new_run(
@@ -440,20 +450,63 @@ class Core:
         # waits for the handoff or the tick's catch-up instead of a turn that
         # could only park (S8a). Keeps bursts off the broker queue. A delayed
         # start is parked until its not_before (X5).
-        run, created = self.store.start_run(
-            record,
-            cap=cap,
-            cap_namespace=self.namespace if self.scope_reads else None,
-            deep_limit=definition.singleton.limit if definition.singleton is not None and not delayed else None,
-            backlog_wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
-            stamp=stamp,
-        )
+        if supersedes:
+            run, created = self._start_superseding(record, definition)
+        else:
+            try:
+                run, created = self.store.start_run(
+                    record,
+                    cap=cap,
+                    cap_namespace=self.namespace if self.scope_reads else None,
+                    deep_limit=definition.singleton.limit if definition.singleton is not None and not delayed else None,
+                    backlog_wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
+                    stamp=stamp,
+                )
+            except SingletonQueueFullError as exc:
+                raise self._refused(definition, exc) from None
         if not created:  # a racing start of the same id created it first (R3)
             return self._found(run, namespace)
         self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
         if not delayed and not ParkReason.SINGLETON.matches(run.park_reason):
             self.dispatcher.dispatch_soon(run.run_id, definition.queue)
         return run
+
+    @staticmethod
+    def _refused(definition: WorkflowDefinition, exc: SingletonQueueFullError) -> SingletonQueueFullError:
+        """Name a start the queue cap refused: under ``on_busy="skip"`` the cap is
+        ``limit`` (:attr:`Singleton.cap`), and its refusal is a
+        :class:`SingletonBusyError` (X1, S15). The store's count decided; this only names it."""
+        single = definition.singleton
+        if single is not None and single.on_busy == OnBusy.SKIP and not isinstance(exc, SingletonBusyError):
+            return SingletonBusyError(exc.workflow, exc.key)
+        return exc
+
+    def _start_superseding(self, record: RunRecord, definition: WorkflowDefinition) -> tuple[RunRecord, bool]:
+        """Start ``record`` through the store's superseding start (X1) and follow up
+        what it changed, after it committed: a replaced waiter or a cancelled
+        parked holder is settled (its signals, its children cancelled, its
+        parent woken: D6, D7); a running holder asked to stop has its children
+        cancelled and a turn sent, which settles it if its worker is gone (D6).
+        Returns (the run as stored, created). Raises
+        :class:`UnsupportedByStoreError` before anything is written on a store
+        without ``supports_on_busy``."""
+        single = definition.singleton
+        assert single is not None
+        if not self.store.supports_on_busy:
+            raise UnsupportedByStoreError(
+                f"workflow {definition.name!r} declares on_busy={str(single.on_busy)!r}: store "
+                f"{type(self.store).__name__} cannot start so (supports_on_busy is False)"
+            )
+        started = self.store.start_superseding(record, on_busy=single.on_busy, limits=self.limits())
+        if started.created:
+            for run in (*started.replaced, *started.cancelled):
+                logger.info("run %s: %s by the start of run %s (X1)", run.run_id, run.error, record.run_id)
+                self._after_settle(run)
+            for run in started.stopping:
+                logger.info("run %s: cancel requested by the start of run %s (X1, D6)", run.run_id, record.run_id)
+                self._cancel_children(run.run_id)
+                self.dispatcher.dispatch(run.run_id, self.queue_of(run))
+        return started.run, started.created
 
     def _found(self, run: RunRecord, namespace: str | None) -> RunRecord:
         """Return ``run``, which a start in ``namespace`` (None: the engine's)
@@ -481,8 +534,12 @@ class Core:
         (R3) and gets the run as stored; a run rejected by its queue cap is
         returned as its :class:`SingletonQueueFullError` in its place (S15),
         an id that another namespace's run holds, on an engine with
-        ``scope_reads``, as its :class:`RunIdInUseError` (D10). ``not_before``
-        delays every run of the batch as :meth:`start` does (X5). Any other
+        ``scope_reads``, as its :class:`RunIdInUseError` (D10); under
+        ``on_busy="skip"`` a refused run is its :class:`SingletonBusyError`
+        (X1). ``not_before`` delays every run of the batch as :meth:`start`
+        does (X5). A workflow declared ``on_busy="replace_queued"`` or
+        ``"cancel_in_progress"`` starts its runs one by one, in order, each
+        superseding the ones before it (X1). Any other
         invalid input raises before anything is written.
         """
         ids = list(run_ids) if run_ids is not None else [None] * len(inputs)
@@ -490,6 +547,7 @@ class Core:
             raise ValidationError("run_ids must have one entry per input")
         records: list[RunRecord] = []
         caps: dict[str, int | None] = {}
+        definition = self.registry.get(name)
         self._correct_clock()
         for input, run_id in zip(inputs, ids, strict=True):
             if run_id is not None:
@@ -506,12 +564,18 @@ class Core:
             )
             caps[definition.name] = cap
             records.append(record)
-        results = self.store.create_runs(records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None)
+        results: list[tuple[RunRecord, bool] | BaseException]
+        if definition.singleton is not None and definition.singleton.supersedes:
+            results = [self._start_superseding(record, definition) for record in records]
+        else:
+            results = self.store.create_runs(
+                records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None
+            )
         out: list[RunRecord | SingletonQueueFullError | RunIdInUseError] = []
         created: list[RunRecord] = []
         for result in results:
             if isinstance(result, SingletonQueueFullError):
-                out.append(result)
+                out.append(self._refused(definition, result))
             elif isinstance(result, BaseException):
                 raise result
             elif result[1]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +27,7 @@ from .exceptions import (
 )
 from .records import RunRecord
 from .schedule_specs import Schedule, coerce_schedules
+from .statuses import SUPERSEDING, OnBusy
 
 __all__ = [
     "Registry",
@@ -57,6 +58,19 @@ class Singleton:
     wait from its creation, a delayed start's (X5) included; one not admitted
     by then is ended ``cancelled`` with error code ``queue_ttl_expired`` by
     the tick, on the database's clock (X2, R5). ``None`` (the default): no limit.
+    ``on_busy``: what a start does on a key with no free slot (X1), an
+    :class:`~durable_singleton.statuses.OnBusy` or its value: ``"queue"``
+    (the default: it waits, oldest first, S3, S5); ``"skip"`` (it creates
+    nothing and raises :class:`~durable_singleton.exceptions.SingletonBusyError`:
+    the queue cap at depth 0); ``"replace_queued"`` (it cancels the waiters
+    queued behind the holders, which end ``cancelled`` with code ``replaced``);
+    ``"cancel_in_progress"`` (it also asks the holders to stop at their next
+    step boundary, D6, and is admitted when they settle). Each decision is
+    made under the key's lock with the start's insert (docs/on_busy.rst).
+    Any strategy but ``"queue"`` takes no ``max_queue_depth`` (it fixes the
+    queue's depth itself), and ``"cancel_in_progress"`` takes only
+    ``limit=1``; an unknown strategy or such a combination raises
+    :class:`~durable_singleton.exceptions.InvalidWorkflowError` at registration.
 
     Raises :class:`InvalidWorkflowError` (from :meth:`coerce`, at
     registration) naming the workflow and the field.
@@ -66,6 +80,26 @@ class Singleton:
     limit: int = 1
     max_queue_depth: int | None = None
     queue_ttl: float | None = None
+    on_busy: OnBusy | str = OnBusy.QUEUE
+
+    @property
+    def queue_depth(self) -> int | None:
+        """Return the waiters allowed beyond ``limit``: ``max_queue_depth``, 0 for
+        ``"skip"`` (X1: the cap at depth 0), None for an unbounded queue (S15)."""
+        return 0 if self.on_busy == OnBusy.SKIP else self.max_queue_depth
+
+    @property
+    def cap(self) -> int | None:
+        """Return the count of the key's active runs at which a start is refused
+        (S15): ``limit + queue_depth``, or None without a cap."""
+        depth = self.queue_depth
+        return None if depth is None else self.limit + depth
+
+    @property
+    def supersedes(self) -> bool:
+        """Tell whether a start changes the key's other runs: ``"replace_queued"``
+        and ``"cancel_in_progress"`` (X1)."""
+        return self.on_busy in SUPERSEDING
 
     @classmethod
     def coerce(cls, workflow: str, value: Singleton | Mapping[str, Any] | None) -> Singleton | None:
@@ -76,7 +110,7 @@ class Singleton:
         if value is None:
             return None
         if isinstance(value, Mapping):
-            unknown = set(value) - {"key", "limit", "max_queue_depth", "queue_ttl"}
+            unknown = set(value) - {"key", "limit", "max_queue_depth", "queue_ttl", "on_busy"}
             if unknown:
                 raise InvalidWorkflowError(workflow, "singleton", f"unknown fields {sorted(unknown)}")
             if "key" not in value:
@@ -101,7 +135,32 @@ class Singleton:
                 "singleton.queue_ttl",
                 f"must be a finite number of seconds > 0 or None, got {value.queue_ttl!r}",
             )
-        return value
+        return _with_on_busy(workflow, value)
+
+
+def _with_on_busy(workflow: str, value: Singleton) -> Singleton:
+    """Return ``value`` with its ``on_busy`` as an :class:`OnBusy`; refuse an
+    unknown strategy and the combinations that make no sense (X1)."""
+    try:
+        on_busy = OnBusy(value.on_busy) if isinstance(value.on_busy, str) else None
+    except ValueError:
+        on_busy = None
+    if on_busy is None:
+        choices = ", ".join(repr(str(o)) for o in OnBusy)
+        raise InvalidWorkflowError(workflow, "singleton.on_busy", f"must be one of {choices}, got {value.on_busy!r}")
+    if on_busy != OnBusy.QUEUE and value.max_queue_depth is not None:
+        raise InvalidWorkflowError(
+            workflow,
+            "singleton.max_queue_depth",
+            f"must be None with on_busy={str(on_busy)!r}, which fixes the queue's depth itself",
+        )
+    if on_busy == OnBusy.CANCEL_IN_PROGRESS and value.limit != 1:
+        raise InvalidWorkflowError(
+            workflow,
+            "singleton.limit",
+            f"must be 1 with on_busy={str(on_busy)!r}: it cancels every holder to admit one run",
+        )
+    return value if value.on_busy is on_busy else replace(value, on_busy=on_busy)
 
 
 def _is_seconds(value: object) -> bool:

@@ -21,6 +21,7 @@ __all__ = [
     "RunIdInUseError",
     "RunNotFoundError",
     "SignalTimeoutError",
+    "SingletonBusyError",
     "SingletonFallbackWarning",
     "SingletonKeyError",
     "SingletonQueueFullError",
@@ -106,6 +107,27 @@ class SingletonQueueFullError(DurableSingletonError):
         super().__init__(
             f"singleton queue full for workflow {workflow!r}, key {key!r}: "
             f"max_queue_depth={max_queue_depth} waiters already queued"
+        )
+
+
+class SingletonBusyError(SingletonQueueFullError):
+    """A start with ``on_busy="skip"`` found no free slot for its key; nothing was written (X1).
+
+    "skip" is the queue cap at ``max_queue_depth=0`` (S15), named: the same
+    count under the key's lock refuses the start, so this is a
+    :class:`SingletonQueueFullError` (and a :class:`DurableSingletonError`),
+    and every path that reports a refused start (``start_many``, a child's
+    start, a schedule's window, S16) reports it. Attributes: ``workflow``
+    (str), ``key`` (str), ``max_queue_depth`` (0).
+    """
+
+    def __init__(self, workflow: str, key: str) -> None:
+        self.workflow = workflow
+        self.key = key
+        self.max_queue_depth = 0
+        # The base's message speaks of a queue; this start queues nothing.
+        DurableSingletonError.__init__(
+            self, f"singleton key busy for workflow {workflow!r}, key {key!r}: on_busy='skip' and no free slot"
         )
 
 

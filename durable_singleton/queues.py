@@ -184,9 +184,10 @@ class QueuePage:
 
 
 def singleton_options(reg: Registry = registry) -> dict[str, tuple[int, int | None]]:
-    """Return ``{workflow: (limit, max_queue_depth)}`` of the latest registered versions."""
+    """Return ``{workflow: (limit, queue depth)}`` of the latest registered versions
+    (the depth is ``max_queue_depth``, 0 under ``on_busy="skip"``, X1)."""
     return {
-        name: (d.singleton.limit, d.singleton.max_queue_depth)
+        name: (d.singleton.limit, d.singleton.queue_depth)
         for name, d in list(reg.latest.items())
         if d.singleton is not None
     }

@@ -17,8 +17,10 @@ from django.utils.translation import gettext_lazy as _
 __all__ = [
     "ACTIVE_STATUSES",
     "PARKED_STATUSES",
+    "SUPERSEDING",
     "TERMINAL_STATUSES",
     "WAITING",
+    "OnBusy",
     "Outcome",
     "ParkReason",
     "RunStatus",
@@ -58,6 +60,19 @@ class SlotState(models.TextChoices):
 
     HOLDER = "holder", _("holder")
     WAITER = "waiter", _("waiter")
+
+
+class OnBusy(enum.StrEnum):
+    """What a start does on a key with no free slot: ``Singleton(on_busy=...)`` (X1)."""
+
+    QUEUE = "queue"  # queue behind the holders, oldest first (S3, S5): the default
+    SKIP = "skip"  # create nothing, raise SingletonBusyError: the queue cap at depth 0 (S15)
+    REPLACE_QUEUED = "replace_queued"  # cancel the waiters queued behind the holders (code "replaced")
+    CANCEL_IN_PROGRESS = "cancel_in_progress"  # also ask the holders to stop at their next step boundary (D6)
+
+
+#: The strategies whose start changes the key's other runs, under its lock (X1).
+SUPERSEDING: tuple[str, ...] = (OnBusy.REPLACE_QUEUED, OnBusy.CANCEL_IN_PROGRESS)
 
 
 class Outcome(enum.StrEnum):

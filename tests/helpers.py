@@ -20,9 +20,11 @@ def audited(
     max_queue_depth: int | None = None,
     hold: threading.Event | None = None,
     steps: int = 1,
+    on_busy: str = "queue",
 ) -> WorkflowDefinition:
     """Register a singleton workflow keyed by ``input['k']`` whose body records
-    entry and exit in ``monitor`` and, if ``hold`` is given, waits for it."""
+    entry and exit in ``monitor`` and, if ``hold`` is given, waits for it.
+    ``on_busy``: the key's strategy on a busy start (X1)."""
     step_name = f"{name}:work"
     if step_name not in registry.steps:
         registry.add_step(step_name, lambda x: x)
@@ -43,7 +45,9 @@ def audited(
         name,
         "1",
         body,
-        singleton=Singleton(key=lambda i: f"key:{i['k']}", limit=limit, max_queue_depth=max_queue_depth),
+        singleton=Singleton(
+            key=lambda i: f"key:{i['k']}", limit=limit, max_queue_depth=max_queue_depth, on_busy=on_busy
+        ),
     )
 
 

@@ -59,6 +59,7 @@ __all__ = [
     "ScheduleStore",
     "SignalRecord",
     "StepRecord",
+    "Superseding",
     "Turn",
     "TurnState",
     "control_records",
@@ -121,6 +122,21 @@ class Turn:
     granted: tuple[RunRecord, ...] = ()
     admitted: bool = False
     steps: Mapping[int, StepRecord] | None = None
+
+
+@dataclass(frozen=True)
+class Superseding:
+    """Outcome of :meth:`BaseStore.start_superseding` (X1): the run as stored and
+    whether this call created it (R3); the waiters it replaced, settled
+    ``cancelled`` with code ``replaced``; the parked holders it cancelled at
+    once; the running holders it asked to stop at their next step boundary (D6).
+    Only a call that created its run changed any other run."""
+
+    run: RunRecord
+    created: bool
+    replaced: tuple[RunRecord, ...] = ()
+    cancelled: tuple[RunRecord, ...] = ()
+    stopping: tuple[RunRecord, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -360,6 +376,13 @@ class BaseStore(ABC):
         lock (:meth:`apply_key_controls`). False (the default): a change raises
         :class:`~durable_singleton.exceptions.UnsupportedByStoreError`; reads
         say no key is paused or overridden.
+    ``supports_on_busy``
+        True when :meth:`start_superseding` replaces waiters and stops holders
+        under the key's lock with the insert (X1). False (the default): a
+        start of a workflow declared ``on_busy="replace_queued"`` or
+        ``"cancel_in_progress"`` raises
+        :class:`~durable_singleton.exceptions.UnsupportedByStoreError` and
+        writes nothing. (``"skip"`` needs nothing of a store: it is the queue cap.)
     ``supports_schedules``
         True when :meth:`schedule_state` keeps schedule state in the store,
         shared by every process that uses it (S17). False (the default): in
@@ -378,6 +401,7 @@ class BaseStore(ABC):
     supports_atomic_admission: bool = True
     supports_bulk_start: bool = False
     supports_key_controls: bool = False
+    supports_on_busy: bool = False
     supports_schedules: bool = False
     supports_queue_ttl: bool = False
     #: True when :meth:`start_run` with ``stamp`` writes a run's ``created_at``
@@ -494,6 +518,27 @@ class BaseStore(ABC):
             except Exception as exc:  # reported per run, as a single start would raise it
                 results.append(exc)
         return results
+
+    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
+        """Insert ``run`` unless ``run_id`` exists, replacing and stopping the key's
+        other runs as ``on_busy`` says, all under the key's lock in one transaction (X1).
+
+        ``run`` has a singleton key; ``on_busy`` is ``"replace_queued"`` or
+        ``"cancel_in_progress"``. Under the lock: an existing ``run_id`` is
+        returned and nothing changes (R3); else the key's active runs are read,
+        :func:`~durable_singleton.admission.superseded` names the waiters to
+        replace (each settled ``cancelled`` with :data:`REPLACED_ERROR` by a
+        compare-and-set on its status as read, R5a) and the holders to stop (a
+        running one gets its cancel requested, as :meth:`request_cancel` does;
+        a parked one is settled ``cancelled`` at once), and the run is inserted
+        ``pending``, a waiter like any other (S5). No slot is granted here: the
+        run's own turn claims it. The default raises
+        :class:`~durable_singleton.exceptions.UnsupportedByStoreError`
+        (``supports_on_busy`` False).
+        """
+        raise UnsupportedByStoreError(
+            f"store {type(self).__name__} cannot start with on_busy={on_busy!r} (supports_on_busy is False)"
+        )
 
     @abstractmethod
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -801,6 +846,8 @@ _schedule_states_lock = threading.Lock()
 
 #: The error stored on a run cancelled by request (D6).
 CANCELLED_ERROR = {"code": RunStatus.CANCELLED.value, "message": RunStatus.CANCELLED.value}
+#: The error stored on a waiter replaced by a newer start of its key (X1).
+REPLACED_ERROR = {"code": "replaced", "message": "replaced by a newer start of its key (on_busy)"}
 #: The error stored on a run cancelled by its execution timeout (D5).
 TIMEOUT_ERROR = {"code": "execution_timeout", "message": "execution timeout passed"}
 #: The error stored on a waiter ended by its key's ``queue_ttl`` (X2).

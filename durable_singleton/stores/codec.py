@@ -44,6 +44,7 @@ from .base import (
     ScheduleStore,
     SignalRecord,
     StepRecord,
+    Superseding,
     Turn,
 )
 
@@ -63,6 +64,7 @@ class CodecStore(BaseStore):
         self.supports_schedules = inner.supports_schedules
         self.supports_key_controls = inner.supports_key_controls
         self.supports_queue_ttl = inner.supports_queue_ttl
+        self.supports_on_busy = inner.supports_on_busy
 
     # -- encoding ------------------------------------------------------------------
     def _in(self, run: RunRecord) -> RunRecord:
@@ -75,6 +77,14 @@ class CodecStore(BaseStore):
             return None
         if isinstance(value, RunRecord):
             return value.evolve(input=dec(value.input), output=dec(value.output), error=dec(value.error))
+        if isinstance(value, Superseding):
+            return replace(
+                value,
+                run=self._out(value.run),
+                replaced=self._out(value.replaced),
+                cancelled=self._out(value.cancelled),
+                stopping=self._out(value.stopping),
+            )
         if isinstance(value, Turn | Finish):
             return replace(value, run=self._out(value.run), granted=tuple(self._out(r) for r in value.granted))
         if isinstance(value, StepRecord):
@@ -164,6 +174,9 @@ class CodecStore(BaseStore):
     ) -> list[tuple[RunRecord, bool] | BaseException]:
         results = self.inner.create_runs([self._in(r) for r in runs], caps=caps, cap_namespace=cap_namespace)
         return [r if isinstance(r, BaseException) else (self._out(r[0]), r[1]) for r in results]
+
+    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
+        return self._out(self.inner.start_superseding(self._in(run), on_busy=on_busy, limits=limits))  # type: ignore[no-any-return]
 
     def get_run(self, run_id: str) -> RunRecord | None:
         return self._out(self.inner.get_run(run_id))  # type: ignore[no-any-return]

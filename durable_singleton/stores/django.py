@@ -47,6 +47,7 @@ from ..admission import (
     limit_in_force_sql,
     queue_ttl_expired_q,
     retry_delay,
+    superseded,
     turn_on_its_way_q,
 )
 from ..codecs import Codec
@@ -58,6 +59,7 @@ from . import key_controls, pg
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
+    REPLACED_ERROR,
     BaseStore,
     ControlChange,
     ControlChangeRecord,
@@ -69,6 +71,7 @@ from .base import (
     RunRecord,
     SignalRecord,
     StepRecord,
+    Superseding,
     Turn,
     TurnState,
 )
@@ -183,6 +186,7 @@ class DjangoStore(BaseStore):
     supports_atomic_admission = True
     supports_bulk_start = True
     supports_key_controls = True
+    supports_on_busy = True
     supports_schedules = True
     supports_queue_ttl = True
 
@@ -556,6 +560,67 @@ class DjangoStore(BaseStore):
                     # Its first entry reports the creation; a repeat of the id found it (R3).
                     results[i] = (record, was_created and run is first[run.run_id])
         return [results[i] for i in range(len(runs))]
+
+    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
+        """:meth:`BaseStore.start_superseding` on the ORM path, on every database
+        (PostgreSQL's fast path leaves these strategies here): the key's lock,
+        then the existence check, the read of the key's active runs, the
+        replacing and stopping writes and the insert, in one transaction (X1,
+        S13, S13a). Each write is a compare-and-set on the row as read (R5a)."""
+        assert run.singleton_key is not None
+        workflow_name, key = run.workflow_name, run.singleton_key
+
+        def start() -> Superseding:
+            runs = self._runs()
+            with transaction.atomic(using=self.db):
+                key_row = self.lock_key(workflow_name, key)
+                existing = self._locking(runs.filter(pk=run.run_id)).first()
+                if existing is not None:
+                    return Superseding(record_of(existing), False)
+                active = list(self._locking(runs.for_key(workflow_name, key).active().order_by("created_at", "run_id")))
+                holders = [r for r in active if self._holds_slot(r)]
+                waiters = [r for r in active if not self._holds_slot(r)]
+                limit = self._limit(workflow_name, key_row, limits, run.singleton_limit)
+                free = free_slots(limit, len(holders), paused=bool(key_row["paused"]))
+                to_replace, stop = superseded(on_busy, free, holders, waiters)
+                replaced = [self._settle_row(r, REPLACED_ERROR) for r in to_replace]
+                cancelled: list[RunRecord | None] = []
+                stopping: list[RunRecord] = []
+                for row in stop:
+                    if row.status != RunStatus.RUNNING:
+                        cancelled.append(self._settle_row(row, CANCELLED_ERROR))
+                    elif runs.filter(pk=row.run_id, status=RunStatus.RUNNING).update(
+                        cancel_requested=True, wake_at=DbNow(), updated_at=DbNow()
+                    ):
+                        stopping.append(record_of(row).evolve(cancel_requested=True))
+                self._insert(run)
+                return Superseding(
+                    run,
+                    True,
+                    tuple(r for r in replaced if r is not None),
+                    tuple(r for r in cancelled if r is not None),
+                    tuple(stopping),
+                )
+
+        try:
+            return self._retrying(start)
+        except IntegrityError:
+            # A racing start of the same run_id committed first (R3).
+            found = self._runs().filter(pk=run.run_id).first()
+            if found is None:
+                raise
+            return Superseding(record_of(found), False)
+
+    def _settle_row(self, row: Run, error: Mapping[str, str]) -> RunRecord | None:
+        """Settle a parked run ``cancelled`` with ``error`` by compare-and-set on its
+        status as read, inside the caller's transaction under the key's lock (R5a,
+        S12); None if it changed meanwhile. No slot is granted (X1)."""
+        fields = _terminal_fields(RunStatus.CANCELLED, None, dict(error))
+        if row.status not in PARKED_STATUSES or not self._runs().filter(pk=row.run_id, status=row.status).update(
+            **fields
+        ):
+            return None
+        return _settled(record_of(row), RunStatus.CANCELLED, None, dict(error))
 
     def _stored(self, run: RunRecord) -> tuple[RunRecord, bool]:
         """Return the stored run of an id whose insert met a conflict (R3); one

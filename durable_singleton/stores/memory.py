@@ -20,6 +20,7 @@ from ..admission import (
     limit_in_force,
     queue_ttl_expired,
     retry_delay,
+    superseded,
     turn_on_its_way,
 )
 from ..exceptions import SingletonQueueFullError
@@ -27,6 +28,7 @@ from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, Verdict
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
+    REPLACED_ERROR,
     BaseStore,
     ControlChange,
     ControlChangeRecord,
@@ -38,6 +40,7 @@ from .base import (
     RunRecord,
     SignalRecord,
     StepRecord,
+    Superseding,
     Turn,
     TurnState,
     control_records,
@@ -58,6 +61,7 @@ class MemoryStore(BaseStore):
     supports_atomic_admission = True
     supports_key_controls = True
     supports_queue_ttl = True
+    supports_on_busy = True
     supports_schedules = True  # the default in-memory state lives as long as the store
 
     def __init__(
@@ -128,6 +132,41 @@ class MemoryStore(BaseStore):
                 raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1))
             self._runs[run.run_id] = run
             return run, True
+
+    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
+        """:meth:`BaseStore.start_superseding` inside the critical section (X1, S13)."""
+        assert run.singleton_key is not None
+        workflow_name, key = run.workflow_name, run.singleton_key
+        with self._critical():
+            existing = self._runs.get(run.run_id)
+            if existing is not None:
+                return Superseding(existing, False)
+            active = sorted(self._key_runs(workflow_name, key), key=lambda r: (r.created_at, r.run_id))
+            # A running run holds its slot (S4), marked or not: a subclass on the
+            # S14 fallback claim marks none, and a running run is never replaced.
+            holders = [r for r in active if r.holds_slot or r.status == RunStatus.RUNNING]
+            waiters = [r for r in active if r not in holders]
+            paused = bool(self.controls.get((workflow_name, key), {}).get("paused", False))
+            free = free_slots(self._limit(workflow_name, key, limits), len(holders), paused=paused)
+            to_replace, stop = superseded(on_busy, free, holders, waiters)
+            running = [r for r in stop if r.status == RunStatus.RUNNING]
+            replaced = tuple(self._cancelled(r, REPLACED_ERROR) for r in to_replace)
+            cancelled = tuple(self._cancelled(r, CANCELLED_ERROR) for r in stop if r not in running)
+            stopping = tuple(self._replace(r, cancel_requested=True, wake_at=self.clock()) for r in running)
+            self._runs[run.run_id] = run
+            return Superseding(run, True, replaced, cancelled, stopping)
+
+    def _cancelled(self, run: RunRecord, error: dict[str, str]) -> RunRecord:
+        """Settle a parked run ``cancelled`` with ``error``, granting nothing (X1)."""
+        return self._replace(
+            run,
+            status=RunStatus.CANCELLED,
+            error=dict(error),
+            admitted=False,
+            tracked=False,
+            wake_at=None,
+            finished_at=self.clock(),
+        )
 
     def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
         with self._critical():

@@ -4,7 +4,9 @@ Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 (S5, S9, R6), FIFO admission (S5 step 3), the handoff (S7, S7a), fencing
 (R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
 (D5), cancel (D6), the delayed start (X5), the queue TTL (X2, for a store
-with ``supports_queue_ttl``), for a store without an atomic claim the fallback
+with ``supports_queue_ttl``), the strategies of a busy start (X1:
+``on_busy``; a store without ``supports_on_busy`` refuses the superseding
+ones with a typed error and writes nothing), for a store without an atomic claim the fallback
 warning (S14) and, for a store on the Django run table, that the admission
 rules' Python spellings and their SQL twins agree (S5, S12, K2, X5). Subclass
 :class:`StoreConformance` in a test module and give it a ``store`` fixture
@@ -35,9 +37,14 @@ import pytest
 from ..context import WorkflowCtx
 from ..definitions import Registry
 from ..engine import Engine
-from ..exceptions import SingletonFallbackWarning, SingletonQueueFullError
+from ..exceptions import (
+    SingletonBusyError,
+    SingletonFallbackWarning,
+    SingletonQueueFullError,
+    UnsupportedByStoreError,
+)
 from ..statuses import Outcome, ParkReason, RunStatus, Verdict
-from ..stores.base import BaseStore, TurnState
+from ..stores.base import CANCELLED_ERROR, BaseStore, TurnState
 from . import make_engine
 
 __all__ = ["StoreConformance"]
@@ -104,6 +111,8 @@ class StoreConformance:
         registry.add("conf-capped", "1", body, singleton={"key": lambda i: i["k"], "max_queue_depth": 2})
         registry.add("conf-timeout", "1", body, singleton={"key": lambda i: i["k"]}, timeout=LEASE)
         registry.add("conf-ttl", "1", body, singleton={"key": lambda i: i["k"], "queue_ttl": QUEUE_TTL})
+        for on_busy in ("skip", "replace_queued", "cancel_in_progress"):
+            registry.add(f"conf-{on_busy}", "1", body, singleton={"key": lambda i: i["k"], "on_busy": on_busy})
         return make_engine(store, registry=registry, LEASE_SECONDS=LEASE, LEASE_RENEW_SECONDS=LEASE / 3)
 
     @staticmethod
@@ -258,6 +267,66 @@ class StoreConformance:
         assert engine.store.get_run("c3") is None
         assert engine.start("conf-capped", {"k": "K"}, run_id="c0").run_id == "c0"
         assert engine.start("conf-capped", {"k": "other"}, run_id="o0").singleton_key == "other"
+
+    # -- a busy start: on_busy (X1) -----------------------------------------------------
+    def test_skip_is_the_cap_at_depth_zero(self, engine: Engine) -> None:
+        """X1, S15, R3: with a run active on the key a "skip" start raises
+        SingletonBusyError (a SingletonQueueFullError) and writes nothing; an
+        existing id is returned; once the key is idle a start is accepted."""
+        engine.start("conf-skip", {"k": "K"}, run_id="A")
+        with pytest.raises(SingletonBusyError) as caught:
+            engine.start("conf-skip", {"k": "K"}, run_id="B")
+        assert isinstance(caught.value, SingletonQueueFullError) and caught.value.max_queue_depth == 0
+        assert engine.store.get_run("B") is None
+        assert engine.start("conf-skip", {"k": "K"}, run_id="A").run_id == "A"
+        _settle_all(engine)
+        assert engine.start("conf-skip", {"k": "K"}, run_id="B").run_id == "B"
+
+    def test_replace_queued_keeps_one_waiter(self, engine: Engine, bodies: _Bodies) -> None:
+        """X1, S6, S7: behind a holder each "replace_queued" start settles the
+        waiter before it cancelled with code ``replaced`` and leaves the holder
+        alone; the newest runs after the holder. A store without
+        ``supports_on_busy`` refuses the start and writes nothing."""
+        if not engine.store.supports_on_busy:
+            with pytest.raises(UnsupportedByStoreError):
+                engine.start("conf-replace_queued", {"k": "K"}, run_id="A")
+            assert engine.store.get_run("A") is None
+            return
+        engine.start("conf-replace_queued", {"k": "K"}, run_id="A")
+        assert self._turn(engine, "A", "w").state is TurnState.RUN
+        engine.start("conf-replace_queued", {"k": "K"}, run_id="B")
+        engine.start("conf-replace_queued", {"k": "K"}, run_id="C")
+        b = engine.get("B")
+        assert b.status == RunStatus.CANCELLED and b.error["code"] == "replaced" and not b.admitted
+        a = engine.get("A")
+        assert a.status == RunStatus.RUNNING and not a.cancel_requested
+        assert engine.store.finish(a, "w", RunStatus.COMPLETED, limits=engine.limits()).settled
+        _settle_all(engine)
+        assert bodies.entered == ["C"] and engine.get("C").status == RunStatus.COMPLETED
+
+    def test_cancel_in_progress_stops_the_holder_and_admits_the_start_next(
+        self, engine: Engine, bodies: _Bodies
+    ) -> None:
+        """X1, D6, S7: a "cancel_in_progress" start asks the running holder to
+        stop (its next step boundary answers cancelled) and replaces the waiter;
+        the holder's cancelled settle hands its slot to the start, which runs."""
+        if not engine.store.supports_on_busy:
+            with pytest.raises(UnsupportedByStoreError):
+                engine.start("conf-cancel_in_progress", {"k": "K"}, run_id="A")
+            assert engine.store.get_run("A") is None
+            return
+        engine.start("conf-cancel_in_progress", {"k": "K"}, run_id="A")
+        assert self._turn(engine, "A", "w").state is TurnState.RUN
+        engine.start("conf-cancel_in_progress", {"k": "K"}, run_id="B")
+        engine.start("conf-cancel_in_progress", {"k": "K"}, run_id="C")
+        assert engine.get("B").error["code"] == "replaced"
+        assert engine.get("A").cancel_requested
+        assert engine.store.check_boundary("A", "w", 30) == Verdict.CANCELLED
+        a = engine.get("A")
+        done = engine.store.finish(a, "w", RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=engine.limits())
+        assert done.settled
+        _settle_all(engine)
+        assert bodies.entered == ["C"] and engine.get("C").status == RunStatus.COMPLETED
 
     # -- recovery, timeouts, cancel --------------------------------------------------
     def test_an_expired_holder_is_redriven_and_keeps_its_slot(self, engine: Engine, bodies: _Bodies) -> None:
