@@ -25,7 +25,7 @@ import pytest
 from durable_singleton import OnBusy, Singleton, SingletonBusyError, SingletonQueueFullError, signals
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
-from durable_singleton.exceptions import DurableSingletonError, InvalidWorkflowError
+from durable_singleton.exceptions import ChildWorkflowError, DurableSingletonError, InvalidWorkflowError
 from durable_singleton.statuses import ParkReason, RunStatus
 from durable_singleton.stores.base import RunRecord
 
@@ -169,6 +169,28 @@ def test_skip_in_start_many_returns_the_busy_error_in_place(
     assert engine.store.get_run("B") is None
 
 
+def test_skip_refuses_a_child_start_and_the_parent_sees_it_failed(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
+    """X1, S16, D7: a child start that "skip" refuses reaches its parent as a
+    rejected child (ChildWorkflowError naming the busy key), not swallowed."""
+    audited(registry, monitor, on_busy="skip")
+
+    def parent(ctx: Any, input: Any) -> str:
+        try:
+            ctx.start_child("wf", {"k": "K"})
+        except ChildWorkflowError as exc:
+            return str(exc)
+        return "started"
+
+    registry.add("parent", "1", parent)
+    engine.start("wf", {"k": "K"}, run_id="A")
+    engine.start("parent", {}, run_id="P")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    assert engine.execute("P") == RunStatus.COMPLETED
+    assert "on_busy='skip'" in engine.get("P").output and engine.store.get_run("P:child:0") is None
+
+
 def test_skip_two_starts_at_once_create_one(make: Callable[..., Engine], registry: Registry, monitor: Monitor) -> None:
     """X1, S5, S13: four starts on one free key at once, one engine each: one
     run is created, three raise SingletonBusyError; the key has one active run."""
@@ -257,6 +279,18 @@ def test_replace_queued_keeps_only_the_newest_waiter(
     assert engine.get("W3").admitted
     _drain(engine)
     assert engine.get("W3").status == RunStatus.COMPLETED and monitor.entered == ["W3"]
+
+
+def test_replace_queued_start_many_keeps_the_last_of_the_batch(
+    engine: Engine, registry: Registry, monitor: Monitor
+) -> None:
+    """X1: start_many under "replace_queued" starts its runs in order, each
+    replacing the one before it behind the holder: the batch's last is the one waiter."""
+    audited(registry, monitor, on_busy="replace_queued")
+    _holder(engine, "H")
+    out = engine.start_many("wf", [{"k": "K"}] * 3, run_ids=["B1", "B2", "B3"])
+    assert [r.run_id for r in out if isinstance(r, RunRecord)] == ["B1", "B2", "B3"]
+    assert _waiters(engine) == ["B3"] and [_code(engine, b) for b in ("B1", "B2")] == ["replaced"] * 2
 
 
 def test_replace_queued_leaves_the_waiters_within_the_free_slots(
