@@ -13,6 +13,9 @@ the new code against the SPEC, and fails on the commit before its fix.
 * A start on a key whose limit an operator raised was created parked as if
   the key's queue were deep under its declared limit, while it had a free slot
   (K2, S8a).
+* The one lease renewer of a process waited for a row lock another
+  transaction held on one run: every other body of the process lost its
+  lease meanwhile (R5, S9).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import connection, connections, transaction
 
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
@@ -140,3 +143,62 @@ def test_a_start_on_a_key_whose_limit_was_raised_is_sent_its_turn(
     assert "N" in engine.dispatcher.queue, "N's first turn was not sent"  # type: ignore[attr-defined]
     engine.dispatcher.drain()  # type: ignore[attr-defined]
     assert engine.get("W").status == RunStatus.COMPLETED and engine.get("N").status == RunStatus.COMPLETED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_locked_by_another_transaction_holds_back_no_other_lease(registry: Registry) -> None:
+    """R5, S9: bodies A and B run in one process, whose one renewer thread
+    renews both leases. Another transaction holds A's row lock for longer than
+    ``LEASE_SECONDS`` (a view that signalled A inside its request's
+    transaction, say): B's lease is renewed meanwhile and B completes. Before
+    the fix the renewal of A waited for the lock, B's renewals queued behind it
+    on the same thread, B's lease expired and its settle was refused (fenced).
+    SQLite locks the whole database, so every write waits there: not run."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: a writer holds back every write")
+    lease = 1.5
+    entered: set[str] = set()
+    go = threading.Event()
+
+    def body(ctx: Any, input: Any) -> None:
+        entered.add(ctx.run_id)
+        assert go.wait(30), "the test never let the bodies finish"
+
+    registry.add("renewed", "1", body)
+    engine = make_engine(DjangoStore(), registry=registry, LEASE_SECONDS=lease, LEASE_RENEW_SECONDS=0.3)
+    for run_id in ("A", "B"):
+        engine.start("renewed", {}, run_id=run_id)
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    outcomes: dict[str, str] = {}
+
+    def execute(run_id: str) -> None:
+        try:
+            outcomes[run_id] = engine.execute(run_id)
+        finally:
+            connections.close_all()
+
+    bodies = [threading.Thread(target=execute, args=(r,), daemon=True) for r in ("A", "B")]
+    for thread in bodies:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while entered != {"A", "B"}:
+        assert time.monotonic() < deadline, f"the bodies did not start: {entered}"
+        time.sleep(0.01)
+    released = threading.Event()
+
+    def lock_a() -> None:
+        try:
+            with transaction.atomic():
+                Run.objects.select_for_update().get(pk="A")
+                time.sleep(lease + 1.5)
+        finally:
+            released.set()
+            connections.close_all()
+
+    locker = threading.Thread(target=lock_a, daemon=True)
+    locker.start()
+    assert released.wait(30)
+    go.set()
+    for thread in (*bodies, locker):
+        thread.join(30)
+    assert outcomes.get("B") == RunStatus.COMPLETED, f"B's lease was not renewed while A's row was locked: {outcomes}"

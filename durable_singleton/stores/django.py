@@ -952,12 +952,21 @@ class DjangoStore(BaseStore):
         )
 
     def renew_lease(self, run_id: str, owner: str, lease_seconds: float) -> bool:
-        return bool(
-            self._runs()
-            .filter(pk=run_id)
-            .leased_by(owner)
-            .update(lease_expires_at=db_now_plus(lease_seconds), updated_at=DbNow())
-        )
+        """:meth:`BaseStore.renew_lease`. Where rows lock (PostgreSQL, MySQL/MariaDB)
+        it never waits for a lock another transaction holds on the run's row
+        (``SELECT ... FOR UPDATE NOWAIT``, then the compare-and-set): one renewer
+        thread renews every body's lease in the process (:mod:`durable_singleton.leases`),
+        and a renewal queued behind one locked row let every other lease of the
+        process expire (R5, S9). A locked row raises Django's ``OperationalError``
+        and the renewer retries at the lease's next interval."""
+        leased = self._runs().filter(pk=run_id).leased_by(owner)
+        fields = {"lease_expires_at": db_now_plus(lease_seconds), "updated_at": DbNow()}
+        if not connections[self.db].features.has_select_for_update_nowait:
+            return bool(leased.update(**fields))
+        with transaction.atomic(using=self.db):
+            if leased.select_for_update(nowait=True).values_list("pk", flat=True).first() is None:
+                return False
+            return bool(leased.update(**fields))
 
     def check_boundary(self, run_id: str, owner: str, lease_seconds: float) -> str:
         leased = self._runs().filter(pk=run_id).leased_by(owner)
