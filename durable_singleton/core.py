@@ -1248,6 +1248,7 @@ class Core:
         health command reads).
         """
         report = TickReport()
+        started = time.monotonic()  # the tick's duration: an interval, never compared with a stored time
         for name, job in self.tick_jobs():
             try:
                 # A job that failed on a dropped connection must not fail the next ones with it.
@@ -1256,7 +1257,7 @@ class Core:
             except Exception:  # one failing job must not starve the others (S8b)
                 logger.exception("tick job %s failed", name)
                 report.errors.append(name)
-        self.after_tick()
+        self.after_tick(time.monotonic() - started)
         return report
 
     def tick_jobs(self) -> list[TickJob]:
@@ -1273,8 +1274,9 @@ class Core:
             ("recovery", self._tick_recovery),
         ]
 
-    def after_tick(self) -> None:
-        """Called after every tick's jobs; the façade records the heartbeat here. Must not raise."""
+    def after_tick(self, seconds: float) -> None:
+        """Called after every tick's jobs, with how long they took (``seconds``);
+        the façade records the heartbeat and the duration here. Must not raise."""
         return None
 
     def _tick_timeouts(self, report: TickReport) -> None:
@@ -1342,8 +1344,7 @@ class Core:
     def _tick_catch_up(self, report: TickReport) -> None:
         granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH)
         report.caught_up.extend(r.run_id for r in granted)
-        for run in granted:
-            self.dispatcher.dispatch(run.run_id, self.queue_of(run))
+        self.hand_off(granted)  # as every grant: run_admitted, then the turns (S7, O4)
 
     def _tick_due(self, report: TickReport) -> None:
         due = self.store.due_runs(redelivery_seconds=self.settings.REDELIVERY_SECONDS, batch=self.settings.TICK_BATCH)

@@ -107,11 +107,12 @@ class Engine(Core):
     def _tick_retention(self, report: TickReport) -> None:
         retention.retention_batch(self, self.now())  # finished runs past RETENTION_SECONDS, bounded (O2, S8b)
 
-    def after_tick(self) -> None:
-        """Record the tick's heartbeat, which ``manage.py durable_health`` reads (O3); never raises."""
+    def after_tick(self, seconds: float) -> None:
+        """Record the tick's heartbeat, which ``manage.py durable_health`` reads (O3),
+        and its duration of ``seconds`` (the ``tick_finished`` signal, O4); never raises."""
         try:
             self.store.discard_broken_connection()
-            heartbeat.record_tick(self, self.now())
+            heartbeat.record_tick(self, self.now(), seconds)
         except Exception:
             logger.exception("tick: recording the heartbeat failed")
 

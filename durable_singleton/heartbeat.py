@@ -26,14 +26,15 @@ TICK = "tick"
 _written: weakref.WeakKeyDictionary[Any, datetime] = weakref.WeakKeyDictionary()
 
 
-def record_tick(engine: Any, now: datetime) -> bool:
-    """Record that ``engine`` completed a tick that began at ``now``: its
-    duration (the ``tick_finished`` signal, which the metrics count), and the
+def record_tick(engine: Any, now: datetime, seconds: float = 0.0) -> bool:
+    """Record that ``engine`` completed a tick at ``now`` (the store's clock)
+    that took ``seconds``: the ``tick_finished`` signal with that duration
+    (which the metrics count), and the
     heartbeat row (at most every :data:`HEARTBEAT_EVERY_SECONDS` per engine).
     Only a store in a Django database (``store.database``) keeps it; returns
     True if this call wrote the row. Never raises for a database error (the
     tick goes on; a missing heartbeat is what health reports)."""
-    signals.tick_finished.send(sender=type(engine), seconds=max(0.0, (engine.now() - now).total_seconds()))
+    signals.tick_finished.send(sender=type(engine), seconds=max(0.0, seconds))
     db = engine.store.database
     if db is None:
         return False
