@@ -12,7 +12,10 @@ a compare-and-set that extends the lease to the database's now plus
 One that finds the lease taken over (or expired, or the run no longer running)
 drops it for good and sets :attr:`Lease.fenced`: an expired lease is never
 renewed, so the turn stays fenced, and its body stops at its next step
-boundary. One that raises (a connection dropped by a server restart or
+boundary. One that finds the run's row locked by another transaction does not
+wait for it (:class:`~durable_singleton.stores.base.RenewalBusy`): the lease is
+tried again at its next interval, and the renewals of the other leases go on
+(S9). One that raises (a connection dropped by a server restart or
 ``pg_terminate_backend``) closes the renewer thread's connections and retries
 on a new one at the lease's next interval; it never stops the renewals of the
 other leases (O1, S9).
@@ -27,6 +30,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from .stores.base import RenewalBusy
 
 __all__ = ["RENEWER_THREAD", "Lease", "LeaseRenewer", "renewer"]
 
@@ -173,6 +178,13 @@ class LeaseRenewer:
             self._opened[lease.close] = None
         try:
             renewed = lease.store.renew_lease(lease.run_id, lease.owner, lease.lease_seconds)
+        except RenewalBusy:
+            # Another transaction holds the run's row lock: the renewal did not wait
+            # (it would hold back every other lease of the process, S9); the lease is
+            # not lost, and is tried again at its next interval.
+            logger.warning("run %s: lease renewal deferred: its row is locked by another transaction", lease.run_id)
+            lease.due = time.monotonic() + lease.renew_seconds
+            return
         except Exception:
             # A dropped connection (server restart, pg_terminate_backend;
             # Django's InterfaceError is no DatabaseError, a store of another

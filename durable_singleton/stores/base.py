@@ -53,6 +53,7 @@ __all__ = [
     "Limits",
     "MemoryScheduleStore",
     "QueueTtls",
+    "RenewalBusy",
     "RetryPolicy",
     "RunRecord",
     "ScheduleRow",
@@ -137,6 +138,12 @@ class Superseding:
     replaced: tuple[RunRecord, ...] = ()
     cancelled: tuple[RunRecord, ...] = ()
     stopping: tuple[RunRecord, ...] = ()
+
+
+class RenewalBusy(Exception):  # noqa: N818  (a state the renewer waits out, not an error)
+    """Raised by :meth:`BaseStore.renew_lease` when another transaction holds the
+    run's row lock and the renewal did not wait for it (R5): nothing was written
+    and the lease is not lost; the renewer tries again at the lease's next interval."""
 
 
 @dataclass(frozen=True)
@@ -613,6 +620,8 @@ class BaseStore(ABC):
         """Extend an unexpired lease held by ``owner`` to now + ``lease_seconds`` (R5).
 
         An expired lease is never renewed: its holder is fenced from then on.
+        A store whose rows lock may raise :class:`RenewalBusy` instead of waiting
+        for another transaction's lock on the run's row.
         """
 
     @abstractmethod

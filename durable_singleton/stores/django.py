@@ -67,6 +67,7 @@ from .base import (
     Finish,
     Limits,
     QueueTtls,
+    RenewalBusy,
     RetryPolicy,
     RunRecord,
     SignalRecord,
@@ -83,6 +84,7 @@ T = TypeVar("T")
 
 _TRANSIENT_SQLSTATES = {"40001", "40P01", "55P03"}  # serialization, deadlock, lock not available
 _TRANSIENT_MYSQL_CODES = {1205, 1213}  # lock wait timeout, deadlock
+_MYSQL_LOCK_NOWAIT = 3572  # MySQL 8's NOWAIT on a locked row (MariaDB's is 1205)
 
 
 def is_transient_error(exc: BaseException) -> bool:
@@ -957,16 +959,22 @@ class DjangoStore(BaseStore):
         (``SELECT ... FOR UPDATE NOWAIT``, then the compare-and-set): one renewer
         thread renews every body's lease in the process (:mod:`durable_singleton.leases`),
         and a renewal queued behind one locked row let every other lease of the
-        process expire (R5, S9). A locked row raises Django's ``OperationalError``
+        process expire (R5, S9). A locked row raises :class:`~.base.RenewalBusy`
         and the renewer retries at the lease's next interval."""
         leased = self._runs().filter(pk=run_id).leased_by(owner)
         fields = {"lease_expires_at": db_now_plus(lease_seconds), "updated_at": DbNow()}
         if not connections[self.db].features.has_select_for_update_nowait:
             return bool(leased.update(**fields))
-        with transaction.atomic(using=self.db):
-            if leased.select_for_update(nowait=True).values_list("pk", flat=True).first() is None:
-                return False
-            return bool(leased.update(**fields))
+        try:
+            with transaction.atomic(using=self.db):
+                if leased.select_for_update(nowait=True).values_list("pk", flat=True).first() is None:
+                    return False
+                return bool(leased.update(**fields))
+        except OperationalError as exc:
+            cause = getattr(exc.__cause__, "args", None) or exc.args
+            if is_transient_error(exc) or (cause and cause[0] == _MYSQL_LOCK_NOWAIT):
+                raise RenewalBusy(run_id) from exc
+            raise
 
     def check_boundary(self, run_id: str, owner: str, lease_seconds: float) -> str:
         leased = self._runs().filter(pk=run_id).leased_by(owner)
