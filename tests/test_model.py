@@ -1,6 +1,7 @@
 """A stateful model-based test of the turn protocol (issue #8), with hypothesis.
 
 Random interleavings of start, a delayed start (X5) and its coming due, a waiter's queue TTL passing (X2),
+a "replace_queued" start (X1, version 2 of the workflow: its versions share the key, S2),
 turn (claim), a holder's step, sleep and wake,
 a signal, cancel, execution timeout, a worker crash with lease expiry and the
 takeover, the tick, a limit change between deploys, and the holder's settle,
@@ -16,6 +17,9 @@ Invariants after every step:
 * no body of a cancelled run resumes (D6, F13);
 * a run the tick ended by its queue TTL was never admitted, and is
   ``cancelled`` with code ``queue_ttl_expired`` (X2, R5a);
+* a run a "replace_queued" start replaced was never admitted, and is
+  ``cancelled`` with code ``replaced``; right after such a start the key has
+  at most one waiter beyond its free slots (X1, R5a);
 * fencing tokens strictly increase per key in admission order (K1);
 * at the end, once the holders finish, every waiter is admitted and every run
   ends (S7, S8).
@@ -86,6 +90,7 @@ class TurnProtocol(RuleBasedStateMachine):
         self.limit_at_admission: dict[str, int] = {}
         self.cancelled_seen: set[str] = set()
         self.expired_seen: set[str] = set()
+        self.replaced_seen: set[str] = set()
         self.n = 0
 
     def _declare(self, limit: int) -> None:
@@ -93,6 +98,8 @@ class TurnProtocol(RuleBasedStateMachine):
         registry.add_step("m:step", lambda x: x)
         singleton = {"key": lambda i: i["k"], "limit": limit, "queue_ttl": QUEUE_TTL}
         registry.add("m", "1", lambda ctx, i: None, singleton=singleton, timeout=3600)
+        replacing = {**singleton, "on_busy": "replace_queued"}
+        registry.add("m", "2", lambda ctx, i: None, singleton=replacing, timeout=3600)
         self.registry = registry
         if hasattr(self, "engine"):
             self.engine.registry = registry
@@ -148,6 +155,31 @@ class TurnProtocol(RuleBasedStateMachine):
         run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}", not_before=not_before)
         self.created.append(run.run_id)
         self.key_of[run.run_id] = key
+
+    @rule(key=st.sampled_from(KEYS))
+    def start_replacing(self, key: str) -> None:
+        """A "replace_queued" start (X1): it ends the key's waiters beyond its free
+        slots (code ``replaced``), never a holder, and leaves at most one run queued."""
+        self.n += 1
+        self.clock.now += timedelta(microseconds=10)
+        runs = [self._run(r) for r in self.created if self.key_of[r] == key]
+        waiting = [r.run_id for r in runs if not r.is_terminal and not r.admitted]
+        holding = [r for r in runs if not r.is_terminal and r.admitted]
+        run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}", version="2")
+        self.created.append(run.run_id)
+        self.key_of[run.run_id] = key
+        for run_id in waiting:
+            after = self._run(run_id)
+            if after.is_terminal:
+                assert after.error["code"] == "replaced", after
+                self.replaced_seen.add(run_id)
+                self.cancelled_seen.add(run_id)
+        for before in holding:
+            after = self._run(before.run_id)
+            assert (after.status, after.cancel_requested) == (before.status, before.cancel_requested), after
+        active = self.store.active_runs_for_key("m", key)
+        holders = sum(1 for r in active if r.admitted)
+        assert len(active) - holders <= max(self.limit - holders, 0) + 1, active
 
     @rule()
     def delays_pass(self) -> None:
@@ -321,6 +353,13 @@ class TurnProtocol(RuleBasedStateMachine):
             run = self._run(run_id)
             assert run_id not in self.admitted_order[self.key_of[run_id]], f"{run_id} was admitted, then expired"
             assert run.status == "cancelled" and run.error["code"] == "queue_ttl_expired", run
+
+    @invariant()
+    def no_replaced_run_was_admitted(self) -> None:
+        for run_id in self.replaced_seen:
+            run = self._run(run_id)
+            assert run_id not in self.admitted_order[self.key_of[run_id]], f"{run_id} was admitted, then replaced"
+            assert run.status == "cancelled" and run.error["code"] == "replaced", run
 
     @invariant()
     def tokens_strictly_increase_per_key(self) -> None:
