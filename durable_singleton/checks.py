@@ -74,6 +74,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="durable_singleton.E004",
             )
         )
+    if settings.DISPATCH_COALESCE_SECONDS >= settings.REDELIVERY_SECONDS:
+        errors.append(
+            checks.Error(
+                "DISPATCH_COALESCE_SECONDS must be smaller than REDELIVERY_SECONDS.",
+                hint="A start's first turn waits up to DISPATCH_COALESCE_SECONDS before it is sent; "
+                "from REDELIVERY_SECONDS on the tick sends it again, so every coalesced start would "
+                "be sent twice. Keep the window to a few milliseconds (default 0.005).",
+                id="durable_singleton.E006",
+            )
+        )
     return errors
 
 

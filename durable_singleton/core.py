@@ -466,7 +466,7 @@ class Core:
                 raise self._refused(definition, exc) from None
         if not created:  # a racing start of the same id created it first (R3)
             return self._found(run, namespace)
-        self.dispatcher.on_commit(lambda: signals.run_created.send(sender=self.signal_sender, run=run))
+        self.dispatcher.on_commit(lambda: signals.run_created.send_robust(sender=self.signal_sender, run=run))
         if not delayed and not ParkReason.SINGLETON.matches(run.park_reason):
             self.dispatcher.dispatch_soon(run.run_id, definition.queue)
         return run
@@ -691,7 +691,7 @@ class Core:
             self._after_settle(run)
             return run.status
         if turn.state is TurnState.PARKED:
-            signals.run_parked.send(sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON)
+            signals.run_parked.send_robust(sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON)
             return Outcome.PARKED
         try:
             definition = self.registry.get(run.workflow_name, run.workflow_version)
@@ -703,7 +703,7 @@ class Core:
                 self.dispatcher.dispatch(run_id, definition.queue)
             return Outcome.PARKED
         if turn.admitted:
-            signals.run_admitted.send(sender=self.signal_sender, run=run)
+            signals.run_admitted.send_robust(sender=self.signal_sender, run=run)
         return self._run_body(definition, run, owner, turn.steps)
 
     def execute_chain(self, run_id: str, *, max_turns: int = 200, max_seconds: float = 2.0) -> str:
@@ -800,7 +800,7 @@ class Core:
         on this thread when inside :meth:`execute_chain`, the rest go to workers."""
         follow_ups = getattr(self._local, "follow_ups", None)
         for run in granted:
-            signals.run_admitted.send(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
+            signals.run_admitted.send_robust(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
         for n, run in enumerate(granted):
             queue = self.queue_of(run)
             if n == 0 and follow_ups is not None and queue is None:
@@ -861,7 +861,7 @@ class Core:
                 return self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
             if verdict != Verdict.PARKED:
                 return Outcome.FENCED
-            signals.run_parked.send(sender=self.signal_sender, run=run, reason=parked.reason)
+            signals.run_parked.send_robust(sender=self.signal_sender, run=run, reason=parked.reason)
             if parked.recheck is not None and self._arrived_meanwhile(run, parked.recheck):
                 self.dispatcher.dispatch(run.run_id, definition.queue)
             return parked.status
@@ -1026,7 +1026,7 @@ class Core:
     def _after_settle(self, run: RunRecord) -> None:
         if run.status == RunStatus.DEAD:
             self._on_dead(run)
-        self.dispatcher.on_commit(lambda: signals.run_finished.send(sender=self.signal_sender, run=run))
+        self.dispatcher.on_commit(lambda: signals.run_finished.send_robust(sender=self.signal_sender, run=run))
         if run.status == RunStatus.CANCELLED:
             self._cancel_children(run.run_id)
         if run.parent_run_id:
@@ -1064,7 +1064,7 @@ class Core:
         self.dispatcher.on_commit(wake)
 
     def _on_dead(self, run: RunRecord) -> None:
-        signals.run_dead.send(sender=self.signal_sender, run=run)
+        signals.run_dead.send_robust(sender=self.signal_sender, run=run)
         try:
             definition = self.registry.get(run.workflow_name, run.workflow_version)
         except UnknownWorkflowError:

@@ -34,7 +34,7 @@ def record_tick(engine: Any, now: datetime, seconds: float = 0.0) -> bool:
     Only a store in a Django database (``store.database``) keeps it; returns
     True if this call wrote the row. Never raises for a database error (the
     tick goes on; a missing heartbeat is what health reports)."""
-    signals.tick_finished.send(sender=type(engine), seconds=max(0.0, seconds))
+    signals.tick_finished.send_robust(sender=type(engine), seconds=max(0.0, seconds))
     db = engine.store.database
     if db is None:
         return False

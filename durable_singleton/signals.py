@@ -14,6 +14,11 @@ carries ``reason`` (``"singleton"``, ``"sleep"``, ``"signal:<name>"``...):
 ``tick_finished`` is sent with ``sender=Engine`` and ``seconds`` (a float)
 after each tick, with its duration (the metrics' tick histogram, O4).
 
+The engine sends each with ``send_robust``: a receiver that raises is logged
+by Django (the ``django.dispatch`` logger) and changes nothing else: the
+other receivers run, and the turn, the handoff and the grants' sends go on
+(a receiver's error never holds back a run, S7).
+
 The logging receivers write to the ``durable_singleton`` logger with the
 structured fields ``run_id``, ``workflow`` and ``key`` (``extra=``, for a
 JSON formatter); they never log a run's input or output.

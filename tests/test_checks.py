@@ -231,3 +231,15 @@ def test_the_foreground_worker_refuses_a_remote_workflow(settings: Any) -> None:
 
     with pytest.raises(CommandError, match=r"remote-sync.*remote"):
         call_command("durable_worker", "--threads", "1")
+
+
+def test_a_coalescing_window_past_the_redelivery_window_is_an_error(settings: Any) -> None:
+    """S8, #17: a first turn held back DISPATCH_COALESCE_SECONDS would be sent
+    again by the tick once REDELIVERY_SECONDS passed: E006; a window of a few
+    milliseconds (the default) or 0 is fine."""
+    settings.DURABLE_SINGLETON = {"DISPATCH_COALESCE_SECONDS": 5.0, "REDELIVERY_SECONDS": 5.0}
+    assert [m.id for m in checks.check_settings()] == ["durable_singleton.E006"]
+    settings.DURABLE_SINGLETON = {"DISPATCH_COALESCE_SECONDS": 0.0}
+    assert checks.check_settings() == []
+    settings.DURABLE_SINGLETON = {}
+    assert checks.check_settings() == []

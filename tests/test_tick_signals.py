@@ -72,3 +72,30 @@ def test_tick_finished_reports_how_long_the_jobs_took(engine: Engine, registry: 
         signals.tick_finished.disconnect(finished)
     assert "T" in report.timed_out
     assert len(reported) == 1 and 0.3 <= reported[0] <= wall, (reported, wall)
+
+
+def test_a_receiver_that_raises_holds_back_no_run(engine: Engine, registry: Registry, monitor: Monitor) -> None:
+    """S7, O4: receivers of run_admitted, run_parked, run_finished and run_dead
+    that raise are logged and change nothing: A's handoff still grants B and B
+    runs next on this thread (execute_chain), and both complete."""
+    audited(registry, monitor)
+    engine.start("wf", {"k": "K"}, run_id="A")
+    engine.start("wf", {"k": "K"}, run_id="B")
+    engine.dispatcher.queue.clear()
+
+    def boom(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a user's receiver failed")
+
+    hooked = (signals.run_admitted, signals.run_parked, signals.run_finished, signals.run_dead, signals.run_created)
+    for signal in hooked:
+        signal.connect(boom)
+    try:
+        engine.start("wf", {"k": "K"}, run_id="C")
+        engine.dispatcher.queue.clear()
+        assert engine.execute_chain("A") == "completed"
+    finally:
+        for signal in hooked:
+            signal.disconnect(boom)
+    assert engine.get("A").status == "completed" and engine.get("B").status == "completed"
+    engine.dispatcher.drain()
+    assert engine.get("C").status == "completed"
