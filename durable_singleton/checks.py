@@ -74,7 +74,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="durable_singleton.E004",
             )
         )
-    if settings.DISPATCH_COALESCE_SECONDS >= settings.REDELIVERY_SECONDS:
+    # REDELIVERY_SECONDS 0 asks the tick to send every pending turn at once: duplicates are chosen there.
+    if 0 < settings.REDELIVERY_SECONDS <= settings.DISPATCH_COALESCE_SECONDS:
         errors.append(
             checks.Error(
                 "DISPATCH_COALESCE_SECONDS must be smaller than REDELIVERY_SECONDS.",
