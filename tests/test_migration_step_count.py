@@ -1,0 +1,40 @@
+"""Migration 0008 (R4): a run whose steps were stored before 0004 added
+``step_count`` (0 for every existing run) gets its count, so the claim, which
+skips reading the steps of a run whose count is 0, does not run them again."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+BEFORE = [("durable_singleton", "0007_not_before")]
+AFTER = [("durable_singleton", "0008_fill_step_count")]
+
+
+def test_runs_with_steps_stored_before_0004_get_their_step_count() -> None:
+    executor = MigrationExecutor(connection)
+    executor.migrate(BEFORE)
+    apps = executor.loader.project_state(BEFORE).apps
+    Run = apps.get_model("durable_singleton", "Run")
+    Step = apps.get_model("durable_singleton", "Step")
+    now = timezone.now()
+    common = {"workflow_name": "old", "workflow_version": "1", "status": "suspended", "input": {}, "tags": []}
+    stepped = Run.objects.create(run_id="stepped", created_at=now, updated_at=now, step_count=0, **common)
+    Run.objects.create(run_id="plain", created_at=now, updated_at=now, step_count=0, **common)
+    for position in range(2):
+        Step.objects.create(
+            run=stepped, position=position, name="s", result={"ok": position}, started_at=now, finished_at=now
+        )
+    try:
+        executor = MigrationExecutor(connection)
+        executor.migrate(AFTER)
+        from durable_singleton.models import Run as Current
+
+        assert Current.objects.get(pk="stepped").step_count == 2
+        assert Current.objects.get(pk="plain").step_count == 0
+    finally:
+        MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes("durable_singleton"))
