@@ -12,8 +12,8 @@ query: :func:`holds_slot_q`, :func:`is_due_q`, :func:`limit_in_force_sql`,
 statements of the PostgreSQL fast path (:mod:`durable_singleton.stores.pg`):
 :func:`holds_slot_sql_text`, :func:`legacy_holder_sql_text`,
 :func:`is_due_sql_text`, :func:`limit_in_force_sql_text`,
-:func:`free_slots_sql_text` (the tick's queue TTL sweep is no statement of
-the fast path, so :func:`queue_ttl_expired` has none). The stores, the audit, the queue views, the
+:func:`free_slots_sql_text`, :func:`queue_ttl_expired_sql_text` (every grant
+of the fast path skips the waiters past their TTL, X2). The stores, the audit, the queue views, the
 metrics, explain and the cap call these and restate none of them; the
 conformance suite checks that each Python spelling, its ORM twin and its SQL
 text agree.
@@ -72,6 +72,7 @@ __all__ = [
     "limit_in_force_sql_text",
     "queue_ttl_expired",
     "queue_ttl_expired_q",
+    "queue_ttl_expired_sql_text",
     "queue_ttl_expires_at",
     "retry_delay",
     "singleton_admission_denial_patch",
@@ -79,6 +80,7 @@ __all__ = [
     "superseded",
     "turn_on_its_way",
     "turn_on_its_way_q",
+    "waiter_expired",
     "without_singleton_markers",
 ]
 
@@ -307,16 +309,33 @@ def queue_ttl_expired(created_at: datetime, ttl: float, now: datetime) -> bool:
 
     ``now`` is the store's clock (the database's, R5), never a process's own.
     Only a waiter (an active run of a key without a slot, parked) expires; a
-    run admitted meanwhile keeps its slot whatever its age. SQL twin:
-    :func:`queue_ttl_expired_q`.
+    run admitted meanwhile keeps its slot whatever its age. Every grant skips
+    a waiter for which this is true (it is never admitted, the tick ends it);
+    :func:`waiter_expired` applies it to an optional TTL. SQL twins:
+    :func:`queue_ttl_expired_q`, :func:`queue_ttl_expired_sql_text`.
     """
     return queue_ttl_expires_at(created_at, ttl) <= now
+
+
+def waiter_expired(created_at: datetime, ttl: float | None, now: datetime) -> bool:
+    """:func:`queue_ttl_expired` for a workflow that may declare no TTL
+    (``ttl`` None: never expired): what every grant asks of a waiter (X2, S5)."""
+    return ttl is not None and queue_ttl_expired(created_at, ttl, now)
 
 
 def queue_ttl_expired_q(ttl: float, now: Any) -> Q:
     """SQL twin of :func:`queue_ttl_expired` on the run table's ``created_at``
     column; ``now`` is the database's clock (``querysets.DbNow()``) (X2, R5)."""
     return Q(created_at__lte=ExpressionWrapper(now - Value(timedelta(seconds=ttl)), output_field=DateTimeField()))
+
+
+def queue_ttl_expired_sql_text(table: str, ttl: str, now: str) -> str:
+    """SQL text of :func:`waiter_expired` for raw statements, on the
+    ``created_at`` column of the run table named (or aliased) ``table``:
+    ``ttl`` is the SQL of the TTL in seconds (a ``float8`` parameter, NULL when
+    the workflow declares none: never expired), ``now`` the SQL of the
+    database's clock (X2, R5). Always TRUE or FALSE, never NULL."""
+    return f"COALESCE({table}.created_at <= {now} - make_interval(secs => {ttl}), FALSE)"
 
 
 def check_not_before(value: object, now: datetime) -> datetime | None:
@@ -447,14 +466,25 @@ def is_holder(status: str, tags: Sequence[str]) -> bool:
     return holds_slot(status, key="", admitted=ADMITTED_TAG in tags, tracked=TRACKED_TAG in tags)
 
 
-def decide_admission(candidates: Iterable[Candidate], run_id: str, limit: int, now: datetime | None = None) -> bool:
+def _skipped_as_expired(c: Candidate, run_id: str, ttl: float | None, now: datetime) -> bool:
+    """A waiter that no grant reaches (X2): past its TTL, and parked or the claimant itself."""
+    return (c.run_id == run_id or c.status != RunStatus.RUNNING) and waiter_expired(c.created_at, ttl, now)
+
+
+def decide_admission(
+    candidates: Iterable[Candidate], run_id: str, limit: int, now: datetime | None = None, ttl: float | None = None
+) -> bool:
     """Decide whether ``run_id`` may take a slot among the key's active runs.
 
     ``candidates`` are the active runs of one workflow and key (S5 step 1).
     Holders keep their slots; the ``limit - holders`` free slots go to the
     oldest due waiters (:func:`is_due` at ``now``, the store's clock; None:
     every waiter is due) by (``created_at``, ``run_id``); pending runs are
-    waiters too (X5). Returns True if ``run_id`` is a holder or among those waiters.
+    waiters too (X5). ``ttl``: the workflow's ``queue_ttl`` in seconds (None:
+    none); with ``now``, a parked waiter past it (:func:`waiter_expired`), or
+    ``run_id`` itself past it, is skipped, never admitted (X2); another
+    running run without the marker (a claim under way) keeps its place.
+    Returns True if ``run_id`` is a holder or among those waiters.
     """
     runs = [c for c in candidates if c.status in ACTIVE_STATUSES]
     holders = [c for c in runs if is_holder(c.status, c.tags)]
@@ -464,7 +494,12 @@ def decide_admission(candidates: Iterable[Candidate], run_id: str, limit: int, n
     if free <= 0:
         return False
     waiters = sorted(
-        (c for c in runs if not is_holder(c.status, c.tags) and (now is None or is_due(c.not_before, now))),
+        (
+            c
+            for c in runs
+            if not is_holder(c.status, c.tags)
+            and (now is None or (is_due(c.not_before, now) and not _skipped_as_expired(c, run_id, ttl, now)))
+        ),
         key=lambda c: c.order,
     )
     return any(c.run_id == run_id for c in waiters[:free])

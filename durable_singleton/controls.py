@@ -106,7 +106,7 @@ class KeyControls:
     def wake_key(self, workflow: str, key: str) -> list[str]:
         """Grant the free slots of one key to its oldest waiters and send their turns (S7);
         return their run ids. Called after a change that admits more (K2)."""
-        granted = self.core.store.release(workflow, key, limits=self.core.limits())
+        granted = self.core.store.release(workflow, key, limits=self.core.limits(), ttls=self.core.queue_ttls())
         self.core.hand_off(granted)
         return [r.run_id for r in granted]
 

@@ -672,6 +672,7 @@ class Core:
                 max_recoveries=settings.MAX_RECOVERIES,
                 retry=self._retry_policy(),
                 known=known,
+                ttls=self.queue_ttls(),
             )
         except Exception as exc:
             if not self.store.is_unreachable(exc):
@@ -1010,6 +1011,7 @@ class Core:
             limits=self.limits(),
             # On the default clock the store writes its own clock's time (R8).
             finished_at=self.caller_now(),
+            ttls=self.queue_ttls(),
         )
         if not done.settled:
             return Outcome.FENCED
@@ -1082,7 +1084,9 @@ class Core:
         """
         if run.singleton_key is None:
             return []
-        granted = self.store.release(run.workflow_name, run.singleton_key, limits=self.limits())
+        granted = self.store.release(
+            run.workflow_name, run.singleton_key, limits=self.limits(), ttls=self.queue_ttls()
+        )
         self.hand_off(granted)
         return [r.run_id for r in granted]
 
@@ -1102,7 +1106,7 @@ class Core:
 
     def _cancel_run(self, run_id: str) -> RunRecord:
         """Cancel run ``run_id`` and its active children, whatever its namespace (D6)."""
-        result = self.store.request_cancel(run_id, limits=self.limits())
+        result = self.store.request_cancel(run_id, limits=self.limits(), ttls=self.queue_ttls())
         if result is None:
             raise RunNotFoundError(f"no run {run_id!r}")
         if isinstance(result, Finish):
@@ -1296,6 +1300,7 @@ class Core:
                     error=dict(TIMEOUT_ERROR),
                     limits=self.limits(),
                     expect=(run.status,),
+                    ttls=self.queue_ttls(),
                 )
                 if done.settled:
                     report.timed_out.append(run.run_id)
@@ -1320,7 +1325,7 @@ class Core:
             return
         for run in self.store.expired_waiters(ttls, self.settings.TICK_BATCH):
             try:
-                done = self.store.expire_waiter(run, ttls[run.workflow_name], limits=self.limits())
+                done = self.store.expire_waiter(run, ttls[run.workflow_name], limits=self.limits(), ttls=ttls)
                 if done.settled:
                     report.expired.append(run.run_id)
                     self._settled(done)
@@ -1342,7 +1347,7 @@ class Core:
                 continue
 
     def _tick_catch_up(self, report: TickReport) -> None:
-        granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH)
+        granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH, ttls=self.queue_ttls())
         report.caught_up.extend(r.run_id for r in granted)
         self.hand_off(granted)  # as every grant: run_admitted, then the turns (S7, O4)
 

@@ -377,7 +377,7 @@ def explain(engine: Core, run_id: str) -> Explanation:
             "from its creation)"
             if left > 0
             else f"; its queue_ttl of {format_seconds(ttl)} passed at {_at(ttl_ends)}: the tick ends it "
-            "cancelled (queue_ttl_expired) unless it is admitted first"
+            "cancelled (queue_ttl_expired); no grant admits it meanwhile"
         )
     if run.not_before is not None and run.is_parked and not run.holds_slot and not is_due(run.not_before, db_now):
         # A delayed start (X5), judged on the store's clock as the claim judges it (R5).

@@ -144,11 +144,13 @@ def test_a_waiter_admitted_between_the_sweeps_read_and_write_is_left_alone(
     engine: Engine, registry: Registry
 ) -> None:
     """X2, R5a, S7: the tick reads W as past its TTL; before it writes, H
-    settles and its handoff admits W, whose turn is sent but not yet taken (W
-    is parked, holding the slot); the sweep's compare-and-set on a parked
-    waiter then writes nothing: W keeps its slot, is not cancelled, and runs.
-    (With the waiter condition left out of the compare-and-set, W ends
-    cancelled while it holds the slot.)"""
+    settles and a grant admits W, whose turn is not yet taken (W is parked,
+    holding the slot); the sweep's compare-and-set on a parked waiter then
+    writes nothing: W keeps its slot, is not cancelled, and runs. (With the
+    waiter condition left out of the compare-and-set, W ends cancelled while
+    it holds the slot.) The engine's grants skip a waiter past its TTL (see
+    the tests below), so the grant here is the store's, called with no TTLs,
+    as a caller that passes none (or a database clock stepped back) leaves it."""
     log: list[str] = []
     _declare(registry, log)
     _holder_and_waiters(engine, "W")
@@ -158,10 +160,10 @@ def test_a_waiter_admitted_between_the_sweeps_read_and_write_is_left_alone(
     def read_then_admit(ttls: Any, batch: int) -> list[RunRecord]:
         stale = real(ttls, batch)
         assert [r.run_id for r in stale] == ["W"]
-        engine.signal("H", "go")
-        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-        assert engine.execute("H") == "completed"  # its handoff admits W (S7) and sends W's turn
+        done = engine.store.finish(engine.get("H"), None, "completed", limits=engine.limits())  # no ttls
+        assert [g.run_id for g in done.granted] == ["W"]  # its handoff admits W (S7)
         assert engine.get("W").admitted and engine.get("W").is_parked
+        engine.dispatcher.dispatch("W")
         return stale
 
     engine.store.expired_waiters = read_then_admit  # type: ignore[method-assign]
@@ -173,7 +175,7 @@ def test_a_waiter_admitted_between_the_sweeps_read_and_write_is_left_alone(
     assert engine.get("W").admitted and engine.get("W").status != "cancelled"
     engine.dispatcher.drain()  # type: ignore[attr-defined]
     w = engine.get("W")
-    assert w.status == "completed" and w.error is None and log == ["H", "W"]
+    assert w.status == "completed" and w.error is None and log == ["W"]  # H was settled by the store
 
 
 def test_a_waiter_admitted_but_not_yet_run_is_never_expired(engine: Engine, registry: Registry) -> None:
@@ -223,6 +225,68 @@ def test_the_next_waiter_behind_an_expired_one_takes_a_free_slot(engine: Engine,
     assert engine.get("W2").admitted
     engine.dispatcher.drain()  # type: ignore[attr-defined]
     assert log == ["W2"] and engine.get("W2").status == "completed"
+
+
+# -- no grant reaches a waiter past its TTL ------------------------------------------------
+
+
+@pytest.mark.parametrize("behind", [True, False], ids=["next-waiter", "no-next-waiter"])
+def test_a_handoff_never_admits_a_waiter_past_its_ttl_even_before_a_tick(
+    engine: Engine, registry: Registry, behind: bool
+) -> None:
+    """X2, S7, R5a: W1's TTL passes while H holds the slot and no tick runs;
+    H's handoff does not admit W1 (it stays a waiter, not cancelled) but the
+    next unexpired waiter W2, which runs; with no W2 the slot stays free and
+    W1's body never runs. The next tick ends W1 ``queue_ttl_expired``. (With
+    the handoff reading no TTL, it admits W1 and W1's body runs.)"""
+    log: list[str] = []
+    _declare(registry, log)
+    _holder_and_waiters(engine, *(["W1", "W2"] if behind else ["W1"]))
+    backdate(engine, "W1", TTL + 1)
+    engine.signal("H", "go")
+    engine.dispatcher.drain()  # type: ignore[attr-defined]  # H completes and hands off; no tick
+    w1 = engine.get("W1")
+    assert engine.get("H").status == "completed"
+    assert not w1.admitted and w1.is_parked and w1.status != "cancelled"
+    if behind:
+        assert log == ["H", "W2"] and engine.get("W2").status == "completed"
+    else:
+        assert log == ["H"]
+        assert [r.run_id for r in engine.store.active_runs_for_key("wf", "K") if r.admitted] == []
+    assert engine.tick().expired == ["W1"]
+    w1 = engine.get("W1")
+    assert w1.status == "cancelled" and not w1.admitted and w1.error["code"] == "queue_ttl_expired"
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert "W1" not in log
+
+
+@pytest.mark.parametrize("behind", [True, False], ids=["next-waiter", "no-next-waiter"])
+def test_a_waiter_past_its_ttl_is_not_admitted_by_its_own_claim(
+    engine: Engine, registry: Registry, behind: bool
+) -> None:
+    """X2, S5, R5a: the key has a free slot (its holder ended, the handoff
+    lost) and W1 is past its TTL; W1's own turn claims before any tick: it is
+    parked, not admitted, and its body does not run; the claim grants the
+    free slot to the unexpired W2 behind it, which runs; with no W2 the slot
+    stays free. The next tick ends W1 ``queue_ttl_expired``. (With the claim
+    reading no TTL, W1 is admitted and runs.)"""
+    log: list[str] = []
+    _declare(registry, log)
+    _holder_and_waiters(engine, *(["W1", "W2"] if behind else ["W1"]))
+    _end_without_handoff(engine, "H")
+    backdate(engine, "W1", TTL + 1)
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    assert engine.execute("W1") == "parked"
+    w1 = engine.get("W1")
+    assert not w1.admitted and w1.is_parked and w1.status != "cancelled"
+    if behind:
+        assert engine.get("W2").admitted
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert log == (["W2"] if behind else [])
+    if not behind:
+        assert [r.run_id for r in engine.store.active_runs_for_key("wf", "K") if r.admitted] == []
+    assert engine.tick().expired == ["W1"]
+    assert engine.get("W1").error["code"] == "queue_ttl_expired" and "W1" not in log
 
 
 def test_the_sweep_ends_many_waiters_in_batches_oldest_first(engine: Engine, registry: Registry) -> None:

@@ -566,6 +566,7 @@ class BaseStore(ABC):
         max_recoveries: int,
         retry: RetryPolicy,
         known: RunRecord | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Turn:
         """Take ``run_id``'s lease for one turn and admit or park it (S4, S5, R5, R6).
 
@@ -582,7 +583,12 @@ class BaseStore(ABC):
         slots skip it for the due waiters behind it (X5).
 
         ``known`` is the run as this process just granted it (a handoff); a
-        store may use it to skip its first read.
+        store may use it to skip its first read. ``ttls``: the declared
+        ``queue_ttl`` in seconds by workflow name (``Engine.queue_ttls()``;
+        None or a workflow not named: no TTL); a waiter past its TTL by the
+        store's clock (:func:`~durable_singleton.admission.waiter_expired`) is
+        granted no slot, the claimant included (it is parked; the tick ends it,
+        X2), and so in every grant below.
 
         This default, for a store without an atomic claim, is a read followed
         by a decision (S14): it can briefly over-admit.
@@ -597,14 +603,14 @@ class BaseStore(ABC):
         if turn.state is not TurnState.RUN or run is None or run.singleton_key is None or run.admitted:
             return turn
         if run.cancel_requested:
-            done = self.finish(run, owner, RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=limits)
+            done = self.finish(run, owner, RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=limits, ttls=ttls)
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
         limit = limit_in_force(limits.get(run.workflow_name, run.singleton_limit))
         candidates = [
             Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before)
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)
         ]
-        if decide_admission(candidates, run_id, limit, self.now()):
+        if decide_admission(candidates, run_id, limit, self.now(), (ttls or {}).get(run.workflow_name)):
             return Turn(TurnState.RUN, run.evolve(admitted=True), recovered=turn.recovered, admitted=True)
         wake = self.now() + _seconds(retry_delay(retry.seconds, retry.jitter))
         if self.park(run_id, owner, RunStatus.SUSPENDED, wake_at=wake, reason=ParkReason.SINGLETON) == Verdict.PARKED:
@@ -657,6 +663,7 @@ class BaseStore(ABC):
         limits: Limits,
         expect: Sequence[str] | None = None,
         finished_at: datetime | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Finish:
         """Settle a run terminal and grant its freed slot, in one transaction (R2, S7, S12).
 
@@ -664,25 +671,33 @@ class BaseStore(ABC):
         only a run whose status is in ``expect`` (default: parked statuses),
         never a running one (R5a). The same write drops the markers; the
         oldest waiters that fit the key's free slots become holders with a
-        fencing token (K1) and are returned, to be dispatched. ``finished_at``
+        fencing token (K1) and are returned, to be dispatched; a waiter past
+        its ``queue_ttl`` in ``ttls`` (seconds by workflow name, as in
+        :meth:`begin_turn`) by the store's clock is skipped (X2). ``finished_at``
         stamps the run (default: the store's clock).
         """
 
     # -- operator actions --------------------------------------------------------
     @abstractmethod
-    def request_cancel(self, run_id: str, *, limits: Limits) -> Finish | RunRecord | None:
+    def request_cancel(
+        self, run_id: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish | RunRecord | None:
         """Cancel a run (D6): a parked run settles ``cancelled`` at once (a
-        :class:`Finish` with its grants); a running run is marked and stops at
-        its next step boundary (the run is returned). None if not found; a
-        terminal run is returned unchanged."""
+        :class:`Finish` with its grants, skipping waiters past their TTL in
+        ``ttls``, X2); a running run is marked and stops at its next step
+        boundary (the run is returned). None if not found; a terminal run is
+        returned unchanged."""
 
     @abstractmethod
     def reset_for_retry(self, run_id: str, redelivery_seconds: float, deadline_at: datetime | None) -> RunRecord | None:
         """Put a failed or dead run back to ``pending`` as a waiter with its stored key (D9)."""
 
     @abstractmethod
-    def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
-        """Grant the key's free slots to its oldest waiters; return them (S7, S8)."""
+    def release(
+        self, workflow_name: str, key: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> tuple[RunRecord, ...]:
+        """Grant the key's free slots to its oldest waiters, skipping those past
+        their TTL in ``ttls`` (X2); return them (S7, S8)."""
 
     @abstractmethod
     def delete_run(self, run_id: str) -> RunRecord | None:
@@ -762,14 +777,17 @@ class BaseStore(ABC):
         ]
         return sorted(runs, key=lambda r: (r.created_at, r.run_id))[:batch]
 
-    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
+    def expire_waiter(
+        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish:
         """End waiter ``run`` ``cancelled`` with ``QUEUE_TTL_ERROR`` and grant the
         slots its key has free, in one transaction (X2, S7, R5a).
 
         A compare-and-set: only if the run is still a parked waiter of its key
         (no slot: a run admitted since it was read keeps its slot and runs)
         and, by the store's clock, outlived ``ttl`` seconds from its
-        ``created_at``. Returns an unsettled :class:`Finish` otherwise. The
+        ``created_at``; the freed slots skip the waiters past their TTL in
+        ``ttls`` (X2). Returns an unsettled :class:`Finish` otherwise. The
         default raises :class:`~durable_singleton.exceptions.UnsupportedByStoreError`
         (``supports_queue_ttl`` is False).
         """
@@ -780,8 +798,9 @@ class BaseStore(ABC):
         """Mark a running run for cancellation at its next boundary if it is still running (D5, R5a)."""
 
     @abstractmethod
-    def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
-        """Grant the free slots of up to ``batch`` keys that have waiters (S8a, S8b)."""
+    def catch_up(self, *, limits: Limits, batch: int, ttls: QueueTtls | None = None) -> tuple[RunRecord, ...]:
+        """Grant the free slots of up to ``batch`` keys that have waiters,
+        skipping those past their TTL in ``ttls`` (S8a, S8b, X2)."""
 
     # -- reads -----------------------------------------------------------------
     @abstractmethod

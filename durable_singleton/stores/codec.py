@@ -194,6 +194,7 @@ class CodecStore(BaseStore):
         max_recoveries: int,
         retry: RetryPolicy,
         known: RunRecord | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Turn:
         turn = self.inner.begin_turn(
             run_id,
@@ -203,6 +204,7 @@ class CodecStore(BaseStore):
             max_recoveries=max_recoveries,
             retry=retry,
             known=self._in(known) if known is not None else None,
+            ttls=ttls,
         )
         return self._out(turn)  # type: ignore[no-any-return]
 
@@ -235,6 +237,7 @@ class CodecStore(BaseStore):
         limits: Limits,
         expect: Sequence[str] | None = None,
         finished_at: datetime | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Finish:
         done = self.inner.finish(
             self._in(run),
@@ -245,17 +248,22 @@ class CodecStore(BaseStore):
             limits=limits,
             expect=expect,
             finished_at=finished_at,
+            ttls=ttls,
         )
         return self._out(done)  # type: ignore[no-any-return]
 
-    def request_cancel(self, run_id: str, *, limits: Limits) -> Finish | RunRecord | None:
-        return self._out(self.inner.request_cancel(run_id, limits=limits))  # type: ignore[no-any-return]
+    def request_cancel(
+        self, run_id: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish | RunRecord | None:
+        return self._out(self.inner.request_cancel(run_id, limits=limits, ttls=ttls))  # type: ignore[no-any-return]
 
     def reset_for_retry(self, run_id: str, redelivery_seconds: float, deadline_at: datetime | None) -> RunRecord | None:
         return self._out(self.inner.reset_for_retry(run_id, redelivery_seconds, deadline_at))  # type: ignore[no-any-return]
 
-    def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
-        return self._out(self.inner.release(workflow_name, key, limits=limits))  # type: ignore[no-any-return]
+    def release(
+        self, workflow_name: str, key: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> tuple[RunRecord, ...]:
+        return self._out(self.inner.release(workflow_name, key, limits=limits, ttls=ttls))  # type: ignore[no-any-return]
 
     def delete_run(self, run_id: str) -> RunRecord | None:
         return self._out(self.inner.delete_run(run_id))  # type: ignore[no-any-return]
@@ -285,14 +293,16 @@ class CodecStore(BaseStore):
     def expired_waiters(self, ttls: QueueTtls, batch: int) -> list[RunRecord]:
         return self._out(self.inner.expired_waiters(ttls, batch))  # type: ignore[no-any-return]
 
-    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
-        return self._out(self.inner.expire_waiter(self._in(run), ttl, limits=limits))  # type: ignore[no-any-return]
+    def expire_waiter(
+        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish:
+        return self._out(self.inner.expire_waiter(self._in(run), ttl, limits=limits, ttls=ttls))  # type: ignore[no-any-return]
 
     def request_timeout_cancel(self, run_id: str) -> bool:
         return self.inner.request_timeout_cancel(run_id)
 
-    def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
-        return self._out(self.inner.catch_up(limits=limits, batch=batch))  # type: ignore[no-any-return]
+    def catch_up(self, *, limits: Limits, batch: int, ttls: QueueTtls | None = None) -> tuple[RunRecord, ...]:
+        return self._out(self.inner.catch_up(limits=limits, batch=batch, ttls=ttls))  # type: ignore[no-any-return]
 
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
         return self._out(list(self.inner.active_runs_for_key(workflow_name, key)))  # type: ignore[no-any-return]

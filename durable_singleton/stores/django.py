@@ -375,14 +375,19 @@ class DjangoStore(BaseStore):
         nested = len(connections[self.db].atomic_blocks) > 1
         return queryset.select_for_update() if nested and self._vendor == "mysql" else queryset
 
-    def _front(self, workflow_name: str, key: str, rows: int) -> tuple[list[Run], int]:
+    def _front(self, workflow_name: str, key: str, rows: int, ttl: float | None = None) -> tuple[list[Run], int]:
         """Read the key's holders then its oldest waiters, ``rows`` at most, and
-        the number of untracked holders of an older release (S5, S12)."""
+        the number of untracked holders of an older release (S5, S12). With
+        ``ttl`` (the workflow's ``queue_ttl`` in seconds), the waiters past it
+        by the database's clock are not read: no grant reaches them (X2, R5)."""
         runs = self._runs().for_key(workflow_name, key)
         legacy = (
             runs.filter(RunQuerySet.legacy_q()).order_by().values("singleton_key").annotate(n=Count("pk")).values("n")
         )
-        front = list(self._locking(runs.queue_front().annotate(legacy=Coalesce(Subquery(legacy), 0)))[:rows])
+        queue = runs.queue_front()
+        if ttl is not None:
+            queue = queue.exclude(Q(singleton_slot=SlotState.WAITER) & queue_ttl_expired_q(ttl, DbNow()))
+        front = list(self._locking(queue.annotate(legacy=Coalesce(Subquery(legacy), 0)))[:rows])
         return front, (front[0].legacy if front else 0)
 
     @staticmethod
@@ -395,9 +400,20 @@ class DjangoStore(BaseStore):
         return limit_in_force(limits.get(workflow_name, stored), key_row["limit_override"])
 
     def _grant(
-        self, workflow_name: str, key: str, key_row: dict[str, Any], limits: Limits, *, claimant: str | None = None
+        self,
+        workflow_name: str,
+        key: str,
+        key_row: dict[str, Any],
+        limits: Limits,
+        *,
+        claimant: str | None = None,
+        ttls: QueueTtls | None = None,
     ) -> tuple[list[RunRecord], Run | None, int, Run | None]:
         """Give the key's free slots to its oldest waiters, under the key's lock (S5, S7, K1).
+
+        A waiter past its workflow's ``queue_ttl`` in ``ttls`` (seconds by
+        workflow name) by the database's clock is skipped, the claimant too:
+        it stays a waiter, and the tick ends it (X2).
 
         Returns the granted waiters (other than ``claimant``); the claimant's
         row if it is at the front of the queue without a free slot (for its
@@ -406,7 +422,7 @@ class DjangoStore(BaseStore):
         grant is a compare-and-set on the waiter as read.
         """
         limit = self._limit(workflow_name, key_row, limits, None)
-        front, legacy = self._front(workflow_name, key, 2 * limit)
+        front, legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
         stored = [r.singleton_limit for r in front if r.singleton_limit]
         if workflow_name not in limits and stored:
             limit = self._limit(workflow_name, key_row, limits, max(stored))
@@ -747,6 +763,7 @@ class DjangoStore(BaseStore):
         max_recoveries: int,
         retry: RetryPolicy,
         known: RunRecord | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Turn:
         """Take the lease and admit or park the run in one transaction (S4, S5, R5, R6).
 
@@ -757,7 +774,7 @@ class DjangoStore(BaseStore):
         """
         fast = self._fast()
         if fast is not None:
-            turn = self._fast_turn(fast, run_id, owner, lease_seconds, limits, max_recoveries, retry, known)
+            turn = self._fast_turn(fast, run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
             if turn is not None:
                 return turn
         if known is not None and known.admitted and known.is_parked:
@@ -777,7 +794,9 @@ class DjangoStore(BaseStore):
             return Turn(TurnState.SKIPPED, record)
         recovered = row.status == RunStatus.RUNNING
         if row.cancel_requested:
-            done = self._finish(record, self._as_read(row), RunStatus.CANCELLED, None, CANCELLED_ERROR, limits)
+            done = self._finish(
+                record, self._as_read(row), RunStatus.CANCELLED, None, CANCELLED_ERROR, limits, ttls=ttls
+            )
             return Turn(
                 TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
             )
@@ -785,7 +804,9 @@ class DjangoStore(BaseStore):
             error = {"code": "max_recoveries", "message": f"lease expired {row.recoveries + 1} times"}
             # The expired lease counts as one more recovery, then the run is dead (D4).
             dead = record.evolve(recoveries=row.recoveries + 1)
-            done = self._finish(dead, self._as_read(row), RunStatus.DEAD, None, error, limits, recovered=True)
+            done = self._finish(
+                dead, self._as_read(row), RunStatus.DEAD, None, error, limits, recovered=True, ttls=ttls
+            )
             return Turn(
                 TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
             )
@@ -822,7 +843,7 @@ class DjangoStore(BaseStore):
             if not self._runs().filter(self._as_read(row)).update(**take):
                 return Turn(TurnState.SKIPPED, record)
             return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
-        return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry))
+        return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry, ttls))
 
     def _fast_turn(
         self,
@@ -834,6 +855,7 @@ class DjangoStore(BaseStore):
         max_recoveries: int,
         retry: RetryPolicy,
         known: RunRecord | None,
+        ttls: QueueTtls | None = None,
     ) -> Turn | None:
         """The claim in raw SQL: one read, then one compare-and-set (a run without a
         key, a holder's confirmation) or one admission message (a tracked waiter of
@@ -862,7 +884,8 @@ class DjangoStore(BaseStore):
         if recovered or not run.tracked or run.workflow_name not in limits:
             return None
         delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
-        return self._retrying(lambda: fast.admit(run, owner, lease_seconds, limits, delays))
+        ttl = (ttls or {}).get(run.workflow_name)
+        return self._retrying(lambda: fast.admit(run, owner, lease_seconds, limits, delays, ttl))
 
     def _fast_read(self, fast: pg.FastPath, run_id: str) -> tuple[RunRecord | None, bool, bool]:
         """The fast path's read of a turn (:meth:`_read_for_turn`'s twin): the run,
@@ -894,8 +917,10 @@ class DjangoStore(BaseStore):
         recovered: bool,
         limits: Limits,
         retry: RetryPolicy,
+        ttls: QueueTtls | None = None,
     ) -> Turn:
-        """Admit or park a waiter, under its key's lock (S5, S9, S12, K1)."""
+        """Admit or park a waiter, under its key's lock (S5, S9, S12, K1); a
+        claimant past its ``queue_ttl`` in ``ttls`` is parked, never admitted (X2)."""
         assert row.singleton_key is not None
         take = dict(take)  # a retried transaction starts from the claim as read, never a stale token
         runs = self._runs()
@@ -907,7 +932,7 @@ class DjangoStore(BaseStore):
             ):
                 return Turn(TurnState.SKIPPED, record)
             granted, front, token, holder = self._grant(
-                row.workflow_name, row.singleton_key, key_row, limits, claimant=row.run_id
+                row.workflow_name, row.singleton_key, key_row, limits, claimant=row.run_id, ttls=ttls
             )
             if holder is not None:
                 # Another claim granted this run its slot meanwhile: this claim is a confirmation (S6).
@@ -1032,17 +1057,19 @@ class DjangoStore(BaseStore):
         limits: Limits,
         expect: Sequence[str] | None = None,
         finished_at: datetime | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Finish:
         fast = self._fast() if owner is not None else None
         if fast is not None and owner is not None and (run.singleton_key is None or run.workflow_name in limits):
             # One round trip: the settle and the handoff in raw SQL (S7, R5a).
-            return self._retrying(lambda: fast.finish(run, owner, status, output, error, limits, finished_at))
+            ttl = (ttls or {}).get(run.workflow_name)
+            return self._retrying(lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl))
         if owner is not None:
             cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
         else:
             # Never a running run (its owner settles it, R5a), never a terminal one (R2).
             cas = Q(pk=run.run_id, status__in=[s for s in (expect or PARKED_STATUSES) if s in PARKED_STATUSES])
-        return self._finish(run, cas, status, output, error, limits, finished_at)
+        return self._finish(run, cas, status, output, error, limits, finished_at, ttls=ttls)
 
     def _finish(
         self,
@@ -1054,6 +1081,7 @@ class DjangoStore(BaseStore):
         limits: Limits,
         finished_at: datetime | None = None,
         recovered: bool = False,
+        ttls: QueueTtls | None = None,
     ) -> Finish:
         """Settle by compare-and-set and hand the slot off, in one transaction (S7, S12, R5a)."""
         fields = _terminal_fields(status, output, error, finished_at)
@@ -1074,14 +1102,16 @@ class DjangoStore(BaseStore):
                     return Finish(None)
                 granted: list[RunRecord] = []
                 if key_row is not None and run.singleton_key is not None:
-                    granted = self._grant(run.workflow_name, run.singleton_key, key_row, limits)[0]
+                    granted = self._grant(run.workflow_name, run.singleton_key, key_row, limits, ttls=ttls)[0]
                 settled = _settled(run, status, output, error)
                 return Finish(settled.evolve(finished_at=finished_at or settled.finished_at), tuple(granted))
 
         return self._retrying(settle)
 
     # -- operator actions ----------------------------------------------------------
-    def request_cancel(self, run_id: str, *, limits: Limits) -> Finish | RunRecord | None:
+    def request_cancel(
+        self, run_id: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish | RunRecord | None:
         for _ in range(self.claim_retries + 1):
             run = self.get_run(run_id)
             if run is None or run.is_terminal:
@@ -1095,7 +1125,9 @@ class DjangoStore(BaseStore):
                     return run.evolve(cancel_requested=True)
                 continue
             error = CANCELLED_ERROR
-            done = self._finish(run, Q(pk=run_id, status=run.status), RunStatus.CANCELLED, None, error, limits)
+            done = self._finish(
+                run, Q(pk=run_id, status=run.status), RunStatus.CANCELLED, None, error, limits, ttls=ttls
+            )
             if done.settled:
                 return done
         return self.get_run(run_id)
@@ -1127,10 +1159,13 @@ class DjangoStore(BaseStore):
             setattr(row, name, value)
         return record_of(row)
 
-    def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
+    def release(
+        self, workflow_name: str, key: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> tuple[RunRecord, ...]:
         def grant() -> tuple[RunRecord, ...]:
             with transaction.atomic(using=self.db):
-                return tuple(self._grant(workflow_name, key, self.lock_key(workflow_name, key), limits)[0])
+                key_row = self.lock_key(workflow_name, key)
+                return tuple(self._grant(workflow_name, key, key_row, limits, ttls=ttls)[0])
 
         return self._retrying(grant)
 
@@ -1225,7 +1260,9 @@ class DjangoStore(BaseStore):
         )
         return [record_of(r) for r in rows]
 
-    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
+    def expire_waiter(
+        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish:
         if run.singleton_key is None:
             return Finish(None)
         # Under the key's lock, so no admission of the key is halfway; a run admitted
@@ -1233,7 +1270,7 @@ class DjangoStore(BaseStore):
         cas = Q(pk=run.run_id, status__in=PARKED_STATUSES, singleton_slot=SlotState.WAITER) & queue_ttl_expired_q(
             ttl, DbNow()
         )
-        return self._finish(run, cas, RunStatus.CANCELLED, None, dict(QUEUE_TTL_ERROR), limits)
+        return self._finish(run, cas, RunStatus.CANCELLED, None, dict(QUEUE_TTL_ERROR), limits, ttls=ttls)
 
     def request_timeout_cancel(self, run_id: str) -> bool:
         return bool(
@@ -1242,7 +1279,7 @@ class DjangoStore(BaseStore):
             .update(cancel_requested=True, updated_at=DbNow())
         )
 
-    def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
+    def catch_up(self, *, limits: Limits, batch: int, ttls: QueueTtls | None = None) -> tuple[RunRecord, ...]:
         """Grant the free slots of keys that have a waiter and fewer holders than
         their limit; one query finds them, oldest key first (S8a, S8b). A
         waiter whose turn is on its way (:func:`~durable_singleton.admission.turn_on_its_way`)
@@ -1275,7 +1312,7 @@ class DjangoStore(BaseStore):
         )
         granted: list[RunRecord] = []
         for workflow_name, key in list(keys):
-            granted.extend(self.release(workflow_name, key, limits=limits))
+            granted.extend(self.release(workflow_name, key, limits=limits, ttls=ttls))
         return tuple(granted)
 
     # -- reads -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from ..admission import (
     retry_delay,
     superseded,
     turn_on_its_way,
+    waiter_expired,
 )
 from ..exceptions import SingletonQueueFullError
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, Verdict
@@ -192,18 +193,30 @@ class MemoryStore(BaseStore):
         return limit_in_force(declared, control.get("limit_override"))
 
     def _grant(
-        self, workflow_name: str, key: str, limits: Limits, claimant: str | None = None
+        self,
+        workflow_name: str,
+        key: str,
+        limits: Limits,
+        claimant: str | None = None,
+        ttls: QueueTtls | None = None,
     ) -> tuple[list[RunRecord], bool, int]:
-        """Give the key's free slots to its oldest waiters (S5, S7, K1); see DjangoStore._grant."""
+        """Give the key's free slots to its oldest waiters not past their TTL in
+        ``ttls`` on this store's clock (S5, S7, K1, X2); see DjangoStore._grant."""
         limit = self._limit(workflow_name, key, limits)
         runs = self._key_runs(workflow_name, key)
         holders = sum(1 for r in runs if r.holds_slot)
-        waiters = self._waiters(workflow_name, key)
+        ttl, now = (ttls or {}).get(workflow_name), self.clock()
+        waiters = [
+            w
+            for w in self._waiters(workflow_name, key)
+            # A parked waiter past its TTL gets no slot; a running run without the
+            # marker (the S14 fallback's claim) keeps its place (X2).
+            if w.status == RunStatus.RUNNING or not waiter_expired(w.created_at, ttl, now)
+        ]
         paused = bool(self.controls.get((workflow_name, key), {}).get("paused", False))
         free = free_slots(limit, holders, paused=paused)
         granted: list[RunRecord] = []
         claimant_token = 0
-        now = self.clock()
         for run in waiters[:free]:
             token = self._tokens.get((workflow_name, key), 0) + 1
             self._tokens[(workflow_name, key)] = token
@@ -234,6 +247,7 @@ class MemoryStore(BaseStore):
         max_recoveries: int,
         retry: RetryPolicy,
         known: RunRecord | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Turn:
         with self._critical():
             run = self._runs.get(run_id)
@@ -243,13 +257,13 @@ class MemoryStore(BaseStore):
                 return Turn(TurnState.SKIPPED, run)
             recovered = run.status == RunStatus.RUNNING
             if run.cancel_requested:
-                done = self._settle(run, RunStatus.CANCELLED, None, CANCELLED_ERROR, limits)
+                done = self._settle(run, RunStatus.CANCELLED, None, CANCELLED_ERROR, limits, ttls)
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
             if recovered and run.recoveries >= max_recoveries:
                 error = {"code": "max_recoveries", "message": f"lease expired {run.recoveries + 1} times"}
                 # The expired lease counts as one more recovery, then the run is dead (D4).
                 run = self._replace(run, recoveries=run.recoveries + 1)
-                done = self._settle(run, RunStatus.DEAD, None, error, limits)
+                done = self._settle(run, RunStatus.DEAD, None, error, limits, ttls)
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
             now = self.clock()
             if not recovered and not run.holds_slot and not is_due(run.not_before, now):
@@ -276,7 +290,7 @@ class MemoryStore(BaseStore):
                 return Turn(TurnState.RUN, self._replace(run, **take), recovered=recovered)
             if not run.tracked:
                 run = self._replace(run, tracked=True)  # an older release's run joins the queue (S12)
-            granted, in_front, token = self._grant(run.workflow_name, key, limits, claimant=run_id)
+            granted, in_front, token = self._grant(run.workflow_name, key, limits, claimant=run_id, ttls=ttls)
             if token:
                 taken = self._replace(run, admitted=True, fencing_token=token, admitted_at=now, **take)
                 return Turn(TurnState.RUN, taken, recovered=recovered, granted=tuple(granted), admitted=True)
@@ -362,7 +376,9 @@ class MemoryStore(BaseStore):
             )
             return Verdict.PARKED
 
-    def _settle(self, run: RunRecord, status: str, output: Any, error: Any, limits: Limits) -> Finish:
+    def _settle(
+        self, run: RunRecord, status: str, output: Any, error: Any, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish:
         settled = self._replace(
             run,
             status=status,
@@ -377,7 +393,7 @@ class MemoryStore(BaseStore):
         )
         granted: list[RunRecord] = []
         if run.singleton_key is not None:
-            granted = self._grant(run.workflow_name, run.singleton_key, limits)[0]
+            granted = self._grant(run.workflow_name, run.singleton_key, limits, ttls=ttls)[0]
         return Finish(settled, tuple(granted))
 
     def finish(
@@ -391,6 +407,7 @@ class MemoryStore(BaseStore):
         limits: Limits,
         expect: Sequence[str] | None = None,
         finished_at: datetime | None = None,
+        ttls: QueueTtls | None = None,
     ) -> Finish:
         with self._critical():
             current = self._leased(run.run_id, owner) if owner is not None else self._runs.get(run.run_id)
@@ -401,17 +418,19 @@ class MemoryStore(BaseStore):
                 current.status not in PARKED_STATUSES or current.status not in (expect or PARKED_STATUSES)
             ):
                 return Finish(None)
-            return self._settle(current, status, output, error, limits)
+            return self._settle(current, status, output, error, limits, ttls)
 
     # -- operator actions --------------------------------------------------------------
-    def request_cancel(self, run_id: str, *, limits: Limits) -> Finish | RunRecord | None:
+    def request_cancel(
+        self, run_id: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish | RunRecord | None:
         with self._critical():
             run = self._runs.get(run_id)
             if run is None or run.is_terminal:
                 return run
             if run.status == RunStatus.RUNNING:
                 return self._replace(run, cancel_requested=True, wake_at=self.clock())
-            return self._settle(run, RunStatus.CANCELLED, None, CANCELLED_ERROR, limits)
+            return self._settle(run, RunStatus.CANCELLED, None, CANCELLED_ERROR, limits, ttls)
 
     def reset_for_retry(self, run_id: str, redelivery_seconds: float, deadline_at: datetime | None) -> RunRecord | None:
         with self._critical():
@@ -434,9 +453,11 @@ class MemoryStore(BaseStore):
                 fencing_token=None,
             )
 
-    def release(self, workflow_name: str, key: str, *, limits: Limits) -> tuple[RunRecord, ...]:
+    def release(
+        self, workflow_name: str, key: str, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> tuple[RunRecord, ...]:
         with self._critical():
-            return tuple(self._grant(workflow_name, key, limits)[0])
+            return tuple(self._grant(workflow_name, key, limits, ttls=ttls)[0])
 
     def add_signal(self, run_id: str, name: str, payload: Any, *, signal_id: str | None = None) -> RunRecord | None:
         with self._critical():
@@ -501,7 +522,9 @@ class MemoryStore(BaseStore):
         with self._critical():
             return super().expired_waiters(ttls, batch)
 
-    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits) -> Finish:
+    def expire_waiter(
+        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
+    ) -> Finish:
         with self._critical():
             current = self._runs.get(run.run_id)
             # Still a parked waiter that outlived ttl on this store's clock: a run
@@ -515,7 +538,7 @@ class MemoryStore(BaseStore):
                 or not queue_ttl_expired(current.created_at, ttl, self.clock())
             ):
                 return Finish(None)
-            return self._settle(current, RunStatus.CANCELLED, None, dict(QUEUE_TTL_ERROR), limits)
+            return self._settle(current, RunStatus.CANCELLED, None, dict(QUEUE_TTL_ERROR), limits, ttls)
 
     def request_timeout_cancel(self, run_id: str) -> bool:
         with self._critical():
@@ -525,7 +548,7 @@ class MemoryStore(BaseStore):
             self._replace(run, cancel_requested=True)
             return True
 
-    def catch_up(self, *, limits: Limits, batch: int) -> tuple[RunRecord, ...]:
+    def catch_up(self, *, limits: Limits, batch: int, ttls: QueueTtls | None = None) -> tuple[RunRecord, ...]:
         with self._critical():
             now = self.clock()
             keys = sorted(
@@ -544,7 +567,7 @@ class MemoryStore(BaseStore):
             granted: list[RunRecord] = []
             for workflow_name, key in keys[:batch]:
                 assert key is not None
-                granted.extend(self._grant(workflow_name, key, limits)[0])
+                granted.extend(self._grant(workflow_name, key, limits, ttls=ttls)[0])
             return tuple(granted)
 
     # -- reads ---------------------------------------------------------------------------

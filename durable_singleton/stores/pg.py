@@ -61,6 +61,7 @@ from ..admission import (
     is_due_sql_text,
     legacy_holder_sql_text,
     limit_in_force_sql_text,
+    queue_ttl_expired_sql_text,
 )
 from ..models import Run, SingletonKey
 from ..querysets import PG_NOW_SQL, RunQuerySet
@@ -261,9 +262,15 @@ def _queue(exclude: str) -> str:
     the limit in force), the untracked holders of an older release (``lg``),
     the holders and the front of the queue (``q``: at most twice the limit
     rows, one read of ``ds_run_queue_idx``), the free slots (``c``) and the
-    waiters in admission order (``w``) (S5, S12, K2). ``exclude``: a run id
-    parameter left out of the reads (the run this statement settles), or ''."""
+    waiters in admission order (``w``) (S5, S12, K2). A waiter past the
+    workflow's ``queue_ttl`` (the ``ttl`` parameter, seconds, NULL when none is
+    declared) by the database's clock as the row is read, after the key's
+    lock, is left out of ``q``, so of ``w``: no grant reaches it and it takes
+    no row of the front's ``LIMIT`` (X2). ``exclude``: a run id parameter left
+    out of the reads (the run this statement settles), or ''."""
     skip = f" AND q0.run_id <> %({exclude})s" if exclude else ""
+    expired = queue_ttl_expired_sql_text("q0", "%(ttl)s::float8", WRITTEN)
+    fresh = f" AND (q0.singleton_slot <> '{SlotState.WAITER.value}' OR NOT {expired})"
     skip_lg = f" AND l0.run_id <> %({exclude})s" if exclude else ""
     limit = limit_in_force_sql_text("%(declared)s", "k0.limit_override")
     holders = "(SELECT count(*) FROM q WHERE q.holds) + (SELECT lg.n FROM lg)"
@@ -273,7 +280,7 @@ def _queue(exclude: str) -> str:
         f" lg AS (SELECT count(*) AS n FROM {RUN} l0 WHERE l0.workflow_name = %(wf)s AND l0.singleton_key = %(key)s"
         f" AND {legacy_holder_sql_text('l0')}{skip_lg}),"
         f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.created_at, {holds_slot_sql_text('q0')} AS holds"
-        f" FROM {RUN} q0 WHERE q0.workflow_name = %(wf)s AND q0.singleton_key = %(key)s AND {FRONT_WHERE}{skip}"
+        f" FROM {RUN} q0 WHERE q0.workflow_name = %(wf)s AND q0.singleton_key = %(key)s AND {FRONT_WHERE}{skip}{fresh}"
         f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim FROM k)),"
         f" c AS (SELECT k.id, k.last_token, k.lim, {free_slots_sql_text('k.lim', holders, 'k.paused')} AS free FROM k),"
         " w AS (SELECT q.run_id, q.status, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
@@ -624,13 +631,21 @@ class FastPath:
         return Turn(TurnState.RUN, taken, recovered=recovered, steps=_known_steps(taken))
 
     def admit(
-        self, run: RunRecord, owner: str, lease_seconds: float, limits: Limits, delays: tuple[float, float]
+        self,
+        run: RunRecord,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        delays: tuple[float, float],
+        ttl: float | None = None,
     ) -> Turn | None:
         """Admit or park a tracked waiter in one message (S5, S9, K1). None: the
         claimant changed since it was read (nothing was written); the caller
         decides on the ORM path. ``delays``: the retry delays in seconds of a
         parked claimant among the first ``limit`` waiters and of one further back
-        (S5 step 5, S8a)."""
+        (S5 step 5, S8a). ``ttl``: the workflow's ``queue_ttl`` in seconds (None:
+        none); the waiters past it, the claimant included, get no slot (it is
+        parked; the tick ends it, X2)."""
         assert run.singleton_key is not None
         params = {
             "wf": run.workflow_name,
@@ -645,6 +660,7 @@ class FastPath:
             "redelivery": float(self.store.redelivery_seconds),
             "front": float(delays[0]),
             "backlog": float(delays[1]),
+            "ttl": None if ttl is None else float(ttl),
         }
         with self._cursor() as cursor:
             self._send(cursor, ADMIT_MESSAGE, params)
@@ -671,9 +687,11 @@ class FastPath:
         error: Any,
         limits: Limits,
         finished_at: Any,
+        ttl: float | None = None,
     ) -> Finish:
         """Settle ``run`` by compare-and-set on ``owner``'s unexpired lease and hand
-        its slot off, in one message (S7, S12, R5a, K1)."""
+        its slot off, in one message (S7, S12, R5a, K1); ``ttl``: the workflow's
+        ``queue_ttl`` in seconds (None: none), the waiters past it get no slot (X2)."""
         params: dict[str, Any] = {
             "run_id": run.run_id,
             "owner": owner,
@@ -692,6 +710,7 @@ class FastPath:
                     key=run.singleton_key,
                     declared=limits.get(run.workflow_name),
                     redelivery=float(self.store.redelivery_seconds),
+                    ttl=None if ttl is None else float(ttl),
                 )
                 self._send(cursor, FINISH_MESSAGE, params)
                 rows = self._last_result(cursor, FINISH_MESSAGE)

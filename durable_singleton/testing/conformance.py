@@ -4,7 +4,8 @@ Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 (S5, S9, R6), FIFO admission (S5 step 3), the handoff (S7, S7a), fencing
 (R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
 (D5), cancel (D6), the delayed start (X5), the queue TTL (X2, for a store
-with ``supports_queue_ttl``), the strategies of a busy start (X1:
+with ``supports_queue_ttl``: the tick ends a waiter past it, and no grant
+admits one, given the declared TTLs), the strategies of a busy start (X1:
 ``on_busy``; a store without ``supports_on_busy`` refuses the superseding
 ones with a typed error and writes nothing), for a store without an atomic claim the fallback
 warning (S14) and, for a store on the Django run table, that the admission
@@ -433,6 +434,60 @@ class StoreConformance:
         _settle_all(engine)
         assert bodies.entered == ["B"] and engine.get("B").status == RunStatus.COMPLETED
 
+    def test_no_grant_admits_a_waiter_past_its_queue_ttl(self, engine: Engine, bodies: _Bodies) -> None:
+        """X2, S5, S7, R5a: behind the holder H, A outlives the queue TTL and B,
+        started later, does not; with no tick: H's settle (passed the declared
+        TTLs, as the engine passes them) grants its slot to B, not A; B's settle
+        grants nothing (A is past its TTL), so the slot stays free; A's own
+        claim parks it without a slot; A stays a waiter (not cancelled) until
+        the tick ends it ``queue_ttl_expired``; A's body never runs."""
+        if not engine.store.supports_queue_ttl:
+            pytest.skip("the store ends no waiter by its queue_ttl (supports_queue_ttl is False)")
+        ttls = engine.queue_ttls()
+        engine.start("conf-ttl", {"k": "K"}, run_id="H")
+        engine.start("conf-ttl", {"k": "K"}, run_id="A")
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        assert self._turn(engine, "H", "h").state is TurnState.RUN
+        assert engine.execute("A") == Outcome.PARKED
+        time.sleep(QUEUE_TTL + 0.2)
+        engine.start("conf-ttl", {"k": "K"}, run_id="B")
+        assert engine.execute("B") == Outcome.PARKED
+        done = engine.store.finish(engine.get("H"), "h", RunStatus.COMPLETED, limits=engine.limits(), ttls=ttls)
+        assert [r.run_id for r in done.granted] == ["B"], "a handoff admitted a waiter past its queue TTL"
+        a = engine.get("A")
+        assert not a.admitted and a.is_parked and a.status != RunStatus.CANCELLED
+        taken = engine.store.begin_turn(
+            "B",
+            "b",
+            lease_seconds=30.0,
+            limits=engine.limits(),
+            max_recoveries=engine.settings.MAX_RECOVERIES,
+            retry=engine._retry_policy(),
+            known=done.granted[0],
+            ttls=ttls,
+        )
+        assert taken.state is TurnState.RUN
+        done = engine.store.finish(engine.get("B"), "b", RunStatus.COMPLETED, limits=engine.limits(), ttls=ttls)
+        assert done.settled and done.granted == (), "a handoff admitted a waiter past its queue TTL"
+        claim = engine.store.begin_turn(
+            "A",
+            "a",
+            lease_seconds=30.0,
+            limits=engine.limits(),
+            max_recoveries=engine.settings.MAX_RECOVERIES,
+            retry=engine._retry_policy(),
+            ttls=ttls,
+        )
+        assert claim.state is TurnState.PARKED and claim.granted == (), "a waiter past its queue TTL took a slot"
+        a = engine.get("A")
+        assert not a.admitted and a.is_parked and a.status != RunStatus.CANCELLED
+        assert [r.run_id for r in engine.store.active_runs_for_key("conf-ttl", "K") if r.admitted] == []
+        assert engine.tick().expired == ["A"]
+        a = engine.get("A")
+        assert a.status == RunStatus.CANCELLED and not a.admitted and a.error["code"] == "queue_ttl_expired"
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        assert "A" not in bodies.entered
+
     # -- the rules: one in Python, its twin in SQL -----------------------------------
     def test_the_rules_agree_in_python_and_sql(self, engine: Engine) -> None:
         """S5, S12, K2 (#16, #17): on every combination of status and markers the run
@@ -440,7 +495,8 @@ class StoreConformance:
         (``holds_slot_q``, ``legacy_holder_q``) and their SQL text (the raw
         statements' spelling) agree, and the store reads the same holders;
         ``limit_in_force`` / ``free_slots``, their ORM twins and their SQL text
-        agree on every declared limit, override, holder count and pause."""
+        agree on every declared limit, override, holder count and pause;
+        ``is_due`` (X5) and ``waiter_expired`` (X2) agree with their twins."""
         from django.db import connections
         from django.db.models import Value
 
@@ -550,6 +606,23 @@ class StoreConformance:
                 assert ids_where(f"run_id = '{next(iter(expected))}' AND {is_due_sql_text(table, PG_NOW_SQL)}") == (
                     {next(iter(expected))} if name != "future" else set()
                 ), name
+        # X2: waiter_expired, its ORM twin queue_ttl_expired_q and (on PostgreSQL) its SQL
+        # text agree on the database's clock, for no TTL, a TTL passed and one not passed.
+        from ..admission import queue_ttl_expired_q, queue_ttl_expired_sql_text, waiter_expired
+
+        probe_id = next(iter(expected))
+        runs.filter(pk=probe_id).update(created_at=store.now() - timedelta(seconds=60))
+        created = runs.get(pk=probe_id).created_at
+        for ttl in (None, 30.0, 3600.0):
+            python = waiter_expired(created, ttl, store.now())
+            assert python == (ttl == 30.0), ttl
+            if ttl is not None:
+                assert runs.filter(pk=probe_id).filter(queue_ttl_expired_q(ttl, DbNow())).exists() == python, ttl
+            if connection.vendor == "postgresql":
+                cond = queue_ttl_expired_sql_text(table, "%s::float8", PG_NOW_SQL)
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SELECT {cond} FROM {table} WHERE run_id = %s", [ttl, probe_id])
+                    assert cursor.fetchone()[0] is python, ttl
 
     def test_turn_on_its_way_agrees_in_python_and_sql(self, engine: Engine) -> None:
         """S8, S8a (#17): on every status, park reason and ``wake_at`` (none, an
