@@ -11,7 +11,9 @@ of violations, each naming the rule it breaks:
   than its limit. A body holds its key from its ``enter`` until the last
   write the store accepted from it: its exit when the park or settle that
   follows was accepted (the ``parked`` / ``settled`` audit events, sent only
-  after an accepted write), else its last accepted step. A body fenced
+  after an accepted write), else its last accepted step (at its row's
+  ``finished_at`` in the final dump when that is earlier than its ``stored``
+  line: a process frozen between the commit and the line). A body fenced
   after a freeze or a partition keeps running on its own, but nothing it
   does is accepted: it is counted as a fenced overlap, not a holder. A run
   holds its slot between its bodies too (a sleep, a signal wait, a child, a
@@ -150,6 +152,8 @@ class Body:
     how: str | None = None
     accepted_exit: bool = False
     stored_t: list[float] = field(default_factory=list)
+    #: The step position of each ``stored_t``.
+    stored_i: list[int] = field(default_factory=list)
     exec_t: list[float] = field(default_factory=list)
 
     @property
@@ -193,6 +197,7 @@ def bodies_of(audit: list[dict[str, Any]]) -> list[Body]:
             body = open_by_pid.get(pid)
             if body is not None and body.run == event["run"]:
                 body.stored_t.append(event["t"])
+                body.stored_i.append(event["i"])
         elif kind == "exit":
             body = open_by_pid.pop(pid, None)
             if body is not None and body.run == event["run"]:
@@ -254,6 +259,20 @@ def check(out: Path) -> dict[str, Any]:
         violations.append({"rule": rule, **detail})
 
     every_body = bodies_of(audit)
+    # A ``stored`` line is written after the step's commit returned: a process
+    # frozen (SIGSTOP) between the two writes it late, after a takeover. The
+    # write was accepted when the step's row was written: its ``finished_at``
+    # in the final dump (plus CLOCK_MARGIN for the two clocks), if earlier.
+    committed: dict[tuple[str, int], tuple[float, Any]] = {}
+    for row in final.get("steps", []):
+        result = row.get("result")
+        if isinstance(result, dict) and row.get("finished_at") is not None:
+            committed[(row["run_id"], result.get("i"))] = (row["finished_at"] + CLOCK_MARGIN, result.get("token"))
+    for body in every_body:
+        for n, (i, t) in enumerate(zip(body.stored_i, body.stored_t, strict=True)):
+            at, token = committed.get((body.run, i), (t, None))
+            if token == body.token and at < t:
+                body.stored_t[n] = at
     # A stale body: it entered with a token lower than one a body of its run
     # had already entered with (a holder frozen between its claim and its
     # body, thawed after a takeover). It holds nothing (K1, R5): none of its

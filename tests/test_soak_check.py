@@ -301,6 +301,29 @@ def test_a_terminal_run_that_changes_status_is_found(tmp_path: Path) -> None:
     assert "terminal_changed" in _rules(_write(tmp_path, audit, events, runs))
 
 
+def test_a_stored_line_written_late_by_a_frozen_process_counts_at_its_commit(tmp_path: Path) -> None:
+    """S6, S9: a's body (token 1) committed step 0 at 1.4 and was frozen before
+    writing its ``stored`` line; a recovery (token 2) ran a from step 1 and b
+    was admitted (token 3); the thawed process wrote ``stored`` at 4.0 and
+    stopped (lease lost). Seen in a MariaDB soak: no overlap, since the write
+    was accepted at the row's ``finished_at``. Had the row been written after b
+    entered (finished_at 3.9), that is over_admission."""
+    first = [e for e in _body("a", 10, 1, 1.0, 2.0) if e["e"] in ("enter", "exec")]
+    late = [{"e": "stored", "t": T0 + 4.0, "pid": 10, "run": "a", "i": 0, "token": 1},
+            {"e": "exit", "t": T0 + 4.001, "pid": 10, "run": "a", "token": 1, "how": "LeaseLostError"}]  # fmt: skip
+    second = [e for e in _body("a", 11, 2, 3.0, 3.2, recoveries=1, steps=0)]
+    audit = first + late + second + _body("b", 11, 3, 3.3, 3.5)
+    runs = [_run("a", 0.1), _run("b", 0.2)]
+
+    def steps(finished: float) -> list[dict[str, Any]]:
+        return [{"run_id": "a", "position": 0, "name": "soak:work", "finished_at": T0 + finished,
+                 "result": {"i": 0, "pid": 10, "token": 1}}]  # fmt: skip
+
+    folder = _final(_write(tmp_path, audit, _starts("a", "b"), runs), steps=steps(1.4))
+    assert check(folder)["violations"] == []
+    assert "over_admission" in _rules(_final(folder, steps=steps(3.9)))
+
+
 def test_a_stale_body_entering_after_a_takeover_holds_nothing_unless_a_write_is_accepted(tmp_path: Path) -> None:
     """K1, R5: a's holder was frozen between its claim (token 1) and its body;
     a recovery ran a with token 3 and completed it, b was admitted (token 4);

@@ -17,6 +17,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote
 
+from django.db import connection
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -31,14 +32,21 @@ from .models import BodyAudit
 @step("inventory:fetch")
 def fetch(store: dict[str, Any]) -> list[dict[str, Any]]:
     """Record the body's entry, pretend to fetch the store's items for ``duration`` seconds."""
-    BodyAudit.objects.update_or_create(
+    # One upsert (INSERT ... ON CONFLICT / ON DUPLICATE KEY UPDATE): update_or_create's
+    # SELECT ... FOR UPDATE of a missing row takes a gap lock on MariaDB, and two
+    # bodies inserting at once deadlocked (1213), failing a run in a soak.
+    audit = BodyAudit(
         run_id=store["run_id"],
-        defaults={
-            "workflow_name": store["workflow"],
-            "key": f"store:{store['store_id']}",
-            "entered_at": timezone.now(),
-            "pid": os.getpid(),
-        },
+        workflow_name=store["workflow"],
+        key=f"store:{store['store_id']}",
+        entered_at=timezone.now(),
+        pid=os.getpid(),
+    )
+    BodyAudit.objects.bulk_create(
+        [audit],
+        update_conflicts=True,
+        unique_fields=None if connection.vendor == "mysql" else ["run_id"],  # MySQL: ON DUPLICATE KEY
+        update_fields=["workflow_name", "key", "entered_at", "pid"],
     )
     time.sleep(float(store.get("duration", 0)))
     return [{"sku": f"{store['store_id']}-{n}", "qty": n} for n in range(3)]
