@@ -48,7 +48,9 @@ def _kill_after_the_child_insert() -> None:
 
     def after_insert(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
         result = execute(sql, params, many, context)
-        if sql.lstrip().upper().startswith("INSERT") and Run._meta.db_table in sql:
+        head = sql.lstrip()
+        # The INSERT as text, or the fast path's prepared start by name (PostgreSQL with prepare_threshold).
+        if (head.upper().startswith("INSERT") and Run._meta.db_table in sql) or head.startswith("EXECUTE ds_start"):
             connection.execute_wrappers.remove(after_insert)
             kill_backend(backend)  # the child's row is committed (autocommit)
         return result
