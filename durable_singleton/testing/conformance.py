@@ -55,6 +55,18 @@ DELAY = 3.0  # seconds: a delayed start's not_before, long enough for the claims
 QUEUE_TTL = 1.0  # seconds: the queue TTL of conf-ttl's waiters (X2)
 
 
+def _refused_without_on_busy(engine: Engine, workflow: str) -> bool:
+    """On a store without ``supports_on_busy``: check that a start of
+    ``workflow`` (a superseding strategy, X1) raises UnsupportedByStoreError and
+    writes nothing, and return True (the check is done); else False."""
+    if engine.store.supports_on_busy:
+        return False
+    with pytest.raises(UnsupportedByStoreError):
+        engine.start(workflow, {"k": "K"}, run_id="A")
+    assert engine.store.get_run("A") is None
+    return True
+
+
 class _Bodies:
     """Records body entries per key and the highest number running at once."""
 
@@ -288,10 +300,7 @@ class StoreConformance:
         waiter before it cancelled with code ``replaced`` and leaves the holder
         alone; the newest runs after the holder. A store without
         ``supports_on_busy`` refuses the start and writes nothing."""
-        if not engine.store.supports_on_busy:
-            with pytest.raises(UnsupportedByStoreError):
-                engine.start("conf-replace_queued", {"k": "K"}, run_id="A")
-            assert engine.store.get_run("A") is None
+        if _refused_without_on_busy(engine, "conf-replace_queued"):
             return
         engine.start("conf-replace_queued", {"k": "K"}, run_id="A")
         assert self._turn(engine, "A", "w").state is TurnState.RUN
@@ -311,10 +320,7 @@ class StoreConformance:
         """X1, D6, S7: a "cancel_in_progress" start asks the running holder to
         stop (its next step boundary answers cancelled) and replaces the waiter;
         the holder's cancelled settle hands its slot to the start, which runs."""
-        if not engine.store.supports_on_busy:
-            with pytest.raises(UnsupportedByStoreError):
-                engine.start("conf-cancel_in_progress", {"k": "K"}, run_id="A")
-            assert engine.store.get_run("A") is None
+        if _refused_without_on_busy(engine, "conf-cancel_in_progress"):
             return
         engine.start("conf-cancel_in_progress", {"k": "K"}, run_id="A")
         assert self._turn(engine, "A", "w").state is TurnState.RUN
