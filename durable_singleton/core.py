@@ -754,7 +754,7 @@ class Core:
         pending = list(run_ids)
         lock = threading.Lock()
 
-        def send_on() -> None:
+        def send_on() -> None:  # on the timer's thread
             with lock:
                 rest = pending[:]
                 pending.clear()
@@ -768,10 +768,8 @@ class Core:
             except Exception:  # the runs keep their wake_at: the tick sends them (S8)
                 logger.exception("could not send on %d turns of a batch; the tick will send them", len(rest))
             finally:
-                if threading.current_thread() is not thread:
-                    self.dispatcher.close_thread_resources()
+                self.dispatcher.close_thread_resources()
 
-        thread = threading.current_thread()
         timer = threading.Timer(max_seconds, send_on) if len(pending) > 1 else None
         if timer is not None:
             timer.daemon = True
@@ -789,8 +787,6 @@ class Core:
                 except Exception:
                     logger.exception("turn of run %s failed; the batch goes on", run_id)
                     outcomes.append(Outcome.INTERRUPTED)
-                if time.monotonic() >= deadline:
-                    send_on()
         finally:
             if timer is not None:
                 timer.cancel()
