@@ -82,6 +82,20 @@ def sleep_past_lease(engine: Any, run_id: str, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def waiter_behind_a_freed_slot(engine: Any, registry: Registry, monitor: Monitor) -> None:
+    """Key K of workflow ``wf`` (:func:`audited`): holder A claimed, B parked
+    behind it, then A's slot freed with no handoff (as a crash between the two
+    would leave it), and the dispatcher's record of sends cleared: only the
+    tick's catch-up can grant B now (S8)."""
+    audited(registry, monitor)
+    engine.start("wf", {"k": "K"}, run_id="A")
+    engine.start("wf", {"k": "K"}, run_id="B")
+    assert claim(engine, "A", "w").state.value == "run"
+    assert engine.execute("B") == "parked"
+    free_slot_without_handoff(engine, "A")
+    engine.dispatcher.sent.clear()
+
+
 def admitted(turn: Any) -> str:
     """Return "admitted", "parked" or "gone" for a :class:`Turn` (the old claim's verdicts)."""
     from durable_singleton.stores.base import TurnState

@@ -32,7 +32,7 @@ from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 
 from .conftest import Monitor, run_threads, spawn, vendor
-from .helpers import audited, claim, free_slot_without_handoff
+from .helpers import audited, claim, free_slot_without_handoff, waiter_behind_a_freed_slot
 
 django_only = pytest.mark.django_db(transaction=True)
 
@@ -314,13 +314,7 @@ def test_same_run_id_racing_on_a_capped_key_returns_the_run(registry: Registry) 
 def test_two_ticks_send_a_caught_up_waiter_once(engine: Engine, registry: Registry, monitor: Monitor) -> None:
     """Defect 8, S7a: a waiter granted by the catch-up is sent once; the next
     tick and a concurrent one do not send it again within the redelivery window."""
-    audited(registry, monitor)
-    engine.start("wf", {"k": "K"}, run_id="A")
-    engine.start("wf", {"k": "K"}, run_id="B")
-    assert claim(engine, "A", "w").state.value == "run"
-    assert engine.execute("B") == "parked"
-    free_slot_without_handoff(engine, "A")
-    engine.dispatcher.sent.clear()
+    waiter_behind_a_freed_slot(engine, registry, monitor)
     reports = [engine.tick(), engine.tick()]
     run_threads(3, lambda i: engine.tick())
     assert engine.dispatcher.sent.count("B") == 1

@@ -16,7 +16,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 
 from .conftest import Monitor
-from .helpers import audited, claim, free_slot_without_handoff
+from .helpers import audited, waiter_behind_a_freed_slot
 
 
 def test_a_waiter_granted_by_the_catch_up_is_announced_as_admitted(
@@ -24,13 +24,7 @@ def test_a_waiter_granted_by_the_catch_up_is_announced_as_admitted(
 ) -> None:
     """S7, O4: the tick's catch-up grants B the slot A freed without a handoff;
     ``run_admitted`` fires for B once, as for a handoff's grant, and B's turn is sent."""
-    audited(registry, monitor)
-    engine.start("wf", {"k": "K"}, run_id="A")
-    engine.start("wf", {"k": "K"}, run_id="B")
-    assert claim(engine, "A", "w").state.value == "run"
-    assert engine.execute("B") == "parked"
-    free_slot_without_handoff(engine, "A")
-    engine.dispatcher.sent.clear()
+    waiter_behind_a_freed_slot(engine, registry, monitor)
     admitted: list[str] = []
 
     def receiver(sender: Any, run: Any, **kwargs: Any) -> None:
