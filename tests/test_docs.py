@@ -29,8 +29,8 @@ def test_spec_page_is_generated_from_the_current_contract() -> None:
 def test_every_rule_of_the_spec_page_has_an_anchor_of_its_name() -> None:
     """Each numbered rule (R1..O4, F1..F16) is addressable: ``.. _S5:`` before ``**S5.**``."""
     text = (ROOT / "docs" / "spec.rst").read_text()
-    rules = re.findall(r"^\*\*([RSDKOF]\d+[a-z]?)\.\*\*", text, flags=re.MULTILINE)
-    anchors = re.findall(r"^\.\. _([RSDKOF]\d+[a-z]?):$", text, flags=re.MULTILINE)
+    rules = re.findall(r"^\*\*([RSDKOFX]\d+[a-z]?)\.\*\*", text, flags=re.MULTILINE)
+    anchors = re.findall(r"^\.\. _([RSDKOFX]\d+[a-z]?):$", text, flags=re.MULTILINE)
     assert rules == anchors
     assert {"R1", "R5a", "S5", "S8a", "S13a", "D10", "K4", "O4", "F16"} <= set(rules)
     assert len(rules) == len(set(rules))

@@ -1,5 +1,7 @@
 """Write docs/spec.rst from the project's contract (SPEC.md) and field cases
-(FIELD_CASES.md), as reStructuredText with one anchor per rule.
+(FIELD_CASES.md), as reStructuredText with one anchor per rule, with the
+project's own sub-rules (docs/rules/*.md, e.g. X3a..X3j) each placed after the
+rule it refines.
 
     python tools/spec_rst.py [SPEC.md FIELD_CASES.md]      # rewrite docs/spec.rst
     python tools/spec_rst.py --check [...]                 # exit 1 if docs/spec.rst is stale
@@ -19,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTPUT = ROOT / "docs" / "spec.rst"
-RULE = re.compile(r"^([RSDKOF]\d+[a-z]?)\. (.*)$")
+RULE = re.compile(r"^([RSDKOFX]\d+[a-z]?)\. (.*)$")
+PROJECT_RULES = ROOT / "docs" / "rules"
 HEADING = re.compile(r"^## (\d+[a-z]?)\. (.*)$")
 SUBITEM = re.compile(r"^    \d+\. ")
 CODE = re.compile(r"`([^`]+)`")
@@ -32,10 +35,12 @@ The contract
 ============
 
 The behaviour durable_singleton is built to, with the numbered rules (R, S, D,
-K, O) that tests, docstrings and notes cite, and the field cases (F1-F16):
+K, X, O) that tests, docstrings and notes cite, and the field cases (F1-F16):
 failures other job systems shipped, each kept as a test in the repository's
 ``tests/``. Every rule has an anchor of its own name (``spec.html#s5``,
-``:ref:`S5```).
+``:ref:`S5```). The sub-rules with a letter after a rule of section 5c
+(X3a..) are the project's own refinements of that rule (``docs/rules/`` in
+the repository), placed after it.
 
 This page is the target the code is built to, not a list of what has
 shipped: ``CHANGES.rst`` says what each release ships, and the other pages
@@ -55,7 +60,7 @@ def inline(text: str, labels: set[str]) -> str:
         part = part.replace("*", r"\*")
         out.append(
             re.sub(
-                r"(?<![\w-])([RSDKOF]\d+[a-z]?)(?![\w-])",
+                r"(?<![\w-])([RSDKOFX]\d+[a-z]?)(?![\w-])",
                 lambda m: f":ref:`{m.group(1)} <{m.group(1)}>`" if m.group(1) in labels else m.group(1),
                 part,
             )
@@ -158,7 +163,45 @@ def convert(markdown: str, labels: set[str], *, level: str, skip_title: bool) ->
     return "\n".join(out)
 
 
-def render(spec: str, cases: str) -> str:
+def rule_blocks(markdown: str) -> list[tuple[str, list[str]]]:
+    """The numbered rules of ``markdown``, each with its lines (first and continuations)."""
+    blocks: list[tuple[str, list[str]]] = []
+    for line in markdown.splitlines():
+        if m := RULE.match(line):
+            blocks.append((m.group(1), [line]))
+        elif blocks and line.startswith("    "):
+            blocks[-1][1].append(line)
+    return blocks
+
+
+def with_project_rules(spec: str, extra: str) -> str:
+    """Insert each sub-rule of ``extra`` ("X3a.") after the SPEC rule it refines ("X3.")
+    and its sub-rules placed before it; a sub-rule of a rule SPEC.md lacks is an error."""
+    lines = spec.splitlines()
+    for rule, block in rule_blocks(extra):
+        parent = rule.rstrip("abcdefghijklmnopqrstuvwxyz")
+        start = next((n for n, line in enumerate(lines) if line.startswith(f"{parent}. ")), None)
+        if start is None or parent == rule:
+            raise SystemExit(f"docs/rules: {rule} refines no rule of SPEC.md")
+        end = start + 1
+        while end < len(lines) and (lines[end].startswith("    ") or _refines(lines[end], parent)):
+            end += 1
+        lines[end:end] = block
+    return "\n".join(lines) + "\n"
+
+
+def _refines(line: str, parent: str) -> bool:
+    m = RULE.match(line)
+    return m is not None and m.group(1) != parent and m.group(1).rstrip("abcdefghijklmnopqrstuvwxyz") == parent
+
+
+def project_rules() -> str:
+    """The project's own sub-rules, every docs/rules/*.md in name order."""
+    return "\n".join(path.read_text() for path in sorted(PROJECT_RULES.glob("*.md")))
+
+
+def render(spec: str, cases: str, extra: str = "") -> str:
+    spec = with_project_rules(spec, extra) if extra else spec
     labels = labels_of(spec, cases)
     body = convert(spec, labels, level="=", skip_title=True)
     field = convert(cases, labels, level="-", skip_title=False)
@@ -171,7 +214,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("spec", nargs="?", type=Path, default=ROOT.parent / "shared" / "SPEC.md")
     parser.add_argument("cases", nargs="?", type=Path, default=ROOT.parent / "shared" / "cases" / "FIELD_CASES.md")
     args = parser.parse_args(argv)
-    text = render(args.spec.read_text(), args.cases.read_text())
+    text = render(args.spec.read_text(), args.cases.read_text(), project_rules())
     if args.check:
         if OUTPUT.read_text() != text:
             print(f"{OUTPUT} is stale: run python tools/spec_rst.py", file=sys.stderr)
