@@ -237,6 +237,18 @@ def test_durable_queues_prints_plain_columns_without_rich(
 
 
 @pytest.mark.django_db
+def test_durable_queues_title_says_one_key_in_the_singular(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """O3: one key with active runs is "1 key", not "1 keys" (ngettext, as the admin's messages)."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    bulk_queue(["store:A"], waiters=1)
+    call_command("durable_queues")
+    assert capsys.readouterr().out.splitlines()[0] == "1 key with active runs, 1 holding, 1 waiting"
+
+
+@pytest.mark.django_db
 def test_durable_queues_cap_is_the_figure_full_counts_against(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
+from django.utils.translation import ngettext
 
 from ... import queues
 from ...admission import KEY_MAX_LENGTH
@@ -96,7 +97,11 @@ class Command(BaseCommand):
     def _table(self, page: queues.QueuePage, now: Any) -> str:
         """Render the page as a text table: with rich when it is installed
         (``durable-singleton[rich]``), else as plain aligned columns."""
-        title = f"{page.keys} keys with active runs, {page.holders} holding, {page.waiting} waiting"
+        title = ngettext(
+            "%(keys)d key with active runs, %(holders)d holding, %(waiting)d waiting",
+            "%(keys)d keys with active runs, %(holders)d holding, %(waiting)d waiting",
+            page.keys,
+        ) % {"keys": page.keys, "holders": page.holders, "waiting": page.waiting}
         caption = f"as of {now:%Y-%m-%d %H:%M:%S %Z}" + (
             f"; first {len(page.rows)} rows" if len(page.rows) < page.keys else ""
         )
