@@ -465,12 +465,24 @@ def check(out: Path) -> dict[str, Any]:
                 violate("worked_after_cancel", run=body.run, executed=at, cancelled=cancel)
 
     # -- a terminal run never changes status (R2) -------------------------------------
-    settles: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    # Settles are ordered by the fencing token of the admission they ended, then by time:
+    # a body's settle by its own entry's token, any other (the tick's, a cancel's) by the
+    # run's newest token entered by then. A process frozen between its settle's commit and
+    # its audit line writes the line late, after a retry's body settled (K1, D9).
+    settles: dict[str, list[tuple[int, float, str]]] = defaultdict(list)
+    body_token: dict[tuple[str, object], int] = {}
+    newest_token: dict[str, int] = {}
     for event in audit:
-        if event["e"] == "settled":
-            settles[event["run"]].append((event["t"], event.get("status", "")))
+        if event["e"] == "enter" and isinstance(event.get("token"), int):
+            body_token[(event["run"], event.get("pid"))] = event["token"]
+            newest_token[event["run"]] = max(newest_token.get(event["run"], 0), event["token"])
+        elif event["e"] == "settled":
+            token = body_token.pop((event["run"], event.get("pid")), None)
+            if token is None:
+                token = newest_token.get(event["run"], 0)
+            settles[event["run"]].append((token, event["t"], event.get("status", "")))
     for run_id, written in settles.items():
-        statuses = [status for _, status in sorted(written)]
+        statuses = [status for _, _, status in sorted(written)]
         retried = len(retries.get(run_id, ()))
         final_status = runs.get(run_id, {}).get("status")
         if (

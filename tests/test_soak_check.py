@@ -507,3 +507,22 @@ def test_a_retry_line_written_after_the_retried_run_failed_again_answers_the_fir
     report = check(_write(tmp_path, audit, events, runs))
     assert report["violations"] == []
     assert report["max_holders_by_limit"] == {"1": 1}
+
+
+def test_a_settled_line_written_late_by_a_frozen_process_counts_at_its_admission(tmp_path: Path) -> None:
+    """R2, D9, K1: a's body (token 1) failed on its flaky step and its settle
+    committed, then its process was frozen before writing the ``settled`` line;
+    the driver retried a, whose second body (token 2) completed; the thawed
+    process wrote ``failed`` at 6.0. Seen in the 111,142-run PostgreSQL soak
+    (run s070801): the settles are ordered by the admission they ended, so
+    failed then completed, with one retry between, is no terminal change. A
+    ``failed`` written by a newer admission after the completion still is."""
+    first = [e for e in _body("a", 10, 1, 1.0, 1.1, steps=0, settle=None)]
+    late = {"e": "settled", "t": T0 + 6.0, "pid": 10, "run": "a", "status": "failed"}
+    audit = [*first, *_body("a", 11, 2, 2.0, 2.5, steps=0), late]
+    events = [*_starts("a"), {"e": "retry", "t": T0 + 1.5, "run": "a"}]
+    assert "terminal_changed" not in _rules(_write(tmp_path, audit, events, [_run("a", 0.1)]))
+
+    newer = [*first, *_body("a", 11, 2, 2.0, 2.5, steps=0), *_body("a", 12, 3, 5.0, 5.5, steps=0, settle=None),
+             {"e": "settled", "t": T0 + 6.0, "pid": 12, "run": "a", "status": "failed"}]  # fmt: skip
+    assert "terminal_changed" in _rules(_write(tmp_path, newer, events, [_run("a", 0.1)]))
