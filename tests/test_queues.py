@@ -219,13 +219,18 @@ def test_durable_queues_prints_the_table_and_json(capsys: pytest.CaptureFixture[
         call_command("durable_queues", "--sort", "bogus")
 
 
+def _without_rich(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make ``import rich`` fail, as when the optional extra is not installed."""
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+
+
 @pytest.mark.django_db
 def test_durable_queues_prints_plain_columns_without_rich(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """rich is an optional extra (issue #10): without it the command prints the same table as plain columns."""
-    monkeypatch.setitem(sys.modules, "rich", None)
-    monkeypatch.setitem(sys.modules, "rich.console", None)
+    _without_rich(monkeypatch)
     bulk_queue(["store:A", "store:B"], waiters=2)
     call_command("durable_queues", "--sort", "key")
     lines = capsys.readouterr().out.splitlines()
@@ -241,8 +246,7 @@ def test_durable_queues_title_says_one_key_in_the_singular(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """O3: one key with active runs is "1 key", not "1 keys" (ngettext, as the admin's messages)."""
-    monkeypatch.setitem(sys.modules, "rich", None)
-    monkeypatch.setitem(sys.modules, "rich.console", None)
+    _without_rich(monkeypatch)
     bulk_queue(["store:A"], waiters=1)
     call_command("durable_queues")
     assert capsys.readouterr().out.splitlines()[0] == "1 key with active runs, 1 holding, 1 waiting"
@@ -255,8 +259,7 @@ def test_durable_queues_cap_is_the_figure_full_counts_against(
     """S15, issue #19 point 8: the cap column is limit + max_queue_depth, the
     active runs at which start refuses, the same figure as the one after the
     slash in the full column (it showed max_queue_depth: "cap 2" beside "2/3")."""
-    monkeypatch.setitem(sys.modules, "rich", None)
-    monkeypatch.setitem(sys.modules, "rich.console", None)
+    _without_rich(monkeypatch)
     bulk_queue(["store:A"], workflow="sync-inventory", holders=1, waiters=1)  # limit 1, max_queue_depth 2
     call_command("durable_queues")
     lines = capsys.readouterr().out.splitlines()
