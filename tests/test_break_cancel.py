@@ -24,8 +24,8 @@ class _CancelAfterRead(DjangoStore):
     def _read_for_turn(self, run_id: str) -> Any:
         return self._then_cancel(run_id, super()._read_for_turn(run_id))
 
-    def _fast_read(self, fast: Any, run_id: str) -> Any:  # the PostgreSQL fast path's read (#17)
-        return self._then_cancel(run_id, super()._fast_read(fast, run_id))
+    def _fast_claim(self, fast: Any, run_id: str, *args: Any) -> Any:  # the PostgreSQL fast path's read (#17)
+        return self._then_cancel(run_id, super()._fast_claim(fast, run_id, *args))
 
     def _then_cancel(self, run_id: str, read: Any) -> Any:
         if self.armed:

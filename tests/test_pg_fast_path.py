@@ -95,9 +95,10 @@ def test_the_record_covers_every_column_of_the_run_table() -> None:
 
 def test_each_transaction_of_a_run_is_one_round_trip_on_postgresql(engine: Engine) -> None:
     """S5, S7, R5a (#17): on PostgreSQL a singleton run on an idle key costs the
-    start's INSERT, the read, one admission message and one handoff message, with
-    no BEGIN or COMMIT and no read of its (absent) steps; a waiter admitted by that
-    handoff costs one confirmation claim. Elsewhere the ORM path is taken."""
+    start's INSERT, one claim message (its admission and the read) and one handoff
+    message, with no BEGIN or COMMIT and no read of its (absent) steps; a waiter
+    admitted by that handoff costs one confirmation claim. Elsewhere the ORM path
+    is taken."""
     engine.start("fp-keyed", {"k": "K"}, run_id="a")
     engine.start("fp-keyed", {"k": "K"}, run_id="b")
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
@@ -106,9 +107,10 @@ def test_each_transaction_of_a_run_is_one_round_trip_on_postgresql(engine: Engin
     if connection.vendor != "postgresql":
         assert any(_control(s) for s in sql)
         return
-    # read + admission of a, handoff of a (grants b), confirmation of b, handoff of b.
+    # admission + read of a (one message), handoff of a (grants b), confirmation of b, handoff of b.
     assert not any(_control(s) for s in sql), sql
-    assert len(sql) == 5, sql
+    assert len(sql) == 4, sql
+    assert "claim_admit" in sql[0] or "WITH me AS" in sql[0], sql
     assert not any("durable_singleton_step" in s for s in sql), "the steps were read"
 
 
@@ -158,7 +160,7 @@ def test_the_fast_path_prepares_each_statement_once_per_connection(engine: Engin
     first = _sent(lambda: _chain(engine, "P1"))
     assert any(s.startswith("PREPARE ") for s in first), (len(first), [s[:50] for s in first])
     names = _prepared()
-    assert {n.split("_")[1] for n in names} >= {"read", "take", "finish", "admit", "create", "lock", "start"}, names
+    assert {n.split("_")[1] for n in names} >= {"read", "take", "finish", "claim", "create", "lock", "start"}, names
     again = _sent(lambda: _chain(engine, "P2"))
     assert not any(s.startswith("PREPARE ") for s in again), again
     assert any("EXECUTE ds_finish_" in s for s in again), again

@@ -863,11 +863,18 @@ class DjangoStore(BaseStore):
         S6, R5a, R6). None: the ORM path decides (a requested cancel, a recovery of
         a holder or past ``max_recoveries``, an untracked run of an older release,
         a workflow this process does not declare, a claimant changed under us)."""
+        delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
         if known is not None and known.admitted and known.is_parked:
             run: RunRecord | None = known
             expired, due = False, True  # granted: admitted while due (X5)
         else:
-            run, expired, due = self._fast_read(fast, run_id)
+            # A waiter's first turn is admitted in the same message as the read (4 round trips a
+            # run on an idle key become 3); for any other run the message is the read alone.
+            admitted, (run, expired, due) = self._retrying(
+                lambda: self._fast_claim(fast, run_id, owner, lease_seconds, limits, delays, ttls or {})
+            )
+            if admitted is not None:
+                return admitted
         if run is None:
             return Turn(TurnState.SKIPPED)
         if run.is_terminal or (run.status == RunStatus.RUNNING and not expired):
@@ -883,14 +890,24 @@ class DjangoStore(BaseStore):
             return fast.take(run, owner, lease_seconds, recovered=recovered, holder=run.singleton_key is not None)
         if recovered or not run.tracked or run.workflow_name not in limits:
             return None
-        delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
         ttl = (ttls or {}).get(run.workflow_name)
         return self._retrying(lambda: fast.admit(run, owner, lease_seconds, limits, delays, ttl))
 
-    def _fast_read(self, fast: pg.FastPath, run_id: str) -> tuple[RunRecord | None, bool, bool]:
-        """The fast path's read of a turn (:meth:`_read_for_turn`'s twin): the run,
-        whether its lease expired and whether it is due (X5), on the database's clock."""
-        return fast.read(run_id)
+    def _fast_claim(
+        self,
+        fast: pg.FastPath,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        delays: tuple[float, float],
+        ttls: QueueTtls,
+    ) -> tuple[Turn | None, tuple[RunRecord | None, bool, bool]]:
+        """The fast path's first message of a turn (:meth:`pg.FastPath.claim`): a
+        candidate waiter's admission and the read that :meth:`_read_for_turn` is
+        the ORM path's twin of (the run, whether its lease expired and whether it
+        is due, X5, on the database's clock)."""
+        return fast.claim(run_id, owner, lease_seconds, limits, delays, ttls)
 
     def _take_over(self, row: Run, record: RunRecord, taken: RunRecord, take: dict[str, Any]) -> Turn:
         """Recover a holder whose lease expired, with a new token from its key's counter (K1, R5).
@@ -1260,9 +1277,7 @@ class DjangoStore(BaseStore):
         )
         return [record_of(r) for r in rows]
 
-    def expire_waiter(
-        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
-    ) -> Finish:
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None) -> Finish:
         if run.singleton_key is None:
             return Finish(None)
         # Under the key's lock, so no admission of the key is halfway; a run admitted

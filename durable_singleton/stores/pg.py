@@ -5,8 +5,10 @@ connection's cursor on PostgreSQL (psycopg 3 with client-side binding, Django's
 default), and keeps its ORM path for every other database and for the rare
 cases named below. Each is one round trip:
 
-* the read of a turn (:data:`READ`), with "has its lease expired?" decided by
-  the database's clock;
+* the first message of a turn (:meth:`FastPath.claim`): a waiter's admission
+  as below, its values read from its own row after its key's lock, then the
+  read of the run (:data:`READ`), with "has its lease expired?" decided by the
+  database's clock; a run that was no waiter to admit goes on from that read;
 * the confirmation claim of a holder, a run without a key or a run this
   process just granted (:meth:`FastPath.take`): one ``UPDATE ... RETURNING``,
   a compare-and-set on what was read; its ``step_count`` tells the engine
@@ -66,7 +68,7 @@ from ..admission import (
 from ..models import Run, SingletonKey
 from ..querysets import PG_NOW_SQL, RunQuerySet
 from ..records import RunRecord, StepRecord
-from ..statuses import ParkReason, RunStatus, SlotState
+from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState
 from .base import Finish, Limits, Turn, TurnState
 
 
@@ -80,6 +82,7 @@ class Store(Protocol):
     @property
     def redelivery_seconds(self) -> float:
         """How long a granted waiter's turn is left to arrive before the tick sends it (S7a)."""
+
 
 __all__ = ["FastPath", "Store", "usable"]
 
@@ -257,7 +260,17 @@ CREATE_KEY = (
 LOCK_KEY = f"SELECT k.id FROM {KEY} k WHERE k.workflow_name = %(wf)s AND k.key = %(key)s FOR UPDATE"
 
 
-def _queue(exclude: str) -> str:
+def _param(name: str) -> str:
+    """A value of a statement given as the parameter ``name``."""
+    return f"%({name})s"
+
+
+def _claimed(name: str) -> str:
+    """A value of a statement read from the claimant's own row (the ``me`` CTE of :data:`CLAIM_ADMIT`)."""
+    return f"(SELECT me.{name} FROM me)"
+
+
+def _queue(exclude: str, value: Any = _param) -> str:
     """The CTEs every grant reads, under the key's lock: the key (``k``, with
     the limit in force), the untracked holders of an older release (``lg``),
     the holders and the front of the queue (``q``: at most twice the limit
@@ -267,20 +280,24 @@ def _queue(exclude: str) -> str:
     declared) by the database's clock as the row is read, after the key's
     lock, is left out of ``q``, so of ``w``: no grant reaches it and it takes
     no row of the front's ``LIMIT`` (X2). ``exclude``: a run id parameter left
-    out of the reads (the run this statement settles), or ''."""
+    out of the reads (the run this statement settles), or ''. ``value``: the
+    SQL of the workflow (``wf``), the key (``key``), the declared limit
+    (``declared``) and the TTL (``ttl``) by name (:func:`_param`: parameters;
+    :func:`_claimed`: the claimant's row)."""
+    wf, key = value("wf"), value("key")
     skip = f" AND q0.run_id <> %({exclude})s" if exclude else ""
-    expired = queue_ttl_expired_sql_text("q0", "%(ttl)s::float8", WRITTEN)
+    expired = queue_ttl_expired_sql_text("q0", f"{value('ttl')}::float8", WRITTEN)
     fresh = f" AND (q0.singleton_slot <> '{SlotState.WAITER.value}' OR NOT {expired})"
     skip_lg = f" AND l0.run_id <> %({exclude})s" if exclude else ""
-    limit = limit_in_force_sql_text("%(declared)s", "k0.limit_override")
+    limit = limit_in_force_sql_text(value("declared"), "k0.limit_override")
     holders = "(SELECT count(*) FROM q WHERE q.holds) + (SELECT lg.n FROM lg)"
     return (
         f"k AS (SELECT k0.id, k0.last_token, k0.paused, {limit} AS lim FROM {KEY} k0"
-        " WHERE k0.workflow_name = %(wf)s AND k0.key = %(key)s),"
-        f" lg AS (SELECT count(*) AS n FROM {RUN} l0 WHERE l0.workflow_name = %(wf)s AND l0.singleton_key = %(key)s"
+        f" WHERE k0.workflow_name = {wf} AND k0.key = {key}),"
+        f" lg AS (SELECT count(*) AS n FROM {RUN} l0 WHERE l0.workflow_name = {wf} AND l0.singleton_key = {key}"
         f" AND {legacy_holder_sql_text('l0')}{skip_lg}),"
         f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.created_at, {holds_slot_sql_text('q0')} AS holds"
-        f" FROM {RUN} q0 WHERE q0.workflow_name = %(wf)s AND q0.singleton_key = %(key)s AND {FRONT_WHERE}{skip}{fresh}"
+        f" FROM {RUN} q0 WHERE q0.workflow_name = {wf} AND q0.singleton_key = {key} AND {FRONT_WHERE}{skip}{fresh}"
         f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim FROM k)),"
         f" c AS (SELECT k.id, k.last_token, k.lim, {free_slots_sql_text('k.lim', holders, 'k.paused')} AS free FROM k),"
         " w AS (SELECT q.run_id, q.status, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
@@ -330,35 +347,75 @@ SETTLE = (
     f" WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
 )
 
+
+def _admit(me: str, value: Any) -> str:
+    """The admission statement with the claimant's CTE ``me`` and its values
+    (``status``, ``attempts`` and :func:`_queue`'s) from ``value``."""
+    status, attempts = value("status"), value("attempts")
+    return (
+        f"WITH me AS ({me}),"
+        f" {_queue('', value)},"
+        " g AS (SELECT w.run_id, w.status, c.last_token + w.pos AS token FROM w, c"
+        " WHERE w.pos <= c.free AND EXISTS (SELECT 1 FROM me)),"
+        f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, {_GRANT_SET} FROM g"
+        f" WHERE g.run_id = %(run_id)s AND {_GRANT_CAS} AND r.attempts = {attempts} RETURNING {_cols('r')}),"
+        f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
+        f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
+        f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
+        f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN EXISTS"
+        " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
+        " THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
+        " lease_owner = NULL, lease_expires_at = NULL,"
+        f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
+        f" WHERE r.run_id = %(run_id)s AND r.status = {status} AND r.attempts = {attempts}"
+        " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me)"
+        " AND NOT EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)"
+        f" RETURNING {_cols('r')}),"
+        f" {_BUMP}"
+        f" SELECT 0, {_cols('mine')} FROM mine UNION ALL SELECT 1, {_cols('others')} FROM others"
+        f" UNION ALL SELECT 2, {_cols('park')} FROM park"
+    )
+
+
+_WAITER = f"r.singleton_slot = '{SlotState.WAITER.value}' AND r.singleton_tracked"
+
 #: The admission of a waiter (S5): under the key's lock, the claimant as read (``me``: still a
 #: tracked waiter with the status, attempts and cancel flag this turn read; if not, nothing
 #: is written and the ORM path decides), the free slots go to the oldest waiters, each with
 #: the next token; the claimant takes its lease as a holder if it is among them, else it is
 #: parked with its retry ``wake_at`` (the front delay if it is among the first ``limit``
 #: waiters, else the backlog's, S5 step 5, S8a).
-ADMIT = (
-    f"WITH me AS (SELECT r.run_id FROM {RUN} r WHERE r.run_id = %(run_id)s AND r.status = %(status)s"
-    f" AND r.attempts = %(attempts)s AND NOT r.cancel_requested AND r.singleton_slot = '{SlotState.WAITER.value}'"
-    " AND r.singleton_tracked),"
-    f" {_queue('')},"
-    " g AS (SELECT w.run_id, w.status, c.last_token + w.pos AS token FROM w, c"
-    " WHERE w.pos <= c.free AND EXISTS (SELECT 1 FROM me)),"
-    f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, {_GRANT_SET} FROM g"
-    f" WHERE g.run_id = %(run_id)s AND {_GRANT_CAS} AND r.attempts = %(attempts)s RETURNING {_cols('r')}),"
-    f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-    f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
-    f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
-    f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN EXISTS"
-    " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
-    " THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
-    f" lease_owner = NULL, lease_expires_at = NULL, park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
-    " WHERE r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
-    " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me)"
-    " AND NOT EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)"
-    f" RETURNING {_cols('r')}),"
-    f" {_BUMP}"
-    f" SELECT 0, {_cols('mine')} FROM mine UNION ALL SELECT 1, {_cols('others')} FROM others"
-    f" UNION ALL SELECT 2, {_cols('park')} FROM park"
+ADMIT = _admit(
+    f"SELECT r.run_id FROM {RUN} r WHERE r.run_id = %(run_id)s AND r.status = %(status)s"
+    f" AND r.attempts = %(attempts)s AND NOT r.cancel_requested AND {_WAITER}",
+    _param,
+)
+
+#: A claim's first turn of a waiter without a read before it (:meth:`FastPath.claim`): the
+#: run is a candidate when it is a tracked waiter, parked (not running, not terminal), not
+#: cancelled, due (X5) and of a workflow in the ``limits`` parameter (a JSON object of the
+#: declared limits this process knows); its workflow, key, declared limit and TTL come from
+#: its own row. Read without a lock: a run's workflow and key never change.
+_CANDIDATE = (
+    f"r.run_id = %(run_id)s AND {_WAITER} AND r.status IN ({', '.join(f"'{st}'" for st in PARKED_STATUSES)})"
+    f" AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)} AND %(limits)s::jsonb ? r.workflow_name"
+)
+CLAIM_CREATE_KEY = (
+    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
+    f" SELECT {NOW}, {NOW}, r.workflow_name, r.singleton_key, 0, FALSE FROM {RUN} r WHERE {_CANDIDATE}"
+    " ON CONFLICT (workflow_name, key) DO NOTHING"
+)
+CLAIM_LOCK_KEY = (
+    f"SELECT k.id FROM {KEY} k JOIN {RUN} r ON k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
+    f" WHERE {_CANDIDATE} FOR UPDATE OF k"
+)
+#: The admission of a candidate, its values read from its row after the key's lock (the
+#: compare-and-set of each write is on that read, R5a); :data:`ADMIT`'s text otherwise.
+CLAIM_ADMIT = _admit(
+    "SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,"
+    " (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,"
+    f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_CANDIDATE}",
+    _claimed,
 )
 
 
@@ -381,7 +438,6 @@ _DEEP = (
     f" AND q0.singleton_key = %(singleton_key)s::varchar AND {FRONT_WHERE} ORDER BY {FRONT_ORDER}"
     f" LIMIT 2 * {_DEEP_LIMIT}) f"
 )
-_JSON_COLUMNS = {"input", "output", "error", "tags"}
 
 
 def _stamped(name: str) -> str:
@@ -459,11 +515,18 @@ _NOT_PREPARED = "26000"
 
 _CREATE_KEY = Statement("create_key", CREATE_KEY)
 _LOCK_KEY = Statement("lock_key", LOCK_KEY)
-READ_MESSAGE = Message(Statement("read", READ))
 TAKE_MESSAGE = Message(Statement("take", TAKE))
 FINISH_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("finish", FINISH))
 SETTLE_MESSAGE = Message(Statement("settle", SETTLE))
 ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("admit", ADMIT))
+#: The claim of a turn in one message: a candidate waiter's admission, then the read of the
+#: run as this transaction leaves it (:meth:`FastPath.claim`).
+CLAIM_MESSAGE = Message(
+    Statement("claim_create_key", CLAIM_CREATE_KEY),
+    Statement("claim_lock_key", CLAIM_LOCK_KEY),
+    Statement("claim_admit", CLAIM_ADMIT),
+    Statement("read", READ),
+)
 START_KEYED_MESSAGE = Message(Statement("start_keyed", START_KEYED))
 START_MESSAGE = Message(Statement("start", START))
 GET_MESSAGE = Message(Statement("get", GET))
@@ -479,6 +542,23 @@ def _known_steps(taken: RunRecord) -> Mapping[int, StepRecord] | None:
     ``step_count`` is 0 (no one else stores a step under the new lease, R4),
     else None (the engine reads them)."""
     return {} if taken.step_count == 0 else None
+
+
+def _admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | None:
+    """The turn of an admission statement's rows (:data:`ADMIT`, :data:`CLAIM_ADMIT`): the
+    claimant's lease (tag 0), the other grants (1) or the claimant parked (2). None: nothing
+    was written."""
+    granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
+    mine = [record(r[1:]) for r in rows if r[0] == 0]
+    if mine:
+        taken = mine[0]
+        return Turn(TurnState.RUN, taken, granted=tuple(granted), admitted=True, steps=_known_steps(taken))
+    parked = [record(r[1:]) for r in rows if r[0] == 2]
+    if parked:
+        return Turn(TurnState.PARKED, parked[0], granted=tuple(granted))
+    if granted:
+        return Turn(TurnState.SKIPPED, run, granted=tuple(granted))
+    return None
 
 
 def _json_param(value: Any) -> str | None:
@@ -597,16 +677,6 @@ class FastPath:
         return (record(row), False) if row is not None else None
 
     # -- a turn -----------------------------------------------------------------------------
-    def read(self, run_id: str) -> tuple[RunRecord | None, bool, bool]:
-        """Return the run, whether its lease expired and whether it is due (X5),
-        on the database's clock (R5)."""
-        with self._cursor() as cursor:
-            self._send(cursor, READ_MESSAGE, {"run_id": run_id})
-            row = cursor.fetchone()
-        if row is None:
-            return None, False, True
-        return record(row), bool(row[len(COLUMNS)]), bool(row[len(COLUMNS) + 1])
-
     def take(self, run: RunRecord, owner: str, lease_seconds: float, *, recovered: bool, holder: bool) -> Turn:
         """Take the lease of a run without a key or of a holder: one compare-and-set on
         ``run`` as read (S6, R5a, R6). The turn's ``steps`` is ``{}`` when the claim's
@@ -665,17 +735,49 @@ class FastPath:
         with self._cursor() as cursor:
             self._send(cursor, ADMIT_MESSAGE, params)
             rows = self._last_result(cursor, ADMIT_MESSAGE)
-        granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
-        mine = [record(r[1:]) for r in rows if r[0] == 0]
-        if mine:
-            taken = mine[0]
-            return Turn(TurnState.RUN, taken, granted=tuple(granted), admitted=True, steps=_known_steps(taken))
-        parked = [record(r[1:]) for r in rows if r[0] == 2]
-        if parked:
-            return Turn(TurnState.PARKED, parked[0], granted=tuple(granted))
-        if granted:
-            return Turn(TurnState.SKIPPED, run, granted=tuple(granted))
-        return None
+        return _admitted(run, rows)
+
+    def claim(
+        self,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        delays: tuple[float, float],
+        ttls: Mapping[str, float],
+    ) -> tuple[Turn | None, tuple[RunRecord | None, bool, bool]]:
+        """A turn's claim without a read first, in one message (S4, S5, S9, K1):
+        a candidate (a tracked, parked, due waiter, not cancelled, of a workflow
+        in ``limits``) is admitted or parked as by :meth:`admit`, on its row as
+        read after the key's lock; then the run is read as :meth:`read` does.
+        Return the admission's turn (None: the run was no candidate, or nothing
+        was written) and the read, from which the caller decides the rest (a
+        holder's confirmation, a run without a key, a cancel, a recovery).
+        ``delays`` as for :meth:`admit`; ``ttls``: the ``queue_ttl`` seconds of
+        the workflows that declare one."""
+        params = {
+            "run_id": run_id,
+            "limits": json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None}),
+            "ttls": json.dumps({name: float(ttl) for name, ttl in ttls.items() if ttl is not None}),
+            "owner": owner,
+            "lease": float(lease_seconds),
+            "recovered": 0,
+            "redelivery": float(self.store.redelivery_seconds),
+            "front": float(delays[0]),
+            "backlog": float(delays[1]),
+        }
+        with self._cursor() as cursor:
+            self._send(cursor, CLAIM_MESSAGE, params)
+            for _ in range(CLAIM_MESSAGE.results - 2):
+                cursor.nextset()
+            rows = list(cursor.fetchall())
+            cursor.nextset()
+            read = cursor.fetchone()
+        if read is None:
+            return None, (None, False, True)
+        run = record(read)
+        turn = _admitted(run, rows) if rows else None
+        return turn, (run, bool(read[len(COLUMNS)]), bool(read[len(COLUMNS) + 1]))
 
     # -- the handoff ----------------------------------------------------------------------------
     def finish(
