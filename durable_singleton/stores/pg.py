@@ -405,16 +405,30 @@ CLAIM_CREATE_KEY = (
     f" SELECT {NOW}, {NOW}, r.workflow_name, r.singleton_key, 0, FALSE FROM {RUN} r WHERE {_CANDIDATE}"
     " ON CONFLICT (workflow_name, key) DO NOTHING"
 )
+#: The session setting in which :data:`CLAIM_LOCK_KEY` records the key row it locked, with
+#: the transaction that holds the lock.
+CLAIM_LOCKED = "durable_singleton.claim_locked"
+#: Which key row this transaction has locked, as :data:`CLAIM_LOCK_KEY` records it.
+_LOCKED_BY_ME = "(k.id::text || ':' || pg_current_xact_id()::text)"
+#: Lock the candidate's key row and record that this transaction holds it: each statement
+#: of the message takes its own snapshot, so a run that became a candidate after this
+#: statement (a retry reset, a row that appeared) is no proof of the lock; the admission
+#: below writes only for a key row recorded here (S5, S13). The record is set for locked
+#: rows only (the lock is taken in the subquery, before the outer select list).
 CLAIM_LOCK_KEY = (
-    f"SELECT k.id FROM {KEY} k JOIN {RUN} r ON k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
-    f" WHERE {_CANDIDATE} FOR UPDATE OF k"
+    f"SELECT set_config('{CLAIM_LOCKED}', l.locked, false) FROM (SELECT {_LOCKED_BY_ME} AS locked"
+    f" FROM {KEY} k JOIN {RUN} r ON k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
+    f" WHERE {_CANDIDATE} FOR UPDATE OF k) l"
 )
-#: The admission of a candidate, its values read from its row after the key's lock (the
-#: compare-and-set of each write is on that read, R5a); :data:`ADMIT`'s text otherwise.
+#: The admission of a candidate whose key row this transaction locked (above), its values
+#: read from its row after the lock (the compare-and-set of each write is on that read,
+#: R5a); :data:`ADMIT`'s text otherwise.
 CLAIM_ADMIT = _admit(
     "SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,"
     " (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,"
-    f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_CANDIDATE}",
+    f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_CANDIDATE}"
+    f" AND EXISTS (SELECT 1 FROM {KEY} k WHERE k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
+    f" AND {_LOCKED_BY_ME} = current_setting('{CLAIM_LOCKED}', true))",
     _claimed,
 )
 
