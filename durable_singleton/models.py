@@ -107,6 +107,15 @@ class Run(models.Model):
             models.Index(
                 fields=["workflow_name", "singleton_key", "singleton_tracked", "status"], name="ds_run_legacy_idx"
             ),
+            # The same, holding only the untracked runs of a key (PostgreSQL and SQLite; MariaDB and
+            # MySQL have no partial indexes): a statement planned without the key's value (the
+            # claim message reads it from the run's row) finds none at once, where the index above
+            # would be read through every waiter of the key.
+            models.Index(
+                fields=["workflow_name", "singleton_key", "status"],
+                condition=models.Q(singleton_tracked=False, singleton_key__isnull=False),
+                name="ds_run_untracked_idx",
+            ),
             # The tick: due runs and expired leases (S8, D4).
             models.Index(fields=["status", "wake_at"], name="ds_run_due_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="ds_run_lease_idx"),

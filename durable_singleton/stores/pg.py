@@ -410,6 +410,8 @@ CLAIM_CREATE_KEY = (
 CLAIM_LOCKED = "durable_singleton.claim_locked"
 #: Which key row this transaction has locked, as :data:`CLAIM_LOCK_KEY` records it.
 _LOCKED_BY_ME = "(k.id::text || ':' || pg_current_xact_id()::text)"
+#: What :data:`CLAIM_LOCK_KEY` recorded (NULL: nothing): its key row's id, ``:``, its transaction's id.
+_RECORDED = f"current_setting('{CLAIM_LOCKED}', true)"
 #: Lock the candidate's key row and record that this transaction holds it: each statement
 #: of the message takes its own snapshot, so a run that became a candidate after this
 #: statement (a retry reset, a row that appeared) is no proof of the lock; the admission
@@ -427,8 +429,9 @@ CLAIM_ADMIT = _admit(
     "SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,"
     " (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,"
     f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_CANDIDATE}"
-    f" AND EXISTS (SELECT 1 FROM {KEY} k WHERE k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
-    f" AND {_LOCKED_BY_ME} = current_setting('{CLAIM_LOCKED}', true))",
+    f" AND EXISTS (SELECT 1 FROM {KEY} k WHERE k.id = NULLIF(split_part({_RECORDED}, ':', 1), '')::bigint"
+    " AND k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
+    f" AND split_part({_RECORDED}, ':', 2) = pg_current_xact_id()::text)",
     _claimed,
 )
 
