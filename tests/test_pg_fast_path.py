@@ -114,6 +114,20 @@ def test_each_transaction_of_a_run_is_one_round_trip_on_postgresql(engine: Engin
     assert not any("durable_singleton_step" in s for s in sql), "the steps were read"
 
 
+def test_a_run_without_a_key_takes_its_lease_in_its_claim_message_on_postgresql(engine: Engine) -> None:
+    """S4, S6, R5a (#17): on PostgreSQL a run without a key costs its claim
+    message (which takes its lease: no read before a separate claim) and its
+    settle; the ORM path elsewhere."""
+    engine.start("fp-plain", {}, run_id="p")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    sql = _round_trips(lambda: engine.execute_chain("p"))
+    assert engine.get("p").status == RunStatus.COMPLETED and engine.get("p").attempts == 1
+    if connection.vendor != "postgresql":
+        return
+    assert not any(_control(s) for s in sql), sql
+    assert len(sql) == 2, sql  # the claim message, the settle
+
+
 def test_a_start_is_one_insert_on_postgresql_and_reports_only_what_it_inserted(engine: Engine) -> None:
     """R3, S16, S8a, R8 (#17): a start of a new id is the check of its id and one
     INSERT, with the backlog check folded in and ``created_at`` by the database's

@@ -6,7 +6,8 @@ default), and keeps its ORM path for every other database and for the rare
 cases named below. Each is one round trip:
 
 * the first message of a turn (:meth:`FastPath.claim`): a waiter's admission
-  as below, its values read from its own row after its key's lock, then the
+  as below, its values read from its own row after its key's lock, or the
+  lease of a run without a key (one compare-and-set), then the
   read of the run (:data:`READ`), with "has its lease expired?" decided by the
   database's clock; a run that was no waiter to admit goes on from that read;
 * the confirmation claim of a holder, a run without a key or a run this
@@ -377,6 +378,7 @@ def _admit(me: str, value: Any) -> str:
     )
 
 
+_PARKED = ", ".join(f"'{st}'" for st in PARKED_STATUSES)
 _WAITER = f"r.singleton_slot = '{SlotState.WAITER.value}' AND r.singleton_tracked"
 
 #: The admission of a waiter (S5): under the key's lock, the claimant as read (``me``: still a
@@ -397,7 +399,7 @@ ADMIT = _admit(
 #: declared limits this process knows); its workflow, key, declared limit and TTL come from
 #: its own row. Read without a lock: a run's workflow and key never change.
 _CANDIDATE = (
-    f"r.run_id = %(run_id)s AND {_WAITER} AND r.status IN ({', '.join(f"'{st}'" for st in PARKED_STATUSES)})"
+    f"r.run_id = %(run_id)s AND {_WAITER} AND r.status IN ({_PARKED})"
     f" AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)} AND %(limits)s::jsonb ? r.workflow_name"
 )
 CLAIM_CREATE_KEY = (
@@ -433,6 +435,16 @@ CLAIM_ADMIT = _admit(
     " AND k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
     f" AND split_part({_RECORDED}, ':', 2) = pg_current_xact_id()::text)",
     _claimed,
+)
+
+
+#: A claim's first turn of a run without a key, parked (not running, not terminal), not
+#: cancelled and due (X5): its lease, one compare-and-set on the row as the update finds it
+#: (no key, so no lock and no admission: S4, S6, R5a, R6).
+CLAIM_TAKE = (
+    f"UPDATE {RUN} r SET {_TAKE_SET} WHERE r.run_id = %(run_id)s AND r.singleton_key IS NULL"
+    f" AND r.status IN ({_PARKED}) AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)}"
+    f" RETURNING {_cols('r')}"
 )
 
 
@@ -536,12 +548,14 @@ TAKE_MESSAGE = Message(Statement("take", TAKE))
 FINISH_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("finish", FINISH))
 SETTLE_MESSAGE = Message(Statement("settle", SETTLE))
 ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("admit", ADMIT))
-#: The claim of a turn in one message: a candidate waiter's admission, then the read of the
-#: run as this transaction leaves it (:meth:`FastPath.claim`).
+#: The claim of a turn in one message: a candidate waiter's admission, a run without a key
+#: taken (:data:`CLAIM_TAKE`), then the read of the run as this transaction leaves it
+#: (:meth:`FastPath.claim`).
 CLAIM_MESSAGE = Message(
     Statement("claim_create_key", CLAIM_CREATE_KEY),
     Statement("claim_lock_key", CLAIM_LOCK_KEY),
     Statement("claim_admit", CLAIM_ADMIT),
+    Statement("claim_take", CLAIM_TAKE),
     Statement("read", READ),
 )
 START_KEYED_MESSAGE = Message(Statement("start_keyed", START_KEYED))
@@ -766,7 +780,10 @@ class FastPath:
         """A turn's claim without a read first, in one message (S4, S5, S9, K1):
         a candidate (a tracked, parked, due waiter, not cancelled, of a workflow
         in ``limits``) is admitted or parked as by :meth:`admit`, on its row as
-        read after the key's lock; then the run is read as :meth:`read` does.
+        read after the key's lock; a parked, due run without a key, not
+        cancelled, takes its lease (:data:`CLAIM_TAKE`); then the run is read
+        with whether its lease expired and whether it is due (X5), on the
+        database's clock.
         Return the admission's turn (None: the run was no candidate, or nothing
         was written) and the read, from which the caller decides the rest (a
         holder's confirmation, a run without a key, a cancel, a recovery).
@@ -785,14 +802,19 @@ class FastPath:
         }
         with self._cursor() as cursor:
             self._send(cursor, CLAIM_MESSAGE, params)
-            for _ in range(CLAIM_MESSAGE.results - 2):
+            for _ in range(CLAIM_MESSAGE.results - 3):
                 cursor.nextset()
             rows = list(cursor.fetchall())
+            cursor.nextset()
+            took = cursor.fetchone()
             cursor.nextset()
             read = cursor.fetchone()
         if read is None:
             return None, (None, False, True)
         run = record(read)
+        if took is not None:
+            taken = record(took)
+            return Turn(TurnState.RUN, taken, steps=_known_steps(taken)), (run, False, True)
         turn = _admitted(run, rows) if rows else None
         return turn, (run, bool(read[len(COLUMNS)]), bool(read[len(COLUMNS) + 1]))
 
