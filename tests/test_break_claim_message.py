@@ -61,18 +61,20 @@ def _claim_params(engine: Engine, run_id: str, owner: str = "probe") -> dict[str
 
 
 def _raw_claim(engine: Engine, run_id: str) -> tuple[int, list[tuple[Any, ...]], tuple[Any, ...] | None]:
-    """Send the product's CLAIM_MESSAGE as FastPath.claim does, and return every
-    result: the rows the key lock statement locked, the admission's rows, the read."""
+    """Send the product's CLAIM_MESSAGE as FastPath.claim does, and return the
+    rows the key lock statement locked, the admission's rows and the read (each
+    result found by its statement's name, whatever the message's order)."""
     fast = engine.store._fast()  # type: ignore[attr-defined]
+    results: dict[str, list[tuple[Any, ...]]] = {}
     with connection.cursor() as cursor:
         fast._send(cursor, pg.CLAIM_MESSAGE, _claim_params(engine, run_id))
-        cursor.nextset()  # claim_lock_key
-        locked = list(cursor.fetchall())
-        cursor.nextset()  # claim_admit
-        admitted = list(cursor.fetchall())
-        cursor.nextset()  # read
-        read = cursor.fetchone()
-    return len(locked), admitted, read
+        for n, statement in enumerate(pg.CLAIM_MESSAGE.statements):
+            if n:
+                cursor.nextset()
+            label = statement.name.rsplit("_", 1)[0]
+            results[label] = list(cursor.fetchall()) if cursor.description is not None else []
+    read = results["ds_read"]
+    return len(results["ds_claim_lock_key"]), results["ds_claim_admit"], read[0] if read else None
 
 
 def _fail(run_id: str) -> None:

@@ -840,7 +840,7 @@ class DjangoStore(BaseStore):
                 take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
                 if recovered:
                     return self._retrying(lambda: self._take_over(row, record, taken, take))
-            if not self._runs().filter(self._as_read(row)).update(**take):
+            if not self._retrying(lambda: self._take_lease(row, take)):
                 return Turn(TurnState.SKIPPED, record)
             return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
         return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry, ttls))
@@ -909,6 +909,23 @@ class DjangoStore(BaseStore):
         is due, X5, on the database's clock)."""
         return fast.claim(run_id, owner, lease_seconds, limits, delays, ttls)
 
+    def _lock_run(self, run_id: str) -> None:
+        """Lock the run's row before the write that starts its lease, in the
+        caller's transaction, after its key's lock (S13) (R5): a write that waits
+        for a row another transaction holds is judged on the clock of its
+        statement's start (PostgreSQL's statement timestamp, MariaDB's
+        ``UTC_TIMESTAMP``), so a lease written by it would come short by the wait;
+        written after this lock, it is whole. SQLite has no row locks: its
+        ``BEGIN IMMEDIATE`` (check E010) takes the write lock first."""
+        list(self._runs().select_for_update().filter(pk=run_id).values_list("pk", flat=True))
+
+    def _take_lease(self, row: Run, take: dict[str, Any]) -> int:
+        """Take the lease of a run without a key or of a holder: one
+        compare-and-set on the row as read, after its row lock (R5, R5a, S6)."""
+        with transaction.atomic(using=self.db):
+            self._lock_run(row.run_id)
+            return self._runs().filter(self._as_read(row)).update(**take)
+
     def _take_over(self, row: Run, record: RunRecord, taken: RunRecord, take: dict[str, Any]) -> Turn:
         """Recover a holder whose lease expired, with a new token from its key's counter (K1, R5).
 
@@ -919,6 +936,7 @@ class DjangoStore(BaseStore):
         assert row.singleton_key is not None
         with transaction.atomic(using=self.db):
             key_row = self.lock_key(row.workflow_name, row.singleton_key)
+            self._lock_run(row.run_id)
             token = key_row["last_token"] + 1
             if not self._runs().filter(self._as_read(row)).update(**take, fencing_token=token):
                 return Turn(TurnState.SKIPPED, record)
@@ -943,6 +961,7 @@ class DjangoStore(BaseStore):
         runs = self._runs()
         with transaction.atomic(using=self.db):
             key_row = self.lock_key(row.workflow_name, row.singleton_key)
+            self._lock_run(row.run_id)
             # A run of an older release that never ran joins the queue (S12).
             if not row.singleton_tracked and not runs.filter(self._as_read(row)).update(
                 singleton_slot=SlotState.WAITER, singleton_tracked=True

@@ -259,6 +259,12 @@ CREATE_KEY = (
     f" VALUES ({NOW}, {NOW}, %(wf)s, %(key)s, 0, FALSE) ON CONFLICT (workflow_name, key) DO NOTHING"
 )
 LOCK_KEY = f"SELECT k.id FROM {KEY} k WHERE k.workflow_name = %(wf)s AND k.key = %(key)s FOR UPDATE"
+#: Lock the claimant's row in a statement of its own, after its key's (S13), before the
+#: statement that writes its lease (R5): an ``UPDATE`` that waits for a row another
+#: transaction only locked (a signal's or a cancel's ``SELECT ... FOR UPDATE``) writes the
+#: new row it computed before the wait, so a lease's expiry measured then would come short
+#: by the wait; the next statement reads the clock after it.
+LOCK_RUN = f"SELECT 1 FROM {RUN} r WHERE r.run_id = %(run_id)s FOR UPDATE"
 
 
 def _param(name: str) -> str:
@@ -544,16 +550,18 @@ _NOT_PREPARED = "26000"
 
 _CREATE_KEY = Statement("create_key", CREATE_KEY)
 _LOCK_KEY = Statement("lock_key", LOCK_KEY)
-TAKE_MESSAGE = Message(Statement("take", TAKE))
+_LOCK_RUN = Statement("lock_run", LOCK_RUN)
+TAKE_MESSAGE = Message(_LOCK_RUN, Statement("take", TAKE))
 FINISH_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("finish", FINISH))
 SETTLE_MESSAGE = Message(Statement("settle", SETTLE))
-ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("admit", ADMIT))
+ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, _LOCK_RUN, Statement("admit", ADMIT))
 #: The claim of a turn in one message: a candidate waiter's admission, a run without a key
 #: taken (:data:`CLAIM_TAKE`), then the read of the run as this transaction leaves it
 #: (:meth:`FastPath.claim`).
 CLAIM_MESSAGE = Message(
     Statement("claim_create_key", CLAIM_CREATE_KEY),
     Statement("claim_lock_key", CLAIM_LOCK_KEY),
+    _LOCK_RUN,
     Statement("claim_admit", CLAIM_ADMIT),
     Statement("claim_take", CLAIM_TAKE),
     Statement("read", READ),
@@ -725,7 +733,8 @@ class FastPath:
         }
         with self._cursor() as cursor:
             self._send(cursor, TAKE_MESSAGE, params)
-            row = cursor.fetchone()
+            rows = self._last_result(cursor, TAKE_MESSAGE)
+        row = rows[0] if rows else None
         if row is None:
             return Turn(TurnState.SKIPPED, run)
         taken = record(row)
