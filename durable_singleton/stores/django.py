@@ -916,8 +916,10 @@ class DjangoStore(BaseStore):
         statement's start (PostgreSQL's statement timestamp, MariaDB's
         ``UTC_TIMESTAMP``), so a lease written by it would come short by the wait;
         written after this lock, it is whole. SQLite has no row locks: its
-        ``BEGIN IMMEDIATE`` (check E010) takes the write lock first."""
-        list(self._runs().select_for_update().filter(pk=run_id).values_list("pk", flat=True))
+        ``BEGIN IMMEDIATE`` (check E010) takes the write lock first, and nothing
+        is sent here."""
+        if connections[self.db].features.has_select_for_update:
+            list(self._runs().select_for_update().filter(pk=run_id).values_list("pk", flat=True))
 
     def _take_lease(self, row: Run, take: dict[str, Any]) -> int:
         """Take the lease of a run without a key or of a holder: one
