@@ -103,18 +103,12 @@ class Run(models.Model):
                 fields=["workflow_name", "singleton_key", "singleton_slot", "created_at", "run_id", "not_before"],
                 name="ds_run_queue_idx",
             ),
-            # Untracked active runs of an older release count as holders (S12).
+            # Untracked active runs of an older release count as holders (S12). PostgreSQL and
+            # SQLite also get ds_run_untracked_idx, a partial index of the untracked runs alone
+            # (migration 0009, raw SQL: MariaDB and MySQL have none, and a Meta index with a
+            # condition would warn there, models.W037).
             models.Index(
                 fields=["workflow_name", "singleton_key", "singleton_tracked", "status"], name="ds_run_legacy_idx"
-            ),
-            # The same, holding only the untracked runs of a key (PostgreSQL and SQLite; MariaDB and
-            # MySQL have no partial indexes): a statement planned without the key's value (the
-            # claim message reads it from the run's row) finds none at once, where the index above
-            # would be read through every waiter of the key.
-            models.Index(
-                fields=["workflow_name", "singleton_key", "status"],
-                condition=models.Q(singleton_tracked=False, singleton_key__isnull=False),
-                name="ds_run_untracked_idx",
             ),
             # The tick: due runs and expired leases (S8, D4).
             models.Index(fields=["status", "wake_at"], name="ds_run_due_idx"),

@@ -68,8 +68,10 @@ def test_a_takeover_waiting_on_a_frozen_step_commit_does_not_run_the_stored_step
     claiming = threading.Event()
 
     def see_the_claim(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        if sql.lstrip().upper().startswith("UPDATE") and Run._meta.db_table in sql:
-            claiming.set()  # B's compare-and-set of the run row: it waits on A's row lock
+        # B's turn reaches the database: its claim (the fast path's claim message, or the
+        # ORM path's read, then the takeover's row lock before its compare-and-set) waits on
+        # A's row lock, which the lock-wait check below sees.
+        claiming.set()
         return execute(sql, params, many, context)
 
     def side_effect(n: int) -> dict[str, Any]:

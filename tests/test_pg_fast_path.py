@@ -233,3 +233,13 @@ def test_without_prepare_threshold_the_text_is_sent_whole(engine: Engine) -> Non
         assert _prepared() == set()
     finally:
         connection.close()
+
+
+def test_the_untracked_runs_have_a_partial_index_where_the_database_has_them() -> None:
+    """S12 (#17, migration 0009): PostgreSQL and SQLite keep a partial index of each
+    key's untracked runs, which the claim message's count of older-release holders
+    reads (planned without the key's value); MariaDB and MySQL have no partial index."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, Run._meta.db_table)
+    present = "ds_run_untracked_idx" in constraints
+    assert present == (connection.vendor in ("postgresql", "sqlite")), sorted(constraints)
