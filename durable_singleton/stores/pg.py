@@ -764,18 +764,26 @@ class FastPath:
             "run_id": run.run_id,
             "status": run.status,
             "attempts": run.attempts,
+            "ttl": None if ttl is None else float(ttl),
+            **self._admission(owner, lease_seconds, delays),
+        }
+        with self._cursor() as cursor:
+            self._send(cursor, ADMIT_MESSAGE, params)
+            rows = self._last_result(cursor, ADMIT_MESSAGE)
+        return _admitted(run, rows)
+
+    def _admission(self, owner: str, lease_seconds: float, delays: tuple[float, float]) -> dict[str, Any]:
+        """The parameters every admission statement shares: the claimant's lease
+        (``owner``, ``lease_seconds``), the grants' redelivery window and the
+        retry ``delays`` of a parked claimant, all seconds."""
+        return {
             "owner": owner,
             "lease": float(lease_seconds),
             "recovered": 0,
             "redelivery": float(self.store.redelivery_seconds),
             "front": float(delays[0]),
             "backlog": float(delays[1]),
-            "ttl": None if ttl is None else float(ttl),
         }
-        with self._cursor() as cursor:
-            self._send(cursor, ADMIT_MESSAGE, params)
-            rows = self._last_result(cursor, ADMIT_MESSAGE)
-        return _admitted(run, rows)
 
     def claim(
         self,
@@ -802,12 +810,7 @@ class FastPath:
             "run_id": run_id,
             "limits": json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None}),
             "ttls": json.dumps({name: float(ttl) for name, ttl in ttls.items() if ttl is not None}),
-            "owner": owner,
-            "lease": float(lease_seconds),
-            "recovered": 0,
-            "redelivery": float(self.store.redelivery_seconds),
-            "front": float(delays[0]),
-            "backlog": float(delays[1]),
+            **self._admission(owner, lease_seconds, delays),
         }
         with self._cursor() as cursor:
             self._send(cursor, CLAIM_MESSAGE, params)
