@@ -51,7 +51,9 @@ of violations, each naming the rule it breaks:
   after its run's cancel was stored (a body claimed just before the cancel
   may still enter, but stops at its first boundary), unless its process was
   frozen after passing that boundary (counted apart: nothing can stop a
-  paused process's code); a run cancelled at once ended otherwise.
+  paused process's code), or the body is a retry's: the run failed after the
+  request and before its boundary and was retried, which clears the request
+  (D9); a run cancelled at once ended otherwise.
 * ``terminal_changed`` (R2, D6): a run's accepted settles (``settled`` audit
   lines) wrote more than one terminal status without a ``retry`` between
   them (only a failed or dead run is retried), or its final status is not
@@ -455,6 +457,10 @@ def check(out: Path) -> dict[str, Any]:
     for body in every_body:
         cancel = cancelled_at.get(body.run)
         if cancel is None:
+            continue
+        if any(cancel <= retried <= body.enter_t for retried in retries.get(body.run, ())):
+            # The run failed after the cancel's request and before its boundary, and was retried:
+            # the retry cleared the request (D9), and this body is the retry's, not the cancelled one.
             continue
         for at in body.exec_t:
             if at <= cancel:

@@ -526,3 +526,28 @@ def test_a_settled_line_written_late_by_a_frozen_process_counts_at_its_admission
     newer = [*first, *_body("a", 11, 2, 2.0, 2.5, steps=0), *_body("a", 12, 3, 5.0, 5.5, steps=0, settle=None),
              {"e": "settled", "t": T0 + 6.0, "pid": 12, "run": "a", "status": "failed"}]  # fmt: skip
     assert "terminal_changed" in _rules(_write(tmp_path, newer, events, [_run("a", 0.1)]))
+
+
+def test_a_retried_body_after_a_cancel_that_the_failure_answered_did_not_work_after_it(tmp_path: Path) -> None:
+    """D6, D9: b's cancel was requested while b ran (2.6), but its body failed
+    on its flaky step before its next boundary (3.0: the run ended failed, not
+    cancelled); the driver retried it (the retry clears the request, D9) and
+    the new body entered at 4.0 and executed its steps. Those steps answer the
+    retry, not the cancel: no violation. A step of the failing body itself
+    after the cancel is still one."""
+    audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 2, 2.5, 3.0, steps=0) + _body("b", 12, 3, 4.0, 5.0, steps=2)
+    # The failing body's flaky step began before the cancel and raised: nothing stored.
+    audit.insert(4, {"e": "exec", "t": T0 + 2.55, "pid": 11, "run": "b", "i": 0, "token": 2, "key": "k"})
+    for event in audit:
+        if event["run"] == "b" and event["t"] in (T0 + 3.0, T0 + 3.001):
+            event.update(how="FlakyStepError") if event["e"] == "exit" else event.update(status="failed")
+    events = [
+        *_starts("a", "b"),
+        {"e": "cancel", "t": T0 + 2.6, "run": "b", "status": "running", "requested": True},
+        {"e": "retry", "t": T0 + 4.2, "run": "b"},
+    ]
+    runs = [_run("a", 0.1), _run("b", 0.2)]
+    assert check(_write(tmp_path, audit, events, runs))["violations"] == []
+
+    audit.append({"e": "exec", "t": T0 + 2.9, "pid": 11, "run": "b", "i": 1, "token": 2, "key": "k"})
+    assert _rules(_write(tmp_path, audit, events, runs)) == {"worked_after_cancel"}
