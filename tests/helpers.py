@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from durable_singleton import Singleton
@@ -180,3 +181,26 @@ def kill_backend(backend: int) -> None:
 def kill_this_connection() -> None:
     """Kill the calling thread's database connection from the server's side (PostgreSQL, MariaDB)."""
     kill_backend(backend_id())
+
+
+def hold_in_transaction(lock: Any, seconds: float) -> threading.Thread:
+    """Start a daemon thread that, in a transaction of its own connection,
+    calls ``lock()`` (a key's or a run's row lock, a write) and holds what it
+    took for ``seconds``; return the thread once ``lock()`` has returned."""
+    from django.db import connections, transaction
+
+    locked = threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                lock()
+                locked.set()
+                time.sleep(seconds)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    assert locked.wait(10), "the lock was not taken"
+    return thread

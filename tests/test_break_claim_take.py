@@ -24,7 +24,8 @@ from durable_singleton.stores.base import TurnState
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
 
-from .helpers import claim
+from .conftest import run_threads
+from .helpers import claim, hold_in_transaction
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,23 +46,8 @@ def _engine(registry: Registry, raw_sql: bool, **settings: Any) -> Engine:
 
 
 def _threads(n: int, target: Any) -> list[Any]:
-    barrier = threading.Barrier(n, timeout=20)
-    results: list[Any] = [None] * n
-
-    def worker(i: int) -> None:
-        try:
-            barrier.wait()
-            results[i] = target(i)
-        except BaseException as exc:  # re-raised by the test
-            results[i] = exc
-        finally:
-            connections.close_all()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    """:func:`tests.conftest.run_threads` (30 s), re-raising the first exception a thread raised."""
+    results = run_threads(n, target, timeout=30)
     for r in results:
         if isinstance(r, BaseException):
             raise r
@@ -650,10 +636,6 @@ def test_a_claim_that_waited_for_the_runs_row_takes_a_whole_lease(
     live body (a lease measured from before the wait is expired at the body's
     start: the tick's turn takes the run over and a second body runs beside
     the first). Fails on 19c900b too (both paths): an older bug."""
-    import time
-
-    from django.db import transaction
-
     lease = 2.0
     seen: list[tuple[Any, Any]] = []
     beside: list[Any] = []
@@ -669,23 +651,14 @@ def test_a_claim_that_waited_for_the_runs_row_takes_a_whole_lease(
     engine = _engine(registry, raw_sql, LEASE_SECONDS=lease, LEASE_RENEW_SECONDS=lease / 2)
     engine.start("plain", {}, run_id="L")
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-    locked = threading.Event()
 
     def hold() -> None:
-        try:
-            with transaction.atomic():
-                if holder == "lock":  # SELECT ... FOR UPDATE (a signal's or a cancel's read of the run)
-                    list(Run.objects.select_for_update().filter(pk="L"))
-                else:  # a write that leaves the run parked (updated_at, as a signal's wake-up does)
-                    Run.objects.filter(pk="L").update(park_reason="held")
-                locked.set()
-                time.sleep(lease + 1.0)
-        finally:
-            connections.close_all()
+        if holder == "lock":  # SELECT ... FOR UPDATE (a signal's or a cancel's read of the run)
+            list(Run.objects.select_for_update().filter(pk="L"))
+        else:  # a write that leaves the run parked (updated_at, as a signal's wake-up does)
+            Run.objects.filter(pk="L").update(park_reason="held")
 
-    other = threading.Thread(target=hold, daemon=True)
-    other.start()
-    assert locked.wait(10)
+    other = hold_in_transaction(hold, lease + 1.0)
     engine.execute("L")
     other.join(30)
     expires, now = seen[0]

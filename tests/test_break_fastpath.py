@@ -35,6 +35,7 @@ from durable_singleton.models import Run
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
+from tests.helpers import hold_in_transaction
 from tests.test_clock_steps import step_clock
 
 
@@ -61,20 +62,10 @@ def test_a_claim_that_waited_for_its_key_lock_takes_a_whole_lease(registry: Regi
     engine = make_engine(DjangoStore(), registry=registry, LEASE_SECONDS=lease, LEASE_RENEW_SECONDS=lease / 2)
     engine.start("lock-wait", {}, run_id="W")
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-    locked = threading.Event()
-
-    def hold_the_key() -> None:
-        try:
-            with transaction.atomic():
-                engine.store.lock_key("lock-wait", "K")  # type: ignore[attr-defined]
-                locked.set()
-                time.sleep(lease + 1.0)
-        finally:
-            connections.close_all()
-
-    holder = threading.Thread(target=hold_the_key, daemon=True)
-    holder.start()
-    assert locked.wait(10), "the key's lock was not taken"
+    holder = hold_in_transaction(
+        lambda: engine.store.lock_key("lock-wait", "K"),  # type: ignore[attr-defined]
+        lease + 1.0,
+    )
     outcome = engine.execute("W")
     holder.join(30)
     assert len(seen) == 1, seen
