@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from durable_singleton import Singleton
@@ -183,7 +184,7 @@ def kill_this_connection() -> None:
     kill_backend(backend_id())
 
 
-def hold_in_transaction(lock: Any, seconds: float) -> threading.Thread:
+def hold_in_transaction(lock: Callable[[], object], seconds: float) -> threading.Thread:
     """Start a daemon thread that, in a transaction of its own connection,
     calls ``lock()`` (a key's or a run's row lock, a write) and holds what it
     took for ``seconds``; return the thread once ``lock()`` has returned."""
