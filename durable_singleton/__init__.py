@@ -14,7 +14,7 @@ from .admission import (
     singleton_admission_tags,
     without_singleton_markers,
 )
-from .definitions import Singleton, WorkflowOptions, step
+from .definitions import Quota, Singleton, WorkflowOptions, step
 from .exceptions import SingletonBusyError, SingletonQueueFullError
 from .schedules import Schedule
 from .statuses import OnBusy
@@ -31,6 +31,7 @@ __all__ = [
     "BaseWorkflow",
     "Engine",
     "OnBusy",
+    "Quota",
     "Schedule",
     "Singleton",
     "SingletonBusyError",

@@ -45,17 +45,23 @@ __all__ = [
     "HOLDING_LEGACY_STATUSES",
     "KEY_MAX_LENGTH",
     "KEY_TAG_PREFIX",
+    "QUOTA_KEY_MAX_LENGTH",
+    "QUOTA_NAME_MAX_LENGTH",
+    "QUOTA_PREFIX",
     "RESERVED_TAGS",
     "TRACKED_TAG",
     "Candidate",
     "cap_in_force",
     "check_not_before",
+    "compute_quota_key",
     "compute_singleton_key",
     "decide_admission",
     "effective_limit",
     "free_slots",
     "free_slots_sql",
     "free_slots_sql_text",
+    "holds_quota_slot",
+    "holds_quota_slot_q",
     "holds_slot",
     "holds_slot_q",
     "holds_slot_sql_text",
@@ -74,9 +80,14 @@ __all__ = [
     "queue_ttl_expired_q",
     "queue_ttl_expired_sql_text",
     "queue_ttl_expires_at",
+    "quota_front_reaches",
+    "quota_lock_name",
+    "quota_tag",
+    "quota_waiter_q",
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
+    "split_quota_tags",
     "superseded",
     "turn_on_its_way",
     "turn_on_its_way_q",
@@ -280,10 +291,11 @@ def is_due(not_before: datetime | None, now: datetime) -> bool:
     return not_before is None or not_before <= now
 
 
-def is_due_q(now: Any) -> Q:
+def is_due_q(now: Any, prefix: str = "") -> Q:
     """SQL twin of :func:`is_due` on the run table's ``not_before`` column;
-    ``now`` is the database's clock (``querysets.DbNow()``) (X5, R5)."""
-    return Q(not_before__isnull=True) | Q(not_before__lte=now)
+    ``now`` is the database's clock (``querysets.DbNow()``) (X5, R5);
+    ``prefix``: the lookup path to the run (``"run__"`` from a quota membership, X3d)."""
+    return Q(**{f"{prefix}not_before__isnull": True}) | Q(**{f"{prefix}not_before__lte": now})
 
 
 def is_due_sql_text(table: str, now: str) -> str:
@@ -436,6 +448,99 @@ def turn_on_its_way_q(now: Any) -> Q:
     """SQL twin of :func:`turn_on_its_way`, on the run table's columns;
     ``now`` is an expression of the database's clock (``DbNow()``, R5)."""
     return Q(status=RunStatus.PENDING, park_reason="", wake_at__gt=now)
+
+
+# -- shared quotas (X3) ---------------------------------------------------------------------
+#: Prefix of a quota's name in the key table and of a run's quota tags (X3b).
+QUOTA_PREFIX = "quota:"
+#: Longest quota name accepted (characters, X3a).
+QUOTA_NAME_MAX_LENGTH = 64
+#: Longest quota key accepted (characters, X3a).
+QUOTA_KEY_MAX_LENGTH = 127
+
+
+def quota_lock_name(name: str) -> str:
+    """Return the key table's ``workflow_name`` of the quota ``name``: ``quota:<name>`` (X3b).
+
+    No workflow may have a name of that spelling (X3a), so a quota key never
+    collides with a singleton key, and the key controls (K2) address it as
+    ``(quota_lock_name(name), key)``."""
+    return f"{QUOTA_PREFIX}{name}"
+
+
+def quota_tag(name: str, key: str) -> str:
+    """Return the run tag ``quota:<name>:<key>`` of one quota key a run carries (X3b)."""
+    return f"{QUOTA_PREFIX}{name}:{key}"
+
+
+def split_quota_tags(tags: Iterable[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """Split stored tags into (the caller's tags, the run's quota keys as (name, key) pairs) (X3b).
+
+    A quota name has no ``:``, so ``quota:<name>:<key>`` splits at its first two."""
+    user: list[str] = []
+    quotas: list[tuple[str, str]] = []
+    for tag in tags:
+        if tag.startswith(QUOTA_PREFIX) and tag.count(":") >= 2:
+            _, name, key = tag.split(":", 2)
+            quotas.append((name, key))
+        else:
+            user.append(tag)
+    return tuple(user), tuple(quotas)
+
+
+def compute_quota_key(workflow: str, quota: str, key_fn: Callable[[Any], object], input: Any) -> str:
+    """Compute a run's key of the quota ``quota`` from its input, once, at start (X3a, S1).
+
+    Raises :class:`SingletonKeyError` naming the workflow and the quota if
+    ``key_fn`` raises, or returns anything but a non-empty ``str`` of at most
+    :data:`QUOTA_KEY_MAX_LENGTH` characters.
+    """
+    try:
+        key = key_fn(input)
+    except Exception as exc:  # the user's key function may raise anything
+        raise SingletonKeyError(
+            workflow, f"key function of quota {quota!r} raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if not isinstance(key, str) or not key:
+        got = "an empty string" if isinstance(key, str) else type(key).__name__
+        raise SingletonKeyError(workflow, f"key function of quota {quota!r} returned {got}, not a non-empty str")
+    if len(key) > QUOTA_KEY_MAX_LENGTH:
+        raise SingletonKeyError(
+            workflow, f"key of quota {quota!r} is {len(key)} characters long; at most {QUOTA_KEY_MAX_LENGTH}"
+        )
+    return key
+
+
+def holds_quota_slot(status: str, quota_slot: str | None) -> bool:
+    """Tell whether a run holds a slot of each quota key it carries (X3c): the one definition.
+
+    ``quota_slot`` is the run's quota marker (``Run.quota_slot``, mirrored on
+    each of its memberships): ``holder`` once admitted in every limit it
+    carries, ``waiter`` before, None without quotas or once terminal. A run
+    holds its quota slots when it is active and marked ``holder``; a terminal
+    run holds none."""
+    return status in ACTIVE_STATUSES and quota_slot == SlotState.HOLDER
+
+
+def holds_quota_slot_q() -> Q:
+    """SQL twin of :func:`holds_quota_slot` on the quota membership table (X3c):
+    the membership is marked ``holder`` and its run is active."""
+    return Q(slot=SlotState.HOLDER, run__status__in=ACTIVE_STATUSES)
+
+
+def quota_waiter_q(now: Any) -> Q:
+    """The memberships that wait in a quota key's queue (X3d): marked ``waiter``,
+    their run active and due (X5) by ``now``, the database's clock (``DbNow()``, R5)."""
+    return Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES) & is_due_q(now, "run__")
+
+
+def quota_front_reaches(run_id: str, waiters: Sequence[str], free: int) -> bool:
+    """Tell whether ``run_id`` is among the first ``free`` of a limit's due
+    waiters, ``waiters`` given oldest first by (``created_at``, ``run_id``)
+    (X3d, S5 step 3): a run is admitted only when this holds in every limit it
+    carries, so a run at the front of a limit is never overtaken there."""
+    return free > 0 and run_id in waiters[:free]
+
 
 def _sql_in(values: Iterable[str]) -> str:
     return ", ".join(f"'{v}'" for v in values)

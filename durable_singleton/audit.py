@@ -7,7 +7,8 @@ Kinds of finding (:class:`FindingKind`):
   database refuses it (check constraint ``ds_run_slot_only_active``); the
   audit still looks, for stores or schemas without the constraint. Repair:
   drop the marker (the run is finished, its slot must be free).
-* ``over_admitted``: a key with more holders than its limit in force (S9,
+* ``over_admitted``: a key (a singleton key, or a quota key as the workflow
+  ``quota:<name>``, X3j) with more holders than its limit in force (S9,
   K2: :func:`~durable_singleton.admission.limit_in_force`, the runtime
   override included). Holders left over a lowered override are not a
   finding while none was admitted after the change (a lowered limit never
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .admission import ACTIVE_STATUSES, free_slots, holds_slot_q, limit_in_force
+from .admission import ACTIVE_STATUSES, free_slots, holds_quota_slot_q, holds_slot_q, limit_in_force, quota_lock_name
 from .core import Core
 from .statuses import RunStatus, SlotState
 
@@ -122,7 +123,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
         return report
     from django.db.models import Count, Max, Q
 
-    from .models import KeyControlChange, Run, SingletonKey
+    from .models import KeyControlChange, QuotaMembership, Run, SingletonKey
 
     runs = Run.objects.using(db)
     grace = now - timedelta(seconds=2 * engine.settings.TICK_SECONDS)
@@ -193,11 +194,38 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
                 )
             )
 
+    # Quota keys (X3c, X3j): holders over the limit in force, as for a singleton key.
+    quota_holders = (
+        QuotaMembership.objects.using(db)
+        .filter(holds_quota_slot_q())
+        .values("quota", "key")
+        .annotate(n=Count("pk"), last_admitted=Max("run__admitted_at"))
+        .order_by()
+    )
+    for quota_group in quota_holders:
+        ident = (quota_lock_name(quota_group["quota"]), quota_group["key"])
+        limit = limit_of(ident, 1)
+        changed_at = limit_changed_at(ident) if quota_group["n"] > limit else None
+        last = quota_group["last_admitted"]
+        if quota_group["n"] > limit and not (changed_at is not None and (last is None or last <= changed_at)):
+            report.findings.append(
+                Finding(
+                    FindingKind.OVER_ADMITTED,
+                    ident[0],
+                    ident[1],
+                    None,
+                    f"{quota_group['n']} holders for a limit of {limit}",
+                )
+            )
+
     # Keys with a waiter due for longer than two ticks (or with no wake time at all); a
-    # waiter whose not_before has not come is not due, so never stalled (X5).
+    # waiter whose not_before has not come is not due, so never stalled (X5). A waiter
+    # that carries quotas may wait for one of them: its singleton key's free slot is
+    # not its only limit (X3d), so it is not judged here.
     overdue = Q(wake_at__isnull=True) | Q(wake_at__lte=grace)
     stale = (
-        runs.admissible().filter(overdue, singleton_slot=SlotState.WAITER, status__in=_WAKEABLE)
+        runs.admissible()
+        .filter(overdue, singleton_slot=SlotState.WAITER, status__in=_WAKEABLE, quota_slot__isnull=True)
         .values("workflow_name", "singleton_key")
         .annotate(stored_limit=Max("singleton_limit"))
         .order_by()
@@ -210,9 +238,11 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
         free = free_slots(limit_of(ident, queue["stored_limit"]), held.get(ident, 0), paused=paused)
         if free <= 0 or runs.for_key(*ident).filter(finished_at__gt=grace).exists():
             continue  # no free slot, or one freed less than two ticks ago (its push may be in flight)
-        front = list(runs.for_key(*ident).due_waiting().values("run_id", "wake_at")[:free])
+        front = list(runs.for_key(*ident).due_waiting().values("run_id", "wake_at", "quota_slot")[:free])
         for waiter in front:
             due_since = waiter["wake_at"]
+            if waiter["quota_slot"] is not None:
+                continue  # it may wait for a quota (X3d): not judged on this key alone
             if (due_since is not None and due_since > grace) or len(report.findings) >= 4 * MAX_LISTED:
                 continue
             repaired = False

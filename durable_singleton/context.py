@@ -169,6 +169,15 @@ class WorkflowCtx:
         """
         return self.run.fencing_token
 
+    @property
+    def quota_tokens(self) -> dict[str, int]:
+        """Return this run's fencing token in each shared quota it holds a slot
+        of, by quota name (X3f, K1): per quota key, strictly increasing across
+        its admissions and takeovers; empty for a run without quotas. Read from
+        the store on each access."""
+        tokens: dict[str, int] = self._store.quota_tokens(self.run.run_id)
+        return tokens
+
     def _next(self) -> tuple[int, StepRecord | None]:
         position = self._position
         self._position += 1

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .admission import KEY_MAX_LENGTH, effective_limit
+from .admission import KEY_MAX_LENGTH, QUOTA_PREFIX, effective_limit
 from .core import Core
 from .exceptions import UnknownWorkflowError, ValidationError
 from .stores.base import ControlChange, ControlChangeRecord
@@ -71,6 +71,12 @@ class KeyControls:
         self.core = core
 
     def _declared_limit(self, workflow: str) -> int:
+        if workflow.startswith(QUOTA_PREFIX):
+            # A quota's keys, addressed as the workflow ``quota:<name>`` (X3b).
+            quota = self.core.registry.quotas.get(workflow[len(QUOTA_PREFIX) :])
+            if quota is None:
+                raise UnknownWorkflowError(f"no quota named {workflow[len(QUOTA_PREFIX) :]!r}")
+            return quota.limit
         definition = self.core.registry.get(workflow)
         if definition.singleton is None:
             raise ValidationError(f"workflow {workflow!r} is not a singleton workflow; it has no keys to control")

@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from . import signals
-from .admission import RESERVED_TAGS, check_not_before, compute_singleton_key
+from .admission import QUOTA_PREFIX, RESERVED_TAGS, check_not_before, compute_quota_key, compute_singleton_key
 from .conf import Settings, get_settings
 from .context import Interrupted, Suspend, WorkflowCtx
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
@@ -47,7 +47,7 @@ from .exceptions import (
     ValidationError,
 )
 from .leases import renewer
-from .statuses import OnBusy, Outcome, ParkReason, RunStatus, Verdict
+from .statuses import OnBusy, Outcome, ParkReason, RunStatus, SlotState, Verdict
 from .stores.base import (
     CANCELLED_ERROR,
     TIMEOUT_ERROR,
@@ -287,12 +287,15 @@ class Core:
 
     # -- the rules the engine owns -------------------------------------------
     def limits(self) -> dict[str, int]:
-        """Return the declared limit of every singleton workflow, by name (S2).
+        """Return the declared limit of every singleton workflow, by name (S2),
+        and of every quota, by its key-table name ``quota:<name>`` (X3b).
 
         The latest registered version's limit holds for every version; the
         store applies a runtime override on top (K2, :func:`effective_limit`).
         """
-        return {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
+        limits = {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
+        limits.update(self.registry.quota_limits())
+        return limits
 
     def queue_ttls(self) -> dict[str, float]:
         """Return the declared ``queue_ttl`` in seconds of every singleton workflow
@@ -336,6 +339,11 @@ class Core:
         if namespace is not None:
             check_text(namespace, "namespace")
         definition = self.registry.get(name, version)
+        if definition.quotas and not self.store.supports_quotas:
+            raise UnsupportedByStoreError(
+                f"workflow {definition.name!r} declares quotas: store {type(self.store).__name__} "
+                "cannot admit under them (supports_quotas is False) (X3)"
+            )
         input = self._check_input(input, "input")
         user_tags = self._check_tags(tags)
         single = definition.singleton
@@ -343,6 +351,16 @@ class Core:
         if key is not None:
             try:
                 check_text(key, "singleton key", len(key))
+            except ValidationError as exc:
+                from .exceptions import SingletonKeyError
+
+                raise SingletonKeyError(definition.name, str(exc)) from None
+        quota_keys = tuple(
+            (q.name, compute_quota_key(definition.name, q.name, q.key, input)) for q in definition.quotas
+        )
+        for name, quota_key in quota_keys:
+            try:
+                check_text(quota_key, f"key of quota {name!r}", len(quota_key))
             except ValidationError as exc:
                 from .exceptions import SingletonKeyError
 
@@ -368,6 +386,8 @@ class Core:
             deadline_at=begins + timedelta(seconds=definition.timeout) if definition.timeout else None,
             parent_run_id=parent_run_id,
             not_before=due_at,
+            quota_keys=quota_keys,
+            quota_slot=SlotState.WAITER if quota_keys else None,
         )
         if due_at is not None and due_at > now:
             run = run.evolve(wake_at=due_at)
@@ -619,7 +639,7 @@ class Core:
 
     def _check_tags(self, tags: Iterable[str]) -> list[str]:
         """Return the caller's tags, de-duplicated in order, reserved markers
-        dropped (S12); at most ``MAX_TAGS`` distinct ones, else
+        and tags spelled as a quota key's ``quota:...`` dropped (S12, X3b); at most ``MAX_TAGS`` distinct ones, else
         :class:`InvalidInputError` (section 7)."""
         if isinstance(tags, str) or tags is None:
             raise ValidationError("tags must be an iterable of str")
@@ -627,7 +647,7 @@ class Core:
         seen: dict[str, None] = {}  # ordered and O(1) per tag: the de-duplication is linear
         for tag in tags:
             check_text(tag, "each tag")
-            if tag not in RESERVED_TAGS and tag not in seen:
+            if tag not in RESERVED_TAGS and not tag.startswith(QUOTA_PREFIX) and tag not in seen:
                 seen[tag] = None
                 if len(seen) > limit:
                     raise InvalidInputError(f"a run has at most MAX_TAGS = {limit} distinct tags")
@@ -797,7 +817,8 @@ class Core:
         on this thread when inside :meth:`execute_chain`, the rest go to workers."""
         follow_ups = getattr(self._local, "follow_ups", None)
         for run in granted:
-            signals.run_admitted.send_robust(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
+            if not run.quota_keys:  # a waiter that carries quotas is sent a turn, not admitted (X3h)
+                signals.run_admitted.send_robust(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
         for n, run in enumerate(granted):
             queue = self.queue_of(run)
             if n == 0 and follow_ups is not None and queue is None:
@@ -1080,9 +1101,7 @@ class Core:
         """
         if run.singleton_key is None:
             return []
-        granted = self.store.release(
-            run.workflow_name, run.singleton_key, limits=self.limits(), ttls=self.queue_ttls()
-        )
+        granted = self.store.release(run.workflow_name, run.singleton_key, limits=self.limits(), ttls=self.queue_ttls())
         self.hand_off(granted)
         return [r.run_id for r in granted]
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+from .admission import QUOTA_NAME_MAX_LENGTH, QUOTA_PREFIX
 from .exceptions import (
     DuplicateWorkflowError,
     InvalidWorkflowError,
@@ -30,6 +31,7 @@ from .schedule_specs import Schedule, coerce_schedules
 from .statuses import SUPERSEDING, OnBusy
 
 __all__ = [
+    "Quota",
     "Registry",
     "Singleton",
     "WorkflowDefinition",
@@ -175,6 +177,44 @@ def _is_seconds(value: object) -> bool:
 
 
 @dataclass(frozen=True)
+class Quota:
+    """A limit shared across workflows (X3, X3a): at most ``limit`` runs per
+    quota key hold a slot at a time, whatever workflow started them.
+
+    Declare it once, at module level, and name it in ``quotas=[...]`` of every
+    workflow it limits, beside or instead of ``singleton``.
+    ``name``: a non-empty ``str`` of at most 64 characters without ``:``.
+    ``key``: callable taking the run input and returning a non-empty ``str``
+    of at most 127 characters, computed once at start (X3a, S1); the default
+    gives every run the one key ``"*"`` (a global limit).
+    ``limit``: slots per quota key, an ``int`` >= 1.
+
+    A run is admitted only when each of its limits (its singleton key, if any,
+    and each quota key) has room for it, oldest first by (``created_at``,
+    ``run_id``) in each (X3d); its slots are freed together when it settles
+    (X3g). Raises :class:`InvalidWorkflowError` at registration (X3a).
+    """
+
+    name: str
+    key: Callable[[Any], str] = field(default=lambda _input: "*")
+    limit: int = 1
+
+    def check(self, workflow: str) -> Quota:
+        """Return this quota, validated; raise :class:`InvalidWorkflowError`
+        naming ``workflow`` and the field (X3a)."""
+        name = self.name
+        if not isinstance(name, str) or not name or len(name) > QUOTA_NAME_MAX_LENGTH or ":" in name:
+            raise InvalidWorkflowError(
+                workflow, "quotas.name", f"must be a non-empty str of at most {QUOTA_NAME_MAX_LENGTH} without ':'"
+            )
+        if not callable(self.key):
+            raise InvalidWorkflowError(workflow, "quotas.key", f"of quota {name!r} must be callable (input -> str)")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
+            raise InvalidWorkflowError(workflow, "quotas.limit", f"of quota {name!r} must be an int >= 1")
+        return self
+
+
+@dataclass(frozen=True)
 class WorkflowOptions:
     """Typed workflow options, accepted wherever a ``workflow = {...}`` mapping is.
 
@@ -192,6 +232,7 @@ class WorkflowOptions:
     on_dead: Callable[[RunRecord], None] | None = None
     events: tuple[str, ...] = ()
     schedules: tuple[Schedule, ...] = ()
+    quotas: tuple[Quota, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,6 +251,8 @@ class WorkflowDefinition:
     remote: bool = False
     events: tuple[str, ...] = ()
     schedules: tuple[Schedule, ...] = ()
+    #: The shared quotas the workflow's runs carry, sorted by name (X3).
+    quotas: tuple[Quota, ...] = ()
 
     @property
     def label(self) -> str:
@@ -232,6 +275,8 @@ class Registry:
     latest: dict[str, WorkflowDefinition] = field(default_factory=dict)
     steps: dict[str, StepHandler] = field(default_factory=dict)
     resolvers: list[Callable[[Registry, str], bool]] = field(default_factory=list)
+    #: Every quota a registered workflow names, by name (X3a).
+    quotas: dict[str, Quota] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def add_resolver(self, resolver: Callable[[Registry, str], bool]) -> None:
@@ -284,8 +329,14 @@ class Registry:
         remote: bool = False,
         events: Iterable[str] = (),
         schedules: Iterable[Schedule] = (),
+        quotas: Iterable[Quota] = (),
     ) -> WorkflowDefinition:
         """Validate and register a workflow; return its definition.
+
+        ``quotas``: the shared :class:`Quota` limits its runs carry (X3); a
+        name of the form ``quota:...``, a quota named twice, or a quota whose
+        name another registered workflow declares with another limit or key
+        function raises :class:`InvalidWorkflowError` (X3a).
 
         Raises :class:`InvalidWorkflowError` (naming the workflow and field) or
         :class:`DuplicateWorkflowError` if (name, version) is already taken by
@@ -298,6 +349,7 @@ class Registry:
         if not remote and not callable(body):
             raise InvalidWorkflowError(name, "body", "must be callable (ctx, input) -> output")
         single = Singleton.coerce(name, singleton)
+        quota_specs = self._check_quotas(name, quotas)
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
             raise InvalidWorkflowError(name, "timeout", f"must be a number of seconds > 0, got {timeout!r}")
         step_names = tuple(steps)
@@ -323,14 +375,46 @@ class Registry:
             remote=remote,
             events=event_names,
             schedules=schedule_specs,
+            quotas=quota_specs,
         )
         with self._lock:
             existing = self.workflows.get((name, version))
             if existing is not None and existing.origin != definition.origin:
                 raise DuplicateWorkflowError(name, "version", f"{version!r} is already registered by {existing.origin}")
+            for quota in quota_specs:
+                known = self.quotas.get(quota.name)
+                if known is not None and (known.limit != quota.limit or known.key is not quota.key):
+                    raise InvalidWorkflowError(
+                        name, "quotas", f"quota {quota.name!r} is declared elsewhere with another limit or key"
+                    )
+            self.quotas.update((q.name, q) for q in quota_specs)
             self.workflows[(name, version)] = definition
             self.latest[name] = definition
         return definition
+
+    @staticmethod
+    def _check_quotas(name: str, quotas: Iterable[Quota]) -> tuple[Quota, ...]:
+        """Return the workflow's quotas validated and sorted by name (X3a, X3e)."""
+        if name.startswith(QUOTA_PREFIX):
+            raise InvalidWorkflowError(name, "name", f"{QUOTA_PREFIX!r} is the prefix of quota keys (X3b)")
+        if isinstance(quotas, (str, Quota)) or quotas is None:
+            raise InvalidWorkflowError(name, "quotas", "must be a sequence of Quota")
+        specs = tuple(quotas)
+        for quota in specs:
+            if not isinstance(quota, Quota):
+                raise InvalidWorkflowError(name, "quotas", f"expected Quota, got {type(quota).__name__}")
+            quota.check(name)
+        names = [q.name for q in specs]
+        if len(set(names)) != len(names):
+            raise InvalidWorkflowError(name, "quotas", f"names a quota twice: {sorted(names)}")
+        return tuple(sorted(specs, key=lambda q: q.name))
+
+    def quota_limits(self) -> dict[str, int]:
+        """Return the declared limit of every quota, by its key-table name
+        ``quota:<name>`` (X3b): the limits a claim passes its store beside the
+        workflows' (:meth:`Core.limits <durable_singleton.core.Core.limits>`)."""
+        with self._lock:
+            return {f"{QUOTA_PREFIX}{q.name}": q.limit for q in self.quotas.values()}
 
     def queue_ttls(self) -> dict[str, float]:
         """Return the ``queue_ttl`` in seconds of every workflow whose latest

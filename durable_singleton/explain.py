@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import heapq
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +30,7 @@ from .renewals import LeaseState, lease_state
 from .statuses import ParkReason, RunStatus, SlotState
 from .stores.base import BaseStore, RunRecord
 
-__all__ = ["ExplainState", "Explanation", "HolderInfo", "KeyControls", "explain", "lease_words"]
+__all__ = ["ExplainState", "Explanation", "HolderInfo", "KeyControls", "QuotaPlace", "explain", "lease_words"]
 
 #: Completed runs of a key whose durations feed the estimated wait.
 RECENT_RUNS = 20
@@ -73,6 +73,19 @@ class KeyControls:
 
     paused: bool = False
     override: int | None = None
+
+
+@dataclass(frozen=True)
+class QuotaPlace:
+    """A waiter's place in one of its quota keys' queues (X3, K3): its 1-based
+    ``position`` among the key's due waiters oldest first (None if not among
+    them: not due), their number ``depth``, and the holders' run ids."""
+
+    quota: str
+    key: str
+    position: int | None
+    depth: int
+    holders: list[str]
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,8 @@ class Explanation:
     queue_ttl: float | None = None
     expires_at: datetime | None = None
     expires_in_seconds: float | None = None
+    #: A run that waits for shared quotas (X3): its place in each quota key's queue.
+    quotas: list[QuotaPlace] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         """Return the explanation as JSON-ready values (datetimes as ISO 8601 strings)."""
@@ -338,6 +353,21 @@ def explain(engine: Core, run_id: str) -> Explanation:
     :meth:`Engine.get` does.
     """
     run = engine.get(run_id)
+    explained = _explain(engine, run)
+    if run.quota_slot != SlotState.WAITER or run.is_terminal or run.status == RunStatus.RUNNING:
+        return explained
+    places = [QuotaPlace(name, key, *engine.store.quota_queue(name, key, run.run_id)) for name, key in run.quota_keys]
+    words = "; ".join(
+        f"quota {p.quota!r} (key {p.key!r}) position {p.position or '?'} of {p.depth}"
+        + (f", behind {', '.join(p.holders)}" if p.holders else "")
+        for p in places
+    )
+    state = ExplainState.WAITER if explained.state in (ExplainState.PARKED, ExplainState.RUNNABLE) else explained.state
+    return replace(explained, state=state, quotas=places, sentence=f"{explained.sentence} It waits for {words} (X3d).")
+
+
+def _explain(engine: Core, run: RunRecord) -> Explanation:
+    """:func:`explain` of the run as read, its quotas aside."""
     now = engine.now()
     store = engine.store
     token = run.fencing_token

@@ -1,7 +1,9 @@
 """Prometheus metrics (O4), with the optional extra ``durable-singleton[prometheus]``.
 
 Every metric is labelled by ``workflow`` (and ``kind`` for audit findings),
-never by key: keys are unbounded.
+never by key: keys are unbounded. A shared quota (X3) is labelled as the
+workflow ``quota:<name>``, as the key controls and the audit name it: its
+holders, waiters and oldest wait are over all its keys.
 
 Read from the database at each scrape (one grouped query each, so they are
 the same whichever process is scraped):
@@ -42,7 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .admission import holds_slot_q, legacy_holder_q
+from .admission import ACTIVE_STATUSES, holds_quota_slot_q, holds_slot_q, legacy_holder_q, quota_lock_name
 from .renewals import unrenewed_q
 from .statuses import SlotState
 
@@ -135,13 +137,14 @@ class DatabaseCollector(Collector):
         from django.utils import timezone
 
         from .audit import FindingKind, audit_slots
-        from .models import Run
+        from .models import QuotaMembership, Run
         from .runtime import get_engine
 
         engine = get_engine()
         db = engine.store.database
         holders, waiters, oldest, findings, unrenewed = self._families()
         workflows = sorted(d.name for d in list(engine.registry.latest.values()) if d.singleton is not None)
+        workflows += sorted(quota_lock_name(name) for name in list(engine.registry.quotas))
         seen: dict[str, dict[str, float]] = {"holder": {}, "waiter": {}}
         if db is not None:
             now = timezone.now()
@@ -162,6 +165,25 @@ class DatabaseCollector(Collector):
                 seen["waiter"][group["workflow_name"]] = group["waiters"]
                 if group["waiters"]:
                     oldest.add_metric([group["workflow_name"]], (now - group["first"]).total_seconds())
+            # The quotas (X3j), labelled as the key table and the controls name them: quota:<name>.
+            memberships = QuotaMembership.objects.using(db)
+            quota_waiting = Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
+            quota_groups = (
+                memberships.filter(slot__isnull=False)
+                .values("quota")
+                .annotate(
+                    holders=Count("pk", filter=holds_quota_slot_q()),
+                    waiters=Count("pk", filter=quota_waiting),
+                    first=Min("created_at", filter=quota_waiting),
+                )
+                .order_by()
+            )
+            for quota_group in quota_groups:
+                name = quota_lock_name(quota_group["quota"])
+                seen["holder"][name] = quota_group["holders"]
+                seen["waiter"][name] = quota_group["waiters"]
+                if quota_group["waiters"]:
+                    oldest.add_metric([name], (now - quota_group["first"]).total_seconds())
             counts = audit_slots(engine).by_workflow()
             names = sorted({*workflows, *(workflow for workflow, _ in counts)})
             for workflow in names:

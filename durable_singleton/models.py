@@ -9,7 +9,7 @@ from django.db import models
 from django.utils.translation import gettext_lazy as _
 from model_utils.models import TimeStampedModel
 
-from .admission import KEY_MAX_LENGTH
+from .admission import KEY_MAX_LENGTH, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH
 from .querysets import RunQuerySet
 from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, RunStatus, SlotState, state_word
 
@@ -19,6 +19,7 @@ __all__ = [
     "TERMINAL_STATUSES",
     "Heartbeat",
     "KeyControlChange",
+    "QuotaMembership",
     "Run",
     "RunStatus",
     "ScheduleFiring",
@@ -89,6 +90,9 @@ class Run(models.Model):
     step_count = models.PositiveIntegerField(_("stored steps"), default=0)
     #: A delayed start (X5): not claimed or admitted before this time, judged on the database's clock (R5).
     not_before = models.DateTimeField(_("not before"), null=True, blank=True)
+    #: The quota marker (X3c): ``holder`` once admitted in every limit the run carries, ``waiter``
+    #: before, NULL without quotas or once terminal; each membership mirrors it in the same write.
+    quota_slot = models.CharField(_("quota slot"), max_length=6, choices=SlotState.choices, null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -196,6 +200,36 @@ class SingletonKey(TimeStampedModel):
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.key}"
+
+
+class QuotaMembership(models.Model):
+    """One quota key a run carries (X3b): its place in the quota key's queue and its fencing token.
+
+    ``slot`` mirrors the run's ``quota_slot`` (written in the same transaction),
+    so a quota key's holders and its oldest waiters are one read of
+    ``ds_quota_queue_idx``, whatever the queue's length (S13). ``created_at`` is
+    the run's, the admission order (X3d). A process that does not declare the
+    quota claims under the limit 1 unless the key's runtime override says
+    otherwise (K2): it never over-admits. The key's lock row is
+    ``SingletonKey(workflow_name="quota:<quota>", key=key)``.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="quota_memberships")
+    quota = ExactCharField(_("quota"), max_length=QUOTA_NAME_MAX_LENGTH)
+    key = ExactCharField(_("key"), max_length=QUOTA_KEY_MAX_LENGTH)
+    slot = models.CharField(_("slot"), max_length=6, choices=SlotState.choices, null=True, blank=True)
+    fencing_token = models.BigIntegerField(_("fencing token"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"))
+
+    class Meta:
+        verbose_name = _("quota membership")
+        verbose_name_plural = _("quota memberships")
+        ordering = ["quota", "key", "created_at", "run"]
+        indexes = [models.Index(fields=["quota", "key", "slot", "created_at", "run"], name="ds_quota_queue_idx")]
+        constraints = [models.UniqueConstraint(fields=["run", "quota"], name="ds_quota_run_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.quota} {self.key} {self.run_id}"
 
 
 class ScheduleState(models.Model):

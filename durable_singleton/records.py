@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .admission import ADMITTED_TAG, TRACKED_TAG, holds_slot, key_tag
+from .admission import ADMITTED_TAG, TRACKED_TAG, holds_quota_slot, holds_slot, key_tag, quota_tag
 from .statuses import PARKED_STATUSES, TERMINAL_STATUSES
 
 __all__ = ["PurgeReport", "RunRecord", "SignalRecord", "StepRecord"]
@@ -54,11 +54,17 @@ class RunRecord:
     step_count: int = 0
     #: The delayed start (X5): the run is not claimed or admitted before this time (None: no delay).
     not_before: datetime | None = None
+    #: The quota keys the run carries, as (quota name, key) pairs sorted, fixed at start (X3, X3b).
+    quota_keys: tuple[tuple[str, str], ...] = ()
+    #: The run's quota marker (X3c): ``"holder"`` admitted in every limit, ``"waiter"``, None (no quotas, terminal).
+    quota_slot: str | None = None
 
     @property
     def tags(self) -> list[str]:
-        """Return the run's tags: caller tags, ``singleton:<key>`` and markers (S1, S12)."""
+        """Return the run's tags: caller tags, ``quota:<name>:<key>``, ``singleton:<key>``
+        and markers (S1, S12, X3b)."""
         tags = list(self.user_tags)
+        tags.extend(quota_tag(name, key) for name, key in self.quota_keys)
         if self.singleton_key is not None:
             tags.append(key_tag(self.singleton_key))
             if self.tracked:
@@ -71,6 +77,12 @@ class RunRecord:
     def holds_slot(self) -> bool:
         """Tell whether the run holds a slot of its key (S5, S12): :func:`~durable_singleton.admission.holds_slot`."""
         return holds_slot(self.status, key=self.singleton_key, admitted=self.admitted, tracked=self.tracked)
+
+    @property
+    def holds_quota_slots(self) -> bool:
+        """Tell whether the run holds a slot of each quota key it carries (X3c):
+        :func:`~durable_singleton.admission.holds_quota_slot`."""
+        return holds_quota_slot(self.status, self.quota_slot)
 
     @property
     def is_terminal(self) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any, ClassVar, TypeVar
 
 from .context import WorkflowCtx
-from .definitions import Registry, Singleton, WorkflowDefinition, WorkflowOptions, origin_of, registry
+from .definitions import Quota, Registry, Singleton, WorkflowDefinition, WorkflowOptions, origin_of, registry
 from .exceptions import InvalidWorkflowError
 from .records import RunRecord
 from .runtime import get_engine
@@ -53,11 +53,14 @@ def workflow(
     on_dead: Callable[[RunRecord], None] | None = None,
     events: Iterable[str] = (),
     schedules: Iterable[Schedule] = (),
+    quotas: Iterable[Quota] = (),
     registry: Registry = registry,
 ) -> Callable[[W], W]:
     """Register the decorated :class:`BaseWorkflow` subclass or function as a workflow.
 
-    A function body takes ``(ctx, input)``. Raises :class:`InvalidWorkflowError`
+    A function body takes ``(ctx, input)``. ``quotas``: a sequence of the
+    shared :class:`~durable_singleton.definitions.Quota` limits its runs carry
+    (X3). Raises :class:`InvalidWorkflowError`
     at decoration time for an invalid option.
     """
     options = WorkflowOptions(
@@ -70,6 +73,7 @@ def workflow(
         on_dead=on_dead,
         events=tuple(events),
         schedules=tuple(schedules),
+        quotas=quotas if isinstance(quotas, (str, Quota)) else tuple(quotas),  # type: ignore[arg-type]  # refused at registration (X3a)
     )
 
     def decorate(target: W) -> W:

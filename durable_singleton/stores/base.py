@@ -396,6 +396,13 @@ class BaseStore(ABC):
         this process's memory (:class:`MemoryScheduleStore`), so each process
         fires from its own cursor; a window's run still starts once, by its
         run id (R3).
+    ``supports_quotas``
+        True when a claim admits a run that carries shared quotas only when
+        each of its limits has room, under the locks of all of them, and a
+        settle frees its quota slots (X3). False (the default): a start of a
+        workflow that declares ``quotas`` raises
+        :class:`~durable_singleton.exceptions.UnsupportedByStoreError` and
+        writes nothing.
     ``supports_queue_ttl``
         True when :meth:`expire_waiter` ends a waiter by a compare-and-set
         that refuses a run admitted meanwhile (X2). False (the default): the
@@ -411,6 +418,7 @@ class BaseStore(ABC):
     supports_on_busy: bool = False
     supports_schedules: bool = False
     supports_queue_ttl: bool = False
+    supports_quotas: bool = False
     #: True when :meth:`start_run` with ``stamp`` writes a run's ``created_at``
     #: on the store's own clock at the insert (R8), so the engine need not read
     #: that clock before a start.
@@ -699,6 +707,19 @@ class BaseStore(ABC):
         """Grant the key's free slots to its oldest waiters, skipping those past
         their TTL in ``ttls`` (X2); return them (S7, S8)."""
 
+    def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
+        """Return the place of ``run_id`` in the queue of the quota key
+        ``(name, key)`` (X3, K3): its 1-based position among the key's due
+        waiters oldest first (None if not among them), their number, and the
+        holders' run ids. The default (``supports_quotas`` False): (None, 0, [])."""
+        return None, 0, []
+
+    def quota_tokens(self, run_id: str) -> dict[str, int]:
+        """Return the fencing token of each quota slot the run holds, by quota
+        name (X3f); empty if it holds none. The default (``supports_quotas``
+        False) holds none."""
+        return {}
+
     @abstractmethod
     def delete_run(self, run_id: str) -> RunRecord | None:
         """Delete a run with its steps and signals; return what was deleted."""
@@ -777,9 +798,7 @@ class BaseStore(ABC):
         ]
         return sorted(runs, key=lambda r: (r.created_at, r.run_id))[:batch]
 
-    def expire_waiter(
-        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
-    ) -> Finish:
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None) -> Finish:
         """End waiter ``run`` ``cancelled`` with ``QUEUE_TTL_ERROR`` and grant the
         slots its key has free, in one transaction (X2, S7, R5a).
 

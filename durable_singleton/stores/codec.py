@@ -65,6 +65,7 @@ class CodecStore(BaseStore):
         self.supports_key_controls = inner.supports_key_controls
         self.supports_queue_ttl = inner.supports_queue_ttl
         self.supports_on_busy = inner.supports_on_busy
+        self.supports_quotas = inner.supports_quotas
 
     # -- encoding ------------------------------------------------------------------
     def _in(self, run: RunRecord) -> RunRecord:
@@ -265,6 +266,12 @@ class CodecStore(BaseStore):
     ) -> tuple[RunRecord, ...]:
         return self._out(self.inner.release(workflow_name, key, limits=limits, ttls=ttls))  # type: ignore[no-any-return]
 
+    def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
+        return self.inner.quota_queue(name, key, run_id)
+
+    def quota_tokens(self, run_id: str) -> dict[str, int]:
+        return self.inner.quota_tokens(run_id)
+
     def delete_run(self, run_id: str) -> RunRecord | None:
         return self._out(self.inner.delete_run(run_id))  # type: ignore[no-any-return]
 
@@ -293,9 +300,7 @@ class CodecStore(BaseStore):
     def expired_waiters(self, ttls: QueueTtls, batch: int) -> list[RunRecord]:
         return self._out(self.inner.expired_waiters(ttls, batch))  # type: ignore[no-any-return]
 
-    def expire_waiter(
-        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
-    ) -> Finish:
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None) -> Finish:
         return self._out(self.inner.expire_waiter(self._in(run), ttl, limits=limits, ttls=ttls))  # type: ignore[no-any-return]
 
     def request_timeout_cancel(self, run_id: str) -> bool:

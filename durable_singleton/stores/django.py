@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -37,22 +37,28 @@ from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from ..admission import (
+    QUOTA_PREFIX,
     cap_in_force,
     free_slots,
     free_slots_sql,
+    holds_quota_slot_q,
     holds_slot,
     holds_slot_q,
     is_due_q,
     limit_in_force,
     limit_in_force_sql,
     queue_ttl_expired_q,
+    quota_front_reaches,
+    quota_lock_name,
+    quota_waiter_q,
     retry_delay,
+    split_quota_tags,
     superseded,
     turn_on_its_way_q,
 )
 from ..codecs import Codec
 from ..exceptions import SingletonQueueFullError
-from ..models import Run, Signal, SingletonKey, Step
+from ..models import QuotaMembership, Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
 from . import key_controls, pg
@@ -107,6 +113,7 @@ def is_transient_error(exc: BaseException) -> bool:
 
 def record_of(row: Run) -> RunRecord:
     """Return the :class:`RunRecord` of a model row."""
+    user_tags, quota_keys = split_quota_tags(row.tags or ())
     return RunRecord(
         run_id=row.run_id,
         workflow_name=row.workflow_name,
@@ -118,7 +125,7 @@ def record_of(row: Run) -> RunRecord:
         updated_at=row.updated_at,
         output=row.output,
         error=row.error,
-        user_tags=tuple(row.tags or ()),
+        user_tags=user_tags,
         singleton_key=row.singleton_key,
         singleton_limit=row.singleton_limit,
         admitted=row.singleton_slot == SlotState.HOLDER,
@@ -138,6 +145,8 @@ def record_of(row: Run) -> RunRecord:
         fencing_token=row.fencing_token,
         step_count=row.step_count,
         not_before=row.not_before,
+        quota_keys=quota_keys,
+        quota_slot=row.quota_slot,
     )
 
 
@@ -149,6 +158,7 @@ def _terminal_fields(status: str, output: Any, error: Any, finished_at: datetime
         "error": error,
         "singleton_slot": None,
         "singleton_tracked": False,
+        "quota_slot": None,
         "lease_owner": None,
         "lease_expires_at": None,
         "wake_at": None,
@@ -164,6 +174,7 @@ def _settled(run: RunRecord, status: str, output: Any, error: Any) -> RunRecord:
         error=error,
         admitted=False,
         tracked=False,
+        quota_slot=None,
         lease_owner=None,
         lease_expires_at=None,
         wake_at=None,
@@ -189,6 +200,7 @@ class DjangoStore(BaseStore):
     supports_bulk_start = True
     supports_key_controls = True
     supports_on_busy = True
+    supports_quotas = True
     supports_schedules = True
     supports_queue_ttl = True
 
@@ -419,7 +431,9 @@ class DjangoStore(BaseStore):
         row if it is at the front of the queue without a free slot (for its
         retry delay); the claimant's token if it was admitted (0 if not); and
         the claimant's row if another claim granted it a slot meanwhile. Each
-        grant is a compare-and-set on the waiter as read.
+        grant is a compare-and-set on the waiter as read. A waiter that carries
+        quotas within the free slots is returned as it is, not admitted: a turn
+        for its own claim (X3h).
         """
         limit = self._limit(workflow_name, key_row, limits, None)
         front, legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
@@ -436,10 +450,16 @@ class DjangoStore(BaseStore):
         claimant_holder = next((r for r in front if r.run_id == claimant and self._holds_slot(r)), None)
         runs = self._runs()
         for row in waiters[:free]:
-            token += 1
             if row.run_id == claimant:
+                token += 1
                 claimant_token = token
                 continue
+            if row.quota_slot is not None:
+                # It carries quotas: it keeps its place and is sent a turn; its own
+                # claim decides under the locks of all its limits (X3h).
+                granted.append(record_of(row))
+                continue
+            token += 1
             if runs.filter(
                 pk=row.run_id, status=row.status, singleton_slot=SlotState.WAITER, cancel_requested=False
             ).update(
@@ -519,7 +539,7 @@ class DjangoStore(BaseStore):
         is reported created, another start's is returned as stored (R3, S16,
         S8a, R8). A capped start with ``stamp`` reads the database's clock first."""
         fast = self._fast()
-        if fast is not None and (cap is None or run.singleton_key is None):
+        if fast is not None and (cap is None or run.singleton_key is None) and not run.quota_keys:
             for _ in range(self.claim_retries + 1):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
                 if started is not None:
@@ -552,7 +572,8 @@ class DjangoStore(BaseStore):
         the former are reported created; the others are read back and returned as
         stored (R3, S16). An id repeated in the batch is created from its first
         entry. Capped runs go one by one through :meth:`create_run`, under their
-        key's lock (S15). On a database that cannot return the rows an INSERT
+        key's lock (S15), and so do runs that carry quotas (their memberships
+        are written with them, X3i). On a database that cannot return the rows an INSERT
         wrote (MySQL; MariaDB 10.5+ can), every run goes through :meth:`create_run`.
         """
         if not connections[self.db].features.can_return_rows_from_bulk_insert:
@@ -560,7 +581,7 @@ class DjangoStore(BaseStore):
         results: dict[int, tuple[RunRecord, bool] | BaseException] = {}
         first: dict[str, RunRecord] = {}  # the plain runs' first entry per id, in batch order
         for i, run in enumerate(runs):
-            if run.singleton_key is None or caps.get(run.workflow_name) is None:
+            if not run.quota_keys and (run.singleton_key is None or caps.get(run.workflow_name) is None):
                 first.setdefault(run.run_id, run)
                 continue
             try:
@@ -638,6 +659,8 @@ class DjangoStore(BaseStore):
             **fields
         ):
             return None
+        if row.quota_slot is not None:
+            QuotaMembership.objects.using(self.db).filter(run_id=row.run_id).update(slot=None)  # X3g
         return _settled(record_of(row), RunStatus.CANCELLED, None, dict(error))
 
     def _stored(self, run: RunRecord) -> tuple[RunRecord, bool]:
@@ -682,7 +705,7 @@ class DjangoStore(BaseStore):
             namespace=run.namespace,
             status=run.status,
             input=run.input,
-            tags=list(run.user_tags),
+            tags=pg.stored_tags(run),
             singleton_key=run.singleton_key,
             singleton_limit=run.singleton_limit,
             singleton_slot=SlotState.WAITER if run.singleton_key is not None and run.tracked else None,
@@ -694,10 +717,29 @@ class DjangoStore(BaseStore):
             parent_run_id=run.parent_run_id,
             park_reason=run.park_reason,
             not_before=run.not_before,
+            quota_slot=run.quota_slot,
         )
 
     def _insert(self, run: RunRecord) -> None:
-        self._row(run).save(using=self.db, force_insert=True)
+        """Insert the run and, if it carries quotas, one membership per quota key,
+        a waiter, in one transaction (X3b)."""
+        if not run.quota_keys:
+            self._row(run).save(using=self.db, force_insert=True)
+            return
+        with transaction.atomic(using=self.db):
+            self._row(run).save(using=self.db, force_insert=True)
+            QuotaMembership.objects.using(self.db).bulk_create(
+                [
+                    QuotaMembership(
+                        run_id=run.run_id,
+                        quota=name,
+                        key=key,
+                        slot=SlotState.WAITER,
+                        created_at=run.created_at,
+                    )
+                    for name, key in run.quota_keys
+                ]
+            )
 
     def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
         """Tell whether the key already has ``limit`` holders and ``limit`` waiters (S8a).
@@ -718,14 +760,16 @@ class DjangoStore(BaseStore):
     def delete_run(self, run_id: str) -> RunRecord | None:
         """Delete a run with its steps and signals; return what was deleted.
 
-        In the lock order of every path: the key's row first (the release of
-        the run's slot, F12, locks it too), then the run's row.
+        In the lock order of every path: its quota keys' rows, the key's row
+        (the release of the run's slot, F12, locks it too), then the run's row
+        (X3e); its memberships go with it, which frees its quota slots (X3g).
         """
-        seen = self._runs().filter(pk=run_id).values_list("workflow_name", "singleton_key").first()
+        seen = self._runs().filter(pk=run_id).values_list("workflow_name", "singleton_key", "tags").first()
         if seen is None:
             return None
         with transaction.atomic(using=self.db):
-            workflow_name, key = seen
+            workflow_name, key, tags = seen
+            self._lock_quota_keys(split_quota_tags(tags or ())[1])  # the lock order (X3e)
             if key is not None:
                 self.lock_key(workflow_name, key)
             row = self._runs().select_for_update().filter(pk=run_id).first()
@@ -834,6 +878,9 @@ class DjangoStore(BaseStore):
             recoveries=row.recoveries + (1 if recovered else 0),
             started_at=row.started_at or now,
         )
+        if row.quota_slot is not None:
+            # It carries quotas: admitted, confirmed or recovered under the locks of all its limits (X3).
+            return self._retrying(lambda: self._quota_turn(row, record, taken, take, recovered, limits, retry, ttls))
         if row.singleton_key is None or self._holds_slot(row):
             # No admission needed: a plain run, or a holder's confirmation (S6).
             if row.singleton_key is not None:
@@ -879,6 +926,8 @@ class DjangoStore(BaseStore):
             return Turn(TurnState.SKIPPED)
         if run.is_terminal or (run.status == RunStatus.RUNNING and not expired):
             return Turn(TurnState.SKIPPED, run)
+        if run.quota_slot is not None:
+            return None  # it carries quotas: the ORM path, under the locks of all its limits (X3i)
         recovered = run.status == RunStatus.RUNNING
         if run.cancel_requested or (recovered and run.recoveries >= max_recoveries):
             return None
@@ -1016,6 +1065,156 @@ class DjangoStore(BaseStore):
             )
         )
 
+    # -- shared quotas (X3) ---------------------------------------------------------
+    def _lock_quota_keys(self, quota_keys: Iterable[tuple[str, str]]) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+        """Lock the rows of the quota keys ``quota_keys`` ((name, key) pairs) in
+        the one global order, sorted by (name, key), before any singleton key
+        and any run row: no two claims wait on each other (X3e, S13). Must run
+        inside a transaction; returns ((name, key), key row) pairs in that order."""
+        return [((name, key), self.lock_key(quota_lock_name(name), key)) for name, key in sorted(set(quota_keys))]
+
+    def _quota_front(self, name: str, key: str, key_row: Mapping[str, Any], limits: Limits) -> tuple[int, list[str]]:
+        """Read a locked quota key's free slots and its oldest due waiters' run
+        ids, as many as its limit, oldest first by (``created_at``, ``run_id``)
+        (X3c, X3d). The limit in force is the declared one in ``limits`` under
+        ``quota:<name>`` (1 if this process does not declare it) or the key's
+        runtime override (K2); a paused key has no free slot."""
+        limit = limit_in_force(limits.get(quota_lock_name(name), 1), key_row["limit_override"])
+        members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
+        holders = self._locking(members.filter(holds_quota_slot_q())).count()
+        queue = members.filter(quota_waiter_q(DbNow())).order_by("created_at", "run_id")
+        waiters = [str(r) for r in self._locking(queue).values_list("run_id", flat=True)[:limit]]
+        return free_slots(limit, holders, paused=bool(key_row["paused"])), waiters
+
+    def _quota_turns(
+        self, quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]], limits: Limits, exclude: set[str]
+    ) -> list[RunRecord]:
+        """Return the waiters within the free slots of the locked quota keys
+        ``quota_rows``, as read (not admitted): each is sent a turn, and its
+        own claim decides under the locks of all its limits (X3g, X3h)."""
+        ids: list[str] = []
+        for (name, key), key_row in quota_rows:
+            free, waiters = self._quota_front(name, key, key_row, limits)
+            ids.extend(i for i in waiters[:free] if i not in exclude and i not in ids)
+        if not ids:
+            return []
+        rows = {r.run_id: r for r in self._runs().filter(pk__in=ids)}
+        return [record_of(rows[i]) for i in ids if i in rows]
+
+    def _quota_turn(
+        self,
+        row: Run,
+        record: RunRecord,
+        taken: RunRecord,
+        take: dict[str, Any],
+        recovered: bool,
+        limits: Limits,
+        retry: RetryPolicy,
+        ttls: QueueTtls | None = None,
+    ) -> Turn:
+        """Admit, confirm, recover or park a run that carries quotas, in one
+        transaction under the locks of all its limits: its quota keys sorted,
+        its singleton key, then its row (X3d, X3e, S13).
+
+        A holder's claim is a compare-and-set (a recovery takes a new token in
+        every limit, K1, X3f). A waiter is admitted only if it is within the
+        free slots of each of its quota keys, oldest first (X3d), and its
+        singleton key's grant admits it (S5); then it takes a slot and a
+        fencing token in every limit in the same transaction (X3c, X3f). Else
+        it is parked: with the front delay if it is within the first ``limit``
+        waiters of each quota key, else the backlog delay (S5 step 5).
+        """
+        take = dict(take)  # a retried transaction starts from the claim as read
+        runs = self._runs()
+        memberships = QuotaMembership.objects.using(self.db).filter(run_id=row.run_id)
+        keyed = row.singleton_key is not None
+        with transaction.atomic(using=self.db):
+            quota_rows = self._lock_quota_keys(record.quota_keys)
+            key_row = self.lock_key(row.workflow_name, row.singleton_key) if row.singleton_key is not None else None
+            self._lock_run(row.run_id)
+            if keyed:
+                take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
+            if row.quota_slot == SlotState.HOLDER:
+                token = None
+                if recovered and key_row is not None:
+                    # A takeover: a new token in every limit the run holds (K1, X3f).
+                    token = key_row["last_token"] + 1
+                    take["fencing_token"] = token
+                if not runs.filter(self._as_read(row), quota_slot=SlotState.HOLDER).update(**take):
+                    return Turn(TurnState.SKIPPED, record)
+                if recovered:
+                    if key_row is not None:
+                        SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
+                    self._take_quota_tokens(memberships, quota_rows)
+                run = taken.evolve(admitted=keyed, tracked=keyed)
+                return Turn(
+                    TurnState.RUN, run if token is None else run.evolve(fencing_token=token), recovered=recovered
+                )
+            fronts = [self._quota_front(name, key, key_row_q, limits) for (name, key), key_row_q in quota_rows]
+            reaches = all(quota_front_reaches(row.run_id, waiters, free) for free, waiters in fronts)
+            at_front = all(row.run_id in waiters for _, waiters in fronts)
+            granted: list[RunRecord] = []
+            token = 0
+            if reaches and key_row is not None:
+                assert row.singleton_key is not None
+                granted, front, token, _ = self._grant(
+                    row.workflow_name, row.singleton_key, key_row, limits, claimant=row.run_id, ttls=ttls
+                )
+                reaches = bool(token)
+                at_front = front is not None
+            if reaches:
+                take.update(quota_slot=SlotState.HOLDER, admitted_at=DbNow())
+                if token:
+                    take["fencing_token"] = token
+                if not runs.filter(self._as_read(row), quota_slot=SlotState.WAITER, cancel_requested=False).update(
+                    **take
+                ):
+                    transaction.set_rollback(True, using=self.db)  # changed under us: grant nothing (R5a)
+                    return Turn(TurnState.SKIPPED, record)
+                self._take_quota_tokens(memberships, quota_rows)
+                run = taken.evolve(
+                    admitted=keyed,
+                    tracked=keyed,
+                    quota_slot=SlotState.HOLDER,
+                    fencing_token=token or None,
+                    admitted_at=timezone.now(),
+                )
+                others = [g for g in granted if g.run_id != row.run_id]
+                # Waiters it no longer blocks, within its quota keys' free slots, get their turn (X3d).
+                others += self._quota_turns(quota_rows, limits, {row.run_id, *(g.run_id for g in others)})
+                return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(others), admitted=True)
+            parked = self._park_waiter(row, retry.seconds if at_front else retry.backlog_seconds, retry)
+            return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))
+
+    def _take_quota_tokens(
+        self, memberships: Any, quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]]
+    ) -> None:
+        """Mark every membership of the run a holder with a new fencing token
+        from its quota key's counter, under the keys' locks (X3c, X3f, K1)."""
+        for (name, _key), key_row in quota_rows:
+            token = key_row["last_token"] + 1
+            memberships.filter(quota=name).update(slot=SlotState.HOLDER, fencing_token=token)
+            SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
+
+    def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
+        """:meth:`BaseStore.quota_queue`: counts on ``ds_quota_queue_idx``, without
+        locks, whatever the queue's length; at most 20 holders named (X3, K3)."""
+        members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
+        holders = [str(r) for r in members.filter(holds_quota_slot_q()).values_list("run_id", flat=True)[:20]]
+        queue = members.filter(quota_waiter_q(DbNow()))
+        mine = queue.filter(run_id=run_id).values_list("created_at", flat=True).first()
+        position = None
+        if mine is not None:
+            ahead = Q(created_at__lt=mine) | Q(created_at=mine, run_id__lt=run_id)
+            position = queue.filter(ahead).count() + 1
+        return position, queue.count(), holders
+
+    def quota_tokens(self, run_id: str) -> dict[str, int]:
+        """Return the fencing token of each quota slot the run holds, by quota
+        name (X3f); empty if it holds none."""
+        rows = QuotaMembership.objects.using(self.db).filter(run_id=run_id, slot=SlotState.HOLDER)
+        return {q: t for q, t in rows.values_list("quota", "fencing_token") if t is not None}
+
     def renew_lease(self, run_id: str, owner: str, lease_seconds: float) -> bool:
         """:meth:`BaseStore.renew_lease`. Where rows lock (PostgreSQL, MySQL/MariaDB)
         it never waits for a lock another transaction holds on the run's row
@@ -1098,7 +1297,13 @@ class DjangoStore(BaseStore):
         ttls: QueueTtls | None = None,
     ) -> Finish:
         fast = self._fast() if owner is not None else None
-        if fast is not None and owner is not None and (run.singleton_key is None or run.workflow_name in limits):
+        quotas = run.quota_slot is not None or bool(run.quota_keys)
+        if (
+            fast is not None
+            and owner is not None
+            and not quotas
+            and (run.singleton_key is None or run.workflow_name in limits)
+        ):
             # One round trip: the settle and the handoff in raw SQL (S7, R5a).
             ttl = (ttls or {}).get(run.workflow_name)
             return self._retrying(lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl))
@@ -1126,7 +1331,7 @@ class DjangoStore(BaseStore):
         if recovered:
             fields["recoveries"] = F("recoveries") + 1
 
-        if run.singleton_key is None:
+        if run.singleton_key is None and not run.quota_keys:
             # No slot to hand off: the compare-and-set alone (R5a).
             if not self._runs().filter(cas).update(**fields):
                 return Finish(None)
@@ -1135,12 +1340,18 @@ class DjangoStore(BaseStore):
 
         def settle() -> Finish:
             with transaction.atomic(using=self.db):
+                # The lock order of every path: the quota keys sorted, then the singleton key (X3e).
+                quota_rows = self._lock_quota_keys(run.quota_keys)
                 key_row = self.lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
                 if not self._runs().filter(cas).update(**fields):
                     return Finish(None)
                 granted: list[RunRecord] = []
+                if quota_rows:
+                    # Every slot freed at once, in the transaction that ends the run (X3g).
+                    QuotaMembership.objects.using(self.db).filter(run_id=run.run_id).update(slot=None)
                 if key_row is not None and run.singleton_key is not None:
                     granted = self._grant(run.workflow_name, run.singleton_key, key_row, limits, ttls=ttls)[0]
+                granted.extend(self._quota_turns(quota_rows, limits, {g.run_id for g in granted}))
                 settled = _settled(run, status, output, error)
                 return Finish(settled.evolve(finished_at=finished_at or settled.finished_at), tuple(granted))
 
@@ -1174,12 +1385,16 @@ class DjangoStore(BaseStore):
         row = self._runs().filter(pk=run_id, status__in=(RunStatus.FAILED, RunStatus.DEAD)).first()
         if row is None:
             return None
+        memberships = QuotaMembership.objects.using(self.db).filter(run_id=run_id)
+        carries = memberships.exists()
         changes: dict[str, Any] = {
             "status": RunStatus.PENDING,
             "error": None,
             "output": None,
             "singleton_slot": SlotState.WAITER if row.singleton_key is not None else None,
             "singleton_tracked": row.singleton_key is not None,
+            # Every membership back in line as a waiter (X3g).
+            "quota_slot": SlotState.WAITER if carries else None,
             "recoveries": 0,
             "finished_at": None,
             "cancel_requested": False,
@@ -1187,12 +1402,15 @@ class DjangoStore(BaseStore):
             "admitted_at": None,
             "fencing_token": None,
         }
-        if (
-            not self._runs()
-            .filter(pk=run_id, status=row.status)
-            .update(wake_at=db_now_plus(redelivery_seconds), updated_at=DbNow(), **changes)
-        ):
-            return None
+        with transaction.atomic(using=self.db):
+            if (
+                not self._runs()
+                .filter(pk=run_id, status=row.status)
+                .update(wake_at=db_now_plus(redelivery_seconds), updated_at=DbNow(), **changes)
+            ):
+                return None
+            if carries:
+                memberships.update(slot=SlotState.WAITER, fencing_token=None)
         for name, value in changes.items():
             setattr(row, name, value)
         return record_of(row)
@@ -1202,6 +1420,10 @@ class DjangoStore(BaseStore):
     ) -> tuple[RunRecord, ...]:
         def grant() -> tuple[RunRecord, ...]:
             with transaction.atomic(using=self.db):
+                if workflow_name.startswith(QUOTA_PREFIX):
+                    # A quota key: its first waiters within its free slots get a turn (X3h, K2).
+                    quota_rows = self._lock_quota_keys([(workflow_name[len(QUOTA_PREFIX) :], key)])
+                    return tuple(self._quota_turns(quota_rows, limits, set()))
                 key_row = self.lock_key(workflow_name, key)
                 return tuple(self._grant(workflow_name, key, key_row, limits, ttls=ttls)[0])
 

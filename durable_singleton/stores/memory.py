@@ -14,18 +14,21 @@ from typing import Any, TypeVar
 from django.utils import timezone
 
 from ..admission import (
+    QUOTA_PREFIX,
     cap_in_force,
     free_slots,
     is_due,
     limit_in_force,
     queue_ttl_expired,
+    quota_front_reaches,
+    quota_lock_name,
     retry_delay,
     superseded,
     turn_on_its_way,
     waiter_expired,
 )
 from ..exceptions import SingletonQueueFullError
-from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, Verdict
+from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState, Verdict
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -63,6 +66,7 @@ class MemoryStore(BaseStore):
     supports_key_controls = True
     supports_queue_ttl = True
     supports_on_busy = True
+    supports_quotas = True
     supports_schedules = True  # the default in-memory state lives as long as the store
 
     def __init__(
@@ -79,6 +83,7 @@ class MemoryStore(BaseStore):
         self._signal_ids: set[tuple[str, str]] = set()
         self._signal_seq = 0
         self._tokens: dict[tuple[str, str], int] = {}
+        self._quota_tokens: dict[str, dict[str, int]] = {}  # run id -> quota name -> token (X3f)
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
         self._control_records: list[ControlChangeRecord] = []
         self.retry = retry or RetryPolicy()
@@ -165,6 +170,7 @@ class MemoryStore(BaseStore):
             error=dict(error),
             admitted=False,
             tracked=False,
+            quota_slot=None,
             wake_at=None,
             finished_at=self.clock(),
         )
@@ -218,6 +224,11 @@ class MemoryStore(BaseStore):
         granted: list[RunRecord] = []
         claimant_token = 0
         for run in waiters[:free]:
+            if run.quota_slot is not None and run.run_id != claimant:
+                # It carries quotas: it keeps its place and is sent a turn; its own
+                # claim decides under all its limits (X3h).
+                granted.append(run)
+                continue
             token = self._tokens.get((workflow_name, key), 0) + 1
             self._tokens[(workflow_name, key)] = token
             if run.run_id == claimant:
@@ -278,6 +289,8 @@ class MemoryStore(BaseStore):
                 "recoveries": run.recoveries + (1 if recovered else 0),
                 "started_at": run.started_at or now,
             }
+            if run.quota_slot is not None:
+                return self._quota_turn(run, take, recovered, limits, retry, ttls)
             key = run.singleton_key
             if key is None or run.holds_slot:
                 if key is not None:
@@ -305,6 +318,109 @@ class MemoryStore(BaseStore):
                 park_reason=ParkReason.SINGLETON,
             )
             return Turn(TurnState.PARKED, parked, granted=tuple(granted))
+
+    # -- shared quotas (X3) --------------------------------------------------------------
+    def _quota_front(self, name: str, key: str, limits: Limits) -> tuple[int, list[str]]:
+        """A quota key's free slots and its oldest due waiters' ids, as many as its
+        limit, by (``created_at``, ``run_id``) (X3c, X3d); see DjangoStore._quota_front."""
+        control = self.controls.get((quota_lock_name(name), key), {})
+        limit = limit_in_force(limits.get(quota_lock_name(name), 1), control.get("limit_override"))
+        now = self.clock()
+        members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
+        holders = sum(1 for r in members if r.holds_quota_slots)
+        waiters = sorted(
+            (r for r in members if r.quota_slot == SlotState.WAITER and is_due(r.not_before, now)),
+            key=lambda r: (r.created_at, r.run_id),
+        )
+        free = free_slots(limit, holders, paused=bool(control.get("paused", False)))
+        return free, [r.run_id for r in waiters[:limit]]
+
+    def _quota_turns(self, quota_keys: Sequence[tuple[str, str]], limits: Limits, exclude: set[str]) -> list[RunRecord]:
+        """The waiters within the free slots of ``quota_keys``, as they are: each
+        is sent a turn (X3g, X3h)."""
+        ids: list[str] = []
+        for name, key in sorted(set(quota_keys)):
+            free, waiters = self._quota_front(name, key, limits)
+            ids.extend(i for i in waiters[:free] if i not in exclude and i not in ids)
+        return [self._runs[i] for i in ids]
+
+    def _take_quota_tokens(self, run: RunRecord) -> None:
+        tokens: dict[str, int] = {}
+        for name, key in run.quota_keys:
+            token = self._tokens.get((quota_lock_name(name), key), 0) + 1
+            self._tokens[(quota_lock_name(name), key)] = token
+            tokens[name] = token
+        self._quota_tokens[run.run_id] = tokens
+
+    def _quota_turn(
+        self,
+        run: RunRecord,
+        take: dict[str, Any],
+        recovered: bool,
+        limits: Limits,
+        retry: RetryPolicy,
+        ttls: QueueTtls | None,
+    ) -> Turn:
+        """Admit, confirm, recover or park a run that carries quotas; see
+        DjangoStore._quota_turn (X3c, X3d, X3f, S5)."""
+        key = run.singleton_key
+        keyed = key is not None
+        now = self.clock()
+        if keyed:
+            take.update(admitted=True, tracked=True)
+        if run.quota_slot == SlotState.HOLDER:
+            if recovered:
+                # A takeover: a new token in every limit the run holds (K1, X3f).
+                if key is not None:
+                    token = self._tokens.get((run.workflow_name, key), 0) + 1
+                    self._tokens[(run.workflow_name, key)] = token
+                    take.update(fencing_token=token)
+                self._take_quota_tokens(run)
+            return Turn(TurnState.RUN, self._replace(run, **take), recovered=recovered)
+        fronts = [self._quota_front(name, qkey, limits) for name, qkey in run.quota_keys]
+        reaches = all(quota_front_reaches(run.run_id, waiters, free) for free, waiters in fronts)
+        in_front = all(run.run_id in waiters for _, waiters in fronts)
+        granted: list[RunRecord] = []
+        token = 0
+        if reaches and key is not None:
+            granted, in_front, token = self._grant(run.workflow_name, key, limits, claimant=run.run_id, ttls=ttls)
+            reaches = bool(token)
+        if reaches:
+            self._take_quota_tokens(run)
+            taken = self._replace(
+                run, quota_slot=SlotState.HOLDER, fencing_token=token or None, admitted_at=now, **take
+            )
+            # Waiters it no longer blocks, within its quota keys' free slots, get their turn (X3d).
+            granted += self._quota_turns(run.quota_keys, limits, {run.run_id, *(g.run_id for g in granted)})
+            return Turn(TurnState.RUN, taken, recovered=recovered, granted=tuple(granted), admitted=True)
+        parked = self._replace(
+            run,
+            status=RunStatus.SUSPENDED,
+            attempts=run.attempts + 1,
+            wake_at=now
+            + timedelta(seconds=retry_delay(retry.seconds if in_front else retry.backlog_seconds, retry.jitter)),
+            lease_owner=None,
+            lease_expires_at=None,
+            park_reason=ParkReason.SINGLETON,
+        )
+        return Turn(TurnState.PARKED, parked, granted=tuple(granted))
+
+    def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
+        with self._critical():
+            now = self.clock()
+            members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
+            holders = [r.run_id for r in members if r.holds_quota_slots]
+            waiters = [
+                r.run_id
+                for r in sorted(members, key=lambda r: (r.created_at, r.run_id))
+                if r.quota_slot == SlotState.WAITER and is_due(r.not_before, now)
+            ]
+            return (waiters.index(run_id) + 1 if run_id in waiters else None), len(waiters), holders
+
+    def quota_tokens(self, run_id: str) -> dict[str, int]:
+        with self._critical():
+            run = self._runs.get(run_id)
+            return dict(self._quota_tokens.get(run_id, {})) if run is not None and run.holds_quota_slots else {}
 
     def claim_run(self, run_id: str, owner: str, lease_seconds: float) -> Turn:
         """Take the lease without admission (what a store without an atomic claim offers, S14)."""
@@ -386,14 +502,18 @@ class MemoryStore(BaseStore):
             error=error,
             admitted=False,
             tracked=False,
+            quota_slot=None,
             lease_owner=None,
             lease_expires_at=None,
             wake_at=None,
             finished_at=self.clock(),
         )
+        self._quota_tokens.pop(run.run_id, None)
         granted: list[RunRecord] = []
         if run.singleton_key is not None:
             granted = self._grant(run.workflow_name, run.singleton_key, limits, ttls=ttls)[0]
+        # Every quota slot freed at once; the quota keys' first waiters are sent a turn (X3g).
+        granted.extend(self._quota_turns(run.quota_keys, limits, {g.run_id for g in granted}))
         return Finish(settled, tuple(granted))
 
     def finish(
@@ -444,6 +564,7 @@ class MemoryStore(BaseStore):
                 output=None,
                 admitted=False,
                 tracked=run.singleton_key is not None,
+                quota_slot=SlotState.WAITER if run.quota_keys else None,  # back in line in every quota (X3g)
                 wake_at=self.clock() + timedelta(seconds=redelivery_seconds),
                 recoveries=0,
                 finished_at=None,
@@ -457,6 +578,9 @@ class MemoryStore(BaseStore):
         self, workflow_name: str, key: str, *, limits: Limits, ttls: QueueTtls | None = None
     ) -> tuple[RunRecord, ...]:
         with self._critical():
+            if workflow_name.startswith(QUOTA_PREFIX):
+                # A quota key: its first waiters within its free slots get a turn (X3h, K2).
+                return tuple(self._quota_turns([(workflow_name[len(QUOTA_PREFIX) :], key)], limits, set()))
             return tuple(self._grant(workflow_name, key, limits, ttls=ttls)[0])
 
     def add_signal(self, run_id: str, name: str, payload: Any, *, signal_id: str | None = None) -> RunRecord | None:
@@ -522,9 +646,7 @@ class MemoryStore(BaseStore):
         with self._critical():
             return super().expired_waiters(ttls, batch)
 
-    def expire_waiter(
-        self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None
-    ) -> Finish:
+    def expire_waiter(self, run: RunRecord, ttl: float, *, limits: Limits, ttls: QueueTtls | None = None) -> Finish:
         with self._critical():
             current = self._runs.get(run.run_id)
             # Still a parked waiter that outlived ttl on this store's clock: a run

@@ -65,6 +65,8 @@ from ..admission import (
     legacy_holder_sql_text,
     limit_in_force_sql_text,
     queue_ttl_expired_sql_text,
+    quota_tag,
+    split_quota_tags,
 )
 from ..models import Run, SingletonKey
 from ..querysets import PG_NOW_SQL, RunQuerySet
@@ -126,6 +128,7 @@ COLUMNS = (
     "fencing_token",
     "step_count",
     "not_before",
+    "quota_slot",
 )
 
 
@@ -170,7 +173,9 @@ def record(row: Sequence[Any]) -> RunRecord:
         fencing_token,
         step_count,
         not_before,
+        quota_slot,
     ) = row[: len(COLUMNS)]
+    user_tags, quota_keys = split_quota_tags(_json(tags) or ())
     return RunRecord(
         run_id=run_id,
         workflow_name=workflow_name,
@@ -182,7 +187,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         updated_at=updated_at,
         output=_json(output),
         error=_json(error),
-        user_tags=tuple(_json(tags) or ()),
+        user_tags=user_tags,
         singleton_key=singleton_key,
         singleton_limit=singleton_limit,
         admitted=singleton_slot == SlotState.HOLDER,
@@ -202,7 +207,15 @@ def record(row: Sequence[Any]) -> RunRecord:
         fencing_token=fencing_token,
         step_count=step_count,
         not_before=not_before,
+        quota_keys=quota_keys,
+        quota_slot=quota_slot,
     )
+
+
+def stored_tags(run: RunRecord) -> list[str]:
+    """The ``tags`` column of ``run``: the caller's tags, then its quota keys'
+    ``quota:<name>:<key>`` tags (X3b); the key tag and markers are columns."""
+    return [*run.user_tags, *(quota_tag(name, key) for name, key in run.quota_keys)]
 
 
 def usable(store: Store) -> bool:
@@ -317,9 +330,11 @@ _GRANT_SET = (
     f" admitted_at = {WRITTEN}"
 )
 #: Each grant is a compare-and-set on the waiter as read (S7, K1).
+#: A waiter that carries quotas keeps its place and gets no slot here: its own claim decides
+#: on the ORM path, under the locks of all its limits (X3h).
 _GRANT_CAS = (
     f"r.run_id = g.run_id AND r.status = g.status AND r.singleton_slot = '{SlotState.WAITER.value}'"
-    " AND NOT r.cancel_requested"
+    " AND NOT r.cancel_requested AND r.quota_slot IS NULL"
 )
 #: The key's token counter moves past every token the grants handed out (K1).
 _BUMP = (
@@ -400,12 +415,12 @@ ADMIT = _admit(
 )
 
 #: A claim's first turn of a waiter without a read before it (:meth:`FastPath.claim`): the
-#: run is a candidate when it is a tracked waiter, parked (not running, not terminal), not
-#: cancelled, due (X5) and of a workflow in the ``limits`` parameter (a JSON object of the
+#: run is a candidate when it is a tracked waiter without quotas (X3i), parked (not running, not
+#: terminal), not cancelled, due (X5) and of a workflow in the ``limits`` parameter (a JSON object of the
 #: declared limits this process knows); its workflow, key, declared limit and TTL come from
 #: its own row. Read without a lock: a run's workflow and key never change.
 _CANDIDATE = (
-    f"r.run_id = %(run_id)s AND {_WAITER} AND r.status IN ({_PARKED})"
+    f"r.run_id = %(run_id)s AND {_WAITER} AND r.quota_slot IS NULL AND r.status IN ({_PARKED})"
     f" AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)} AND %(limits)s::jsonb ? r.workflow_name"
 )
 CLAIM_CREATE_KEY = (
@@ -444,11 +459,12 @@ CLAIM_ADMIT = _admit(
 )
 
 
-#: A claim's first turn of a run without a key, parked (not running, not terminal), not
-#: cancelled and due (X5): its lease, one compare-and-set on the row as the update finds it
-#: (no key, so no lock and no admission: S4, S6, R5a, R6).
+#: A claim's first turn of a run without a key and without quotas (X3i), parked (not running,
+#: not terminal), not cancelled and due (X5): its lease, one compare-and-set on the row as the
+#: update finds it (no key, so no lock and no admission: S4, S6, R5a, R6).
 CLAIM_TAKE = (
     f"UPDATE {RUN} r SET {_TAKE_SET} WHERE r.run_id = %(run_id)s AND r.singleton_key IS NULL"
+    " AND r.quota_slot IS NULL"
     f" AND r.status IN ({_PARKED}) AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)}"
     f" RETURNING {_cols('r')}"
 )
@@ -674,7 +690,7 @@ class FastPath:
             "updated_at": run.updated_at,
             "output": _json_param(run.output),
             "error": _json_param(run.error),
-            "tags": _json_param(list(run.user_tags)),
+            "tags": _json_param(stored_tags(run)),
             "singleton_key": run.singleton_key,
             "singleton_limit": run.singleton_limit,
             "singleton_slot": SlotState.WAITER.value if run.singleton_key is not None and run.tracked else None,
@@ -695,6 +711,7 @@ class FastPath:
             "fencing_token": None,
             "step_count": 0,
             "not_before": run.not_before,
+            "quota_slot": run.quota_slot,
         }
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)

@@ -1,0 +1,351 @@
+"""Shared quotas (X3, #20 item 3): ``Quota(name, key=fn, limit=N)`` named by
+several workflows in ``quotas=[...]``, beside or instead of ``singleton``.
+
+A run is admitted only when every limit it carries has room, oldest first in
+each (X3d); it takes a slot and a fencing token in each (X3c, X3f) and frees
+them all when it settles, waking the quota's next waiters (X3g). On the
+in-memory store and on the DATABASE_URL database (SQLite, PostgreSQL,
+MariaDB); the racing test uses real threads and real commits.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from durable_singleton import Quota
+from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine
+from durable_singleton.exceptions import (
+    InvalidWorkflowError,
+    SingletonKeyError,
+    UnknownWorkflowError,
+    UnsupportedByStoreError,
+)
+from tests.conftest import run_threads
+
+STRIPE = Quota("stripe-api", key=lambda i: i.get("account", "*"), limit=1)
+
+
+def _drain(engine: Engine) -> None:
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+
+
+def _holding(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
+    """A body that waits for the signal ``go`` when its input says ``hold``."""
+
+    def body(ctx: Any, input: dict[str, Any]) -> str:
+        if input.get("hold"):
+            ctx.wait_for_signal("go")
+        log.append(ctx.run_id)
+        return str(ctx.run_id)
+
+    return body
+
+
+def test_two_workflows_sharing_a_quota_take_turns_oldest_first(engine: Engine, registry: Registry) -> None:
+    """X3, X3d, X3g: A1 (workflow a) holds the quota's one slot; B1 (workflow b)
+    then A2 wait, whatever their workflow; A1's settle wakes B1, the oldest,
+    and B1's settle wakes A2."""
+    log: list[str] = []
+    registry.add("a", "1", _holding(log), quotas=[STRIPE])
+    registry.add("b", "1", _holding(log), quotas=[STRIPE])
+    engine.start("a", {"hold": True}, run_id="A1")
+    engine.start("b", {"hold": True}, run_id="B1")
+    engine.start("a", {}, run_id="A2")
+    _drain(engine)
+    assert engine.get("A1").status == "suspended" and engine.get("A1").quota_slot == "holder"
+    assert [engine.get(r).quota_slot for r in ("B1", "A2")] == ["waiter", "waiter"]
+    assert engine.get("A1").tags == ["quota:stripe-api:*"]  # X3b
+    engine.signal("A1", "go")
+    _drain(engine)
+    assert log == ["A1"]
+    assert engine.get("B1").quota_slot == "holder" and engine.get("A2").quota_slot == "waiter"
+    engine.signal("B1", "go")
+    _drain(engine)
+    assert log == ["A1", "B1", "A2"]
+    assert all(engine.get(r).status == "completed" and engine.get(r).quota_slot is None for r in log)
+
+
+def test_quota_keys_are_separate_and_tokens_increase(engine: Engine, registry: Registry) -> None:
+    """X3b, X3f: two accounts are two quota keys, admitted side by side; each
+    admission of one key stamps a larger token, read as ``ctx.quota_tokens``."""
+    tokens: dict[str, dict[str, int]] = {}
+
+    def body(ctx: Any, input: dict[str, Any]) -> None:
+        tokens[ctx.run_id] = ctx.quota_tokens
+
+    registry.add("a", "1", body, quotas=[STRIPE])
+    for run_id, account in (("X1", "x"), ("Y1", "y"), ("X2", "x")):
+        engine.start("a", {"account": account}, run_id=run_id)
+    _drain(engine)
+    assert set(tokens) == {"X1", "Y1", "X2"}
+    assert tokens["X1"]["stripe-api"] < tokens["X2"]["stripe-api"]
+    assert engine.get("X2").tags == ["quota:stripe-api:x"]
+    assert engine.store.quota_tokens("X2") == {}  # settled: holds none (X3c)
+
+
+def test_a_run_needing_a_busy_singleton_leaves_the_quota_slot_free_and_keeps_its_place(
+    engine: Engine, registry: Registry
+) -> None:
+    """X3d: W2 needs its singleton key (held by W1) and the quota (2 slots, one
+    held by W1). It takes no quota slot while it waits. V1, newer, is behind
+    W2 in the quota's line and does not overtake it (no starvation); when W1
+    settles, W2 and then V1 are admitted, never more than 2 quota holders."""
+    log: list[str] = []
+    shared = Quota("db", limit=2)
+    registry.add("w", "1", _holding(log), singleton={"key": lambda i: "k"}, quotas=[shared])
+    registry.add("v", "1", _holding(log), quotas=[shared])
+    engine.start("w", {"hold": True}, run_id="W1")
+    engine.start("w", {}, run_id="W2")
+    engine.start("v", {}, run_id="V1")
+    _drain(engine)
+    assert engine.get("W1").quota_slot == "holder" and engine.get("W1").admitted
+    assert engine.get("W2").quota_slot == "waiter" and not engine.get("W2").admitted
+    assert engine.get("V1").quota_slot == "waiter" and log == []
+    engine.signal("W1", "go")
+    _drain(engine)
+    assert log == ["W1", "W2", "V1"]
+
+
+def test_a_cancelled_waiter_and_a_retried_run_keep_the_line(engine: Engine, registry: Registry) -> None:
+    """X3g, D9: a cancelled waiter frees nothing and leaves the line; a failed
+    run retried is a waiter again in every quota and waits its turn."""
+    log: list[str] = []
+    fail = {"once": True}
+
+    def body(ctx: Any, input: dict[str, Any]) -> None:
+        if input.get("hold"):
+            ctx.wait_for_signal("go")
+        if input.get("fail") and fail.pop("once", False):
+            raise RuntimeError("flaky")
+        log.append(ctx.run_id)
+
+    registry.add("a", "1", body, quotas=[STRIPE])
+    engine.start("a", {"fail": True}, run_id="F")
+    _drain(engine)
+    assert engine.get("F").status == "failed" and engine.get("F").quota_slot is None
+    engine.start("a", {"hold": True}, run_id="H")
+    engine.start("a", {}, run_id="C")
+    _drain(engine)
+    engine.cancel("C")
+    assert engine.get("C").status == "cancelled" and engine.get("C").quota_slot is None
+    retried = engine.retry("F")
+    assert retried.quota_slot == "waiter"
+    _drain(engine)
+    assert engine.get("F").status != "completed"  # H holds the one slot
+    engine.signal("H", "go")
+    _drain(engine)
+    assert log == ["H", "F"]
+
+
+def test_quota_declarations_are_checked_at_registration(registry: Registry) -> None:
+    """X3a: a bad name, limit or key; a quota named twice; one name declared with
+    two limits; a workflow named ``quota:...``."""
+
+    def body(ctx: Any, input: Any) -> None:
+        return None
+
+    for bad in (Quota(""), Quota("a:b"), Quota("x" * 65), Quota("q", limit=0), Quota("q", key="k")):  # type: ignore[arg-type]
+        with pytest.raises(InvalidWorkflowError):
+            registry.add("w", "1", body, quotas=[bad])
+    with pytest.raises(InvalidWorkflowError):
+        registry.add("w", "1", body, quotas=[Quota("q"), Quota("q")])
+    with pytest.raises(InvalidWorkflowError):
+        registry.add("w", "1", body, quotas=Quota("q"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidWorkflowError):
+        registry.add("quota:w", "1", body)
+    registry.add("w", "1", body, quotas=[Quota("q", limit=2)])
+    with pytest.raises(InvalidWorkflowError):
+        registry.add("v", "1", body, quotas=[Quota("q", limit=3)])
+
+
+def test_a_bad_quota_key_raises_and_writes_nothing(engine: Engine, registry: Registry) -> None:
+    """X3a: a key function that raises, returns a non-str, an empty str or a key
+    past 127 characters raises SingletonKeyError; no run is written."""
+    keys: list[Any] = [1, "", "k" * 128]
+
+    def key(input: Any) -> Any:
+        if not keys:
+            raise LookupError("no account")
+        return keys.pop(0)
+
+    registry.add("w", "1", lambda ctx, i: None, quotas=[Quota("q", key=key)])
+    for _ in range(4):
+        with pytest.raises(SingletonKeyError):
+            engine.start("w", {})
+    assert engine.store.list_runs() == []
+
+
+def test_caller_tags_spelled_as_a_quota_key_are_dropped(engine: Engine, registry: Registry) -> None:
+    """X3b: a caller's tag ``quota:...`` is dropped, never read as a membership."""
+    registry.add("w", "1", lambda ctx, i: None)
+    run = engine.start("w", {}, tags=["quota:stripe-api:*", "mine"])
+    assert run.tags == ["mine"] and run.quota_keys == ()
+    assert engine.get(run.run_id).tags == ["mine"] and engine.get(run.run_id).quota_slot is None
+
+
+def test_a_store_without_quotas_refuses_the_start(registry: Registry) -> None:
+    """X3: a store without ``supports_quotas`` refuses a start of a workflow that
+    declares quotas, before anything is written."""
+    from durable_singleton.stores.memory import MemoryStore
+    from durable_singleton.testing import make_engine
+
+    class Plain(MemoryStore):
+        supports_quotas = False
+
+    engine = make_engine(Plain(), registry=registry)
+    registry.add("w", "1", lambda ctx, i: None, quotas=[STRIPE])
+    with pytest.raises(UnsupportedByStoreError):
+        engine.start("w", {})
+    assert engine.store.list_runs() == []
+
+
+@pytest.mark.parametrize("singleton", [False, True])
+def test_racing_claims_never_exceed_a_quota(
+    make: Callable[..., Engine], registry: Registry, store_kind: str, singleton: bool
+) -> None:
+    """X3d, X3e: three workflows share a quota of 2 (one also with a singleton
+    key of limit 2 per account); 4 threads claim 24 runs at once and each body
+    counts the runs inside the quota: never more than 2 at a time, every run
+    completes once, and no claim deadlocks (the threads all return)."""
+    inside = {"now": 0, "max": 0}
+    lock = threading.Lock()
+    done: list[str] = []
+
+    def body(ctx: Any, input: dict[str, Any]) -> None:
+        with lock:
+            inside["now"] += 1
+            inside["max"] = max(inside["max"], inside["now"])
+        threading.Event().wait(0.01)
+        with lock:
+            inside["now"] -= 1
+            done.append(ctx.run_id)
+
+    pool = Quota("pool", limit=2)
+    single = {"key": lambda i: i["k"], "limit": 2} if singleton else None
+    registry.add("a", "1", body, quotas=[pool], singleton=single)
+    registry.add("b", "1", body, quotas=[pool])
+    registry.add("c", "1", body, quotas=[pool, Quota("other", limit=3)])
+    engines = [make() for _ in range(4)]
+    ids = []
+    for n in range(24):
+        run = engines[0].start("abc"[n % 3], {"k": str(n % 2)}, run_id=f"R{n}")
+        ids.append(run.run_id)
+    for e in engines:
+        e.dispatcher.queue.clear()  # type: ignore[attr-defined]
+
+    def worker(i: int) -> None:
+        for _ in range(40):
+            for run_id in ids[i::4] + ids:
+                engines[i].execute(run_id)
+            if len(done) >= len(ids):
+                return
+
+    results = run_threads(4, worker, timeout=240)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    assert inside["max"] <= 2
+    assert sorted(done) == sorted(ids)
+    assert all(engines[0].get(r).status == "completed" for r in ids)
+
+
+def test_key_controls_address_a_quota_key(engine: Engine, registry: Registry) -> None:
+    """K2, X3b: ``quota:<name>`` and the key override a quota key's limit
+    (raising it admits the waiters at once) and pause it (nothing more is
+    admitted, the holder keeps its slot; resuming admits the waiter); an
+    unknown quota is an unknown name."""
+    log: list[str] = []
+    registry.add("a", "1", _holding(log), quotas=[STRIPE])
+    engine.start("a", {"hold": True}, run_id="H")
+    engine.start("a", {}, run_id="W1")
+    engine.start("a", {}, run_id="W2")
+    _drain(engine)
+    state = engine.override_limit("quota:stripe-api", "*", 2, by="ops")
+    assert state.limit == 2
+    _drain(engine)
+    assert log == ["W1", "W2"]  # W1 admitted beside the holder at once, W2 on W1's settle
+    engine.pause_key("quota:stripe-api", "*", by="ops")
+    engine.start("a", {}, run_id="W3")
+    _drain(engine)
+    assert log == ["W1", "W2"] and engine.get("W3").quota_slot == "waiter"
+    assert engine.get("H").quota_slot == "holder"
+    engine.resume_key("quota:stripe-api", "*", by="ops")
+    _drain(engine)
+    assert log == ["W1", "W2", "W3"]
+    with pytest.raises(UnknownWorkflowError):
+        engine.pause_key("quota:nope", "*")
+
+
+def test_explain_names_the_quota_a_waiter_waits_for(engine: Engine, registry: Registry) -> None:
+    """K3, X3j: a waiter of a quota is explained with its place in the quota
+    key's queue and the holder it waits behind."""
+    registry.add("a", "1", _holding([]), quotas=[STRIPE])
+    engine.start("a", {"hold": True}, run_id="H")
+    engine.start("a", {}, run_id="W1")
+    engine.start("a", {}, run_id="W2")
+    _drain(engine)
+    explained = engine.explain("W2")
+    assert explained.state == "waiter"
+    assert [(p.quota, p.key, p.position, p.depth, p.holders) for p in explained.quotas] == [
+        ("stripe-api", "*", 2, 2, ["H"])
+    ]
+    assert "quota 'stripe-api' (key '*') position 2 of 2, behind H" in explained.sentence
+    assert engine.explain("H").quotas == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_audit_finds_an_over_admitted_quota_key_and_not_a_quota_waiter(registry: Registry) -> None:
+    """K4, X3j: a quota key with more holders than its limit is an
+    ``over_admitted`` finding on ``quota:<name>``; a waiter at its singleton
+    key's front that waits for its quota is not a stalled waiter."""
+    from datetime import timedelta
+
+    from durable_singleton.audit import audit_slots
+    from durable_singleton.models import QuotaMembership, Run
+    from durable_singleton.testing import make_engine
+
+    engine = make_engine("django", registry=registry)
+    registry.add("a", "1", _holding([]), singleton={"key": lambda i: i["k"]}, quotas=[STRIPE])
+    engine.start("a", {"k": "1", "hold": True}, run_id="H")
+    engine.start("a", {"k": "2"}, run_id="W")
+    _drain(engine)
+    assert engine.get("W").quota_slot == "waiter" and not engine.get("W").admitted
+    later = engine.now() + timedelta(seconds=3600)
+    assert audit_slots(engine, now=later).findings == []
+    # A second holder written behind the claim's back: two holders for a limit of 1.
+    QuotaMembership.objects.filter(run_id="W").update(slot="holder")
+    Run.objects.filter(pk="W").update(quota_slot="holder")
+    findings = audit_slots(engine, now=later).findings
+    assert [(f.kind, f.workflow, f.key) for f in findings] == [("over_admitted", "quota:stripe-api", "*")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_metrics_count_a_quotas_holders_and_waiters(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> None:
+    """X3j, O4: the database collector reports a quota as the workflow
+    ``quota:<name>``: its holders, its waiters and its oldest wait."""
+    pytest.importorskip("prometheus_client", reason="the prometheus extra is not installed")
+    from durable_singleton import runtime
+    from durable_singleton.metrics import DatabaseCollector
+    from durable_singleton.testing import make_engine
+
+    engine = make_engine("django", registry=registry)
+    monkeypatch.setattr(runtime, "get_engine", lambda: engine)
+    registry.add("a", "1", _holding([]), quotas=[STRIPE])
+    engine.start("a", {"hold": True}, run_id="H")
+    engine.start("a", {}, run_id="W1")
+    engine.start("a", {}, run_id="W2")
+    _drain(engine)
+    families = {f.name: f.samples for f in DatabaseCollector().collect()}
+
+    def value(name: str) -> float:
+        return sum(s.value for s in families[name] if s.labels.get("workflow") == "quota:stripe-api")
+
+    assert value("durable_singleton_holders") == 1
+    assert value("durable_singleton_waiters") == 2
+    assert value("durable_singleton_oldest_wait_seconds") >= 0
+    assert any(
+        s.labels.get("workflow") == "quota:stripe-api" for s in families["durable_singleton_oldest_wait_seconds"]
+    )
