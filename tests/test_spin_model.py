@@ -27,8 +27,10 @@ pytestmark = [
     pytest.mark.vendor_agnostic,
 ]
 
-SAFE = [c for c in check.CONFIGS if c.ci and not c.expect_violation]
-BROKEN = [c for c in check.CONFIGS if c.ci and c.expect_violation]
+PROTOCOL = [c for c in check.CONFIGS if c.model == "admission.pml"]
+SAFE = [c for c in PROTOCOL if c.ci and not c.expect_violation]
+BROKEN = [c for c in PROTOCOL if c.ci and c.expect_violation]
+QUOTAS = [c for c in check.CONFIGS if c.model == "quotas.pml" and c.ci]
 
 
 @pytest.mark.parametrize("config", SAFE, ids=[c.name for c in SAFE])
@@ -54,3 +56,20 @@ def test_broken_variant_has_a_counterexample(config: check.Config) -> None:
     if not config.liveness:
         assert "VIOLATION: more bodies executing under unexpired leases than the key's limit" in events
         assert any("timeout sweep settles run 0 (now running)" in e for e in events), events
+
+
+@pytest.mark.parametrize("config", QUOTAS, ids=[c.name for c in QUOTAS])
+def test_quota_admission(config: check.Config) -> None:
+    """X3d, X3e, X3g, X3h (tools/model/quotas.pml): over every interleaving of
+    claims and settles under a singleton key and two quotas, no limit has more
+    holders than its cap, no claim deadlocks and every waiter gets the turn
+    that admits it; each broken variant (locks out of order, no turn sent, one
+    limit checked) has its counterexample."""
+    result = check.run(config, timeout=240)
+    if config.expect_violation:
+        assert result.errors > 0, result.output[-2000:]
+        expected = "assertion violated" if "FIRST_ONLY" in str(config.macros) else "invalid end state"
+        assert expected in check.violation(result.output), result.output[-2000:]
+    else:
+        assert result.errors == 0, result.output[-4000:] + "\n" + "\n".join(check.summarize_trail(result.trail))
+        assert result.states > 100_000, result.output[-2000:]

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Model-check the turn protocol (tools/model/admission.pml) with spin.
+"""Model-check the turn protocol (tools/model/admission.pml) and the admission
+under several limits (tools/model/quotas.pml, SPEC X3) with spin.
 
 Each configuration below is one exhaustive check: spin generates the
 verifier, gcc compiles it, and it explores every reachable state of the
@@ -58,6 +59,9 @@ class Config:
     liveness: bool = False
     expect_violation: bool = False
     ci: bool = True
+    #: The model file beside this script: the turn protocol, or the admission under
+    #: several limits (quotas.pml, SPEC X3).
+    model: str = "admission.pml"
 
 
 NO_FAULTS = {"MAXCRASH": 0, "MAXPAUSE": 0, "MAXLOST": 0, "MAXDUP": 0, "MAXCANCEL": 0, "TO_RUN": 9}
@@ -124,6 +128,47 @@ CONFIGS = [
         expect_violation=True,
     ),
     Config(
+        "quota-admission",
+        "4 runs over a singleton key (cap 1) and two quotas (caps 2, 1), needing {key, q1} x2, {q1, q2}, {q2}: "
+        "no limit over its cap, no deadlock, no waiter left without a turn (X3d, X3e, X3g)",
+        {},
+        model="quotas.pml",
+    ),
+    Config(
+        "quota-mixed",
+        "the same with the last run needing {key, q2}",
+        {"NEED3": 5},
+        model="quotas.pml",
+    ),
+    Config(
+        "quota-cancel",
+        "quota-admission with a cancel of any waiter at any point",
+        {"MAXCANCEL": 1},
+        model="quotas.pml",
+        ci=False,
+    ),
+    Config(
+        "broken-quota-order",
+        "odd runs lock their key rows in descending order: a deadlock must be found",
+        {"BROKEN_ORDER": 1},
+        model="quotas.pml",
+        expect_violation=True,
+    ),
+    Config(
+        "broken-quota-no-wake",
+        "a settle sends no turn: a waiter left without one must be found",
+        {"BROKEN_NO_WAKE": 1},
+        model="quotas.pml",
+        expect_violation=True,
+    ),
+    Config(
+        "broken-quota-first-only",
+        "a claim checks only its lowest limit: over-admission must be found",
+        {"BROKEN_FIRST_ONLY": 1, "NEED3": 5},
+        model="quotas.pml",
+        expect_violation=True,
+    ),
+    Config(
         "broken-no-wake",
         "without the handoff and the catch-up a parked waiter is never admitted: liveness must fail",
         {**NO_FAULTS, "FAIR_TIME": 1, "BROKEN_NO_WAKE": 1},
@@ -158,12 +203,13 @@ def spin_available() -> bool:
 
 def run(config: Config, *, timeout: float = 300.0) -> Result:
     """Generate, compile and run the verifier for ``config``; raise on a tool failure."""
+    model = MODEL.with_name(config.model)
     with tempfile.TemporaryDirectory(prefix="ds-spin-") as tmp:
         work = Path(tmp)
-        shutil.copy(MODEL, work / MODEL.name)
+        shutil.copy(model, work / model.name)
         defines = [f"-D{k}={v}" for k, v in config.macros.items()]
         started = time.monotonic()
-        subprocess.run(["spin", *defines, "-a", MODEL.name], cwd=work, check=True, capture_output=True, text=True)
+        subprocess.run(["spin", *defines, "-a", model.name], cwd=work, check=True, capture_output=True, text=True)
         cflags = ["-O0", "-w", f"-DMEMLIM={MEMORY_LIMIT_MB}", "-DCOLLAPSE"]
         if config.expect_violation and not config.liveness:
             cflags += ["-DBFS"]  # the shortest counterexample
@@ -186,9 +232,9 @@ def run(config: Config, *, timeout: float = 300.0) -> Result:
         transitions = _number(r"([\d.e+]+) transitions \(= (?:stored|visited)\+matched\)", out)
         errors = int(_number(r"errors: (\d+)", out))
         trail = ""
-        if errors and (work / f"{MODEL.name}.trail").exists():
+        if errors and (work / f"{model.name}.trail").exists():
             replay = subprocess.run(
-                ["spin", *defines, "-t", MODEL.name],
+                ["spin", *defines, "-t", model.name],
                 cwd=work,
                 capture_output=True,
                 text=True,

@@ -1,0 +1,240 @@
+/*
+ * Admission under several limits (SPEC X3, X3c-X3h): a run's limits are its
+ * singleton key (limit 0) and its quota keys (limits 1 and 2). Each claim,
+ * settle and cancel locks the key rows of the run's limits one at a time in
+ * one global order (X3e: ascending here, as the store sorts quota keys and
+ * locks the singleton key after them; any fixed order is the same proof),
+ * then decides under those locks as the store's one transaction does:
+ *
+ *   claim   (DjangoStore._quota_turn): a waiter is admitted only if, in every
+ *           limit it carries, it is among the oldest waiters (by creation,
+ *           the run's index here) that the limit's free slots reach (X3d);
+ *           then it takes a slot in each at once, and the waiters within the
+ *           free slots of its limits are sent a turn.
+ *   settle  (_finish): the holder frees all its slots at once and the waiters
+ *           within the free slots of each of its limits are sent a turn (X3g).
+ *   cancel  (request_cancel of a waiter, MAXCANCEL of them): the waiter leaves
+ *           every queue; the same turns are sent.
+ *
+ * Checked over every interleaving (tools/model/check.py, the quota-* configs):
+ *   - no limit ever has more holders than its capacity (the assert after each
+ *     admission, under the locks of the limits it checks);
+ *   - no deadlock and no lost turn: every run process ends (a run blocked on
+ *     a key lock, or a waiter that no turn ever reaches while the others have
+ *     ended, is an invalid end state).
+ * No retry delay is modelled: the turns alone must reach every waiter.
+ * BROKEN_ORDER (odd runs lock in descending order: a deadlock),
+ * BROKEN_NO_WAKE (no turn is sent: a lost waiter) and BROKEN_FIRST_ONLY (a
+ * claim checks only its lowest limit: over-admission) must each yield a
+ * counterexample.
+ */
+
+#ifndef NR
+#define NR 4
+#endif
+#define NL 3
+#define FREE 255
+#define CANCELLER NR
+
+#ifndef CAP0
+#define CAP0 1
+#endif
+#ifndef CAP1
+#define CAP1 2
+#endif
+#ifndef CAP2
+#define CAP2 1
+#endif
+/* the limits each run carries, as bit masks (bit l: limit l) */
+#ifndef NEED0
+#define NEED0 3
+#endif
+#ifndef NEED1
+#define NEED1 3
+#endif
+#ifndef NEED2
+#define NEED2 6
+#endif
+#ifndef NEED3
+#define NEED3 4
+#endif
+#ifndef MAXCANCEL
+#define MAXCANCEL 0
+#endif
+
+#define WAITER 0
+#define HOLDER 1
+#define DONE 2
+
+byte cap[NL];
+byte need[NR];
+byte state[NR];
+bool turn[NR];   /* a turn on its way (a dispatched message) */
+byte owner[NL];  /* who holds the key row's lock */
+
+#define HAS(r, l) (((need[r] >> (l)) & 1) == 1)
+
+/* n = the holders of limit l */
+inline count_holders(l, n, j) {
+  n = 0; j = 0;
+  do
+  :: j < NR -> if :: HAS(j, l) && state[j] == HOLDER -> n++ :: else fi; j++
+  :: else -> break
+  od
+}
+
+/* ok = run me is within the free slots of every limit it carries (X3d) */
+inline reaches(me, ok, l, n, j, pos) {
+  ok = true; l = 0;
+  do
+  :: l < NL ->
+     if
+     :: HAS(me, l) ->
+        count_holders(l, n, j);
+        pos = 0; j = 0;
+        do
+        :: j < me -> if :: HAS(j, l) && state[j] == WAITER -> pos++ :: else fi; j++
+        :: else -> break
+        od;
+#ifdef BROKEN_FIRST_ONLY
+        /* the broken variant: only the run's lowest limit is checked */
+        if :: n >= cap[l] || pos >= cap[l] - n -> ok = false :: else fi;
+        break
+#else
+        if :: n >= cap[l] || pos >= cap[l] - n -> ok = false :: else fi
+#endif
+     :: else
+     fi;
+     l++
+  :: else -> break
+  od
+}
+
+/* send a turn to the waiters within the free slots of each limit of run r (X3g, X3h) */
+inline wake_fronts(r, l, n, j, k) {
+#ifdef BROKEN_NO_WAKE
+  skip
+#else
+  l = 0;
+  do
+  :: l < NL ->
+     if
+     :: HAS(r, l) ->
+        count_holders(l, n, j);
+        k = 0; j = 0;
+        do
+        :: j < NR ->
+           if :: HAS(j, l) && state[j] == WAITER && k + n < cap[l] -> turn[j] = true; k++ :: else fi;
+           j++
+        :: else -> break
+        od
+     :: else
+     fi;
+     l++
+  :: else -> break
+  od
+#endif
+}
+
+/* lock the key rows of run r's limits in the global order (X3e) */
+inline lock_all(who, r, l) {
+#ifdef BROKEN_ORDER
+  if
+  :: who % 2 == 1 && who != CANCELLER ->
+     l = NL;
+     do
+     :: l > 0 -> l--; if :: HAS(r, l) -> atomic { owner[l] == FREE -> owner[l] = who } :: else fi
+     :: else -> break
+     od
+  :: else ->
+#endif
+     l = 0;
+     do
+     :: l < NL -> if :: HAS(r, l) -> atomic { owner[l] == FREE -> owner[l] = who } :: else fi; l++
+     :: else -> break
+     od
+#ifdef BROKEN_ORDER
+  fi
+#endif
+}
+
+inline unlock_all(who, l) {
+  l = 0;
+  do
+  :: l < NL -> if :: owner[l] == who -> owner[l] = FREE :: else fi; l++
+  :: else -> break
+  od
+}
+
+/* the slots of every limit are within capacity; called under the locks of run r's limits */
+inline check_limits(r, l, n, j) {
+  l = 0;
+  do
+  :: l < NL -> if :: HAS(r, l) -> count_holders(l, n, j); assert(n <= cap[l]) :: else fi; l++
+  :: else -> break
+  od
+}
+
+proctype claimer(byte me) {
+  byte l, n, j, k, pos;
+  bool ok;
+  do
+  :: state[me] == DONE -> break
+  :: state[me] == WAITER ->
+     /* a turn arrives (or the run ended meanwhile: its turn then skips) */
+     atomic { (turn[me] || state[me] == DONE) -> turn[me] = false };
+     lock_all(me, me, l);
+     if
+     :: state[me] == WAITER ->
+        reaches(me, ok, l, n, j, pos);
+        if
+        :: ok -> state[me] = HOLDER; check_limits(me, l, n, j); wake_fronts(me, l, n, j, k)
+        :: else  /* parked: it waits for a turn */
+        fi
+     :: else
+     fi;
+     unlock_all(me, l)
+  :: state[me] == HOLDER ->
+     /* the body ran; the settle frees every slot at once */
+     lock_all(me, me, l);
+     state[me] = DONE;
+     wake_fronts(me, l, n, j, k);
+     unlock_all(me, l)
+  od
+}
+
+active proctype canceller() {
+  byte c = 0, r, l, n, j, k;
+end:
+  do
+  :: c < MAXCANCEL ->
+     r = 0;
+     do
+     :: r < NR - 1 -> r++
+     :: break
+     od;
+     lock_all(CANCELLER, r, l);
+     if
+     :: state[r] == WAITER -> state[r] = DONE; c++; wake_fronts(r, l, n, j, k)
+     :: else
+     fi;
+     unlock_all(CANCELLER, l)
+  od
+}
+
+init {
+  byte i;
+  atomic {
+    cap[0] = CAP0; cap[1] = CAP1; cap[2] = CAP2;
+    need[0] = NEED0; need[1] = NEED1; need[2] = NEED2;
+#if NR > 3
+    need[3] = NEED3;
+#endif
+    i = 0;
+    do :: i < NL -> owner[i] = FREE; i++ :: else -> break od;
+    i = 0;
+    do :: i < NR -> turn[i] = true; i++ :: else -> break od;  /* each start dispatches a turn */
+    i = 0;
+    do :: i < NR -> run claimer(i); i++ :: else -> break od
+  }
+}
