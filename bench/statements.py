@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -101,6 +102,12 @@ def measure(runs: int = 20) -> dict[str, Any]:
             ctx.wait_for_signal("go")  # a holder parked with its slot, no worker (D2, S6)
 
     registry.add("keyed", "1", keyed, singleton={"key": lambda i: i["k"]})
+    # The same singleton with one shared quota, one quota key per singleton key (X3, #20 item 3).
+    from durable_singleton import Quota
+
+    registry.add(
+        "quota", "1", keyed, singleton={"key": lambda i: i["k"]}, quotas=[Quota("bench", key=lambda i: i["k"])]
+    )
     engine = make_engine("django", registry=registry)
     engine.now()  # the engine's clock reads the database's now and then: not per run
     queued = engine.dispatcher.queue  # type: ignore[attr-defined]
@@ -128,26 +135,44 @@ def measure(runs: int = 20) -> dict[str, Any]:
         measured.append(engine.start("keyed", {"k": f"idle-{tag}-{n}"}).run_id)
         drain()
 
+    def idle_quota(n: int) -> None:
+        measured.append(engine.start("quota", {"k": f"idleq-{tag}-{n}"}).run_id)
+        drain()
+
     results: dict[str, Any] = {"database": connection.vendor, "server": server_settings(connection), "runs": runs}
-    for name, fn in (("plain", plain), ("idle key", idle)):
+    seconds: dict[str, float] = {}
+    for name, fn in (("plain", plain), ("idle key", idle), ("idle key + quota", idle_quota)):
         counted = sorted(count(lambda n=n, fn=fn: fn(n)) for n in range(runs))  # type: ignore[misc]
         total, control = counted[len(counted) // 2]
         results[name] = {"round_trips": total, "transaction_control": control}
+    # Wall seconds per run, the two kinds interleaved in one loop so that the machine's noise hits
+    # both alike (the ratio is the figure; the seconds alone are not comparable across runs).
+    walls: dict[str, list[float]] = {"idle key": [], "idle key + quota": []}
+    for n in range(runs):
+        for name, fn in (("idle key", idle), ("idle key + quota", idle_quota)):
+            started = time.perf_counter()
+            fn(runs + n)
+            walls[name].append(time.perf_counter() - started)
+    for name, values in walls.items():
+        seconds[name] = sorted(values)[len(values) // 2]
+    results["idle key + quota"]["seconds_ratio_to_idle_key"] = round(
+        seconds["idle key + quota"] / seconds["idle key"], 2
+    )
     assert all(engine.get(run_id).status == "completed" for run_id in measured), "every measured run completed"
 
-    def chain(waiters: int) -> tuple[int, int]:
+    def chain(waiters: int, workflow: str = "keyed") -> tuple[int, int]:
         """Round trips from the first waiter's start to the end of the drain; and of one deep start.
 
         The deep starts are counted in a separate chain of their own (the counters do not nest).
         """
-        key = f"hot-{tag}-{waiters}"
-        holder = engine.start("keyed", {"k": key, "park": True}).run_id
+        key = f"hot-{tag}-{workflow}-{waiters}"
+        holder = engine.start(workflow, {"k": key, "park": True}).run_id
         drain()
         assert engine.get(holder).status == "suspended", engine.get(holder).status
         with RoundTrips(connection) as trips:
-            ids = [engine.start("keyed", {"k": key}).run_id]
+            ids = [engine.start(workflow, {"k": key}).run_id]
             drain()  # the first waiter's turn: denied, it parks (S5)
-            ids += [engine.start("keyed", {"k": key}).run_id for _ in range(waiters - 1)]
+            ids += [engine.start(workflow, {"k": key}).run_id for _ in range(waiters - 1)]
             engine.signal(holder, "go")
             drain()  # the holder settles; each settle hands the slot to the next waiter (S7)
         statuses = {engine.get(r).status for r in [holder, *ids]}
@@ -174,6 +199,14 @@ def measure(runs: int = 20) -> dict[str, Any]:
         "round_trips": round((long_total - short_total) / extra, 2),
         "transaction_control": round((long_control - short_control) / extra, 2),
         "of which the start deep in the queue": deep_start,
+    }
+    long_total, long_control = chain(runs, "quota")
+    short_total, short_control = chain(runs // 2, "quota")
+    per_run = (long_total - short_total) / extra
+    results["handoff-admitted + quota"] = {
+        "round_trips": round(per_run, 2),
+        "transaction_control": round((long_control - short_control) / extra, 2),
+        "ratio_to_handoff_admitted": round(per_run / results["handoff-admitted"]["round_trips"], 2),
     }
     return results
 
