@@ -349,3 +349,24 @@ def test_metrics_count_a_quotas_holders_and_waiters(registry: Registry, monkeypa
     assert any(
         s.labels.get("workflow") == "quota:stripe-api" for s in families["durable_singleton_oldest_wait_seconds"]
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_retention_purge_deletes_finished_runs_with_their_quota_memberships(registry: Registry) -> None:
+    """O2, X3g: a finished run that carried quotas is purged with its
+    memberships (a raw delete of the run alone breaks their foreign key)."""
+    from datetime import timedelta
+
+    from durable_singleton.models import QuotaMembership, Run
+    from durable_singleton.retention import purge_finished
+    from durable_singleton.testing import make_engine
+
+    engine = make_engine("django", registry=registry)
+    registry.add("a", "1", _holding([]), quotas=[STRIPE, Quota("other", limit=2)])
+    ids = [engine.start("a", {}).run_id for _ in range(3)]
+    _drain(engine)
+    assert QuotaMembership.objects.filter(run_id__in=ids).count() == 6
+    report = purge_finished(engine, before=engine.now() + timedelta(seconds=60))
+    assert report.runs == 3
+    assert not Run.objects.filter(pk__in=ids).exists()
+    assert not QuotaMembership.objects.filter(run_id__in=ids).exists()
