@@ -43,14 +43,16 @@ from .admission import (
     ACTIVE_STATUSES,
     free_slots,
     free_slots_sql,
+    holds_quota_slot_q,
     holds_slot,
     holds_slot_q,
     limit_in_force,
     limit_in_force_sql,
     queue_ttl_expires_at,
+    quota_lock_name,
 )
 from .definitions import Registry, registry
-from .models import Run, SingletonKey, Step
+from .models import QuotaMembership, Run, SingletonKey, Step
 from .statuses import PARKED_STATUSES, RunStatus, SlotState
 
 __all__ = [
@@ -63,6 +65,7 @@ __all__ = [
     "QueuePage",
     "QueueRow",
     "QueuedRun",
+    "QuotaRow",
     "format_age",
     "holder_since",
     "key_queue",
@@ -70,6 +73,7 @@ __all__ = [
     "queue_table",
     "queue_ttl_left",
     "queue_ttl_words",
+    "quota_table",
     "run_cause",
     "run_place",
     "singleton_options",
@@ -348,6 +352,75 @@ def queue_table(
     if offset == 0:
         return QueuePage(page, 0, 0, 0)
     return QueuePage(page, *_totals(rows))  # a page past the end: count what there is
+
+
+@dataclass(frozen=True)
+class QuotaRow:
+    """One shared quota key with active members (X3, X3j): the limit in force
+    (the key's runtime override, K2, else the declared ``Quota.limit``, else 1
+    for a quota this process does not declare), its holders, its waiters and
+    when the oldest waiter was created. ``workflow`` is ``quota:<name>``, the
+    name the key controls and the audit use."""
+
+    quota: str
+    key: str
+    limit: int
+    holders: int
+    waiting: int
+    oldest_waiter_at: datetime | None
+    paused: bool = False
+    limit_override: int | None = None
+
+    @property
+    def workflow(self) -> str:
+        """Return ``quota:<name>`` (X3b)."""
+        return quota_lock_name(self.quota)
+
+    @property
+    def free_slots(self) -> int:
+        """Return the slots a waiter could take now (:func:`~durable_singleton.admission.free_slots`)."""
+        return free_slots(self.limit, self.holders, paused=self.paused)
+
+
+def quota_table(*, limit: int = 50, reg: Registry = registry, using: str | None = None) -> list[QuotaRow]:
+    """Return up to ``limit`` quota keys with active members, most waiters first
+    (X3j): one grouped query on ``ds_quota_queue_idx`` and one of their controls."""
+    memberships = QuotaMembership.objects.using(using) if using else QuotaMembership.objects.all()
+    waiting = Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
+    groups = list(
+        memberships.filter(slot__isnull=False, run__status__in=ACTIVE_STATUSES)
+        .values("quota", "key")
+        .annotate(
+            holders=Count("pk", filter=holds_quota_slot_q()),
+            waiting=Count("pk", filter=waiting),
+            oldest_waiter_at=Min("created_at", filter=waiting),
+        )
+        .order_by("-waiting", "quota", "key")[:limit]
+    )
+    keys = SingletonKey.objects.using(using or router.db_for_read(SingletonKey))
+    controls = {
+        (w, k): (paused, override)
+        for w, k, paused, override in keys.filter(
+            workflow_name__in={quota_lock_name(g["quota"]) for g in groups}, key__in={g["key"] for g in groups}
+        ).values_list("workflow_name", "key", "paused", "limit_override")
+    }
+    declared = {q.name: q.limit for q in list(reg.quotas.values())}
+    rows = []
+    for g in groups:
+        paused, override = controls.get((quota_lock_name(g["quota"]), g["key"]), (False, None))
+        rows.append(
+            QuotaRow(
+                quota=g["quota"],
+                key=g["key"],
+                limit=limit_in_force(declared.get(g["quota"], 1), override),
+                holders=g["holders"],
+                waiting=g["waiting"],
+                oldest_waiter_at=g["oldest_waiter_at"],
+                paused=bool(paused),
+                limit_override=override,
+            )
+        )
+    return rows
 
 
 class _OverAll(Func):

@@ -370,3 +370,28 @@ def test_the_retention_purge_deletes_finished_runs_with_their_quota_memberships(
     assert report.runs == 3
     assert not Run.objects.filter(pk__in=ids).exists()
     assert not QuotaMembership.objects.filter(run_id__in=ids).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_queues_page_lists_quota_keys(registry: Registry, admin_client: Any) -> None:
+    """X3j: the admin's queue page shows each quota key with active members:
+    its limit in force, holders, waiters and oldest wait, and a runtime
+    override (K2)."""
+    from django.urls import reverse
+
+    from durable_singleton.testing import make_engine
+
+    engine = make_engine("django", registry=registry)
+    registry.add("a", "1", _holding([]), quotas=[STRIPE])
+    engine.start("a", {"account": "acct-1", "hold": True}, run_id="H")
+    engine.start("a", {"account": "acct-1"}, run_id="W")
+    _drain(engine)
+    engine.override_limit("quota:stripe-api", "acct-1", 1, by="ops")
+    response = admin_client.get(reverse("admin:durable_singleton_run_queues"))
+    assert response.status_code == 200
+    rows = [item["row"] for item in response.context["quota_rows"]]
+    assert [(r.workflow, r.key, r.limit, r.holders, r.waiting, r.limit_override) for r in rows] == [
+        ("quota:stripe-api", "acct-1", 1, 1, 1, 1)
+    ]
+    html = response.content.decode()
+    assert 'class="ds-quota-row" data-workflow="quota:stripe-api" data-key="acct-1"' in html

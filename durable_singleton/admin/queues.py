@@ -215,6 +215,14 @@ class QueuePagesMixin:
             }
             for row in page.object_list
         ]
+        # The shared quotas (X3j): their busiest keys, beside the singleton keys' table.
+        quota_rows = [
+            {
+                "row": q,
+                "age": format_age(None if q.oldest_waiter_at is None else (now - q.oldest_waiter_at).total_seconds()),
+            }
+            for q in queues.quota_table(limit=self.queue_per_page)
+        ]
         workflows = sorted({*queues.singleton_options(), *([workflow] if workflow else [])})
         context = {
             **self.admin_site.each_context(request),
@@ -223,6 +231,7 @@ class QueuePagesMixin:
             "subtitle": None,
             "has_view_permission": True,
             "rows": rows,
+            "quota_rows": quota_rows,
             "headers": _sort_headers(sort, link),
             "totals": totals[0],
             "now": now,
