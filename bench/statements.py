@@ -203,12 +203,53 @@ def measure(runs: int = 20) -> dict[str, Any]:
     long_total, long_control = chain(runs, "quota")
     short_total, short_control = chain(runs // 2, "quota")
     per_run = (long_total - short_total) / extra
+    results["tenant burst"] = burst(engine, registry, drain, runs * 5)
     results["handoff-admitted + quota"] = {
         "round_trips": round(per_run, 2),
         "transaction_control": round((long_control - short_control) / extra, 2),
         "ratio_to_handoff_admitted": round(per_run / results["handoff-admitted"]["round_trips"], 2),
     }
     return results
+
+
+def burst(engine: Any, registry: Any, drain: Callable[[], None], size: int) -> dict[str, Any]:
+    """The other tenant's wait during one tenant's burst (X4, #20 item 4): behind a
+    parked holder of a quota of 1, tenant A starts ``size`` runs, then tenant B one;
+    the holder is signalled and the queue drained. Reported per quota kind (oldest
+    first, and ``fair_key`` by tenant): the runs admitted before B's, and the
+    seconds from the signal to B's end."""
+    from durable_singleton import Quota
+
+    order: list[str] = []
+    b_ran: list[float] = []
+
+    def body(ctx: Any, i: dict[str, Any]) -> None:
+        if i.get("park"):
+            ctx.wait_for_signal("go")
+        order.append(i["tenant"])
+        if i["tenant"] == "B":
+            b_ran.append(time.perf_counter())
+
+    out: dict[str, Any] = {"burst": size}
+    for kind, fair in (("oldest first", None), ("fair_key", lambda i: i["tenant"])):
+        name = "burst-fair" if fair else "burst-fifo"
+        registry.add(name, "1", body, quotas=[Quota(name, limit=1, fair_key=fair)])
+        order.clear()
+        b_ran.clear()
+        holder = engine.start(name, {"tenant": "A", "park": True}).run_id
+        drain()
+        for _ in range(size):
+            engine.start(name, {"tenant": "A"})
+        engine.start(name, {"tenant": "B"})
+        drain()
+        started = time.perf_counter()
+        engine.signal(holder, "go")
+        drain()
+        waited = b_ran[0] - started
+        out[kind] = {"admitted_before_b": order.index("B") - 1, "b_wait_seconds": round(waited, 3)}
+    fifo, fair_ = out["oldest first"]["b_wait_seconds"], out["fair_key"]["b_wait_seconds"]
+    out["b_wait_ratio_fair_to_fifo"] = round(fair_ / fifo, 3) if fifo else None
+    return out
 
 
 def main() -> int:

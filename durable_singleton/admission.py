@@ -42,9 +42,11 @@ from .statuses import ACTIVE_STATUSES, OnBusy, RunStatus, SlotState
 __all__ = [
     "ACTIVE_STATUSES",
     "ADMITTED_TAG",
+    "FAIR_SCALE",
     "HOLDING_LEGACY_STATUSES",
     "KEY_MAX_LENGTH",
     "KEY_TAG_PREFIX",
+    "MAX_WEIGHT",
     "QUOTA_KEY_MAX_LENGTH",
     "QUOTA_NAME_MAX_LENGTH",
     "QUOTA_PREFIX",
@@ -57,6 +59,7 @@ __all__ = [
     "compute_singleton_key",
     "decide_admission",
     "effective_limit",
+    "fair_tag",
     "free_slots",
     "free_slots_sql",
     "free_slots_sql_text",
@@ -488,8 +491,9 @@ def split_quota_tags(tags: Iterable[str]) -> tuple[tuple[str, ...], tuple[tuple[
     return tuple(user), tuple(quotas)
 
 
-def compute_quota_key(workflow: str, quota: str, key_fn: Callable[[Any], object], input: Any) -> str:
-    """Compute a run's key of the quota ``quota`` from its input, once, at start (X3a, S1).
+def compute_quota_key(workflow: str, quota: str, key_fn: Callable[[Any], object], input: Any, what: str = "key") -> str:
+    """Compute a run's key of the quota ``quota`` from its input, once, at start (X3a, S1);
+    with ``what="fair_key"``, its sub-key (X4).
 
     Raises :class:`SingletonKeyError` naming the workflow and the quota if
     ``key_fn`` raises, or returns anything but a non-empty ``str`` of at most
@@ -499,14 +503,14 @@ def compute_quota_key(workflow: str, quota: str, key_fn: Callable[[Any], object]
         key = key_fn(input)
     except Exception as exc:  # the user's key function may raise anything
         raise SingletonKeyError(
-            workflow, f"key function of quota {quota!r} raised {type(exc).__name__}: {exc}"
+            workflow, f"{what} function of quota {quota!r} raised {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(key, str) or not key:
         got = "an empty string" if isinstance(key, str) else type(key).__name__
-        raise SingletonKeyError(workflow, f"key function of quota {quota!r} returned {got}, not a non-empty str")
+        raise SingletonKeyError(workflow, f"{what} function of quota {quota!r} returned {got}, not a non-empty str")
     if len(key) > QUOTA_KEY_MAX_LENGTH:
         raise SingletonKeyError(
-            workflow, f"key of quota {quota!r} is {len(key)} characters long; at most {QUOTA_KEY_MAX_LENGTH}"
+            workflow, f"{what} of quota {quota!r} is {len(key)} characters long; at most {QUOTA_KEY_MAX_LENGTH}"
         )
     return key
 
@@ -532,6 +536,34 @@ def quota_waiter_q(now: Any) -> Q:
     """The memberships that wait in a quota key's queue (X3d): marked ``waiter``,
     their run active and due (X5) by ``now``, the database's clock (``DbNow()``, R5)."""
     return Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES) & is_due_q(now, "run__")
+
+
+#: Largest weight of a sub-key inside a fair quota (slots per round, X4).
+MAX_WEIGHT = 1000
+
+
+#: The virtual time one admission of a sub-key of weight 1 takes in a fair quota (X4).
+FAIR_SCALE = 1000
+
+
+def fair_tag(virtual_time: int, last_tag: int | None, weight: int) -> int:
+    """Return the tag of a run joining a quota key's queue (X3d, X4): its admission
+    order is by (tag, ``created_at``, ``run_id``), the one definition.
+
+    Start-time fair queuing: ``virtual_time`` is the largest tag among the quota
+    key's holders (0 if none); ``last_tag`` the largest tag among the active
+    members of the run's sub-key (None if none); ``weight`` the sub-key's slots
+    per round. The run's tag is the later of the virtual time and the end of its
+    sub-key's last turn, ``last_tag + FAIR_SCALE // weight``: a sub-key's burst of
+    10,000 gets tags one turn apart, and another sub-key's single run, arriving
+    later, gets the virtual time, ahead of all but the burst's first. In a quota
+    without ``fair_key`` every run has the tag 0: oldest first, as S5 step 3.
+    Tags are written at the start and never change; two starts racing on one
+    sub-key may get one tag (then the older goes first): fairness is
+    approximate, admission (:func:`quota_front_reaches`) is exact."""
+    if last_tag is None:
+        return max(virtual_time, 0)
+    return max(virtual_time, last_tag + FAIR_SCALE // max(weight, 1))
 
 
 def quota_front_reaches(run_id: str, waiters: Sequence[str], free: int) -> bool:

@@ -358,6 +358,19 @@ class Core:
         quota_keys = tuple(
             (q.name, compute_quota_key(definition.name, q.name, q.key, input)) for q in definition.quotas
         )
+        # The sub-key (tenant) of each fair quota, with its weight (X4).
+        shares = []
+        for q in definition.quotas:
+            if q.fair_key is not None:
+                sub = compute_quota_key(definition.name, q.name, q.fair_key, input, "fair_key")
+                try:
+                    check_text(sub, f"fair_key of quota {q.name!r}", len(sub))
+                except ValidationError as exc:
+                    from .exceptions import SingletonKeyError
+
+                    raise SingletonKeyError(definition.name, str(exc)) from None
+                shares.append((q.name, sub, q.weight(sub)))
+        quota_shares = tuple(shares)
         for name, quota_key in quota_keys:
             try:
                 check_text(quota_key, f"key of quota {name!r}", len(quota_key))
@@ -388,6 +401,7 @@ class Core:
             not_before=due_at,
             quota_keys=quota_keys,
             quota_slot=SlotState.WAITER if quota_keys else None,
+            quota_shares=quota_shares,
         )
         if due_at is not None and due_at > now:
             run = run.evolve(wake_at=due_at)

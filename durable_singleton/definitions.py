@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from .admission import QUOTA_NAME_MAX_LENGTH, QUOTA_PREFIX
+from .admission import MAX_WEIGHT, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH, QUOTA_PREFIX
 from .exceptions import (
     DuplicateWorkflowError,
     InvalidWorkflowError,
@@ -188,6 +188,12 @@ class Quota:
     of at most 127 characters, computed once at start (X3a, S1); the default
     gives every run the one key ``"*"`` (a global limit).
     ``limit``: slots per quota key, an ``int`` >= 1.
+    ``fair_key``: None (the default: oldest first), or a callable taking the
+    run input and returning its sub-key (a tenant), a non-empty ``str`` of at
+    most 127 characters computed once at start: the quota key's free slots
+    then go round-robin across sub-keys (X4, :func:`~durable_singleton.admission.fair_tag`).
+    ``weights``: with ``fair_key``, a mapping from sub-key to an ``int`` >= 1,
+    the slots that sub-key gets per round (default 1).
 
     A run is admitted only when each of its limits (its singleton key, if any,
     and each quota key) has room for it, oldest first by (``created_at``,
@@ -198,6 +204,8 @@ class Quota:
     name: str
     key: Callable[[Any], str] = field(default=lambda _input: "*")
     limit: int = 1
+    fair_key: Callable[[Any], str] | None = None
+    weights: Mapping[str, int] | None = field(default=None, hash=False)
 
     def check(self, workflow: str) -> Quota:
         """Return this quota, validated; raise :class:`InvalidWorkflowError`
@@ -211,7 +219,27 @@ class Quota:
             raise InvalidWorkflowError(workflow, "quotas.key", f"of quota {name!r} must be callable (input -> str)")
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
             raise InvalidWorkflowError(workflow, "quotas.limit", f"of quota {name!r} must be an int >= 1")
+        if self.fair_key is not None and not callable(self.fair_key):
+            raise InvalidWorkflowError(workflow, "quotas.fair_key", f"of quota {name!r} must be callable or None")
+        if self.weights is not None:
+            if self.fair_key is None or not isinstance(self.weights, Mapping):
+                raise InvalidWorkflowError(
+                    workflow, "quotas.weights", f"of quota {name!r} must be a mapping, beside a fair_key"
+                )
+            for sub, weight in self.weights.items():
+                if not isinstance(sub, str) or not sub or len(sub) > QUOTA_KEY_MAX_LENGTH:
+                    raise InvalidWorkflowError(
+                        workflow, "quotas.weights", f"of quota {name!r}: a sub-key must be a non-empty str"
+                    )
+                if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
+                    raise InvalidWorkflowError(
+                        workflow, "quotas.weights", f"of quota {name!r}: a weight must be an int from 1 to {MAX_WEIGHT}"
+                    )
         return self
+
+    def weight(self, sub_key: str) -> int:
+        """Return the slots per round of ``sub_key`` (X4): its weight, else 1."""
+        return int((self.weights or {}).get(sub_key, 1))
 
 
 @dataclass(frozen=True)
@@ -383,7 +411,12 @@ class Registry:
                 raise DuplicateWorkflowError(name, "version", f"{version!r} is already registered by {existing.origin}")
             for quota in quota_specs:
                 known = self.quotas.get(quota.name)
-                if known is not None and (known.limit != quota.limit or known.key is not quota.key):
+                if known is not None and (
+                    known.limit != quota.limit
+                    or known.key is not quota.key
+                    or known.fair_key is not quota.fair_key
+                    or dict(known.weights or {}) != dict(quota.weights or {})
+                ):
                     raise InvalidWorkflowError(
                         name, "quotas", f"quota {quota.name!r} is declared elsewhere with another limit or key"
                     )

@@ -207,7 +207,7 @@ class QuotaMembership(models.Model):
 
     ``slot`` mirrors the run's ``quota_slot`` (written in the same transaction),
     so a quota key's holders and its oldest waiters are one read of
-    ``ds_quota_queue_idx``, whatever the queue's length (S13). ``created_at`` is
+    ``ds_quota_order_idx``, whatever the queue's length (S13). ``created_at`` is
     the run's, the admission order (X3d). A process that does not declare the
     quota claims under the limit 1 unless the key's runtime override says
     otherwise (K2): it never over-admits. The key's lock row is
@@ -220,12 +220,22 @@ class QuotaMembership(models.Model):
     slot = models.CharField(_("slot"), max_length=6, choices=SlotState.choices, null=True, blank=True)
     fencing_token = models.BigIntegerField(_("fencing token"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"))
+    #: The run's sub-key (tenant) in a fair quota, "" in one without ``fair_key`` (X4).
+    sub_key = ExactCharField(_("sub-key"), max_length=QUOTA_KEY_MAX_LENGTH, default="", blank=True)
+    #: The sub-key's slots per round (X4).
+    weight = models.PositiveIntegerField(_("weight"), default=1)
+    #: The admission order's first term (``admission.fair_tag``, X4): 0 in a quota without ``fair_key``.
+    tag = models.BigIntegerField(_("fair tag"), default=0)
 
     class Meta:
         verbose_name = _("quota membership")
         verbose_name_plural = _("quota memberships")
         ordering = ["quota", "key", "created_at", "run"]
-        indexes = [models.Index(fields=["quota", "key", "slot", "created_at", "run"], name="ds_quota_queue_idx")]
+        indexes = [
+            models.Index(fields=["quota", "key", "slot", "tag", "created_at", "run"], name="ds_quota_order_idx"),
+            # A sub-key's last tag: one probe (X4).
+            models.Index(fields=["quota", "key", "sub_key", "tag"], name="ds_quota_fair_idx"),
+        ]
         constraints = [models.UniqueConstraint(fields=["run", "quota"], name="ds_quota_run_uniq")]
 
     def __str__(self) -> str:

@@ -384,7 +384,7 @@ class QuotaRow:
 
 def quota_table(*, limit: int = 50, reg: Registry = registry, using: str | None = None) -> list[QuotaRow]:
     """Return up to ``limit`` quota keys with active members, most waiters first
-    (X3j): one grouped query on ``ds_quota_queue_idx`` and one of their controls."""
+    (X3j): one grouped query on ``ds_quota_order_idx`` and one of their controls."""
     memberships = QuotaMembership.objects.using(using) if using else QuotaMembership.objects.all()
     waiting = Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
     groups = list(

@@ -58,6 +58,10 @@ class RunRecord:
     quota_keys: tuple[tuple[str, str], ...] = ()
     #: The run's quota marker (X3c): ``"holder"`` admitted in every limit, ``"waiter"``, None (no quotas, terminal).
     quota_slot: str | None = None
+    #: The run's sub-key and weight in each fair quota it carries, as (quota name, sub-key, weight),
+    #: fixed at start (X4); what a store writes on the memberships. The Django store's records read
+    #: back from the database leave it empty: the memberships hold it.
+    quota_shares: tuple[tuple[str, str, int], ...] = ()
 
     @property
     def tags(self) -> list[str]:

@@ -204,14 +204,15 @@ def test_a_store_without_quotas_refuses_the_start(registry: Registry) -> None:
     assert engine.store.list_runs() == []
 
 
-@pytest.mark.parametrize("singleton", [False, True])
+@pytest.mark.parametrize("shape", ["quotas", "singleton", "fair"])
 def test_racing_claims_never_exceed_a_quota(
-    make: Callable[..., Engine], registry: Registry, store_kind: str, singleton: bool
+    make: Callable[..., Engine], registry: Registry, store_kind: str, shape: str
 ) -> None:
     """X3d, X3e: three workflows share a quota of 2 (one also with a singleton
     key of limit 2 per account); 4 threads claim 24 runs at once and each body
     counts the runs inside the quota: never more than 2 at a time, every run
-    completes once, and no claim deadlocks (the threads all return)."""
+    completes once, and no claim deadlocks (the threads all return); and the
+    same with the quota fair across two sub-keys (X4)."""
     inside = {"now": 0, "max": 0}
     lock = threading.Lock()
     done: list[str] = []
@@ -225,8 +226,8 @@ def test_racing_claims_never_exceed_a_quota(
             inside["now"] -= 1
             done.append(ctx.run_id)
 
-    pool = Quota("pool", limit=2)
-    single = {"key": lambda i: i["k"], "limit": 2} if singleton else None
+    pool = Quota("pool", limit=2, fair_key=(lambda i: i["k"]) if shape == "fair" else None)
+    single = {"key": lambda i: i["k"], "limit": 2} if shape == "singleton" else None
     registry.add("a", "1", body, quotas=[pool], singleton=single)
     registry.add("b", "1", body, quotas=[pool])
     registry.add("c", "1", body, quotas=[pool, Quota("other", limit=3)])
@@ -395,3 +396,72 @@ def test_the_admin_queues_page_lists_quota_keys(registry: Registry, admin_client
     ]
     html = response.content.decode()
     assert 'class="ds-quota-row" data-workflow="quota:stripe-api" data-key="acct-1"' in html
+
+
+# -- fairness inside a quota (X4) ----------------------------------------------------------------
+
+
+def _tenant(input: dict[str, Any]) -> str:
+    return str(input["tenant"])
+
+
+def test_a_fair_quota_serves_sub_keys_round_robin(engine: Engine, registry: Registry) -> None:
+    """X4: one tenant's burst of 20 does not starve another's single run: with
+    ``fair_key`` B1, started after the burst, takes the quota's next slot
+    (FIFO would run all of A's first); then B's next run, started after A05
+    ran, goes between A's; explain gives each waiter the place it is served in."""
+    log: list[str] = []
+    registry.add("a", "1", _holding(log), quotas=[Quota("api", limit=1, fair_key=_tenant)])
+    engine.start("a", {"tenant": "A", "hold": True}, run_id="H")
+    for n in range(1, 21):
+        engine.start("a", {"tenant": "A"}, run_id=f"A{n:02}")
+    engine.start("a", {"tenant": "B"}, run_id="B1")
+    _drain(engine)
+    assert [p.position for p in engine.explain("B1").quotas] == [1]
+    assert [p.position for p in engine.explain("A02").quotas] == [3]
+    engine.signal("H", "go")
+    _drain(engine)
+    assert log[:4] == ["H", "B1", "A01", "A02"]
+    assert sorted(log) == sorted(["H", "B1", *(f"A{n:02}" for n in range(1, 21))])
+
+
+def test_weights_give_a_sub_key_that_many_slots_per_round(engine: Engine, registry: Registry) -> None:
+    """X4: with ``weights={"A": 2}`` a round serves two of A's runs, then one of B's."""
+    log: list[str] = []
+    quota = Quota("api", limit=1, fair_key=_tenant, weights={"A": 2})
+    registry.add("a", "1", _holding(log), quotas=[quota])
+    engine.start("a", {"tenant": "B", "hold": True}, run_id="H")
+    for n in range(1, 6):
+        engine.start("a", {"tenant": "A"}, run_id=f"A{n}")
+    engine.start("a", {"tenant": "B"}, run_id="B1")
+    engine.start("a", {"tenant": "B"}, run_id="B2")
+    _drain(engine)
+    engine.signal("H", "go")
+    _drain(engine)
+    # Tags: A 0, 500, 1000, 1500, 2000 (two per turn); B 1000, 2000 (after H's 0).
+    assert log == ["H", "A1", "A2", "A3", "B1", "A4", "A5", "B2"]
+
+
+def test_fair_quota_declarations_and_sub_keys_are_checked(engine: Engine, registry: Registry) -> None:
+    """X4, X3a: a bad ``fair_key`` or ``weights`` raises InvalidWorkflowError at
+    registration; a fair_key that returns a bad sub-key raises SingletonKeyError
+    at the start and writes nothing."""
+
+    def body(ctx: Any, input: Any) -> None:
+        return None
+
+    bad = [
+        Quota("q", fair_key="tenant"),  # type: ignore[arg-type]
+        Quota("q", weights={"A": 2}),
+        Quota("q", fair_key=_tenant, weights={"A": 0}),
+        Quota("q", fair_key=_tenant, weights={"": 1}),
+        Quota("q", fair_key=_tenant, weights=[("A", 1)]),  # type: ignore[arg-type]
+    ]
+    for quota in bad:
+        with pytest.raises(InvalidWorkflowError):
+            registry.add("w", "1", body, quotas=[quota])
+    registry.add("w", "1", body, quotas=[Quota("q", fair_key=lambda i: i["tenant"])])
+    for tenant in (None, "", "t" * 128, "bell\x07"):
+        with pytest.raises(SingletonKeyError):
+            engine.start("w", {"tenant": tenant})
+    assert engine.store.list_runs() == []

@@ -30,7 +30,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from django.db import IntegrityError, InterfaceError, OperationalError, connections, router, transaction
-from django.db.models import BooleanField, Case, Count, Exists, F, Model, OuterRef, Q, Subquery, Value, When
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    Exists,
+    F,
+    Model,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.constants import OnConflict
 from django.db.models.functions import Coalesce
 from django.db.models.sql import InsertQuery
@@ -39,6 +51,7 @@ from django.utils import timezone
 from ..admission import (
     QUOTA_PREFIX,
     cap_in_force,
+    fair_tag,
     free_slots,
     free_slots_sql,
     holds_quota_slot_q,
@@ -726,7 +739,11 @@ class DjangoStore(BaseStore):
         if not run.quota_keys:
             self._row(run).save(using=self.db, force_insert=True)
             return
+        shares = {name: (sub_key, weight) for name, sub_key, weight in run.quota_shares}  # X4
         with transaction.atomic(using=self.db):
+            tags = {
+                (name, key): self._fair_tag(name, key, *shares[name]) for name, key in run.quota_keys if name in shares
+            }
             self._row(run).save(using=self.db, force_insert=True)
             QuotaMembership.objects.using(self.db).bulk_create(
                 [
@@ -736,6 +753,9 @@ class DjangoStore(BaseStore):
                         key=key,
                         slot=SlotState.WAITER,
                         created_at=run.created_at,
+                        sub_key=shares.get(name, ("", 1))[0],
+                        weight=shares.get(name, ("", 1))[1],
+                        tag=tags.get((name, key), 0),
                     )
                     for name, key in run.quota_keys
                 ]
@@ -1074,17 +1094,30 @@ class DjangoStore(BaseStore):
         return [((name, key), self.lock_key(quota_lock_name(name), key)) for name, key in sorted(set(quota_keys))]
 
     def _quota_front(self, name: str, key: str, key_row: Mapping[str, Any], limits: Limits) -> tuple[int, list[str]]:
-        """Read a locked quota key's free slots and its oldest due waiters' run
-        ids, as many as its limit, oldest first by (``created_at``, ``run_id``)
-        (X3c, X3d). The limit in force is the declared one in ``limits`` under
+        """Read a locked quota key's free slots and its first due waiters' run
+        ids in admission order, as many as its limit (X3c, X3d, X4): by
+        (``tag``, ``created_at``, ``run_id``), oldest first in a quota without
+        ``fair_key`` (:func:`~durable_singleton.admission.fair_tag`).
+        The limit in force is the declared one in ``limits`` under
         ``quota:<name>`` (1 if this process does not declare it) or the key's
         runtime override (K2); a paused key has no free slot."""
         limit = limit_in_force(limits.get(quota_lock_name(name), 1), key_row["limit_override"])
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = self._locking(members.filter(holds_quota_slot_q())).count()
-        queue = members.filter(quota_waiter_q(DbNow())).order_by("created_at", "run_id")
+        queue = members.filter(quota_waiter_q(DbNow())).order_by("tag", "created_at", "run_id")
         waiters = [str(r) for r in self._locking(queue).values_list("run_id", flat=True)[:limit]]
         return free_slots(limit, holders, paused=bool(key_row["paused"])), waiters
+
+    def _fair_tag(self, name: str, key: str, sub_key: str, weight: int) -> int:
+        """The tag of a new member of a fair quota key (:func:`~durable_singleton.admission.fair_tag`,
+        X4): two probes, of ``ds_quota_order_idx`` (the holders' largest tag) and
+        ``ds_quota_fair_idx`` (the sub-key's), without locks."""
+        members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
+        virtual = members.filter(slot=SlotState.HOLDER).order_by("-tag").values_list("tag", flat=True).first()
+        last = (
+            members.filter(sub_key=sub_key, slot__isnull=False).order_by("-tag").values_list("tag", flat=True).first()
+        )
+        return fair_tag(virtual or 0, last, weight)
 
     def _quota_turns(
         self, quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]], limits: Limits, exclude: set[str]
@@ -1197,15 +1230,20 @@ class DjangoStore(BaseStore):
             SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
 
     def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
-        """:meth:`BaseStore.quota_queue`: counts on ``ds_quota_queue_idx``, without
+        """:meth:`BaseStore.quota_queue`: counts on ``ds_quota_order_idx``, without
         locks, whatever the queue's length; at most 20 holders named (X3, K3)."""
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = [str(r) for r in members.filter(holds_quota_slot_q()).values_list("run_id", flat=True)[:20]]
         queue = members.filter(quota_waiter_q(DbNow()))
-        mine = queue.filter(run_id=run_id).values_list("created_at", flat=True).first()
+        mine = queue.filter(run_id=run_id).values_list("tag", "created_at").first()
         position = None
         if mine is not None:
-            ahead = Q(created_at__lt=mine) | Q(created_at=mine, run_id__lt=run_id)
+            tag, created_at = mine
+            ahead = (
+                Q(tag__lt=tag)
+                | Q(tag=tag, created_at__lt=created_at)
+                | Q(tag=tag, created_at=created_at, run_id__lt=run_id)
+            )
             position = queue.filter(ahead).count() + 1
         return position, queue.count(), holders
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 from ..admission import (
     QUOTA_PREFIX,
     cap_in_force,
+    fair_tag,
     free_slots,
     is_due,
     limit_in_force,
@@ -84,6 +85,7 @@ class MemoryStore(BaseStore):
         self._signal_seq = 0
         self._tokens: dict[tuple[str, str], int] = {}
         self._quota_tokens: dict[str, dict[str, int]] = {}  # run id -> quota name -> token (X3f)
+        self._quota_tags: dict[tuple[str, str], int] = {}  # (run id, quota name) -> fair tag (X4)
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
         self._control_records: list[ControlChangeRecord] = []
         self.retry = retry or RetryPolicy()
@@ -136,7 +138,7 @@ class MemoryStore(BaseStore):
             if full:
                 assert run.singleton_key is not None and cap is not None
                 raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1))
-            self._runs[run.run_id] = run
+            self._insert(run)
             return run, True
 
     def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
@@ -159,7 +161,7 @@ class MemoryStore(BaseStore):
             replaced = tuple(self._cancelled(r, REPLACED_ERROR) for r in to_replace)
             cancelled = tuple(self._cancelled(r, CANCELLED_ERROR) for r in stop if r not in running)
             stopping = tuple(self._replace(r, cancel_requested=True, wake_at=self.clock()) for r in running)
-            self._runs[run.run_id] = run
+            self._insert(run)
             return Superseding(run, True, replaced, cancelled, stopping)
 
     def _cancelled(self, run: RunRecord, error: dict[str, str]) -> RunRecord:
@@ -174,6 +176,23 @@ class MemoryStore(BaseStore):
             wake_at=None,
             finished_at=self.clock(),
         )
+
+    def _insert(self, run: RunRecord) -> None:
+        """Store a new run; each fair quota key it carries gets its tag (X4), under the lock."""
+        shares = {name: (sub_key, weight) for name, sub_key, weight in run.quota_shares}
+        for name, key in run.quota_keys:
+            if name not in shares:
+                continue
+            sub_key, weight = shares[name]
+            members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
+            holding = [self._quota_tags.get((r.run_id, name), 0) for r in members if r.holds_quota_slots]
+            mine = [
+                self._quota_tags.get((r.run_id, name), 0)
+                for r in members
+                if any(q == name and s == sub_key for q, s, _ in r.quota_shares)
+            ]
+            self._quota_tags[(run.run_id, name)] = fair_tag(max(holding, default=0), max(mine, default=None), weight)
+        self._runs[run.run_id] = run
 
     def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
         with self._critical():
@@ -328,12 +347,15 @@ class MemoryStore(BaseStore):
         now = self.clock()
         members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
         holders = sum(1 for r in members if r.holds_quota_slots)
-        waiters = sorted(
-            (r for r in members if r.quota_slot == SlotState.WAITER and is_due(r.not_before, now)),
-            key=lambda r: (r.created_at, r.run_id),
-        )
         free = free_slots(limit, holders, paused=bool(control.get("paused", False)))
-        return free, [r.run_id for r in waiters[:limit]]
+        return free, self._quota_order(name, members, now)[:limit]
+
+    def _quota_order(self, name: str, members: Sequence[RunRecord], now: datetime) -> list[str]:
+        """The due waiters among ``members`` of the quota ``name`` in admission order,
+        by (tag, ``created_at``, ``run_id``) (X3d, X4, :func:`~durable_singleton.admission.fair_tag`)."""
+        waiters = (r for r in members if r.quota_slot == SlotState.WAITER and is_due(r.not_before, now))
+        ordered = sorted(waiters, key=lambda r: (self._quota_tags.get((r.run_id, name), 0), r.created_at, r.run_id))
+        return [r.run_id for r in ordered]
 
     def _quota_turns(self, quota_keys: Sequence[tuple[str, str]], limits: Limits, exclude: set[str]) -> list[RunRecord]:
         """The waiters within the free slots of ``quota_keys``, as they are: each
@@ -410,11 +432,7 @@ class MemoryStore(BaseStore):
             now = self.clock()
             members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
             holders = [r.run_id for r in members if r.holds_quota_slots]
-            waiters = [
-                r.run_id
-                for r in sorted(members, key=lambda r: (r.created_at, r.run_id))
-                if r.quota_slot == SlotState.WAITER and is_due(r.not_before, now)
-            ]
+            waiters = self._quota_order(name, members, now)
             return (waiters.index(run_id) + 1 if run_id in waiters else None), len(waiters), holders
 
     def quota_tokens(self, run_id: str) -> dict[str, int]:

@@ -141,11 +141,10 @@ CONFIGS = [
         model="quotas.pml",
     ),
     Config(
-        "quota-cancel",
-        "quota-admission with a cancel of any waiter at any point",
-        {"MAXCANCEL": 1},
+        "quota-fair",
+        "3 runs needing {key, q1} x2, {q1, q2}, ordered as a fair quota's tags order them (run 2 first, X4)",
+        {"FAIR": 1, "NR": 3},
         model="quotas.pml",
-        ci=False,
     ),
     Config(
         "broken-quota-order",

@@ -13,8 +13,9 @@
  *           free slots of its limits are sent a turn.
  *   settle  (_finish): the holder frees all its slots at once and the waiters
  *           within the free slots of each of its limits are sent a turn (X3g).
- *   cancel  (request_cancel of a waiter, MAXCANCEL of them): the waiter leaves
- *           every queue; the same turns are sent.
+ *   cancel  (request_cancel of a waiter, MAXCANCEL of them; no configuration of
+ *           check.py sets it: its search passes the checker's 1 GB bound): the
+ *           waiter leaves every queue; the same turns are sent.
  *
  * Checked over every interleaving (tools/model/check.py, the quota-* configs):
  *   - no limit ever has more holders than its capacity (the assert after each
@@ -23,6 +24,9 @@
  *     a key lock, or a waiter that no turn ever reaches while the others have
  *     ended, is an invalid end state).
  * No retry delay is modelled: the turns alone must reach every waiter.
+ * FAIR orders the waiters by a fixed order other than creation, as a fair
+ * quota's tags do (X4): the proof needs only that every claim agrees on one
+ * order, which the tags, written at the start and never changed, give.
  * BROKEN_ORDER (odd runs lock in descending order: a deadlock),
  * BROKEN_NO_WAKE (no turn is sent: a lost waiter) and BROKEN_FIRST_ONLY (a
  * claim checks only its lowest limit: over-admission) must each yield a
@@ -71,6 +75,10 @@ byte need[NR];
 byte state[NR];
 bool turn[NR];   /* a turn on its way (a dispatched message) */
 byte owner[NL];  /* who holds the key row's lock */
+/* the admission order of each run (X3d, X4): by creation (ord[r] = r), or with
+   FAIR a fixed other order, as the tags of a fair quota give (tag, created_at) */
+byte ord[NR];
+byte byord[NR];
 
 #define HAS(r, l) (((need[r] >> (l)) & 1) == 1)
 
@@ -93,7 +101,7 @@ inline reaches(me, ok, l, n, j, pos) {
         count_holders(l, n, j);
         pos = 0; j = 0;
         do
-        :: j < me -> if :: HAS(j, l) && state[j] == WAITER -> pos++ :: else fi; j++
+        :: j < NR -> if :: HAS(j, l) && state[j] == WAITER && ord[j] < ord[me] -> pos++ :: else fi; j++
         :: else -> break
         od;
 #ifdef BROKEN_FIRST_ONLY
@@ -124,7 +132,8 @@ inline wake_fronts(r, l, n, j, k) {
         k = 0; j = 0;
         do
         :: j < NR ->
-           if :: HAS(j, l) && state[j] == WAITER && k + n < cap[l] -> turn[j] = true; k++ :: else fi;
+           /* the waiters in admission order: byord[0] first */
+           if :: HAS(byord[j], l) && state[byord[j]] == WAITER && k + n < cap[l] -> turn[byord[j]] = true; k++ :: else fi;
            j++
         :: else -> break
         od
@@ -214,11 +223,13 @@ end:
      :: break
      od;
      lock_all(CANCELLER, r, l);
+     c++;  /* one cancel request: it settles the run if it is still a waiter */
      if
-     :: state[r] == WAITER -> state[r] = DONE; c++; wake_fronts(r, l, n, j, k)
+     :: state[r] == WAITER -> state[r] = DONE; wake_fronts(r, l, n, j, k)
      :: else
      fi;
-     unlock_all(CANCELLER, l)
+     unlock_all(CANCELLER, l);
+     r = 0
   od
 }
 
@@ -232,6 +243,15 @@ init {
 #endif
     i = 0;
     do :: i < NL -> owner[i] = FREE; i++ :: else -> break od;
+    i = 0;
+#ifdef FAIR
+    /* the burst of runs 0 and 1 is overtaken by runs 2 and 3 of other sub-keys */
+    do :: i < NR -> ord[i] = (i + 2) % NR; i++ :: else -> break od;
+#else
+    do :: i < NR -> ord[i] = i; i++ :: else -> break od;
+#endif
+    i = 0;
+    do :: i < NR -> byord[ord[i]] = i; i++ :: else -> break od;
     i = 0;
     do :: i < NR -> turn[i] = true; i++ :: else -> break od;  /* each start dispatches a turn */
     i = 0;
