@@ -196,14 +196,22 @@ def cap_in_force(declared_cap: int, declared: int | None, override: int | None) 
     return limit_in_force(declared, override) + depth
 
 
-def superseded[R](on_busy: str, free: int, holders: Sequence[R], waiters: Sequence[R]) -> tuple[list[R], list[R]]:
+def superseded[R](
+    on_busy: str,
+    free: int,
+    holders: Sequence[R],
+    waiters: Sequence[R],
+    carries_quotas: Callable[[R], bool] = lambda _run: False,
+) -> tuple[list[R], list[R]]:
     """Return (the waiters a new start replaces, the holders it asks to stop) (X1).
 
     ``free`` is the key's free slots (:func:`free_slots`), ``holders`` and
     ``waiters`` its active runs, waiters oldest first by (``created_at``,
     ``run_id``). ``"replace_queued"`` replaces the waiters queued behind the
     holders, those beyond the free slots (the ones within them are being
-    admitted), so at most one run, the new one, is queued; ``"cancel_in_progress"``
+    admitted) and those within them that ``carries_quotas`` (a grant does not
+    admit such a run: it may wait for a quota, X3h), so at most one run, the
+    new one, is queued; ``"cancel_in_progress"``
     replaces every waiter and stops every holder, so the new run is admitted
     next, when they settle (D6). Any other strategy changes nothing. The stores
     call this under the key's lock, in the start's transaction.
@@ -211,7 +219,8 @@ def superseded[R](on_busy: str, free: int, holders: Sequence[R], waiters: Sequen
     if on_busy == OnBusy.CANCEL_IN_PROGRESS:
         return list(waiters), list(holders)
     if on_busy == OnBusy.REPLACE_QUEUED:
-        return list(waiters[max(free, 0) :]), []
+        free = max(free, 0)
+        return [w for w in waiters[:free] if carries_quotas(w)] + list(waiters[free:]), []
     return [], []
 
 

@@ -173,10 +173,10 @@ class WorkflowCtx:
     def quota_tokens(self) -> dict[str, int]:
         """Return this run's fencing token in each shared quota it holds a slot
         of, by quota name (X3f, K1): per quota key, strictly increasing across
-        its admissions and takeovers; empty for a run without quotas. Read from
-        the store on each access."""
-        tokens: dict[str, int] = self._store.quota_tokens(self.run.run_id)
-        return tokens
+        its admissions and takeovers; empty for a run without quotas. Fixed by
+        the claim that started this turn, as :attr:`fencing_token` is: a stalled
+        executor whose lease was taken over keeps its older tokens."""
+        return dict(self.run.quota_tokens)
 
     def _next(self) -> tuple[int, StepRecord | None]:
         position = self._position

@@ -28,7 +28,14 @@ from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
 from . import signals
-from .admission import QUOTA_PREFIX, RESERVED_TAGS, check_not_before, compute_quota_key, compute_singleton_key
+from .admission import (
+    QUOTA_PREFIX,
+    RESERVED_TAGS,
+    check_not_before,
+    compute_quota_key,
+    compute_singleton_key,
+    quota_lock_name,
+)
 from .conf import Settings, get_settings
 from .context import Interrupted, Suspend, WorkflowCtx
 from .definitions import Registry, Singleton, WorkflowDefinition, registry
@@ -536,6 +543,8 @@ class Core:
             for run in (*started.replaced, *started.cancelled):
                 logger.info("run %s: %s by the start of run %s (X1)", run.run_id, run.error, record.run_id)
                 self._after_settle(run)
+                if run.quota_keys:
+                    self.release(run)  # the quota waiters it held back get their turn (X3g)
             for run in started.stopping:
                 logger.info("run %s: cancel requested by the start of run %s (X1, D6)", run.run_id, record.run_id)
                 self._cancel_children(run.run_id)
@@ -1109,13 +1118,21 @@ class Core:
                 logger.exception("on_dead hook of %s failed for run %s", definition.label, run.run_id)
 
     def release(self, run: RunRecord) -> list[str]:
-        """Grant the free slots of ``run``'s key to its oldest waiters and send them (S7).
+        """Grant the free slots of ``run``'s key to its oldest waiters and send them (S7),
+        and send a turn to the waiters within the free slots of each quota key it
+        carries (X3g, X3h).
 
-        For a slot freed outside a settle (a deleted row, F12). Returns their ids.
+        For a slot freed or a queue place left outside a settle (a deleted row,
+        F12; a waiter replaced by ``on_busy``, X1). Returns their ids.
         """
-        if run.singleton_key is None:
-            return []
-        granted = self.store.release(run.workflow_name, run.singleton_key, limits=self.limits(), ttls=self.queue_ttls())
+        limits, ttls = self.limits(), self.queue_ttls()
+        granted: list[RunRecord] = []
+        if run.singleton_key is not None:
+            granted.extend(self.store.release(run.workflow_name, run.singleton_key, limits=limits, ttls=ttls))
+        for name, key in sorted(run.quota_keys):
+            seen = {r.run_id for r in granted}
+            more = self.store.release(quota_lock_name(name), key, limits=limits, ttls=ttls)
+            granted.extend(r for r in more if r.run_id not in seen)
         self.hand_off(granted)
         return [r.run_id for r in granted]
 

@@ -25,10 +25,12 @@ from .exceptions import (
     InvalidWorkflowError,
     UnknownStepError,
     UnknownWorkflowError,
+    ValidationError,
 )
 from .records import RunRecord
 from .schedule_specs import Schedule, coerce_schedules
 from .statuses import SUPERSEDING, OnBusy
+from .values import MAX_LIMIT, check_text
 
 __all__ = [
     "Quota",
@@ -176,6 +178,22 @@ def _is_seconds(value: object) -> bool:
         return False
 
 
+def _same_function(a: Callable[..., Any] | None, b: Callable[..., Any] | None) -> bool:
+    """Whether two key functions are one declaration (X3a): the same object, or
+    the same module, qualified name and code, as a module executed again (a
+    reload, a second import) defines it."""
+    if a is b:
+        return True
+    if a is None or b is None:
+        return False
+
+    def signature(f: Callable[..., Any]) -> tuple[Any, ...]:
+        code = getattr(f, "__code__", None)
+        return (getattr(f, "__module__", None), getattr(f, "__qualname__", None), code and code.co_code)
+
+    return signature(a) == signature(b) and getattr(a, "__code__", None) is not None
+
+
 @dataclass(frozen=True)
 class Quota:
     """A limit shared across workflows (X3, X3a): at most ``limit`` runs per
@@ -211,14 +229,24 @@ class Quota:
         """Return this quota, validated; raise :class:`InvalidWorkflowError`
         naming ``workflow`` and the field (X3a)."""
         name = self.name
-        if not isinstance(name, str) or not name or len(name) > QUOTA_NAME_MAX_LENGTH or ":" in name:
+        valid = isinstance(name, str) and ":" not in name
+        try:
+            check_text(name, "quotas.name", QUOTA_NAME_MAX_LENGTH)
+        except ValidationError:
+            valid = False
+        if not valid:
             raise InvalidWorkflowError(
-                workflow, "quotas.name", f"must be a non-empty str of at most {QUOTA_NAME_MAX_LENGTH} without ':'"
+                workflow,
+                "quotas.name",
+                f"must be a str of at most {QUOTA_NAME_MAX_LENGTH} characters with a non-space one, without ':',"
+                f" a control character or a lone surrogate, got {name!r:.80}",
             )
         if not callable(self.key):
             raise InvalidWorkflowError(workflow, "quotas.key", f"of quota {name!r} must be callable (input -> str)")
-        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or self.limit < 1:
-            raise InvalidWorkflowError(workflow, "quotas.limit", f"of quota {name!r} must be an int >= 1")
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_LIMIT:
+            raise InvalidWorkflowError(
+                workflow, "quotas.limit", f"of quota {name!r} must be an int from 1 to {MAX_LIMIT}"
+            )
         if self.fair_key is not None and not callable(self.fair_key):
             raise InvalidWorkflowError(workflow, "quotas.fair_key", f"of quota {name!r} must be callable or None")
         if self.weights is not None:
@@ -227,10 +255,12 @@ class Quota:
                     workflow, "quotas.weights", f"of quota {name!r} must be a mapping, beside a fair_key"
                 )
             for sub, weight in self.weights.items():
-                if not isinstance(sub, str) or not sub or len(sub) > QUOTA_KEY_MAX_LENGTH:
+                try:
+                    check_text(sub, "a sub-key", QUOTA_KEY_MAX_LENGTH)
+                except ValidationError:
                     raise InvalidWorkflowError(
                         workflow, "quotas.weights", f"of quota {name!r}: a sub-key must be a non-empty str"
-                    )
+                    ) from None
                 if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= MAX_WEIGHT:
                     raise InvalidWorkflowError(
                         workflow, "quotas.weights", f"of quota {name!r}: a weight must be an int from 1 to {MAX_WEIGHT}"
@@ -413,8 +443,8 @@ class Registry:
                 known = self.quotas.get(quota.name)
                 if known is not None and (
                     known.limit != quota.limit
-                    or known.key is not quota.key
-                    or known.fair_key is not quota.fair_key
+                    or not _same_function(known.key, quota.key)
+                    or not _same_function(known.fair_key, quota.fair_key)
                     or dict(known.weights or {}) != dict(quota.weights or {})
                 ):
                     raise InvalidWorkflowError(

@@ -21,21 +21,30 @@ def _lock_key_of_deleted_run(sender: Any, instance: Any, using: str, **kwargs: A
     claim of the key, which locks the key then updates its runs, could deadlock
     with the admin's delete (#16). Runs inside the deleting transaction.
     """
-    if instance.singleton_key is None or instance.status not in ACTIVE_STATUSES:
+    from .admission import split_quota_tags
+
+    quota_keys = split_quota_tags(instance.tags or ())[1]
+    if (instance.singleton_key is None and not quota_keys) or instance.status not in ACTIVE_STATUSES:
         return
     from .stores.django import DjangoStore
 
-    DjangoStore(using=using).lock_key(instance.workflow_name, instance.singleton_key)
+    store = DjangoStore(using=using)
+    store._lock_quota_keys(quota_keys)  # the quota keys first, sorted (X3e)
+    if instance.singleton_key is not None:
+        store.lock_key(instance.workflow_name, instance.singleton_key)
 
 
 def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) -> None:
-    """Grant the slot of a deleted active singleton run to its key's oldest waiters (S7, F12)."""
-    if instance.singleton_key is None or instance.status not in ACTIVE_STATUSES:
-        return
-    from .runtime import get_engine
+    """Grant the slot of a deleted active singleton run to its key's oldest waiters (S7, F12),
+    and send the waiters at the front of its quota keys their turns (X3g)."""
     from .stores.django import record_of
 
-    get_engine().release(record_of(instance))
+    run = record_of(instance)
+    if (run.singleton_key is None and not run.quota_keys) or instance.status not in ACTIVE_STATUSES:
+        return
+    from .runtime import get_engine
+
+    get_engine().release(run)
 
 
 def connect() -> None:

@@ -62,6 +62,9 @@ class RunRecord:
     #: fixed at start (X4); what a store writes on the memberships. The Django store's records read
     #: back from the database leave it empty: the memberships hold it.
     quota_shares: tuple[tuple[str, str, int], ...] = ()
+    #: The fencing token of each quota slot, as (quota name, token), as the claim that
+    #: started this turn took or confirmed them (X3f); empty on a record read back.
+    quota_tokens: tuple[tuple[str, int], ...] = ()
 
     @property
     def tags(self) -> list[str]:

@@ -73,7 +73,7 @@ def workflow(
         on_dead=on_dead,
         events=tuple(events),
         schedules=tuple(schedules),
-        quotas=quotas if isinstance(quotas, (str, Quota)) else tuple(quotas),  # type: ignore[arg-type]  # refused at registration (X3a)
+        quotas=quotas if quotas is None or isinstance(quotas, (str, Quota)) else tuple(quotas),  # type: ignore[arg-type]  # refused at registration (X3a)
     )
 
     def decorate(target: W) -> W:

@@ -634,7 +634,7 @@ class DjangoStore(BaseStore):
                 waiters = [r for r in active if not self._holds_slot(r)]
                 limit = self._limit(workflow_name, key_row, limits, run.singleton_limit)
                 free = free_slots(limit, len(holders), paused=bool(key_row["paused"]))
-                to_replace, stop = superseded(on_busy, free, holders, waiters)
+                to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
                 replaced = [self._settle_row(r, REPLACED_ERROR) for r in to_replace]
                 cancelled: list[RunRecord | None] = []
                 stopping: list[RunRecord] = []
@@ -1178,8 +1178,10 @@ class DjangoStore(BaseStore):
                 if recovered:
                     if key_row is not None:
                         SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
-                    self._take_quota_tokens(memberships, quota_rows)
-                run = taken.evolve(admitted=keyed, tracked=keyed)
+                    tokens = self._take_quota_tokens(memberships, quota_rows)
+                else:
+                    tokens = {q: int(t or 0) for q, t in memberships.values_list("quota", "fencing_token")}
+                run = taken.evolve(admitted=keyed, tracked=keyed, quota_tokens=tuple(sorted(tokens.items())))
                 return Turn(
                     TurnState.RUN, run if token is None else run.evolve(fencing_token=token), recovered=recovered
                 )
@@ -1204,10 +1206,11 @@ class DjangoStore(BaseStore):
                 ):
                     transaction.set_rollback(True, using=self.db)  # changed under us: grant nothing (R5a)
                     return Turn(TurnState.SKIPPED, record)
-                self._take_quota_tokens(memberships, quota_rows)
+                tokens = self._take_quota_tokens(memberships, quota_rows)
                 run = taken.evolve(
                     admitted=keyed,
                     tracked=keyed,
+                    quota_tokens=tuple(sorted(tokens.items())),
                     quota_slot=SlotState.HOLDER,
                     fencing_token=token or None,
                     admitted_at=timezone.now(),
@@ -1221,13 +1224,16 @@ class DjangoStore(BaseStore):
 
     def _take_quota_tokens(
         self, memberships: Any, quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]]
-    ) -> None:
+    ) -> dict[str, int]:
         """Mark every membership of the run a holder with a new fencing token
-        from its quota key's counter, under the keys' locks (X3c, X3f, K1)."""
+        from its quota key's counter, under the keys' locks (X3c, X3f, K1);
+        return the tokens by quota name."""
+        tokens: dict[str, int] = {}
         for (name, _key), key_row in quota_rows:
-            token = key_row["last_token"] + 1
+            token = tokens[name] = key_row["last_token"] + 1
             memberships.filter(quota=name).update(slot=SlotState.HOLDER, fencing_token=token)
             SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
+        return tokens
 
     def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
         """:meth:`BaseStore.quota_queue`: counts on ``ds_quota_order_idx``, without

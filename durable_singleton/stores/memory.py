@@ -156,7 +156,7 @@ class MemoryStore(BaseStore):
             waiters = [r for r in active if r not in holders]
             paused = bool(self.controls.get((workflow_name, key), {}).get("paused", False))
             free = free_slots(self._limit(workflow_name, key, limits), len(holders), paused=paused)
-            to_replace, stop = superseded(on_busy, free, holders, waiters)
+            to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
             running = [r for r in stop if r.status == RunStatus.RUNNING]
             replaced = tuple(self._cancelled(r, REPLACED_ERROR) for r in to_replace)
             cancelled = tuple(self._cancelled(r, CANCELLED_ERROR) for r in stop if r not in running)
@@ -173,6 +173,7 @@ class MemoryStore(BaseStore):
             admitted=False,
             tracked=False,
             quota_slot=None,
+            quota_tokens=(),
             wake_at=None,
             finished_at=self.clock(),
         )
@@ -366,13 +367,14 @@ class MemoryStore(BaseStore):
             ids.extend(i for i in waiters[:free] if i not in exclude and i not in ids)
         return [self._runs[i] for i in ids]
 
-    def _take_quota_tokens(self, run: RunRecord) -> None:
+    def _take_quota_tokens(self, run: RunRecord) -> tuple[tuple[str, int], ...]:
         tokens: dict[str, int] = {}
         for name, key in run.quota_keys:
             token = self._tokens.get((quota_lock_name(name), key), 0) + 1
             self._tokens[(quota_lock_name(name), key)] = token
             tokens[name] = token
         self._quota_tokens[run.run_id] = tokens
+        return tuple(sorted(tokens.items()))
 
     def _quota_turn(
         self,
@@ -397,7 +399,9 @@ class MemoryStore(BaseStore):
                     token = self._tokens.get((run.workflow_name, key), 0) + 1
                     self._tokens[(run.workflow_name, key)] = token
                     take.update(fencing_token=token)
-                self._take_quota_tokens(run)
+                take.update(quota_tokens=self._take_quota_tokens(run))
+            else:
+                take.update(quota_tokens=tuple(sorted(self._quota_tokens.get(run.run_id, {}).items())))
             return Turn(TurnState.RUN, self._replace(run, **take), recovered=recovered)
         fronts = [self._quota_front(name, qkey, limits) for name, qkey in run.quota_keys]
         reaches = all(quota_front_reaches(run.run_id, waiters, free) for free, waiters in fronts)
@@ -408,7 +412,7 @@ class MemoryStore(BaseStore):
             granted, in_front, token = self._grant(run.workflow_name, key, limits, claimant=run.run_id, ttls=ttls)
             reaches = bool(token)
         if reaches:
-            self._take_quota_tokens(run)
+            take.update(quota_tokens=self._take_quota_tokens(run))
             taken = self._replace(
                 run, quota_slot=SlotState.HOLDER, fencing_token=token or None, admitted_at=now, **take
             )
@@ -521,6 +525,7 @@ class MemoryStore(BaseStore):
             admitted=False,
             tracked=False,
             quota_slot=None,
+            quota_tokens=(),
             lease_owner=None,
             lease_expires_at=None,
             wake_at=None,
