@@ -106,6 +106,8 @@ class KillableDjangoStore(DjangoStore):
         super().__init__()
         self.backends: list[Any] = []
         self.failures = 0
+        #: SQLite: close the renewer's connection on its own thread after its next renewal.
+        self.close_after_renewal = False
 
     def renew_lease(self, run_id: str, owner: str, lease_seconds: float) -> bool:
         try:
@@ -114,15 +116,24 @@ class KillableDjangoStore(DjangoStore):
                 self.backends.append(connection.connection)
             else:
                 self.backends.append(backend_id())
-            return super().renew_lease(run_id, owner, lease_seconds)
+            renewed = super().renew_lease(run_id, owner, lease_seconds)
         except Exception:
             self.failures += 1
             raise
+        if self.close_after_renewal:
+            # Closed under Django, between two renewals, on the thread that owns it: a
+            # close from another thread during a statement crashes the sqlite3 module.
+            self.close_after_renewal = False
+            connection.connection.close()
+        return renewed
 
 
-def _kill(backend: Any) -> None:
+def _kill(store: KillableDjangoStore, backend: Any) -> None:
     if connection.vendor == "sqlite":
-        backend.close()  # no server to kill it: the connection is closed under the renewer
+        store.close_after_renewal = True  # no server to kill it: the connection is closed under Django
+        deadline = time.monotonic() + 10
+        while store.close_after_renewal and time.monotonic() < deadline:
+            time.sleep(0.01)
     else:
         kill_backend(backend)
 
@@ -149,7 +160,7 @@ def test_a_renewal_on_a_killed_connection_reconnects(caplog: pytest.LogCaptureFi
         assert store.backends, "a renewal ran"
         thread = renewer().thread
         first = store.backends[0]
-        _kill(first)
+        _kill(store, first)
         worker.join(30)
     assert outcome == [Outcome.COMPLETED]
     assert store.failures >= 1, "a renewal met the killed connection"
