@@ -346,10 +346,10 @@ class Core:
         if namespace is not None:
             check_text(namespace, "namespace")
         definition = self.registry.get(name, version)
-        if definition.quotas and not self.store.supports_quotas:
+        if definition.quotas and not self.store.admits_quotas:
             raise UnsupportedByStoreError(
                 f"workflow {definition.name!r} declares quotas: store {type(self.store).__name__} "
-                "cannot admit under them (supports_quotas is False) (X3)"
+                "cannot admit under them (it needs supports_quotas and supports_atomic_admission) (X3)"
             )
         input = self._check_input(input, "input")
         user_tags = self._check_tags(tags)

@@ -465,3 +465,22 @@ def test_fair_quota_declarations_and_sub_keys_are_checked(engine: Engine, regist
         with pytest.raises(SingletonKeyError):
             engine.start("w", {"tenant": tenant})
     assert engine.store.list_runs() == []
+
+
+def test_a_store_on_the_fallback_claim_refuses_quotas(registry: Registry) -> None:
+    """X3, S14: a store whose claim is the base class's scan (no atomic
+    admission) knows no quota: a start of a workflow with quotas is refused
+    and writes nothing, whatever its ``supports_quotas`` says."""
+    from durable_singleton.stores.base import BaseStore
+    from durable_singleton.stores.memory import MemoryStore
+    from durable_singleton.testing import make_engine
+
+    class ScanOnly(MemoryStore):
+        supports_atomic_admission = False
+        begin_turn = BaseStore.begin_turn
+
+    engine = make_engine(ScanOnly(), registry=registry)
+    registry.add("w", "1", lambda ctx, i: None, quotas=[STRIPE])
+    with pytest.raises(UnsupportedByStoreError):
+        engine.start("w", {})
+    assert engine.store.list_runs() == []

@@ -399,7 +399,8 @@ class BaseStore(ABC):
     ``supports_quotas``
         True when a claim admits a run that carries shared quotas only when
         each of its limits has room, under the locks of all of them, and a
-        settle frees its quota slots (X3). False (the default): a start of a
+        settle frees its quota slots (X3); it needs ``supports_atomic_admission``
+        too (:attr:`admits_quotas`). False (the default): a start of a
         workflow that declares ``quotas`` raises
         :class:`~durable_singleton.exceptions.UnsupportedByStoreError` and
         writes nothing.
@@ -419,6 +420,13 @@ class BaseStore(ABC):
     supports_schedules: bool = False
     supports_queue_ttl: bool = False
     supports_quotas: bool = False
+
+    @property
+    def admits_quotas(self) -> bool:
+        """Whether a start of a workflow that declares quotas is accepted (X3): the
+        store says ``supports_quotas`` and admits in its own claim
+        (``supports_atomic_admission``); the S14 fallback's scan knows no quota."""
+        return bool(self.supports_quotas and self.supports_atomic_admission)
     #: True when :meth:`start_run` with ``stamp`` writes a run's ``created_at``
     #: on the store's own clock at the insert (R8), so the engine need not read
     #: that clock before a start.

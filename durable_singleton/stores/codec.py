@@ -266,6 +266,10 @@ class CodecStore(BaseStore):
     ) -> tuple[RunRecord, ...]:
         return self._out(self.inner.release(workflow_name, key, limits=limits, ttls=ttls))  # type: ignore[no-any-return]
 
+    @property
+    def admits_quotas(self) -> bool:
+        return self.inner.admits_quotas
+
     def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
         return self.inner.quota_queue(name, key, run_id)
 

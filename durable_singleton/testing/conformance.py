@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from ..context import WorkflowCtx
-from ..definitions import Registry
+from ..definitions import Quota, Registry
 from ..engine import Engine
 from ..exceptions import (
     SingletonBusyError,
@@ -126,6 +126,10 @@ class StoreConformance:
         registry.add("conf-ttl", "1", body, singleton={"key": lambda i: i["k"], "queue_ttl": QUEUE_TTL})
         for on_busy in ("skip", "replace_queued", "cancel_in_progress"):
             registry.add(f"conf-{on_busy}", "1", body, singleton={"key": lambda i: i["k"], "on_busy": on_busy})
+        # Two workflows sharing one quota, the second with a singleton key too (X3).
+        pool = Quota("conf-pool", key=lambda i: i["k"], limit=1)
+        registry.add("conf-quota", "1", body, quotas=[pool])
+        registry.add("conf-quota-keyed", "1", body, singleton={"key": lambda i: i["s"]}, quotas=[pool])
         return make_engine(store, registry=registry, LEASE_SECONDS=LEASE, LEASE_RENEW_SECONDS=LEASE / 3)
 
     @staticmethod
@@ -190,6 +194,68 @@ class StoreConformance:
         assert errors == []
         _settle_all(engine)
         assert bodies.highest["K"] == 1 and sorted(bodies.entered) == [f"r{n}" for n in range(8)]
+
+    # -- shared quotas ---------------------------------------------------------------
+    def test_a_shared_quota_admits_one_run_at_a_time_across_workflows(self, engine: Engine, bodies: _Bodies) -> None:
+        """X3, X3d, X3e, X3g: runs of two workflows sharing a quota of 1 (one also on
+        singleton keys), their turns racing on eight threads: one body at a time per
+        quota key, each body once, every run completes, no claim deadlocks. A store
+        that does not admit quotas (``admits_quotas``: ``supports_quotas`` and its own
+        atomic claim, not the S14 fallback) refuses the start and writes nothing."""
+        if not engine.store.admits_quotas:
+            with pytest.raises(UnsupportedByStoreError):
+                engine.start("conf-quota", {"k": "K"}, run_id="A")
+            assert engine.store.get_run("A") is None
+            return
+        engine.settings = replace(engine.settings, LEASE_SECONDS=30.0, LEASE_RENEW_SECONDS=10.0)
+        ids = []
+        for n in range(6):
+            workflow = "conf-quota" if n % 2 else "conf-quota-keyed"
+            ids.append(engine.start(workflow, {"k": "K", "s": f"s{n % 3}"}, run_id=f"q{n}").run_id)
+        barrier = threading.Barrier(8, timeout=30)
+        errors: list[BaseException] = []
+
+        def racer(i: int) -> None:
+            try:
+                barrier.wait()
+                for run_id in ids[i % 6 :] + ids[: i % 6]:
+                    engine.execute(run_id)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                engine.close_thread_resources()
+
+        threads = [threading.Thread(target=racer, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+        _settle_all(engine)
+        assert bodies.highest["K"] == 1 and sorted(bodies.entered) == sorted(ids)
+        assert all(engine.get(r).status == RunStatus.COMPLETED and engine.get(r).quota_slot is None for r in ids)
+
+    def test_a_quota_waiter_takes_no_slot_while_its_singleton_key_is_busy(self, engine: Engine) -> None:
+        """X3d: B needs its singleton key (held by A) and the quota: it takes no
+        quota slot while it waits, and keeps its place; when A settles, B is
+        admitted in both at once, with a larger quota token (X3f)."""
+        if not engine.store.admits_quotas:
+            return
+        engine.start("conf-quota-keyed", {"k": "K1", "s": "S"}, run_id="A")
+        engine.start("conf-quota-keyed", {"k": "K2", "s": "S"}, run_id="B")
+        engine.start("conf-quota", {"k": "K2"}, run_id="C")
+        first = self._turn(engine, "A", "w")
+        assert first.state is TurnState.RUN and dict(first.run.quota_tokens)
+        assert self._turn(engine, "B", "w").state is TurnState.PARKED
+        assert engine.get("B").quota_slot == "waiter" and not engine.get("B").admitted
+        # C is behind B in K2's line: not admitted past it though K2 has a free slot.
+        assert self._turn(engine, "C", "w").state is TurnState.PARKED
+        a = engine.get("A")
+        done = engine.store.finish(a, "w", RunStatus.COMPLETED, limits=engine.limits())
+        assert done.settled and "B" in [g.run_id for g in done.granted]
+        b = self._turn(engine, "B", "w")
+        assert b.state is TurnState.RUN and b.run.admitted and b.run.quota_slot == "holder"
+        assert dict(b.run.quota_tokens)["conf-pool"] >= 1
 
     # -- the handoff and the token -----------------------------------------------
     def test_release_grants_the_oldest_waiter_with_a_larger_token(self, engine: Engine, bodies: _Bodies) -> None:
