@@ -1,0 +1,230 @@
+"""A stateful model-based test of admission under shared quotas (#20, X3), with hypothesis.
+
+Random interleavings of starts of three workflows over one shared quota
+(limit 2 per quota key; one workflow also on a singleton key of limit 1, one
+fair across two tenants, X4), turns (claims), settles, cancels, worker crashes
+with lease expiry and the takeover, and the tick, against the real store (in
+memory, and the Django store on the DATABASE_URL database).
+
+Invariants after every step:
+
+* at most 2 holders per quota key and 1 per singleton key, however many limits
+  each run carries (X3d);
+* a run holds its quota slot exactly when it holds its singleton slot, if it
+  has one: all or nothing (X3d);
+* the quota tokens a claim hands out strictly increase per quota key (X3f, K1);
+* no body of a cancelled run resumes (D6);
+* at the end, once the holders finish, every run ends (X3g, S7, S8).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+
+from durable_singleton import Quota
+from durable_singleton.definitions import Registry
+from durable_singleton.stores.base import TurnState
+from durable_singleton.stores.django import DjangoStore
+from durable_singleton.stores.memory import MemoryStore
+from durable_singleton.testing import make_engine
+
+QUOTA_KEYS = ("P", "Q")
+WORKFLOWS = ("plain", "keyed", "fair")
+QUOTA_LIMIT = 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        from django.utils import timezone
+
+        self.now = timezone.now()
+
+    def __call__(self) -> Any:
+        return self.now
+
+
+class QuotaProtocol(RuleBasedStateMachine):
+    """The machine; ``make_store`` is set by the test that runs it."""
+
+    make_store: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.store = self.make_store(self.clock)
+        registry = Registry()
+        pool = Quota("pool", key=lambda i: i["q"], limit=QUOTA_LIMIT)
+        fair = Quota("pool-fair", key=lambda i: i["q"], limit=QUOTA_LIMIT, fair_key=lambda i: i["t"])
+        registry.add("plain", "1", lambda ctx, i: None, quotas=[pool], timeout=3600)
+        registry.add("keyed", "1", lambda ctx, i: None, singleton={"key": lambda i: i["q"]}, quotas=[pool])
+        registry.add("fair", "1", lambda ctx, i: None, quotas=[fair, pool])
+        self.engine = make_engine(
+            self.store, registry=registry, clock=self.clock if isinstance(self.store, MemoryStore) else None
+        )
+        self.created: list[str] = []
+        self.owner: dict[str, str] = {}
+        self.tokens: dict[tuple[str, str], list[int]] = {}
+        self.cancelled_seen: set[str] = set()
+        self.n = 0
+
+    def _run(self, run_id: str) -> Any:
+        return self.store.get_run(run_id)
+
+    def _active(self) -> list[str]:
+        return [r for r in self.created if not self._run(r).is_terminal]
+
+    def _record_tokens(self, run: Any) -> None:
+        for name, token in run.quota_tokens:
+            key = dict(run.quota_keys)[name]
+            seen = self.tokens.setdefault((name, key), [])
+            assert not seen or token > seen[-1], f"quota token {token} of {run.run_id} after {seen} (X3f)"
+            seen.append(token)
+
+    @rule(workflow=st.sampled_from(WORKFLOWS), key=st.sampled_from(QUOTA_KEYS), tenant=st.sampled_from("ab"))
+    def start(self, workflow: str, key: str, tenant: str) -> None:
+        self.n += 1
+        self.clock.now += timedelta(microseconds=10)
+        run = self.engine.start(workflow, {"q": key, "t": tenant}, run_id=f"r{self.n:03d}")
+        self.created.append(run.run_id)
+
+    @precondition(lambda self: self.created)
+    @rule(data=st.data())
+    def turn(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(self.created))
+        self.n += 1
+        owner = f"o{self.n}"
+        turn = self.store.begin_turn(
+            run_id,
+            owner,
+            lease_seconds=30,
+            limits=self.engine.limits(),
+            max_recoveries=3,
+            retry=self.engine._retry_policy(),
+        )
+        if turn.state is TurnState.RUN:
+            assert run_id not in self.cancelled_seen, "a cancelled run's body resumed (D6)"
+            assert turn.run.quota_slot == "holder"
+            self._record_tokens(turn.run)
+            self.owner[run_id] = owner
+
+    @precondition(lambda self: self.owner)
+    @rule(data=st.data())
+    def settle(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(sorted(self.owner)))
+        self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())
+
+    @precondition(lambda self: self.created)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        run_id = data.draw(st.sampled_from(self.created))
+        run = self._run(run_id)
+        if run.is_terminal or run.status == "running":
+            return
+        self.engine.cancel(run_id)
+        if self._run(run_id).status == "cancelled":
+            self.cancelled_seen.add(run_id)
+            self.owner.pop(run_id, None)
+
+    @precondition(lambda self: self.owner)
+    @rule(data=st.data())
+    def crash_and_expire(self, data: st.DataObject) -> None:
+        """A worker dies: its lease expires; the next turn takes over with new tokens (D4, X3f)."""
+        run_id = data.draw(st.sampled_from(sorted(self.owner)))
+        self.owner.pop(run_id)
+        past = self.store.now() - timedelta(seconds=1)
+        if isinstance(self.store, MemoryStore):
+            with self.store._critical():
+                self.store._runs[run_id] = self.store._runs[run_id].evolve(lease_expires_at=past)
+        else:
+            from durable_singleton.models import Run
+
+            Run.objects.filter(pk=run_id).update(lease_expires_at=past)
+
+    @rule()
+    def tick(self) -> None:
+        self.engine.tick()
+        self.engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # turns are the machine's to run
+
+    @invariant()
+    def no_limit_over_its_cap_and_all_or_nothing(self) -> None:
+        quota_holders: dict[tuple[str, str], int] = {}
+        key_holders: dict[str, int] = {}
+        for run in map(self._run, self.created):
+            if run.holds_quota_slots:
+                for pair in run.quota_keys:
+                    quota_holders[pair] = quota_holders.get(pair, 0) + 1
+            if run.singleton_key is not None:
+                assert run.holds_slot == run.holds_quota_slots, f"{run.run_id}: one limit without the other (X3d)"
+                if run.holds_slot:
+                    key_holders[run.singleton_key] = key_holders.get(run.singleton_key, 0) + 1
+        assert all(n <= QUOTA_LIMIT for n in quota_holders.values()), quota_holders
+        assert all(n <= 1 for n in key_holders.values()), key_holders
+
+    @invariant()
+    def cancelled_runs_stay_cancelled(self) -> None:
+        for run_id in self.cancelled_seen:
+            assert self._run(run_id).status == "cancelled"
+
+    def teardown(self) -> None:
+        """Liveness (X3g, S7, S8): the holders finish, crashed leases expire, wake
+        times come, the tick and the turns run; every run ends."""
+        deadline = time.monotonic() + 30
+        for run_id in list(self.owner):
+            self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())
+        while self._active():
+            assert time.monotonic() < deadline, f"runs never finished: {self._active()}"
+            past = self.store.now() - timedelta(seconds=1)
+            if isinstance(self.store, MemoryStore):
+                with self.store._critical():
+                    for run_id in self._active():
+                        run = self.store._runs[run_id]
+                        if run.status == "running":
+                            self.store._runs[run_id] = run.evolve(lease_expires_at=past)
+                self.clock.now += timedelta(hours=2)
+            else:
+                from durable_singleton.models import Run
+
+                Run.objects.filter(status="running").update(lease_expires_at=past)
+                Run.objects.filter(wake_at__isnull=False).update(wake_at=past)
+            self.engine.tick()
+            self.engine.dispatcher.drain()  # type: ignore[attr-defined]
+
+
+def _run_machine(make_store: Any) -> None:
+    machine = type("Machine", (QuotaProtocol,), {"make_store": staticmethod(make_store)})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            max_examples=20,
+            stateful_step_count=35,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+
+
+@pytest.mark.vendor_agnostic
+def test_quota_model_on_the_memory_store() -> None:
+    """X3d, X3f, X3g, X4: the quota machine on the in-memory store."""
+    _run_machine(lambda clock: MemoryStore(clock=clock))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_quota_model_on_the_django_store() -> None:
+    """X3d, X3f, X3g, X4: the quota machine on the Django store of the DATABASE_URL database."""
+    from durable_singleton.models import Run, SingletonKey
+
+    def fresh(clock: Any) -> DjangoStore:
+        Run.objects.all().delete()
+        SingletonKey.objects.all().delete()
+        return DjangoStore()
+
+    _run_machine(fresh)
