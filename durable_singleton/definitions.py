@@ -447,8 +447,14 @@ class Registry:
                     or not _same_function(known.fair_key, quota.fair_key)
                     or dict(known.weights or {}) != dict(quota.weights or {})
                 ):
+                    first = next(
+                        (d.name for d in self.latest.values() if quota.name in {q.name for q in d.quotas}), "?"
+                    )
                     raise InvalidWorkflowError(
-                        name, "quotas", f"quota {quota.name!r} is declared elsewhere with another limit or key"
+                        name,
+                        "quotas",
+                        f"quota {quota.name!r} is declared by workflow {first!r} with another limit, key,"
+                        " fair_key or weights: declare it once and name that one object",
                     )
             self.quotas.update((q.name, q) for q in quota_specs)
             self.workflows[(name, version)] = definition
