@@ -44,7 +44,7 @@ from ..exceptions import (
     SingletonQueueFullError,
     UnsupportedByStoreError,
 )
-from ..statuses import Outcome, ParkReason, RunStatus, Verdict
+from ..statuses import Outcome, ParkReason, RunStatus, SlotState, Verdict
 from ..stores.base import CANCELLED_ERROR, BaseStore, TurnState
 from . import make_engine
 
@@ -247,14 +247,14 @@ class StoreConformance:
         first = self._turn(engine, "A", "w")
         assert first.state is TurnState.RUN and dict(first.run.quota_tokens)
         assert self._turn(engine, "B", "w").state is TurnState.PARKED
-        assert engine.get("B").quota_slot == "waiter" and not engine.get("B").admitted
+        assert engine.get("B").quota_slot == SlotState.WAITER and not engine.get("B").admitted
         # C is behind B in K2's line: not admitted past it though K2 has a free slot.
         assert self._turn(engine, "C", "w").state is TurnState.PARKED
         a = engine.get("A")
         done = engine.store.finish(a, "w", RunStatus.COMPLETED, limits=engine.limits())
         assert done.settled and "B" in [g.run_id for g in done.granted]
         b = self._turn(engine, "B", "w")
-        assert b.state is TurnState.RUN and b.run.admitted and b.run.quota_slot == "holder"
+        assert b.state is TurnState.RUN and b.run.admitted and b.run.quota_slot == SlotState.HOLDER
         assert dict(b.run.quota_tokens)["conf-pool"] >= 1
 
     # -- the handoff and the token -----------------------------------------------
