@@ -87,6 +87,7 @@ __all__ = [
     "quota_lock_name",
     "quota_tag",
     "quota_waiter_q",
+    "quota_waiting_q",
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
@@ -541,10 +542,16 @@ def holds_quota_slot_q() -> Q:
     return Q(slot=SlotState.HOLDER, run__status__in=ACTIVE_STATUSES)
 
 
+def quota_waiting_q() -> Q:
+    """The memberships that wait in a quota key's queue, due or not (X3c): marked
+    ``waiter``, their run active."""
+    return Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
+
+
 def quota_waiter_q(now: Any) -> Q:
-    """The memberships that wait in a quota key's queue (X3d): marked ``waiter``,
-    their run active and due (X5) by ``now``, the database's clock (``DbNow()``, R5)."""
-    return Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES) & is_due_q(now, "run__")
+    """The memberships that wait in a quota key's queue and are due (X3d, X5) by
+    ``now``, the database's clock (``DbNow()``, R5): the ones a claim orders."""
+    return quota_waiting_q() & is_due_q(now, "run__")
 
 
 #: Largest weight of a sub-key inside a fair quota (slots per round, X4).

@@ -139,6 +139,19 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
     def limit_of(ident: tuple[str, str], stored: int | None) -> int:
         return limit_in_force(limits.get(ident[0], stored), controls.get(ident, (False, None))[1])
 
+    def over_admitted(ident: tuple[str, str], holders: int, limit: int, last_admitted: datetime | None) -> None:
+        """Report a key (a singleton key, or a quota key as ``quota:<name>``) with more
+        holders than its limit, unless they are left over a lowered limit and none
+        was admitted since (K2: never evicted)."""
+        if holders <= limit:
+            return
+        changed_at = limit_changed_at(ident)
+        if changed_at is not None and (last_admitted is None or last_admitted <= changed_at):
+            return
+        report.findings.append(
+            Finding(FindingKind.OVER_ADMITTED, ident[0], ident[1], None, f"{holders} holders for a limit of {limit}")
+        )
+
     def limit_changed_at(ident: tuple[str, str]) -> datetime | None:
         """When the key's limit override last changed (its own or its workflow's), if ever (K2)."""
         changes = KeyControlChange.objects.using(db).filter(
@@ -178,21 +191,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
             continue  # never stored: a slot needs a key (constraint ds_run_slot_only_active)
         ident = (group["workflow_name"], group["singleton_key"])
         held[ident] = group["n"]
-        limit = limit_of(ident, group["stored_limit"])
-        if group["n"] > limit:
-            changed_at = limit_changed_at(ident)
-            last = group["last_admitted"]
-            if changed_at is not None and (last is None or last <= changed_at):
-                continue  # holders left over a lowered limit, none admitted since (K2: never evicted)
-            report.findings.append(
-                Finding(
-                    FindingKind.OVER_ADMITTED,
-                    ident[0],
-                    ident[1],
-                    None,
-                    f"{group['n']} holders for a limit of {limit}",
-                )
-            )
+        over_admitted(ident, group["n"], limit_of(ident, group["stored_limit"]), group["last_admitted"])
 
     # Quota keys (X3c, X3j): holders over the limit in force, as for a singleton key.
     quota_holders = (
@@ -204,19 +203,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
     )
     for quota_group in quota_holders:
         ident = (quota_lock_name(quota_group["quota"]), quota_group["key"])
-        limit = limit_of(ident, 1)
-        changed_at = limit_changed_at(ident) if quota_group["n"] > limit else None
-        last = quota_group["last_admitted"]
-        if quota_group["n"] > limit and not (changed_at is not None and (last is None or last <= changed_at)):
-            report.findings.append(
-                Finding(
-                    FindingKind.OVER_ADMITTED,
-                    ident[0],
-                    ident[1],
-                    None,
-                    f"{quota_group['n']} holders for a limit of {limit}",
-                )
-            )
+        over_admitted(ident, quota_group["n"], limit_of(ident, 1), quota_group["last_admitted"])
 
     # Keys with a waiter due for longer than two ticks (or with no wake time at all); a
     # waiter whose not_before has not come is not due, so never stalled (X5). A waiter

@@ -44,7 +44,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .admission import ACTIVE_STATUSES, holds_quota_slot_q, holds_slot_q, legacy_holder_q, quota_lock_name
+from .admission import holds_quota_slot_q, holds_slot_q, legacy_holder_q, quota_lock_name, quota_waiting_q
 from .renewals import unrenewed_q
 from .statuses import SlotState
 
@@ -167,7 +167,7 @@ class DatabaseCollector(Collector):
                     oldest.add_metric([group["workflow_name"]], (now - group["first"]).total_seconds())
             # The quotas (X3j), labelled as the key table and the controls name them: quota:<name>.
             memberships = QuotaMembership.objects.using(db)
-            quota_waiting = Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
+            quota_waiting = quota_waiting_q()
             quota_groups = (
                 memberships.filter(slot__isnull=False)
                 .values("quota")

@@ -50,6 +50,7 @@ from .admission import (
     limit_in_force_sql,
     queue_ttl_expires_at,
     quota_lock_name,
+    quota_waiting_q,
 )
 from .definitions import Registry, registry
 from .models import QuotaMembership, Run, SingletonKey, Step
@@ -386,7 +387,7 @@ def quota_table(*, limit: int = 50, reg: Registry = registry, using: str | None 
     """Return up to ``limit`` quota keys with active members, most waiters first
     (X3j): one grouped query on ``ds_quota_order_idx`` and one of their controls."""
     memberships = QuotaMembership.objects.using(using) if using else QuotaMembership.objects.all()
-    waiting = Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
+    waiting = quota_waiting_q()
     groups = list(
         memberships.filter(slot__isnull=False, run__status__in=ACTIVE_STATUSES)
         .values("quota", "key")

@@ -34,20 +34,11 @@ from durable_singleton.stores.base import TurnState
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
+from tests.test_model import Clock
 
 QUOTA_KEYS = ("P", "Q")
 WORKFLOWS = ("plain", "keyed", "fair")
 QUOTA_LIMIT = 2
-
-
-class Clock:
-    def __init__(self) -> None:
-        from django.utils import timezone
-
-        self.now = timezone.now()
-
-    def __call__(self) -> Any:
-        return self.now
 
 
 class QuotaProtocol(RuleBasedStateMachine):

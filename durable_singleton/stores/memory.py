@@ -185,7 +185,7 @@ class MemoryStore(BaseStore):
             if name not in shares:
                 continue
             sub_key, weight = shares[name]
-            members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
+            members = self._quota_members(name, key)
             holding = [self._quota_tags.get((r.run_id, name), 0) for r in members if r.holds_quota_slots]
             mine = [
                 self._quota_tags.get((r.run_id, name), 0)
@@ -340,13 +340,17 @@ class MemoryStore(BaseStore):
             return Turn(TurnState.PARKED, parked, granted=tuple(granted))
 
     # -- shared quotas (X3) --------------------------------------------------------------
+    def _quota_members(self, name: str, key: str) -> list[RunRecord]:
+        """The active runs that carry the quota key ``(name, key)`` (X3b)."""
+        return [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
+
     def _quota_front(self, name: str, key: str, limits: Limits) -> tuple[int, list[str]]:
         """A quota key's free slots and its oldest due waiters' ids, as many as its
         limit, by (``created_at``, ``run_id``) (X3c, X3d); see DjangoStore._quota_front."""
         control = self.controls.get((quota_lock_name(name), key), {})
         limit = limit_in_force(limits.get(quota_lock_name(name), 1), control.get("limit_override"))
         now = self.clock()
-        members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
+        members = self._quota_members(name, key)
         holders = sum(1 for r in members if r.holds_quota_slots)
         free = free_slots(limit, holders, paused=bool(control.get("paused", False)))
         return free, self._quota_order(name, members, now)[:limit]
@@ -434,7 +438,7 @@ class MemoryStore(BaseStore):
     def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
         with self._critical():
             now = self.clock()
-            members = [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
+            members = self._quota_members(name, key)
             holders = [r.run_id for r in members if r.holds_quota_slots]
             waiters = self._quota_order(name, members, now)
             return (waiters.index(run_id) + 1 if run_id in waiters else None), len(waiters), holders
