@@ -15,7 +15,7 @@ from .admission import (
     without_singleton_markers,
 )
 from .definitions import Quota, Singleton, WorkflowOptions, step
-from .exceptions import SingletonBusyError, SingletonQueueFullError
+from .exceptions import QuotaQueueFullError, SingletonBusyError, SingletonQueueFullError
 from .schedules import Schedule
 from .statuses import OnBusy
 from .workflows import BaseWorkflow, workflow
@@ -32,6 +32,7 @@ __all__ = [
     "Engine",
     "OnBusy",
     "Quota",
+    "QuotaQueueFullError",
     "Schedule",
     "Singleton",
     "SingletonBusyError",

@@ -44,6 +44,7 @@ from .exceptions import (
     InvalidInputError,
     InvalidRunIdError,
     LeaseLostError,
+    QuotaQueueFullError,
     RunCancelledError,
     RunIdInUseError,
     RunNotFoundError,
@@ -409,6 +410,9 @@ class Core:
             quota_keys=quota_keys,
             quota_slot=SlotState.WAITER if quota_keys else None,
             quota_shares=quota_shares,
+            quota_caps=tuple(
+                (q.name, q.limit, q.max_queue_depth) for q in definition.quotas if q.max_queue_depth is not None
+            ),
         )
         if due_at is not None and due_at > now:
             run = run.evolve(wake_at=due_at)
@@ -452,7 +456,8 @@ class Core:
 
         Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
         :class:`InvalidInputError`, :class:`InvalidNotBeforeError` (X5),
-        :class:`SingletonKeyError`, :class:`SingletonQueueFullError` (S15),
+        :class:`SingletonKeyError`, :class:`SingletonQueueFullError` (S15; its
+        subclass :class:`QuotaQueueFullError` for a quota key's cap, X3j),
         :class:`SingletonBusyError` (a workflow declared ``on_busy="skip"``
         whose key has no free slot, X1), :class:`UnsupportedByStoreError` (a
         workflow declared ``on_busy="replace_queued"`` or ``"cancel_in_progress"``
@@ -518,7 +523,11 @@ class Core:
         ``limit`` (:attr:`Singleton.cap`), and its refusal is a
         :class:`SingletonBusyError` (X1, S15). The store's count decided; this only names it."""
         single = definition.singleton
-        if single is not None and single.on_busy == OnBusy.SKIP and not isinstance(exc, SingletonBusyError):
+        if (
+            single is not None
+            and single.on_busy == OnBusy.SKIP
+            and not isinstance(exc, (SingletonBusyError, QuotaQueueFullError))  # a quota's cap names itself (X3j)
+        ):
             return SingletonBusyError(exc.workflow, exc.key)
         return exc
 

@@ -212,6 +212,12 @@ class Quota:
     then go round-robin across sub-keys (X4, :func:`~durable_singleton.admission.fair_tag`).
     ``weights``: with ``fair_key``, a mapping from sub-key to an ``int`` >= 1,
     the slots that sub-key gets per round (default 1).
+    ``max_queue_depth``: waiters allowed beyond ``limit`` per quota key (an
+    ``int`` >= 0), or None (the default: unbounded). A start that finds the
+    quota key with ``limit + max_queue_depth`` active members (holders and
+    waiters, the key's runtime limit override in force, K2) raises
+    :class:`~durable_singleton.exceptions.QuotaQueueFullError` and writes
+    nothing (S15 for a quota key, X3j).
 
     A run is admitted only when each of its limits (its singleton key, if any,
     and each quota key) has room for it, oldest first by (``created_at``,
@@ -224,6 +230,7 @@ class Quota:
     limit: int = 1
     fair_key: Callable[[Any], str] | None = None
     weights: Mapping[str, int] | None = field(default=None, hash=False)
+    max_queue_depth: int | None = None
 
     def check(self, workflow: str) -> Quota:
         """Return this quota, validated; raise :class:`InvalidWorkflowError`
@@ -246,6 +253,11 @@ class Quota:
         if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_LIMIT:
             raise InvalidWorkflowError(
                 workflow, "quotas.limit", f"of quota {name!r} must be an int from 1 to {MAX_LIMIT}"
+            )
+        depth = self.max_queue_depth
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+            raise InvalidWorkflowError(
+                workflow, "quotas.max_queue_depth", f"of quota {name!r} must be an int >= 0 or None, got {depth!r}"
             )
         if self.fair_key is not None and not callable(self.fair_key):
             raise InvalidWorkflowError(workflow, "quotas.fair_key", f"of quota {name!r} must be callable or None")
@@ -270,6 +282,12 @@ class Quota:
     def weight(self, sub_key: str) -> int:
         """Return the slots per round of ``sub_key`` (X4): its weight, else 1."""
         return int((self.weights or {}).get(sub_key, 1))
+
+    @property
+    def cap(self) -> int | None:
+        """Return the active members of a quota key at which a start is refused,
+        ``limit + max_queue_depth``, or None (unbounded) (S15, X3j)."""
+        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
 
 
 @dataclass(frozen=True)
@@ -446,6 +464,7 @@ class Registry:
                     or not _same_function(known.key, quota.key)
                     or not _same_function(known.fair_key, quota.fair_key)
                     or dict(known.weights or {}) != dict(quota.weights or {})
+                    or known.max_queue_depth != quota.max_queue_depth
                 ):
                     first = next(
                         (d.name for d in self.latest.values() if quota.name in {q.name for q in d.quotas}), "?"
@@ -454,7 +473,7 @@ class Registry:
                         name,
                         "quotas",
                         f"quota {quota.name!r} is declared by workflow {first!r} with another limit, key,"
-                        " fair_key or weights: declare it once and name that one object",
+                        " fair_key, weights or max_queue_depth: declare it once and name that one object",
                     )
             self.quotas.update((q.name, q) for q in quota_specs)
             self.workflows[(name, version)] = definition

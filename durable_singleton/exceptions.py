@@ -17,6 +17,7 @@ __all__ = [
     "InvalidRunIdError",
     "InvalidWorkflowError",
     "LeaseLostError",
+    "QuotaQueueFullError",
     "RunCancelledError",
     "RunIdInUseError",
     "RunNotFoundError",
@@ -128,6 +129,29 @@ class SingletonBusyError(SingletonQueueFullError):
         # The base's message speaks of a queue; this start queues nothing.
         DurableSingletonError.__init__(
             self, f"singleton key busy for workflow {workflow!r}, key {key!r}: on_busy='skip' and no free slot"
+        )
+
+
+class QuotaQueueFullError(SingletonQueueFullError):
+    """A quota key's backlog reached its quota's ``limit + max_queue_depth``;
+    nothing was written (S15 for a quota key, X3j).
+
+    The queue cap of a quota key, counted as a singleton key's is: so this is a
+    :class:`SingletonQueueFullError`, and every path that reports a refused
+    start (``start_many``, a child's start, a schedule's window, S16) reports
+    it. Attributes: ``workflow`` (str, the workflow started), ``quota`` (str,
+    the quota's name), ``key`` (str, the quota key), ``max_queue_depth`` (int).
+    """
+
+    def __init__(self, workflow: str, quota: str, key: str, max_queue_depth: int) -> None:
+        self.workflow = workflow
+        self.quota = quota
+        self.key = key
+        self.max_queue_depth = max_queue_depth
+        DurableSingletonError.__init__(
+            self,
+            f"quota queue full for quota {quota!r}, key {key!r} (a start of workflow {workflow!r}): "
+            f"max_queue_depth={max_queue_depth} waiters already queued",
         )
 
 

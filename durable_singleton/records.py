@@ -65,6 +65,10 @@ class RunRecord:
     #: The fencing token of each quota slot, as (quota name, token), as the claim that
     #: started this turn took or confirmed them (X3f); empty on a record read back.
     quota_tokens: tuple[tuple[str, int], ...] = ()
+    #: The queue cap of each quota the run carries that declares ``max_queue_depth``, as
+    #: (quota name, declared limit, max_queue_depth), fixed at start: what a store counts
+    #: at the insert (S15, X3j); empty on a record read back.
+    quota_caps: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def tags(self) -> list[str]:

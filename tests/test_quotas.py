@@ -21,6 +21,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import (
     InvalidWorkflowError,
+    QuotaQueueFullError,
     SingletonKeyError,
     UnknownWorkflowError,
     UnsupportedByStoreError,
@@ -143,8 +144,9 @@ def test_a_cancelled_waiter_and_a_retried_run_keep_the_line(engine: Engine, regi
 
 
 def test_quota_declarations_are_checked_at_registration(registry: Registry) -> None:
-    """X3a: a bad name, limit or key; a quota named twice; one name declared with
-    two limits; a workflow named ``quota:...``."""
+    """X3a, X3j: a bad name, limit, key or max_queue_depth; a quota named twice;
+    one name declared with two limits or two queue caps; a workflow named
+    ``quota:...``."""
 
     def body(ctx: Any, input: Any) -> None:
         return None
@@ -158,9 +160,14 @@ def test_quota_declarations_are_checked_at_registration(registry: Registry) -> N
         registry.add("w", "1", body, quotas=Quota("q"))  # type: ignore[arg-type]
     with pytest.raises(InvalidWorkflowError):
         registry.add("quota:w", "1", body)
+    for depth in (-1, True, 1.5, "2"):
+        with pytest.raises(InvalidWorkflowError, match="max_queue_depth"):
+            registry.add("w", "1", body, quotas=[Quota("q", max_queue_depth=depth)])  # type: ignore[arg-type]
     registry.add("w", "1", body, quotas=[Quota("q", limit=2)])
     with pytest.raises(InvalidWorkflowError):
         registry.add("v", "1", body, quotas=[Quota("q", limit=3)])
+    with pytest.raises(InvalidWorkflowError, match="max_queue_depth"):
+        registry.add("v", "1", body, quotas=[Quota("q", limit=2, max_queue_depth=5)])
 
 
 def test_a_bad_quota_key_raises_and_writes_nothing(engine: Engine, registry: Registry) -> None:
@@ -251,6 +258,43 @@ def test_racing_claims_never_exceed_a_quota(
     assert inside["max"] <= 2
     assert sorted(done) == sorted(ids)
     assert all(engines[0].get(r).status == "completed" for r in ids)
+
+
+def test_racing_starts_never_exceed_a_quota_queue_cap(
+    make: Callable[..., Engine], registry: Registry, store_kind: str
+) -> None:
+    """S15, X3j, X3e: a quota of limit 1 and max_queue_depth 2, shared by two
+    workflows (one also on a singleton key with its own cap): 6 threads start
+    4 runs each at once, half through ``start_many``; exactly 3 are created
+    (the cap's count under the quota key's lock), every other start is refused
+    with QuotaQueueFullError and wrote nothing, and no start deadlocks."""
+    capped = Quota("capped", limit=1, max_queue_depth=2)
+    registry.add("a", "1", lambda ctx, i: None, quotas=[capped])
+    registry.add("b", "1", lambda ctx, i: None, quotas=[capped], singleton={"key": lambda i: "s", "max_queue_depth": 9})
+    engines = [make() for _ in range(6)]
+
+    def starter(i: int) -> list[str]:
+        made: list[str] = []
+        for n in range(4):
+            run_id = f"R{i}-{n}"
+            if n % 2:
+                [result] = engines[i].start_many("ab"[i % 2], [{}], run_ids=[run_id])
+                if isinstance(result, BaseException):
+                    assert isinstance(result, QuotaQueueFullError), result
+                    continue
+            else:
+                try:
+                    engines[i].start("ab"[i % 2], {}, run_id=run_id)
+                except QuotaQueueFullError:
+                    continue
+            made.append(run_id)
+        return made
+
+    results = run_threads(6, starter, timeout=120)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+    created = sorted(r for made in results for r in made)
+    assert len(created) == 3
+    assert sorted(r.run_id for r in engines[0].store.list_runs()) == created
 
 
 def test_key_controls_address_a_quota_key(engine: Engine, registry: Registry) -> None:

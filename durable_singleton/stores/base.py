@@ -486,8 +486,12 @@ class BaseStore(ABC):
         :class:`~durable_singleton.exceptions.SingletonQueueFullError` when the
         count reached the cap in force, writing nothing (S15, S16): a store
         with key controls applies the key's runtime override with
-        :func:`~durable_singleton.admission.cap_in_force` (K2). An existing
-        ``run_id`` is returned, never rejected.
+        :func:`~durable_singleton.admission.cap_in_force` (K2). Each of the
+        run's ``quota_caps`` is counted the same way on its quota key (its
+        active members, holders and waiters, of every workflow), under the
+        quota key's lock taken before the singleton key's (X3e), and a full
+        one raises :class:`~durable_singleton.exceptions.QuotaQueueFullError`
+        (X3j). An existing ``run_id`` is returned, never rejected.
         """
 
     def start_run(

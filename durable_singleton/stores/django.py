@@ -64,13 +64,14 @@ from ..admission import (
     quota_front_reaches,
     quota_lock_name,
     quota_waiter_q,
+    quota_waiting_q,
     retry_delay,
     split_quota_tags,
     superseded,
     turn_on_its_way_q,
 )
 from ..codecs import Codec
-from ..exceptions import SingletonQueueFullError
+from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..models import QuotaMembership, Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
@@ -502,21 +503,35 @@ class DjangoStore(BaseStore):
         in force (:func:`~durable_singleton.admission.cap_in_force`: the key's
         runtime override replaces the declared limit, K2) and the insert, so a racing start of the same
         ``run_id`` gets the winner's run and never a full-queue error (R3, S15,
-        S16, S13a).
+        S16, S13a). A run with ``quota_caps`` locks those quota keys first, in
+        the lock order (X3e), and counts each one's active members against its
+        cap in force under its lock (:class:`QuotaQueueFullError`, X3j).
         """
         capped = run.singleton_key is not None and cap is not None
+        caps = {name: (limit, depth) for name, limit, depth in run.quota_caps}
 
         def create() -> tuple[RunRecord, bool]:
-            if not capped and not connections[self.db].in_atomic_block:
+            if not capped and not caps and not connections[self.db].in_atomic_block:
                 self._insert(run)
                 return run, True
             with transaction.atomic(using=self.db):
-                if capped:
-                    assert run.singleton_key is not None and cap is not None
+                # The capped quota keys, then the singleton key: the lock order (X3e).
+                quota_rows = self._lock_quota_keys(q for q in run.quota_keys if q[0] in caps)
+                key_row = None
+                if run.singleton_key is not None and cap is not None:
                     key_row = self.lock_key(run.workflow_name, run.singleton_key)
+                if quota_rows or key_row is not None:
                     existing = self._locking(self._runs().filter(pk=run.run_id)).first()
                     if existing is not None:
                         return record_of(existing), False
+                for (name, key), quota_row in quota_rows:
+                    limit, depth = caps[name]
+                    # The limit in force, the quota key's runtime override included (S15, K2, X3j).
+                    in_force = cap_in_force(limit + depth, limit, quota_row["limit_override"])
+                    if self._count_quota_members(name, key, cap_namespace, in_force) >= in_force:
+                        raise QuotaQueueFullError(run.workflow_name, name, key, depth)
+                if key_row is not None:
+                    assert run.singleton_key is not None and cap is not None
                     # The limit in force, the key's runtime override included (S15, K2).
                     in_force = cap_in_force(cap, run.singleton_limit, key_row["limit_override"])
                     if self._count_active(run.workflow_name, run.singleton_key, cap_namespace, in_force) >= in_force:
@@ -1627,6 +1642,16 @@ class DjangoStore(BaseStore):
         if namespace is not None:
             runs = runs.filter(namespace=namespace)
         return len(list(self._locking(runs.order_by()).values_list("pk", flat=True)[:cap]))
+
+    def _count_quota_members(self, name: str, key: str, namespace: str | None, cap: int) -> int:
+        """Count, up to ``cap``, the active members of a locked quota key, holders and
+        waiters (in ``namespace`` if given): the queue cap's count (S15, X3j)."""
+        members = QuotaMembership.objects.using(self.db).filter(
+            holds_quota_slot_q() | quota_waiting_q(), quota=name, key=key
+        )
+        if namespace is not None:
+            members = members.filter(run__namespace=namespace)
+        return len(list(self._locking(members.order_by()).values_list("pk", flat=True)[:cap]))
 
     def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
         runs = self._runs().for_key(workflow_name, key).active()

@@ -28,7 +28,7 @@ from ..admission import (
     turn_on_its_way,
     waiter_expired,
 )
-from ..exceptions import SingletonQueueFullError
+from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState, Verdict
 from .base import (
     CANCELLED_ERROR,
@@ -135,6 +135,14 @@ class MemoryStore(BaseStore):
                 full = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace) >= in_force
             else:
                 full = False
+            for name, limit, depth in run.quota_caps:  # a quota key's cap, counted as a key's (S15, X3j)
+                key = dict(run.quota_keys)[name]
+                override = self.controls.get((quota_lock_name(name), key), {}).get("limit_override")
+                members = self._quota_members(name, key)
+                if cap_namespace is not None:
+                    members = [r for r in members if r.namespace == cap_namespace]
+                if len(members) >= cap_in_force(limit + depth, limit, override):
+                    raise QuotaQueueFullError(run.workflow_name, name, key, depth)
             if full:
                 assert run.singleton_key is not None and cap is not None
                 raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1))

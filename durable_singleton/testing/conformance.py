@@ -39,6 +39,7 @@ from ..context import WorkflowCtx
 from ..definitions import Quota, Registry
 from ..engine import Engine
 from ..exceptions import (
+    QuotaQueueFullError,
     SingletonBusyError,
     SingletonFallbackWarning,
     SingletonQueueFullError,
@@ -130,6 +131,10 @@ class StoreConformance:
         pool = Quota("conf-pool", key=lambda i: i["k"], limit=1)
         registry.add("conf-quota", "1", body, quotas=[pool])
         registry.add("conf-quota-keyed", "1", body, singleton={"key": lambda i: i["s"]}, quotas=[pool])
+        # A quota with a queue cap, shared by two workflows (S15, X3j).
+        capped = Quota("conf-capped-pool", key=lambda i: i["k"], limit=1, max_queue_depth=1)
+        registry.add("conf-quota-capped", "1", body, quotas=[capped])
+        registry.add("conf-quota-capped-keyed", "1", body, singleton={"key": lambda i: i["s"]}, quotas=[capped])
         return make_engine(store, registry=registry, LEASE_SECONDS=LEASE, LEASE_RENEW_SECONDS=LEASE / 3)
 
     @staticmethod
@@ -234,6 +239,41 @@ class StoreConformance:
         _settle_all(engine)
         assert bodies.highest["K"] == 1 and sorted(bodies.entered) == sorted(ids)
         assert all(engine.get(r).status == RunStatus.COMPLETED and engine.get(r).quota_slot is None for r in ids)
+
+    def test_a_quota_queue_cap_counts_the_quota_keys_members_across_workflows(self, engine: Engine) -> None:
+        """S15, S16, X3j, K2, R3: a quota of limit 1 and max_queue_depth 1 takes two
+        members per quota key, whatever workflow started them; the third start
+        raises QuotaQueueFullError (a SingletonQueueFullError naming the quota)
+        and writes nothing, in ``start`` and per run in ``start_many``; an
+        existing id is returned; another quota key is not counted; the key's
+        runtime limit override raises the cap; a settled member frees room."""
+        if not engine.store.admits_quotas:
+            return
+        engine.start("conf-quota-capped", {"k": "K"}, run_id="A")
+        engine.start("conf-quota-capped-keyed", {"k": "K", "s": "S"}, run_id="B")
+        with pytest.raises(QuotaQueueFullError) as caught:
+            engine.start("conf-quota-capped", {"k": "K"}, run_id="C")
+        full = caught.value
+        assert isinstance(full, SingletonQueueFullError)
+        assert (full.workflow, full.quota, full.key, full.max_queue_depth) == (
+            "conf-quota-capped",
+            "conf-capped-pool",
+            "K",
+            1,
+        )
+        assert "conf-capped-pool" in str(full) and engine.store.get_run("C") is None
+        [refused] = engine.start_many("conf-quota-capped-keyed", [{"k": "K", "s": "T"}], run_ids=["D"])
+        assert isinstance(refused, QuotaQueueFullError) and engine.store.get_run("D") is None
+        assert engine.start("conf-quota-capped", {"k": "K"}, run_id="A").run_id == "A"
+        assert engine.start("conf-quota-capped", {"k": "other"}, run_id="O").run_id == "O"
+        if engine.store.supports_key_controls:
+            engine.override_limit("quota:conf-capped-pool", "K", 2, by="conformance")
+            engine.start("conf-quota-capped", {"k": "K"}, run_id="C")  # cap 2 + 1 = 3 members
+            with pytest.raises(QuotaQueueFullError):
+                engine.start("conf-quota-capped", {"k": "K"}, run_id="E")
+            engine.override_limit("quota:conf-capped-pool", "K", None, by="conformance")
+        _settle_all(engine)
+        assert engine.start("conf-quota-capped", {"k": "K"}, run_id="F").run_id == "F"
 
     def test_a_quota_waiter_takes_no_slot_while_its_singleton_key_is_busy(self, engine: Engine) -> None:
         """X3d: B needs its singleton key (held by A) and the quota: it takes no
