@@ -1144,6 +1144,10 @@ class DjangoStore(BaseStore):
         for (name, key), key_row in quota_rows:
             free, waiters = self._quota_front(name, key, key_row, limits)
             ids.extend(i for i in waiters[:free] if i not in exclude and i not in ids)
+        return self._quota_records(ids)
+
+    def _quota_records(self, ids: Sequence[str]) -> list[RunRecord]:
+        """The runs ``ids`` as stored, in that order (one read; none for no id)."""
         if not ids:
             return []
         rows = {r.run_id: r for r in self._runs().filter(pk__in=ids)}
@@ -1231,8 +1235,14 @@ class DjangoStore(BaseStore):
                     admitted_at=timezone.now(),
                 )
                 others = [g for g in granted if g.run_id != row.run_id]
-                # Waiters it no longer blocks, within its quota keys' free slots, get their turn (X3d).
-                others += self._quota_turns(quota_rows, limits, {row.run_id, *(g.run_id for g in others)})
+                # Waiters it no longer blocks, within its quota keys' free slots, get their turn
+                # (X3d): each key's front as read above, less the claimant and the slot it took.
+                exclude = {row.run_id, *(g.run_id for g in others)}
+                ids: list[str] = []
+                for free, waiters in fronts:
+                    behind = [i for i in waiters if i != row.run_id][: max(free - 1, 0)]
+                    ids.extend(i for i in behind if i not in exclude and i not in ids)
+                others += self._quota_records(ids)
                 return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(others), admitted=True)
             parked = self._park_waiter(row, retry.seconds if at_front else retry.backlog_seconds, retry)
             return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))
