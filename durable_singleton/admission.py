@@ -509,18 +509,17 @@ def compute_quota_key(workflow: str, quota: str, key_fn: Callable[[Any], object]
     ``key_fn`` raises, or returns anything but a non-empty ``str`` of at most
     :data:`QUOTA_KEY_MAX_LENGTH` characters.
     """
+    subject = f"quota {quota!r}"
     try:
         key = key_fn(input)
     except Exception as exc:  # the user's key function may raise anything
-        raise SingletonKeyError(
-            workflow, f"{what} function of quota {quota!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
+        raise SingletonKeyError(workflow, f"{what} function raised {type(exc).__name__}: {exc}", subject) from exc
     if not isinstance(key, str) or not key:
         got = "an empty string" if isinstance(key, str) else type(key).__name__
-        raise SingletonKeyError(workflow, f"{what} function of quota {quota!r} returned {got}, not a non-empty str")
+        raise SingletonKeyError(workflow, f"{what} function returned {got}, not a non-empty str", subject)
     if len(key) > QUOTA_KEY_MAX_LENGTH:
         raise SingletonKeyError(
-            workflow, f"{what} of quota {quota!r} is {len(key)} characters long; at most {QUOTA_KEY_MAX_LENGTH}"
+            workflow, f"{what} is {len(key)} characters long; at most {QUOTA_KEY_MAX_LENGTH}", subject
         )
     return key
 

@@ -372,20 +372,20 @@ class Core:
             if q.fair_key is not None:
                 sub = compute_quota_key(definition.name, q.name, q.fair_key, input, "fair_key")
                 try:
-                    check_text(sub, f"fair_key of quota {q.name!r}", len(sub))
+                    check_text(sub, "fair_key", len(sub))
                 except ValidationError as exc:
                     from .exceptions import SingletonKeyError
 
-                    raise SingletonKeyError(definition.name, str(exc)) from None
+                    raise SingletonKeyError(definition.name, str(exc), f"quota {q.name!r}") from None
                 shares.append((q.name, sub, q.weight(sub)))
         quota_shares = tuple(shares)
         for name, quota_key in quota_keys:
             try:
-                check_text(quota_key, f"key of quota {name!r}", len(quota_key))
+                check_text(quota_key, "key", len(quota_key))
             except ValidationError as exc:
                 from .exceptions import SingletonKeyError
 
-                raise SingletonKeyError(definition.name, str(exc)) from None
+                raise SingletonKeyError(definition.name, str(exc), f"quota {name!r}") from None
         now = self.now()
         due_at = check_not_before(not_before, now)
         # The execution timeout (D5) counts from when the run may start (X5).

@@ -88,11 +88,16 @@ class InvalidNotBeforeError(ValidationError):
 
 class SingletonKeyError(ValidationError):
     """A singleton key function raised, or returned something other than a
-    non-empty string within the key column length (S1)."""
+    non-empty string within the key column length (S1); or a quota's key or
+    fair_key function did (X3a, X4).
 
-    def __init__(self, workflow: str, problem: str) -> None:
+    ``subject`` names the key in the message: ``"singleton key"`` (the
+    default) or ``"quota 'name'"``. Attributes: ``workflow`` (str).
+    """
+
+    def __init__(self, workflow: str, problem: str, subject: str = "singleton key") -> None:
         self.workflow = workflow
-        super().__init__(f"workflow {workflow!r}: singleton key: {problem}")
+        super().__init__(f"workflow {workflow!r}: {subject}: {problem}")
 
 
 class SingletonQueueFullError(DurableSingletonError):

@@ -172,7 +172,8 @@ def test_quota_declarations_are_checked_at_registration(registry: Registry) -> N
 
 def test_a_bad_quota_key_raises_and_writes_nothing(engine: Engine, registry: Registry) -> None:
     """X3a: a key function that raises, returns a non-str, an empty str or a key
-    past 127 characters raises SingletonKeyError; no run is written."""
+    past 127 characters raises SingletonKeyError naming the quota (not a
+    singleton key, which this workflow does not have); no run is written."""
     keys: list[Any] = [1, "", "k" * 128]
 
     def key(input: Any) -> Any:
@@ -182,8 +183,9 @@ def test_a_bad_quota_key_raises_and_writes_nothing(engine: Engine, registry: Reg
 
     registry.add("w", "1", lambda ctx, i: None, quotas=[Quota("q", key=key)])
     for _ in range(4):
-        with pytest.raises(SingletonKeyError):
+        with pytest.raises(SingletonKeyError) as caught:
             engine.start("w", {})
+        assert str(caught.value).startswith("workflow 'w': quota 'q': key ") and "singleton" not in str(caught.value)
     assert engine.store.list_runs() == []
 
 
