@@ -93,6 +93,64 @@ The workload of issue #18 (the driver's ``--features``) adds:
   that did not end as planned (its child was purged while it slept: it must
   replay the outcome it stored). The figures count the parents that entered
   a body after their child was purged.
+
+The ``quotas`` feature of issue #20 adds (the dump's ``memberships`` give each
+run's quota keys with their tag, sub-key and last token; the ``enter`` lines
+give each body's quota keys and ``ctx.quota_tokens``; a body's token is its
+singleton key's, or its one quota's for a run without a singleton key):
+
+* ``quota_over_admission`` (X3c, X3d): at some instant a quota key had more
+  holders than its limit, across all the workflows that share it; a run holds
+  its quota slot by the tenure rules of ``over_admission`` (from its first
+  body's ``enter`` to its last accepted write, parks included; a retry starts
+  a new tenure; a fenced or stale body holds nothing). A body entered with a
+  quota token lower than one its run entered with is stale as above.
+* ``quota_token_reused``, ``quota_token_decreased``, ``quota_token_behind_key``
+  (X3f, K1): two runs entered with (or the dump holds for two runs) one token
+  of one quota key; a claim later in its run's order (a takeover, whose
+  ``recoveries`` is higher, or a retry's admission) entered with a quota token
+  not above an earlier claim's; the quota key's stored counter is below a
+  token seen.
+* ``quota_fifo`` (X3d, X4b): a run R admitted in a quota key while older runs
+  (by the key's order: tag, ``created_at``, ``run_id``; the tag is 0 in a
+  quota without ``fair_key``, so oldest first) were in line and admitted after
+  it, more of them than its free slots could pass. X3d lets a run pass an
+  older waiter (one blocked on its other limit, its busy singleton key, keeps
+  its place but takes no slot) only while the free slots reach both, so the
+  older waiters passed plus the holders at R's admission plus R must fit the
+  limit. What the files prove, and so what is judged: the order of admissions
+  by first-admission quota tokens (a quota key's counter moves under its lock);
+  an older run W in line at R's read (its start line written before R's start
+  request, or before the admission statement of a lower token, which
+  committed before R locked the key); the holders at R's admission among the
+  runs of a lower first token whose first tenure's last accepted write came
+  after R's first ``enter``. This is weaker than X3d (a holder or waiter not
+  seen so is not counted), never stronger.
+* ``quota_fair`` (X4b, X3d): a waiter S of a fair quota key found more than
+  ``limit + 1 + r`` runs of another sub-key b ahead of it in the key's order
+  among those in line when S started (their start line written before S's
+  start request, not admitted or ended before S's start line), its own sub-key
+  idle then (each of its other runs started after S, or ended longer before
+  S's start than the longest freeze lasted). The bound, from X4b's tags: S's
+  tag is the key's virtual time V, the largest tag among the holders; a run of
+  b tagged below V and still waiting was in line ahead of the holder tagged V
+  when that holder was admitted, and X3d admitted that holder within the free
+  slots, so at most ``limit - 1`` such runs; a run of b that joined while that
+  holder held was tagged V or later, and V itself only while b had no other
+  active run tagged V, so one such run; one more, a start of b whose probes
+  read the key just before an admission moved V (they take no lock; the
+  driver starts one run at a time); and ``r``,
+  the runs of b that share their tag with a start of b that raced theirs
+  (X4c). A retried run keeps its tag (X4c) and is not counted. FIFO tags (all
+  0) let a burst of b pass S, and are found. The figures count the waiters
+  judged while another sub-key had more than ``limit + 1`` runs in line.
+* ``ttl_admitted``, ``ttl_wrong`` (X2): a run ended with the code
+  ``queue_ttl_expired`` that had a body entered since its last retry, or an
+  ``admitted_at``; or one that never entered and ended so sooner than its
+  workflow's ``queue_ttl`` after its creation (both on the database's clock,
+  ``CLOCK_MARGIN``), or whose workflow has no TTL. Such a run is no
+  ``unexpected_outcome``; the figures give the expiries and the latest one's
+  delay past its TTL.
 """
 
 from __future__ import annotations
@@ -115,7 +173,14 @@ LIMIT_OF = {
     "soak-retain": 2,
     "soak-rchild": 1,
     "soak-sched": 2,
+    "soak-qb": 1,
 }
+#: The slots per quota key of the soak's shared quotas (soak/workflows.py, X3).
+QUOTA_LIMIT_OF = {"soak-shared": 2, "soak-fair": 2}
+#: The ``queue_ttl`` of the soak's workflows that have one, seconds (X2).
+QUEUE_TTL_OF = {"soak-qb": 1.2}
+#: The error code of a waiter ended by its ``queue_ttl`` (X2).
+TTL_CODE = "queue_ttl_expired"
 #: Exits after which the engine writes a park or a settle (accepted or not).
 FENCED_EXITS = ("LeaseLostError",)
 #: Exits that never fail the run (the others are the body's exception: the run fails).
@@ -157,6 +222,19 @@ class Body:
     #: The step position of each ``stored_t``.
     stored_i: list[int] = field(default_factory=list)
     exec_t: list[float] = field(default_factory=list)
+    #: The quota key of each quota the run carries, by quota name (X3b).
+    quotas: dict[str, str] = field(default_factory=dict)
+    #: The body's fencing token in each of them (``ctx.quota_tokens``, X3f).
+    qtokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> dict[str, int]:
+        """Return the body's fencing token of each limit: ``""`` its singleton
+        key's (or, without one, its quota's, K1), and each quota's by name (X3f)."""
+        marks = dict(self.qtokens)
+        if self.token is not None:
+            marks[""] = self.token
+        return marks
 
     @property
     def accepted_end(self) -> float:
@@ -186,8 +264,9 @@ def bodies_of(audit: list[dict[str, Any]]) -> list[Body]:
         kind, pid = event["e"], event["pid"]
         if kind == "enter":
             body = Body(
-                event["run"], event["wf"], event["key"], event["token"], pid, event["t"], event.get("recoveries", 0)
-            )
+                event["run"], event["wf"], event["key"], event["token"], pid, event["t"], event.get("recoveries", 0),
+                quotas=event.get("quotas") or {}, qtokens=event.get("qtokens") or {},
+            )  # fmt: skip
             bodies.append(body)
             open_by_pid[pid] = body
             last_exit.pop((pid, event["run"]), None)
@@ -279,20 +358,26 @@ def check(out: Path) -> dict[str, Any]:
     # had already entered with (a holder frozen between its claim and its
     # body, thawed after a takeover). It holds nothing (K1, R5): none of its
     # writes may be accepted, and it is left out of the holder and token rules.
+    # Each limit counts apart (the singleton key's token and each quota's, X3f).
     stale: list[Body] = []
-    highest: dict[str, int] = {}
+    highest: dict[tuple[str, str], int] = {}
     for body in sorted(every_body, key=lambda b: b.enter_t):
-        if body.token is not None and body.token < highest.get(body.run, -1):
+        marks = body.tokens
+        behind = [limit for limit, token in marks.items() if token < highest.get((body.run, limit), -1)]
+        if behind:
             stale.append(body)
             if body.stored_t or body.accepted_exit:
-                violate("stale_write_accepted", run=body.run, token=body.token, newer=highest[body.run])
-        elif body.token is not None:
-            highest[body.run] = body.token
+                quota = {"quota": behind[0]} if behind[0] else {}
+                violate("stale_write_accepted", run=body.run, token=body.token,
+                        newer=highest[(body.run, behind[0])], **quota)  # fmt: skip
+        else:
+            highest.update(((body.run, limit), token) for limit, token in marks.items())
     stale_ids = {id(b) for b in stale}
     bodies = [b for b in every_body if id(b) not in stale_ids]
     by_key: dict[tuple[str, str], list[Body]] = defaultdict(list)
     for body in bodies:
-        by_key[(body.wf, body.key)].append(body)
+        if body.key is not None:  # a run with quotas only has no singleton key (X3a)
+            by_key[(body.wf, body.key)].append(body)
 
     # A retry's tenure begins after the exit of the body whose exception failed the run (D9).
     failed_exits: dict[str, list[float]] = defaultdict(list)
@@ -518,6 +603,7 @@ def check(out: Path) -> dict[str, Any]:
         if (
             run_id in cancelled_at
             or run["workflow_name"] == "soak-timeout"
+            or (code == TTL_CODE and run["workflow_name"] in QUEUE_TTL_OF)  # judged by the ttl rules (X2)
             or (parent is not None and (parent["status"] == "cancelled" or parent["run_id"] in cancelled_at))
         ):
             expected.add("cancelled")
@@ -528,6 +614,7 @@ def check(out: Path) -> dict[str, Any]:
             violate(rule or "unexpected_outcome", run=run_id, status=status, code=code, error=error.get("type"))
 
     features = _check_features(audit, events, final, runs, every_body, per_run, started, violate)
+    features.update(_check_quotas(events, final, runs, every_body, bodies, retries, retried_at, started, violate))
     faults = Counter(e["kind"] for e in events if e["e"] == "fault")
     takeovers = sum(1 for b in bodies if b.recoveries > 0)
     return {
@@ -709,6 +796,221 @@ def _check_features(
     }
 
 
+def _check_quotas(
+    events: list[dict[str, Any]],
+    final: dict[str, Any],
+    runs: dict[str, dict[str, Any]],
+    every_body: list[Body],
+    bodies: list[Body],
+    retries: dict[str, list[float]],
+    retried_at: dict[str, float],
+    started: dict[str, dict[str, Any]],
+    violate: Any,
+) -> dict[str, Any]:
+    """Judge the shared quotas (X3, X4) and the queue TTL (X2); return their figures."""
+    members: dict[tuple[str, str], dict[str, dict[str, Any]]] = defaultdict(dict)
+    for row in final.get("memberships", []):
+        members[(row["quota"], row["key"])][row["run_id"]] = row
+
+    def tenure_of(body: Body) -> int:
+        return sum(1 for t in retries.get(body.run, ()) if t < body.enter_t)
+
+    # -- holders per quota key at every instant (X3c, X3d) -------------------------------
+    groups: dict[tuple[str, str], list[Body]] = defaultdict(list)
+    for body in bodies:
+        for name, key in body.quotas.items():
+            groups[(name, key)].append(body)
+    tenure = {(b.enter_t, b.run): tenure_of(b) for b in bodies}
+    holders_max: dict[str, dict[str, int]] = defaultdict(dict)
+    for (name, key), group in sorted(groups.items()):
+        limit = QUOTA_LIMIT_OF.get(name, 1)
+        held, when, who = _max_overlap([(b.enter_t, b.accepted_end, b.run) for b in group], tenure)
+        holders_max[name][key] = held
+        if held > limit:
+            violate("quota_over_admission", quota=name, key=key, limit=limit, holders=held, at=when, runs=who)
+
+    # -- fencing tokens per quota key (X3f, K1) -------------------------------------------
+    key_tokens = {(k["workflow_name"], k["key"]): k["last_token"] for k in final.get("keys", [])}
+    owners: dict[tuple[str, str], dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+    entries: dict[tuple[str, str], list[Body]] = defaultdict(list)
+    for body in every_body:
+        for name, token in body.qtokens.items():
+            owners[(name, body.quotas.get(name, ""))][token].add(body.run)
+            entries[(body.run, name)].append(body)
+    for (name, key), group_runs in members.items():
+        for run_id, row in group_runs.items():
+            if row.get("fencing_token") is not None:
+                owners[(name, key)][row["fencing_token"]].add(run_id)
+    for (name, key), by_token in sorted(owners.items()):
+        for token, owned in sorted(by_token.items()):
+            if len(owned) > 1:
+                violate("quota_token_reused", quota=name, key=key, token=token, runs=sorted(owned))
+        seen = max(by_token, default=0)
+        if final and key_tokens.get((f"quota:{name}", key), 0) < seen:
+            violate("quota_token_behind_key", quota=name, key=key, stored=key_tokens.get((f"quota:{name}", key)),
+                    seen=seen)  # fmt: skip
+    # A takeover stamps new tokens, a retry's admission too (X3f, D9): a claim later
+    # in its run's (tenure, recoveries) order enters with higher ones.
+    for (run_id, name), group in entries.items():
+        claims: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for body in group:
+            claims[(tenure_of(body), body.recoveries)].append(body.qtokens[name])
+        before: tuple[tuple[int, int], int] | None = None
+        for claim, tokens in sorted(claims.items()):
+            if before is not None and min(tokens) <= before[1]:
+                violate("quota_token_decreased", run=run_id, quota=name, claim=list(claim), tokens=sorted(tokens),
+                        earlier_claim=list(before[0]), earlier_token=before[1])  # fmt: skip
+            before = (claim, max(tokens) if before is None else max(before[1], *tokens))
+
+    # -- admission order within a quota key (X3d, X4b) ----------------------------------
+    per_run: dict[str, list[Body]] = defaultdict(list)
+    for body in bodies:
+        per_run[body.run].append(body)
+
+    def first_token(run_id: str, name: str, row: dict[str, Any]) -> int | None:
+        """The quota token of the run's first admission, when known: its first
+        body's, or the dump's for a run granted and never entered, neither
+        taken over nor retried."""
+        group = per_run.get(run_id)
+        if group:
+            first = min(group, key=lambda b: b.enter_t)
+            ok = first.recoveries == 0 and first.enter_t < retried_at.get(run_id, float("inf"))
+            return first.qtokens.get(name) if ok else None
+        if (runs.get(run_id) or {}).get("recoveries") or run_id in retried_at:
+            return None
+        token = row.get("fencing_token")
+        return int(token) if token is not None else None
+
+    def held_until(run_id: str) -> float:
+        """The last accepted write of the run's first tenure (its slot held from its first admission)."""
+        return max((b.accepted_end for b in per_run.get(run_id, ()) if tenure_of(b) == 0), default=float("-inf"))
+
+    fifo_checked = 0
+    for (name, key), group_runs in sorted(members.items()):
+        limit = QUOTA_LIMIT_OF.get(name, 1)
+        first = {r: t for r, row in group_runs.items() if (t := first_token(r, name, row)) is not None}
+        order = {r: (m["tag"], m["created_at"], r) for r, m in group_runs.items()}
+        admitted_before = float("-inf")  # the latest admission statement of a lower token, database's clock
+        for run_id in sorted(first, key=first.__getitem__):
+            fifo_checked += 1
+            t_req = (started.get(run_id) or {}).get("t_req", float("-inf"))
+            # An older run was in line at this admission's read if its start had returned before this
+            # run's start request, or before an admission that committed before this one locked the key.
+            ahead = sorted(
+                w for w in first
+                if order[w] < order[run_id] and first[w] > first[run_id] and w in started
+                and (started[w]["t"] < t_req or started[w]["t"] < admitted_before - CLOCK_MARGIN)
+            )  # fmt: skip
+            if ahead:
+                group = per_run.get(run_id)
+                entered = min(b.enter_t for b in group) if group else None
+                holding = sorted(
+                    h for h in first
+                    if h != run_id and first[h] < first[run_id] and entered is not None and held_until(h) > entered
+                )  # fmt: skip
+                if len(holding) + len(ahead) + 1 > limit:
+                    violate("quota_fifo", quota=name, key=key, limit=limit, run=run_id, token=first[run_id],
+                            older=ahead[:10], older_tokens=[first[w] for w in ahead[:10]], holders=holding)  # fmt: skip
+            admitted = (runs.get(run_id) or {}).get("admitted_at")
+            if admitted is not None and run_id not in retried_at:  # its one admission (a takeover keeps it, D4)
+                admitted_before = max(admitted_before, admitted)
+
+    # -- fairness across sub-keys (X4) ----------------------------------------------------
+    # A sub-key is idle at a start if each of its other runs started after it, or ended
+    # longer before it than any freeze lasted (a settle frozen before its commit).
+    freezes = [e["until"] - e["t"] for e in events if e["e"] == "fault" and e["kind"].startswith("freeze")]
+    idle_gap = max(freezes, default=0.0) + 1.0
+    fair_judged = fair_bursts = 0
+    fair_ahead_max = fair_in_line_max = 0
+    for (name, key), group_runs in sorted(members.items()):
+        if len({m["sub_key"] for m in group_runs.values()}) < 2:
+            continue
+        limit = QUOTA_LIMIT_OF.get(name, 1)
+        for run_id, row in group_runs.items():
+            start = started.get(run_id)
+            if start is None or "t_req" not in start:
+                continue
+            sub = row["sub_key"]
+            idle = all(
+                (o in started and started[o].get("t_req", 0.0) > start["t"])
+                or ((runs.get(o) or {}).get("finished_at") or float("inf")) < start["t_req"] - idle_gap
+                for o, m in group_runs.items()
+                if o != run_id and m["sub_key"] == sub
+            )
+            if not idle:
+                continue
+            fair_judged += 1
+            in_line: Counter[str] = Counter()
+            ahead: dict[str, list[str]] = defaultdict(list)
+            for other, m in group_runs.items():
+                committed = started.get(other, {}).get("t", float("inf"))
+                if m["sub_key"] == sub or other in retried_at or committed >= start["t_req"]:
+                    continue  # its own sub-key's, a retried run (it keeps its tag, X4c), or not yet in line
+                run = runs.get(other) or {}
+                admitted, finished = run.get("admitted_at"), run.get("finished_at")
+                after = start["t"] + CLOCK_MARGIN
+                if (admitted if admitted is not None else finished if finished is not None else float("inf")) <= after:
+                    continue  # admitted or ended before this run took its tag: not a waiter then
+                in_line[m["sub_key"]] += 1
+                if (m["tag"], m["created_at"], other) < (row["tag"], row["created_at"], run_id):
+                    ahead[m["sub_key"]].append(other)
+            fair_in_line_max = max(fair_in_line_max, *in_line.values(), 0)
+            fair_bursts += any(n > limit + 1 for n in in_line.values())
+            for other_sub, passed in sorted(ahead.items()):
+                fair_ahead_max = max(fair_ahead_max, len(passed))
+                windows = {r: (started[r].get("t_req", started[r]["t"]), started[r]["t"]) for r in passed}
+                raced = sum(
+                    1 for r in passed
+                    if any(q != r and group_runs[q]["tag"] == group_runs[r]["tag"] and q in started
+                           and started[q].get("t_req", started[q]["t"]) <= windows[r][1]
+                           and windows[r][0] <= started[q]["t"]
+                           for q, mq in group_runs.items() if mq["sub_key"] == other_sub)
+                )  # fmt: skip
+                bound = limit + 1 + raced
+                if len(passed) > bound:
+                    violate("quota_fair", quota=name, key=key, run=run_id, sub_key=sub, other=other_sub,
+                            ahead=len(passed), bound=bound, tag=row["tag"],
+                            runs=sorted(passed)[:10],
+                            tags=sorted(group_runs[r]["tag"] for r in passed)[:10])  # fmt: skip
+
+    # -- waiters ended by their queue TTL (X2) ------------------------------------------------
+    entered_at: dict[str, list[float]] = defaultdict(list)
+    for body in every_body:
+        entered_at[body.run].append(body.enter_t)
+    expired = 0
+    lateness: list[float] = []
+    for run_id, run in runs.items():
+        error = run.get("error")
+        if not isinstance(error, dict) or error.get("code") != TTL_CODE:
+            continue
+        expired += 1
+        ttl = QUEUE_TTL_OF.get(run["workflow_name"])
+        last_retry = max(retries.get(run_id, ()), default=float("-inf"))  # a retry puts it back in line (D9)
+        entered = [t for t in entered_at.get(run_id, ()) if t > last_retry]
+        waited = (run.get("finished_at") or 0.0) - run["created_at"]
+        if entered or run.get("admitted_at") is not None:
+            violate("ttl_admitted", run=run_id, workflow=run["workflow_name"], entered=entered[:3],
+                    admitted_at=run.get("admitted_at"))  # fmt: skip
+        elif ttl is None or waited < ttl - CLOCK_MARGIN:
+            violate("ttl_wrong", run=run_id, workflow=run["workflow_name"], ttl=ttl, waited=round(waited, 3))
+        else:
+            lateness.append(waited - ttl)
+    quota_runs = {r for group_runs in members.values() for r in group_runs}
+    return {
+        "quota_runs": len(quota_runs),
+        "quota_runs_entered": sum(1 for r in quota_runs if r in per_run),
+        "quota_holders_max": {name: dict(sorted(keys.items())) for name, keys in sorted(holders_max.items())},
+        "quota_limits": dict(QUOTA_LIMIT_OF),
+        "quota_fifo_checked": fifo_checked,
+        "fair_waiters_judged": fair_judged,
+        "fair_judged_in_a_burst": fair_bursts,
+        "fair_ahead_max": fair_ahead_max,
+        "fair_in_line_max": fair_in_line_max,
+        "ttl_expired": expired,
+        "ttl_lateness_max": round(max(lateness), 3) if lateness else None,
+    }
+
+
 def render(summary: dict[str, Any]) -> str:
     """Return the summary as a plain-text table."""
     rows = [
@@ -752,6 +1054,22 @@ def render(summary: dict[str, Any]) -> str:
              f"{features['retain_parents']} / "
              + ", ".join(f"{k} {v}" for k, v in features["children_purged"].items()) + f" / "
              f"{features['parents_replayed_after_purge']}"),
+        ]  # fmt: skip
+    if features.get("quota_runs"):
+        holders = "; ".join(
+            f"{name} (limit {features['quota_limits'].get(name, '?')}): "
+            + ", ".join(f"{key} {n}" for key, n in keys.items())
+            for name, keys in features["quota_holders_max"].items()
+        )
+        rows += [
+            ("quota runs (entered a body) / judged for their quota order",
+             f"{features['quota_runs']} ({features['quota_runs_entered']}) / {features['quota_fifo_checked']}"),
+            ("highest holders per quota key", holders or "-"),
+            ("fair waiters judged (in a burst) / most runs ahead of one (most in line)",
+             f"{features['fair_waiters_judged']} ({features['fair_judged_in_a_burst']}) / "
+             f"{features['fair_ahead_max']} ({features['fair_in_line_max']})"),
+            ("waiters ended by their queue TTL (latest past its TTL, s)",
+             f"{features['ttl_expired']} ({features['ttl_lateness_max']})"),
         ]  # fmt: skip
     rows.append(("violations", sum(summary["violations_by_rule"].values()) or "none"))
     width = max(len(r[0]) for r in rows)
