@@ -547,7 +547,12 @@ class Core:
                 f"workflow {definition.name!r} declares on_busy={str(single.on_busy)!r}: store "
                 f"{type(self.store).__name__} cannot start so (supports_on_busy is False)"
             )
-        started = self.store.start_superseding(record, on_busy=single.on_busy, limits=self.limits())
+        started = self.store.start_superseding(
+            record,
+            on_busy=single.on_busy,
+            limits=self.limits(),
+            cap_namespace=self.namespace if self.scope_reads else None,
+        )
         if started.created:
             for run in (*started.replaced, *started.cancelled):
                 logger.info("run %s: %s by the start of run %s (X1)", run.run_id, run.error, record.run_id)
@@ -618,7 +623,12 @@ class Core:
             records.append(record)
         results: list[tuple[RunRecord, bool] | BaseException]
         if definition.singleton is not None and definition.singleton.supersedes:
-            results = [self._start_superseding(record, definition) for record in records]
+            results = []
+            for record in records:
+                try:
+                    results.append(self._start_superseding(record, definition))
+                except QuotaQueueFullError as exc:  # a capped quota refused it, in its place (X3j, S15)
+                    results.append(exc)
         else:
             results = self.store.create_runs(
                 records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None

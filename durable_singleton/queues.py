@@ -361,7 +361,10 @@ class QuotaRow:
     (the key's runtime override, K2, else the declared ``Quota.limit``, else 1
     for a quota this process does not declare), its holders, its waiters and
     when the oldest waiter was created. ``workflow`` is ``quota:<name>``, the
-    name the key controls and the audit use."""
+    name the key controls and the audit use. ``max_queue_depth`` is the
+    declared ``Quota.max_queue_depth`` (None: unbounded, or a quota this
+    process does not declare); ``capacity`` is ``limit + max_queue_depth``,
+    the active members at which ``start`` refuses new ones (S15, X3j)."""
 
     quota: str
     key: str
@@ -371,6 +374,25 @@ class QuotaRow:
     oldest_waiter_at: datetime | None
     paused: bool = False
     limit_override: int | None = None
+    max_queue_depth: int | None = None
+
+    @property
+    def active(self) -> int:
+        """Return the key's active members: holders and waiters."""
+        return self.holders + self.waiting
+
+    @property
+    def capacity(self) -> int | None:
+        """Return ``limit + max_queue_depth``, or None without a cap (S15, X3j)."""
+        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
+
+    @property
+    def fullness(self) -> float | None:
+        """Return active members / capacity (1.0 = starts are refused), or None without a cap."""
+        capacity = self.capacity
+        if capacity is None:
+            return None
+        return self.active / capacity if capacity else 1.0
 
     @property
     def workflow(self) -> str:
@@ -405,15 +427,17 @@ def quota_table(*, limit: int = 50, reg: Registry = registry, using: str | None 
             workflow_name__in={quota_lock_name(g["quota"]) for g in groups}, key__in={g["key"] for g in groups}
         ).values_list("workflow_name", "key", "paused", "limit_override")
     }
-    declared = {q.name: q.limit for q in list(reg.quotas.values())}
+    declared = {q.name: (q.limit, q.max_queue_depth) for q in list(reg.quotas.values())}
     rows = []
     for g in groups:
         paused, override = controls.get((quota_lock_name(g["quota"]), g["key"]), (False, None))
+        limit, depth = declared.get(g["quota"], (1, None))
         rows.append(
             QuotaRow(
                 quota=g["quota"],
                 key=g["key"],
-                limit=limit_in_force(declared.get(g["quota"], 1), override),
+                limit=limit_in_force(limit, override),
+                max_queue_depth=depth,
                 holders=g["holders"],
                 waiting=g["waiting"],
                 oldest_waiter_at=g["oldest_waiter_at"],

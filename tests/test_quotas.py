@@ -420,10 +420,12 @@ def test_the_retention_purge_deletes_finished_runs_with_their_quota_memberships(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_admin_queues_page_lists_quota_keys(registry: Registry, admin_client: Any) -> None:
-    """X3j: the admin's queue page shows each quota key with active members:
-    its limit in force, holders, waiters and oldest wait, and a runtime
-    override (K2)."""
+def test_the_admin_queues_page_lists_quota_keys(
+    registry: Registry, admin_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X3j, S15: the admin's queue page shows each quota key with active members:
+    its limit in force, holders, waiters and oldest wait, a runtime override
+    (K2), and a capped quota's active members against its cap."""
     from django.urls import reverse
 
     from durable_singleton.testing import make_engine
@@ -434,14 +436,24 @@ def test_the_admin_queues_page_lists_quota_keys(registry: Registry, admin_client
     engine.start("a", {"account": "acct-1"}, run_id="W")
     _drain(engine)
     engine.override_limit("quota:stripe-api", "acct-1", 1, by="ops")
+    from durable_singleton.definitions import registry as declared
+
+    capped = Quota("capped", limit=1, max_queue_depth=2)
+    registry.add("b", "1", _holding([]), quotas=[capped])
+    monkeypatch.setitem(declared.quotas, "capped", capped)  # the admin reads the process's declarations
+    engine.start("b", {"hold": True}, run_id="CH")
+    engine.start("b", {}, run_id="CW")
+    _drain(engine)
     response = admin_client.get(reverse("admin:durable_singleton_run_queues"))
     assert response.status_code == 200
     rows = [item["row"] for item in response.context["quota_rows"]]
-    assert [(r.workflow, r.key, r.limit, r.holders, r.waiting, r.limit_override) for r in rows] == [
-        ("quota:stripe-api", "acct-1", 1, 1, 1, 1)
+    assert sorted((r.workflow, r.key, r.limit, r.holders, r.waiting, r.limit_override, r.capacity) for r in rows) == [
+        ("quota:capped", "*", 1, 1, 1, None, 3),
+        ("quota:stripe-api", "acct-1", 1, 1, 1, 1, None),
     ]
     html = response.content.decode()
     assert 'class="ds-quota-row" data-workflow="quota:stripe-api" data-key="acct-1"' in html
+    assert ">2 / 3</span>" in html
 
 
 # -- fairness inside a quota (X4) ----------------------------------------------------------------

@@ -427,6 +427,7 @@ class BaseStore(ABC):
         store says ``supports_quotas`` and admits in its own claim
         (``supports_atomic_admission``); the S14 fallback's scan knows no quota."""
         return bool(self.supports_quotas and self.supports_atomic_admission)
+
     #: True when :meth:`start_run` with ``stamp`` writes a run's ``created_at``
     #: on the store's own clock at the insert (R8), so the engine need not read
     #: that clock before a start.
@@ -546,9 +547,16 @@ class BaseStore(ABC):
                 results.append(exc)
         return results
 
-    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
+    def start_superseding(
+        self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
+    ) -> Superseding:
         """Insert ``run`` unless ``run_id`` exists, replacing and stopping the key's
         other runs as ``on_busy`` says, all under the key's lock in one transaction (X1).
+        The run's ``quota_caps`` are counted as :meth:`create_run` counts them (in
+        ``cap_namespace`` if given), without the runs this start ends at once (the
+        waiters it replaces, the parked holders it cancels): a full quota key
+        raises :class:`~durable_singleton.exceptions.QuotaQueueFullError` and
+        nothing is written (X3j).
 
         ``run`` has a singleton key; ``on_busy`` is ``"replace_queued"`` or
         ``"cancel_in_progress"``. Under the lock: an existing ``run_id`` is

@@ -176,8 +176,13 @@ class CodecStore(BaseStore):
         results = self.inner.create_runs([self._in(r) for r in runs], caps=caps, cap_namespace=cap_namespace)
         return [r if isinstance(r, BaseException) else (self._out(r[0]), r[1]) for r in results]
 
-    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
-        return self._out(self.inner.start_superseding(self._in(run), on_busy=on_busy, limits=limits))  # type: ignore[no-any-return]
+    def start_superseding(
+        self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
+    ) -> Superseding:
+        started = self.inner.start_superseding(
+            self._in(run), on_busy=on_busy, limits=limits, cap_namespace=cap_namespace
+        )
+        return self._out(started)  # type: ignore[no-any-return]
 
     def get_run(self, run_id: str) -> RunRecord | None:
         return self._out(self.inner.get_run(run_id))  # type: ignore[no-any-return]

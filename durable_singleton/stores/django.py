@@ -25,7 +25,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -508,15 +508,14 @@ class DjangoStore(BaseStore):
         cap in force under its lock (:class:`QuotaQueueFullError`, X3j).
         """
         capped = run.singleton_key is not None and cap is not None
-        caps = {name: (limit, depth) for name, limit, depth in run.quota_caps}
 
         def create() -> tuple[RunRecord, bool]:
-            if not capped and not caps and not connections[self.db].in_atomic_block:
+            if not capped and not run.quota_caps and not connections[self.db].in_atomic_block:
                 self._insert(run)
                 return run, True
             with transaction.atomic(using=self.db):
                 # The capped quota keys, then the singleton key: the lock order (X3e).
-                quota_rows = self._lock_quota_keys(q for q in run.quota_keys if q[0] in caps)
+                quota_rows = self._lock_capped_quota_keys(run)
                 key_row = None
                 if run.singleton_key is not None and cap is not None:
                     key_row = self.lock_key(run.workflow_name, run.singleton_key)
@@ -524,12 +523,7 @@ class DjangoStore(BaseStore):
                     existing = self._locking(self._runs().filter(pk=run.run_id)).first()
                     if existing is not None:
                         return record_of(existing), False
-                for (name, key), quota_row in quota_rows:
-                    limit, depth = caps[name]
-                    # The limit in force, the quota key's runtime override included (S15, K2, X3j).
-                    in_force = cap_in_force(limit + depth, limit, quota_row["limit_override"])
-                    if self._count_quota_members(name, key, cap_namespace, in_force) >= in_force:
-                        raise QuotaQueueFullError(run.workflow_name, name, key, depth)
+                self._check_quota_caps(run, quota_rows, cap_namespace)
                 if key_row is not None:
                     assert run.singleton_key is not None and cap is not None
                     # The limit in force, the key's runtime override included (S15, K2).
@@ -628,10 +622,13 @@ class DjangoStore(BaseStore):
                     results[i] = (record, was_created and run is first[run.run_id])
         return [results[i] for i in range(len(runs))]
 
-    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
+    def start_superseding(
+        self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
+    ) -> Superseding:
         """:meth:`BaseStore.start_superseding` on the ORM path, on every database
-        (PostgreSQL's fast path leaves these strategies here): the key's lock,
-        then the existence check, the read of the key's active runs, the
+        (PostgreSQL's fast path leaves these strategies here): the run's capped
+        quota keys' locks and the key's lock (X3e), then the existence check,
+        the read of the key's active runs, the quota caps' count (X3j), the
         replacing and stopping writes and the insert, in one transaction (X1,
         S13, S13a). Each write is a compare-and-set on the row as read (R5a)."""
         assert run.singleton_key is not None
@@ -640,6 +637,7 @@ class DjangoStore(BaseStore):
         def start() -> Superseding:
             runs = self._runs()
             with transaction.atomic(using=self.db):
+                quota_rows = self._lock_capped_quota_keys(run)
                 key_row = self.lock_key(workflow_name, key)
                 existing = self._locking(runs.filter(pk=run.run_id)).first()
                 if existing is not None:
@@ -650,6 +648,9 @@ class DjangoStore(BaseStore):
                 limit = self._limit(workflow_name, key_row, limits, run.singleton_limit)
                 free = free_slots(limit, len(holders), paused=bool(key_row["paused"]))
                 to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
+                # The runs this start ends at once leave the quota keys' count (S15, X3j).
+                leaving = {r.run_id for r in to_replace} | {r.run_id for r in stop if r.status != RunStatus.RUNNING}
+                self._check_quota_caps(run, quota_rows, cap_namespace, leaving)
                 replaced = [self._settle_row(r, REPLACED_ERROR) for r in to_replace]
                 cancelled: list[RunRecord | None] = []
                 stopping: list[RunRecord] = []
@@ -1653,15 +1654,38 @@ class DjangoStore(BaseStore):
             runs = runs.filter(namespace=namespace)
         return len(list(self._locking(runs.order_by()).values_list("pk", flat=True)[:cap]))
 
-    def _count_quota_members(self, name: str, key: str, namespace: str | None, cap: int) -> int:
-        """Count, up to ``cap``, the active members of a locked quota key, holders and
-        waiters (in ``namespace`` if given): the queue cap's count (S15, X3j)."""
-        members = QuotaMembership.objects.using(self.db).filter(
-            holds_quota_slot_q() | quota_waiting_q(), quota=name, key=key
-        )
-        if namespace is not None:
-            members = members.filter(run__namespace=namespace)
-        return len(list(self._locking(members.order_by()).values_list("pk", flat=True)[:cap]))
+    def _lock_capped_quota_keys(self, run: RunRecord) -> list[tuple[tuple[str, str], dict[str, Any]]]:
+        """Lock the rows of the quota keys of ``run`` whose quota has a queue cap
+        (its ``quota_caps``), in the lock order (X3e); inside a transaction."""
+        capped = {name for name, _limit, _depth in run.quota_caps}
+        return self._lock_quota_keys(q for q in run.quota_keys if q[0] in capped)
+
+    def _check_quota_caps(
+        self,
+        run: RunRecord,
+        quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]],
+        namespace: str | None,
+        leaving: Collection[str] = (),
+    ) -> None:
+        """Raise :class:`QuotaQueueFullError` if a locked capped quota key of ``run``
+        (``quota_rows``, from :meth:`_lock_capped_quota_keys`) already has its cap
+        in force of active members, holders and waiters of every workflow (in
+        ``namespace`` if given), not counting the runs ``leaving`` (those the
+        same transaction ends): the queue cap of a quota key (S15, K2, X3j)."""
+        caps = {name: (limit, depth) for name, limit, depth in run.quota_caps}
+        for (name, key), quota_row in quota_rows:
+            limit, depth = caps[name]
+            # The limit in force, the quota key's runtime override included (K2).
+            in_force = cap_in_force(limit + depth, limit, quota_row["limit_override"])
+            members = QuotaMembership.objects.using(self.db).filter(
+                holds_quota_slot_q() | quota_waiting_q(), quota=name, key=key
+            )
+            if namespace is not None:
+                members = members.filter(run__namespace=namespace)
+            if leaving:
+                members = members.exclude(run_id__in=list(leaving))
+            if len(list(self._locking(members.order_by()).values_list("pk", flat=True)[:in_force])) >= in_force:
+                raise QuotaQueueFullError(run.workflow_name, name, key, depth)
 
     def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
         runs = self._runs().for_key(workflow_name, key).active()

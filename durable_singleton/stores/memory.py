@@ -6,7 +6,7 @@ clock of its leases (R5)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -135,22 +135,33 @@ class MemoryStore(BaseStore):
                 full = self.count_active_for_key(run.workflow_name, run.singleton_key, cap_namespace) >= in_force
             else:
                 full = False
-            for name, limit, depth in run.quota_caps:  # a quota key's cap, counted as a key's (S15, X3j)
-                key = dict(run.quota_keys)[name]
-                override = self.controls.get((quota_lock_name(name), key), {}).get("limit_override")
-                members = self._quota_members(name, key)
-                if cap_namespace is not None:
-                    members = [r for r in members if r.namespace == cap_namespace]
-                if len(members) >= cap_in_force(limit + depth, limit, override):
-                    raise QuotaQueueFullError(run.workflow_name, name, key, depth)
+            self._check_quota_caps(run, cap_namespace)
             if full:
                 assert run.singleton_key is not None and cap is not None
                 raise SingletonQueueFullError(run.workflow_name, run.singleton_key, cap - (run.singleton_limit or 1))
             self._insert(run)
             return run, True
 
-    def start_superseding(self, run: RunRecord, *, on_busy: str, limits: Limits) -> Superseding:
-        """:meth:`BaseStore.start_superseding` inside the critical section (X1, S13)."""
+    def _check_quota_caps(self, run: RunRecord, namespace: str | None, leaving: Collection[str] = ()) -> None:
+        """Raise :class:`QuotaQueueFullError` if a capped quota key of ``run`` already
+        has its cap in force of active members (in ``namespace`` if given), not
+        counting the runs ``leaving``; see DjangoStore._check_quota_caps (S15, X3j)."""
+        for name, limit, depth in run.quota_caps:
+            key = dict(run.quota_keys)[name]
+            override = self.controls.get((quota_lock_name(name), key), {}).get("limit_override")
+            members = [
+                r
+                for r in self._quota_members(name, key)
+                if r.run_id not in leaving and (namespace is None or r.namespace == namespace)
+            ]
+            if len(members) >= cap_in_force(limit + depth, limit, override):
+                raise QuotaQueueFullError(run.workflow_name, name, key, depth)
+
+    def start_superseding(
+        self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
+    ) -> Superseding:
+        """:meth:`BaseStore.start_superseding` inside the critical section (X1, S13),
+        the quota caps counted without the runs it ends (X3j)."""
         assert run.singleton_key is not None
         workflow_name, key = run.workflow_name, run.singleton_key
         with self._critical():
@@ -166,6 +177,8 @@ class MemoryStore(BaseStore):
             free = free_slots(self._limit(workflow_name, key, limits), len(holders), paused=paused)
             to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
             running = [r for r in stop if r.status == RunStatus.RUNNING]
+            leaving = {r.run_id for r in to_replace} | {r.run_id for r in stop if r not in running}
+            self._check_quota_caps(run, cap_namespace, leaving)
             replaced = tuple(self._cancelled(r, REPLACED_ERROR) for r in to_replace)
             cancelled = tuple(self._cancelled(r, CANCELLED_ERROR) for r in stop if r not in running)
             stopping = tuple(self._replace(r, cancel_requested=True, wake_at=self.clock()) for r in running)
