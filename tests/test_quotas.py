@@ -542,3 +542,50 @@ def test_a_store_on_the_fallback_claim_refuses_quotas(registry: Registry) -> Non
     with pytest.raises(UnsupportedByStoreError):
         engine.start("w", {})
     assert engine.store.list_runs() == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_superseding_start_frees_a_replaced_runs_other_quota_key_under_its_lock(registry: Registry) -> None:
+    """X3g, X3e, X1: a replace_queued start whose run carries quota key "b"
+    replaces a waiter that carries quota key "a": the transaction that frees
+    the waiter's slot of "a" holds the lock of "a", taken before the singleton
+    key's (the first attempt, which locked only "b", wrote nothing and started
+    again); the waiter behind it in "a" is then admitted."""
+    from durable_singleton.testing import make_engine
+
+    engine = make_engine("django", registry=registry)
+    per_account = Quota("per-account", key=lambda i: i["account"], limit=1)
+    log: list[str] = []
+    registry.add("hold", "1", _holding(log), quotas=[per_account])
+    registry.add(
+        "rq", "1", _holding(log), quotas=[per_account], singleton={"key": lambda i: "k", "on_busy": "replace_queued"}
+    )
+    engine.start("hold", {"account": "a", "hold": True}, run_id="HA")
+    engine.start("hold", {"account": "b", "hold": True}, run_id="HB")
+    engine.start("rq", {"account": "a"}, run_id="W")  # waits for "a"'s slot
+    _drain(engine)
+    store = engine.store
+    locked: list[tuple[str, str]] = []
+    lock_key = store.lock_key
+
+    def recording(workflow_name: str, key: str) -> Any:
+        locked.append((workflow_name, key))
+        return lock_key(workflow_name, key)
+
+    store.lock_key = recording  # type: ignore[method-assign]
+    engine.start("rq", {"account": "b"}, run_id="N")
+    store.lock_key = lock_key  # type: ignore[method-assign]
+    assert engine.get("W").status == "cancelled" and engine.get("W").error["code"] == "replaced"
+    # The start's two attempts; then the release of W (Core.release), one key per transaction.
+    assert locked == [
+        ("quota:per-account", "b"),
+        ("rq", "k"),
+        ("quota:per-account", "a"),
+        ("quota:per-account", "b"),
+        ("rq", "k"),
+        ("rq", "k"),
+        ("quota:per-account", "a"),
+    ]
+    engine.signal("HB", "go")
+    _drain(engine)
+    assert log == ["HB", "N"] and engine.get("N").status == "completed"

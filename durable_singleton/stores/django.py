@@ -196,6 +196,15 @@ def _settled(run: RunRecord, status: str, output: Any, error: Any) -> RunRecord:
     )
 
 
+class _UnlockedQuotaKeysError(Exception):
+    """A superseding start found runs to end that carry quota keys it has not
+    locked: it starts its transaction again with them (X3e, X3g)."""
+
+    def __init__(self, quota_keys: set[tuple[str, str]]) -> None:
+        super().__init__(sorted(quota_keys))
+        self.quota_keys = quota_keys
+
+
 class DjangoStore(BaseStore):
     """Runs in the database through the Django ORM.
 
@@ -630,14 +639,20 @@ class DjangoStore(BaseStore):
         quota keys' locks and the key's lock (X3e), then the existence check,
         the read of the key's active runs, the quota caps' count (X3j), the
         replacing and stopping writes and the insert, in one transaction (X1,
-        S13, S13a). Each write is a compare-and-set on the row as read (R5a)."""
+        S13, S13a). Each write is a compare-and-set on the row as read (R5a).
+        The runs it ends at once free their quota slots under their quota
+        keys' locks (X3g): the first attempt locks the new run's quota keys;
+        if a run to end carries another, nothing has been written yet, and the
+        transaction starts again with that key locked too, in the lock order."""
         assert run.singleton_key is not None
         workflow_name, key = run.workflow_name, run.singleton_key
+        locking = set(run.quota_keys)
 
         def start() -> Superseding:
             runs = self._runs()
             with transaction.atomic(using=self.db):
-                quota_rows = self._lock_capped_quota_keys(run)
+                # Every quota key it may free, then the singleton key: the lock order (X3e).
+                quota_rows = self._lock_quota_keys(locking)
                 key_row = self.lock_key(workflow_name, key)
                 existing = self._locking(runs.filter(pk=run.run_id)).first()
                 if existing is not None:
@@ -648,9 +663,12 @@ class DjangoStore(BaseStore):
                 limit = self._limit(workflow_name, key_row, limits, run.singleton_limit)
                 free = free_slots(limit, len(holders), paused=bool(key_row["paused"]))
                 to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
+                ending = [*to_replace, *(r for r in stop if r.status != RunStatus.RUNNING)]
+                unlocked = {q for r in ending for q in split_quota_tags(r.tags or ())[1]} - locking
+                if unlocked:
+                    raise _UnlockedQuotaKeysError(unlocked)  # nothing written yet: lock them too and start again
                 # The runs this start ends at once leave the quota keys' count (S15, X3j).
-                leaving = {r.run_id for r in to_replace} | {r.run_id for r in stop if r.status != RunStatus.RUNNING}
-                self._check_quota_caps(run, quota_rows, cap_namespace, leaving)
+                self._check_quota_caps(run, quota_rows, cap_namespace, {r.run_id for r in ending})
                 replaced = [self._settle_row(r, REPLACED_ERROR) for r in to_replace]
                 cancelled: list[RunRecord | None] = []
                 stopping: list[RunRecord] = []
@@ -670,14 +688,17 @@ class DjangoStore(BaseStore):
                     tuple(stopping),
                 )
 
-        try:
-            return self._retrying(start)
-        except IntegrityError:
-            # A racing start of the same run_id committed first (R3).
-            found = self._runs().filter(pk=run.run_id).first()
-            if found is None:
-                raise
-            return Superseding(record_of(found), False)
+        while True:
+            try:
+                return self._retrying(start)
+            except _UnlockedQuotaKeysError as more:
+                locking |= more.quota_keys
+            except IntegrityError:
+                # A racing start of the same run_id committed first (R3).
+                found = self._runs().filter(pk=run.run_id).first()
+                if found is None:
+                    raise
+                return Superseding(record_of(found), False)
 
     def _settle_row(self, row: Run, error: Mapping[str, str]) -> RunRecord | None:
         """Settle a parked run ``cancelled`` with ``error`` by compare-and-set on its
@@ -1668,12 +1689,14 @@ class DjangoStore(BaseStore):
         leaving: Collection[str] = (),
     ) -> None:
         """Raise :class:`QuotaQueueFullError` if a locked capped quota key of ``run``
-        (``quota_rows``, from :meth:`_lock_capped_quota_keys`) already has its cap
+        (among ``quota_rows``, the locked quota keys) already has its cap
         in force of active members, holders and waiters of every workflow (in
         ``namespace`` if given), not counting the runs ``leaving`` (those the
         same transaction ends): the queue cap of a quota key (S15, K2, X3j)."""
         caps = {name: (limit, depth) for name, limit, depth in run.quota_caps}
         for (name, key), quota_row in quota_rows:
+            if name not in caps or (name, key) not in run.quota_keys:
+                continue  # a quota key locked for another reason: no cap of this run
             limit, depth = caps[name]
             # The limit in force, the quota key's runtime override included (K2).
             in_force = cap_in_force(limit + depth, limit, quota_row["limit_override"])
