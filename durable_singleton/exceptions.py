@@ -6,6 +6,8 @@ Every invalid declaration or call raises a subclass of
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "ChildWorkflowError",
     "ConfigurationError",
@@ -35,7 +37,22 @@ __all__ = [
 
 
 class DurableSingletonError(Exception):
-    """Base class of every error raised by durable_singleton."""
+    """Base class of every error raised by durable_singleton.
+
+    Every one pickles and unpickles with its message and its attributes,
+    whatever its ``__init__`` takes (a Celery result backend or a
+    multiprocessing pool may send it to another process)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    """Rebuild an unpickled :class:`DurableSingletonError` without calling its ``__init__``."""
+    exc = cls.__new__(cls)
+    BaseException.__init__(exc, *args)
+    exc.__dict__.update(state)
+    return exc
 
 
 class ConfigurationError(DurableSingletonError):
