@@ -6,7 +6,7 @@ each fault with its PIDs and times); the bodies append to ``audit.jsonl``;
 at the end the database is dumped to ``final.json``. :mod:`soak.check`
 reads only those three files.
 
-``--features`` adds the workload of issue #18 (all by default):
+``--features`` adds the workload of issues #18 and #20 (all by default):
 
 * ``namespaces`` (D10, D7): some runs are started by scoped engines of two
   tenants; scoped engines (the tenants' and the default namespace's) probe
@@ -19,7 +19,14 @@ reads only those three files.
   each correction, and starts runs through it;
 * ``retention`` (O2, D7, R4): ``soak-retain`` parents call a child and sleep;
   the driver purges their finished children meanwhile (``purge_finished`` or
-  the admin's ``delete_run``), so each parent replays without its child.
+  the admin's ``delete_run``), so each parent replays without its child;
+* ``quotas`` (X2, X3, X4): about one iteration in twenty of the load starts
+  quota runs in place of its run (:class:`QuotaPlan`): a ``soak-qa`` run (the
+  shared quota only), a ``soak-qb`` run or three at once on one key (the
+  shared quota and a limit-1 key with a ``queue_ttl``: the third usually
+  expires), or a burst of the fair quota's tenant ``big`` followed by one
+  run of a small tenant. They take the other runs' faults, cancels and
+  duplicate deliveries.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 READY_MARK = b" ready."
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 WORKFLOWS = ("soak-l1", "soak-l2", "soak-l3", "soak-timeout")
-FEATURES = ("namespaces", "schedules", "clock", "retention")
+FEATURES = ("namespaces", "schedules", "clock", "retention", "quotas")
 #: The tenants' namespaces (D10); the default engine's is ``default``.
 TENANTS = ("tenant-a", "tenant-b")
 #: The clock steps of the stepped tick loop, seconds (R8).
@@ -194,6 +201,42 @@ class Plan:
 
 
 @dataclass
+class QuotaPlan:
+    """The runs of the ``quotas`` feature (X2, X3, X4), from a seeded stream of their own."""
+
+    rng: random.Random
+    #: Runs of the big tenant in one burst of the fair quota, started back to back.
+    burst: int = 8
+
+    def batch(self) -> list[tuple[str, dict[str, Any]]]:
+        """Return the quota runs to start in place of the load's next run (usually none)."""
+        rng = self.rng
+        roll = rng.random()
+        qkey = f"q{rng.randrange(2)}"
+        if roll < 0.025:  # the shared quota only
+            ops: list[list[Any]] = [["work", rng.randint(0, 60)] if rng.random() < 0.6 else ["sleep", 0.3]]
+            if rng.random() < 0.15:
+                ops.append(["flaky", rng.randint(0, 10)])
+            return [("soak-qa", {"key": "qa", "qkey": qkey, "plan": ops})]
+        if roll < 0.045:  # the shared quota and a limit-1 key with a queue_ttl (X2): three at once, the last may expire
+            key = f"qb-k{rng.randrange(3)}"
+            # A step that a fault may hit while the run holds both limits (a takeover: new tokens, X3f), then a sleep.
+            return [
+                ("soak-qb", {"key": key, "qkey": qkey,
+                             "plan": [["work", rng.randint(20, 120)], ["sleep", round(rng.uniform(0.4, 0.7), 2)]]})
+                for _ in range(3 if rng.random() < 0.35 else 1)
+            ]  # fmt: skip
+        if roll < 0.05:  # a burst of the fair quota's big tenant, then one run of a small tenant (X4)
+            plan = [["sleep", 0.3], ["work", 2]]
+            burst = [("soak-qf", {"key": "qf", "qkey": "f", "tenant": "big", "plan": plan}) for _ in range(self.burst)]
+            return [
+                *burst,
+                ("soak-qf", {"key": "qf", "qkey": "f", "tenant": f"small-{rng.randrange(3)}", "plan": plan}),
+            ]
+        return []
+
+
+@dataclass
 class Soak:
     """One soak: call :meth:`run`."""
 
@@ -278,7 +321,6 @@ class Soak:
         from django.db import connection
 
         from durable_singleton.runtime import get_engine
-        from durable_singleton.tasks import execute_run
 
         engine = get_engine()
         retain = "retention" in self.features
@@ -290,49 +332,68 @@ class Soak:
             if "namespaces" in self.features
             else {}
         )
+        quotas = QuotaPlan(random.Random(self.args.seed + 7)) if "quotas" in self.features else None
         begin = time.monotonic()
         n = 0
         while not self.stop_load.is_set():
-            n += 1
-            run_id = f"s{n:06d}"
-            workflow, input = plan.run(n)
-            starter, ns = engine, "default"
-            if scoped and frng.random() < 0.15:  # a tenant's run (D10)
-                ns = frng.choice(TENANTS)
-                starter = scoped[ns]
-                input["secret"] = f"{ns}-secret-{n}"
-            t_req = time.time()
-            try:
-                self._db(lambda: starter.start(workflow, input, run_id=run_id))  # noqa: B023 (called at once)
-            except Exception as exc:
-                self.events.write("start_failed", run=run_id, error=repr(exc))
-                self.count("start_failed")
-                continue
-            self.events.write(
-                "start", run=run_id, wf=workflow, key=input["key"], plan=input["plan"], t_req=t_req, ns=ns,
-                secret=input.get("secret"),
-            )  # fmt: skip
-            with self.lock:
-                self.namespace_of[run_id] = ns
-                self.started.append(run_id)
-            if scoped and frng.random() < 0.08:
-                self.probe(scoped, frng)
-            for op in input["plan"]:  # one signal per wait, each sent once, some before the wait (D2)
-                if op[0] == "signal":
-                    with self.lock:
-                        self.signals_due.append((time.time() + rng.uniform(0, 3), run_id))
-            if rng.random() < 0.05:  # a duplicate delivery of a recent run's turn (R6, F15)
-                victim = rng.choice(self.started[-50:])
-                with contextlib.suppress(Exception):
-                    execute_run.apply_async((victim,), retry=False)
-                    self.events.write("dup", run=victim)
-                    self.count("duplicate_deliveries")
-            if rng.random() < 0.03:  # a cancel of a recent run, wherever it is (D6)
-                self.cancel(engine, rng.choice(self.started[-100:]))
+            regular = plan.run(n + 1)
+            # A batch of quota runs takes the place of the regular run: the rate stays --rate.
+            for workflow, input in (quotas.batch() if quotas is not None else None) or [regular]:
+                n += 1
+                self.start_one(engine, scoped, n, workflow, input, rng, frng)
             ahead = n / self.args.rate - (time.monotonic() - begin)
             if ahead > 0:
                 self.stop_load.wait(ahead)
         connection.close()
+
+    def start_one(
+        self,
+        engine: Any,
+        scoped: dict[str, Any],
+        n: int,
+        workflow: str,
+        input: dict[str, Any],
+        rng: random.Random,
+        frng: random.Random,
+    ) -> None:
+        """Start the load's ``n``-th run, then maybe probe, schedule its signals,
+        deliver a recent run's turn again or cancel a recent run."""
+        from durable_singleton.tasks import execute_run
+
+        run_id = f"s{n:06d}"
+        starter, ns = engine, "default"
+        if scoped and frng.random() < 0.15:  # a tenant's run (D10)
+            ns = frng.choice(TENANTS)
+            starter = scoped[ns]
+            input["secret"] = f"{ns}-secret-{n}"
+        t_req = time.time()
+        try:
+            self._db(lambda: starter.start(workflow, input, run_id=run_id))
+        except Exception as exc:
+            self.events.write("start_failed", run=run_id, error=repr(exc))
+            self.count("start_failed")
+            return
+        self.events.write(
+            "start", run=run_id, wf=workflow, key=input["key"], plan=input["plan"], t_req=t_req, ns=ns,
+            secret=input.get("secret"),
+        )  # fmt: skip
+        with self.lock:
+            self.namespace_of[run_id] = ns
+            self.started.append(run_id)
+        if scoped and frng.random() < 0.08:
+            self.probe(scoped, frng)
+        for op in input["plan"]:  # one signal per wait, each sent once, some before the wait (D2)
+            if op[0] == "signal":
+                with self.lock:
+                    self.signals_due.append((time.time() + rng.uniform(0, 3), run_id))
+        if rng.random() < 0.05:  # a duplicate delivery of a recent run's turn (R6, F15)
+            victim = rng.choice(self.started[-50:])
+            with contextlib.suppress(Exception):
+                execute_run.apply_async((victim,), retry=False)
+                self.events.write("dup", run=victim)
+                self.count("duplicate_deliveries")
+        if rng.random() < 0.03:  # a cancel of a recent run, wherever it is (D6)
+            self.cancel(engine, rng.choice(self.started[-100:]))
 
     def probe(self, scoped: dict[str, Any], rng: random.Random) -> None:
         """Probe a recent run through a scoped engine (D10): one of another
@@ -713,7 +774,7 @@ class Soak:
         return {"load_seconds": load_end - began, "drain_seconds": time.time() - load_end, "active_left": left}
 
     def dump(self) -> None:
-        from durable_singleton.models import Run, ScheduleFiring, SingletonKey, Step
+        from durable_singleton.models import QuotaMembership, Run, ScheduleFiring, SingletonKey, Step
 
         def epoch(value: Any) -> float | None:
             return value.timestamp() if value is not None else None
@@ -723,9 +784,16 @@ class Soak:
             for row in Run.objects.values(
                 "run_id", "workflow_name", "singleton_key", "singleton_limit", "status", "error", "created_at",
                 "admitted_at", "finished_at", "fencing_token", "attempts", "recoveries", "parent_run_id",
-                "cancel_requested", "step_count", "namespace", "output",
+                "cancel_requested", "step_count", "namespace", "output", "quota_slot",
             )
         ]  # fmt: skip
+        # Each run's quota keys (X3b): its place (tag, sub-key, weight, X4), slot and last token (X3f).
+        memberships = [
+            {**row, "created_at": epoch(row["created_at"])}
+            for row in QuotaMembership.objects.values(
+                "run_id", "quota", "key", "slot", "fencing_token", "sub_key", "weight", "tag", "created_at"
+            )
+        ]
         steps = [
             {**row, "finished_at": epoch(row["finished_at"])}
             for row in Step.objects.values("run_id", "position", "name", "finished_at", "result")
@@ -738,7 +806,10 @@ class Soak:
             )
         ]
         (self.out / "final.json").write_text(
-            json.dumps({"runs": runs, "steps": steps, "keys": keys, "firings": firings}, default=str)
+            json.dumps(
+                {"runs": runs, "steps": steps, "keys": keys, "firings": firings, "memberships": memberships},
+                default=str,
+            )
         )
 
 
@@ -775,7 +846,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--features",
         default=",".join(FEATURES),
-        help=f"comma-separated workload of #18 ({', '.join(FEATURES)}; 'none' for none; default all)",
+        help=f"comma-separated workload of #18 and #20 ({', '.join(FEATURES)}; 'none' for none; default all)",
     )
     args = parser.parse_args(argv)
     chosen = [] if args.features.strip() in ("", "none") else [f.strip() for f in args.features.split(",")]

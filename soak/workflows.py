@@ -21,7 +21,17 @@ second (S17); its run ids name their window.
 ``soak-timeout`` runs have ``timeout=TIMEOUT_SECONDS`` and a step longer
 than that, so the tick's execution timeout ends them (D5).
 
-The audit (:mod:`soak.audit`) gets ``enter`` with the fencing token (K1),
+With the driver's ``quotas`` feature (``SOAK_FEATURES``) three more
+workflows carry the shared quotas (X3, X4), keyed by ``input["qkey"]``:
+``soak-qa`` only :data:`SHARED`; ``soak-qb`` :data:`SHARED` and a limit-1
+singleton key with a ``queue_ttl`` of :data:`QUEUE_TTL` seconds (X2), so its
+run carries two limits and its waiters may expire; ``soak-qf`` only
+:data:`FAIR`, whose sub-key is the tenant ``input["tenant"]`` (X4).
+
+The audit (:mod:`soak.audit`) gets ``enter`` with the fencing token (K1;
+a run without a singleton key has none: its token is then its one quota's,
+X3f) and, for a run that carries quotas, ``quotas`` (quota name -> quota key)
+and ``qtokens`` (``ctx.quota_tokens``),
 ``exec`` when a step handler starts, ``stored`` once a step this body executed
 was accepted by the store, and ``exit`` with how the body left (``return``,
 ``park`` or the exception's name). A run returns ``{"done": n, "run": run_id}``.
@@ -36,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, step, workflow
+from durable_singleton import BaseWorkflow, Quota, Schedule, Singleton, WorkflowCtx, step, workflow
 from durable_singleton.context import Suspend
 
 from . import audit
@@ -51,6 +61,7 @@ LIMITS = {
     "soak-retain": 2,
     "soak-rchild": 1,
     "soak-sched": 2,
+    "soak-qb": 1,
 }
 TIMEOUT_SECONDS = 2.0
 SIGNAL_TIMEOUT = 30.0
@@ -64,7 +75,30 @@ SCHEDULE = Schedule(
     input={"key": "sched", "plan": [["work", 2]]},
 )
 
+#: The driver's ``--features`` (``SOAK_FEATURES``, set for the driver and its workers).
+FEATURES = frozenset(os.environ.get("SOAK_FEATURES", "").split(","))
+#: The slots per quota key of each shared quota (X3).
+QUOTA_LIMITS = {"soak-shared": 2, "soak-fair": 2}
+#: The ``queue_ttl`` of each workflow that has one, seconds (X2).
+QUEUE_TTL = {"soak-qb": 1.2}
+#: The slots per round of the fair quota's sub-keys (X4); the others get 1.
+FAIR_WEIGHTS = {"big": 2}
+
 _local = threading.local()
+
+
+def _qkey(input: dict[str, Any]) -> str:
+    return str(input["qkey"])
+
+
+def _tenant(input: dict[str, Any]) -> str:
+    return str(input["tenant"])
+
+
+#: A quota shared by ``soak-qa`` and ``soak-qb`` (X3).
+SHARED = Quota("soak-shared", key=_qkey, limit=QUOTA_LIMITS["soak-shared"])
+#: A fair quota of ``soak-qf``: its free slots go round-robin across tenants (X4).
+FAIR = Quota("soak-fair", key=_qkey, limit=QUOTA_LIMITS["soak-fair"], fair_key=_tenant, weights=FAIR_WEIGHTS)
 
 
 class FlakyStepError(RuntimeError):
@@ -100,6 +134,9 @@ def _key(input: dict[str, Any]) -> str:
 
 def _body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     run_id, key, token = ctx.run_id, ctx.run.singleton_key, ctx.fencing_token
+    quotas = {"quotas": dict(ctx.run.quota_keys), "qtokens": ctx.quota_tokens} if ctx.run.quota_keys else {}
+    if token is None and quotas:
+        token = min(ctx.quota_tokens.values(), default=None)  # one quota without a singleton key: its token
     audit.emit(
         "enter",
         run=run_id,
@@ -108,6 +145,7 @@ def _body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
         token=token,
         attempts=ctx.run.attempts,
         recoveries=ctx.run.recoveries,
+        **quotas,
     )
     how = "return"
     try:
@@ -141,9 +179,15 @@ def _body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
 
 
 def _declare(
-    name: str, limit: int, timeout: float | None = None, schedules: tuple[Schedule, ...] = ()
+    name: str,
+    limit: int | None,
+    timeout: float | None = None,
+    schedules: tuple[Schedule, ...] = (),
+    quotas: tuple[Quota, ...] = (),
 ) -> type[BaseWorkflow]:
-    @workflow(name=name, version="1", singleton=Singleton(key=_key, limit=limit), timeout=timeout, schedules=schedules)
+    singleton = Singleton(key=_key, limit=limit, queue_ttl=QUEUE_TTL.get(name)) if limit is not None else None
+
+    @workflow(name=name, version="1", singleton=singleton, timeout=timeout, schedules=schedules, quotas=quotas)
     class SoakWorkflow(BaseWorkflow):
         def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
             return _body(ctx, input)
@@ -164,5 +208,9 @@ SoakRetainedChild = _declare("soak-rchild", LIMITS["soak-rchild"])
 SoakScheduled = _declare(
     "soak-sched",
     LIMITS["soak-sched"],
-    schedules=(SCHEDULE,) if "schedules" in os.environ.get("SOAK_FEATURES", "").split(",") else (),
+    schedules=(SCHEDULE,) if "schedules" in FEATURES else (),
 )
+if "quotas" in FEATURES:  # declared only with the driver's ``quotas`` feature
+    SoakQuota = _declare("soak-qa", None, quotas=(SHARED,))
+    SoakQuotaKeyed = _declare("soak-qb", LIMITS["soak-qb"], quotas=(SHARED,))
+    SoakQuotaFair = _declare("soak-qf", None, quotas=(FAIR,))
