@@ -167,7 +167,7 @@ soak() {
   local started=$EPOCHREALTIME
   echo "=== chaos soak on ${db} (python -m soak) ==="
   timeout --kill-after=30 600 .venv/bin/python -m soak --db "$db" --seconds 165 --rate 20 --drain 120 \
-    --min-runs 3000 --features namespaces,schedules,clock,retention --out "artifacts/soak-ci-${db}"
+    --min-runs 3000 --features namespaces,schedules,clock,retention,quotas --out "artifacts/soak-ci-${db}"
   rc=$?
   record soak "$db" "$rc" "$started" ", \"summary\": \"artifacts/soak-ci-${db}/summary.json\""
   if [ "$rc" -ne 0 ]; then
