@@ -354,6 +354,9 @@ def explain(engine: Core, run_id: str) -> Explanation:
     """
     run = engine.get(run_id)
     explained = _explain(engine, run)
+    if run.holds_quota_slots:
+        held = ", ".join(f"quota {name!r} (key {key!r})" for name, key in run.quota_keys)
+        return replace(explained, sentence=f"{explained.sentence} It holds a slot of {held} (X3c).")
     if run.quota_slot != SlotState.WAITER or run.is_terminal or run.status == RunStatus.RUNNING:
         return explained
     places = [QuotaPlace(name, key, *engine.store.quota_queue(name, key, run.run_id)) for name, key in run.quota_keys]
@@ -362,8 +365,18 @@ def explain(engine: Core, run_id: str) -> Explanation:
         + (f", behind {', '.join(p.holders)}" if p.holders else "")
         for p in places
     )
-    state = ExplainState.WAITER if explained.state in (ExplainState.PARKED, ExplainState.RUNNABLE) else explained.state
-    return replace(explained, state=state, quotas=places, sentence=f"{explained.sentence} It waits for {words} (X3d).")
+    if explained.state not in (ExplainState.PARKED, ExplainState.RUNNABLE):
+        # Its singleton key holds it back too (a waiter there, or paused): both are said.
+        return replace(explained, quotas=places, sentence=f"{explained.sentence} It also waits for {words} (X3d).")
+    # Nothing but its quotas holds it back: it is a quota waiter, not a run a worker failed to take.
+    keyed = f"its singleton key {run.singleton_key!r} has room, but " if run.singleton_key is not None else ""
+    wake = (
+        f" A slot freed sends it a turn; else it retries at {_at(run.wake_at)}."
+        if run.wake_at is not None and run.is_parked
+        else ""
+    )
+    sentence = f"Run {run.run_id} is a waiter ({run.status}): {keyed}it waits for {words} (X3d).{wake}"
+    return replace(explained, state=ExplainState.WAITER, quotas=places, sentence=sentence)
 
 
 def _explain(engine: Core, run: RunRecord) -> Explanation:

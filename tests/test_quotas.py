@@ -328,19 +328,29 @@ def test_key_controls_address_a_quota_key(engine: Engine, registry: Registry) ->
 
 def test_explain_names_the_quota_a_waiter_waits_for(engine: Engine, registry: Registry) -> None:
     """K3, X3j: a waiter of a quota is explained with its place in the quota
-    key's queue and the holder it waits behind."""
+    key's queue and the holder it waits behind, as a waiter (not as a run a
+    worker failed to take); a waiter of its singleton key too gets both; a
+    holder is said to hold its quota slot."""
     registry.add("a", "1", _holding([]), quotas=[STRIPE])
+    registry.add("k", "1", _holding([]), quotas=[STRIPE], singleton={"key": lambda i: "one"})
     engine.start("a", {"hold": True}, run_id="H")
     engine.start("a", {}, run_id="W1")
     engine.start("a", {}, run_id="W2")
+    engine.start("k", {"account": "acct-2", "hold": True}, run_id="KH")
+    engine.start("k", {"account": "acct-2"}, run_id="KW")
     _drain(engine)
     explained = engine.explain("W2")
     assert explained.state == "waiter"
     assert [(p.quota, p.key, p.position, p.depth, p.holders) for p in explained.quotas] == [
         ("stripe-api", "*", 2, 2, ["H"])
     ]
-    assert "quota 'stripe-api' (key '*') position 2 of 2, behind H" in explained.sentence
-    assert engine.explain("H").quotas == []
+    assert explained.sentence.startswith("Run W2 is a waiter (")
+    assert "it waits for quota 'stripe-api' (key '*') position 2 of 2, behind H (X3d)" in explained.sentence
+    assert "could run now" not in explained.sentence and "no worker" not in explained.sentence
+    held = engine.explain("H")
+    assert held.quotas == [] and held.sentence.endswith("It holds a slot of quota 'stripe-api' (key '*') (X3c).")
+    both = engine.explain("KW")  # behind KH on its singleton key and in its quota key
+    assert both.state == "waiter" and "It also waits for quota 'stripe-api' (key 'acct-2')" in both.sentence
 
 
 @pytest.mark.django_db(transaction=True)
