@@ -599,3 +599,39 @@ def test_a_superseding_start_frees_a_replaced_runs_other_quota_key_under_its_loc
     engine.signal("HB", "go")
     _drain(engine)
     assert log == ["HB", "N"] and engine.get("N").status == "completed"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_durable_queues_lists_quota_keys(
+    registry: Registry, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X3j, S15: ``manage.py durable_queues`` lists the shared quotas' keys with
+    active members below the singleton keys, as text and as JSON (its cap
+    included), and its --workflow / --only filters apply to them; a quota-only
+    workflow's waiters are no longer invisible there."""
+    import json
+
+    from django.core.management import call_command
+
+    from durable_singleton.definitions import registry as declared
+    from durable_singleton.testing import make_engine
+
+    engine = make_engine("django", registry=registry)
+    erp = Quota("erp-api", key=lambda i: i["tenant"], limit=1, max_queue_depth=2)
+    registry.add("sync", "1", _holding([]), quotas=[erp])
+    monkeypatch.setitem(declared.quotas, "erp-api", erp)  # the command reads the process's declarations
+    engine.start("sync", {"tenant": "t1", "hold": True}, run_id="H")
+    engine.start("sync", {"tenant": "t1"}, run_id="W")
+    _drain(engine)
+    call_command("durable_queues")
+    text = capsys.readouterr().out
+    assert "1 quota key with active members" in text and "quota:erp-api" in text and "2/3 (67%)" in text
+    call_command("durable_queues", "--json", "--workflow", "quota:erp-api")
+    document = json.loads(capsys.readouterr().out)
+    assert [(q["quota"], q["key"], q["holders"], q["waiting"], q["capacity"]) for q in document["quotas"]] == [
+        ("erp-api", "t1", 1, 1, 3)
+    ]
+    call_command("durable_queues", "--json", "--only", "full")
+    assert json.loads(capsys.readouterr().out)["quotas"] == []
+    call_command("durable_queues", "--json", "--workflow", "sync")
+    assert json.loads(capsys.readouterr().out)["quotas"] == []

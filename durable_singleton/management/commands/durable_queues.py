@@ -21,7 +21,8 @@ class Command(BaseCommand):
     help = (
         "Print every workflow and key with active runs: limit, holders, waiting, the oldest waiter's age, "
         "the cap (limit + max_queue_depth: the active runs at which starts are refused) and how full it is "
-        "(the admin's queue page); with --runs, the run ids of each key's holders and waiters."
+        "(the admin's queue page); with --runs, the run ids of each key's holders and waiters. Below it, "
+        "the shared quotas' keys with active members (X3j), as the workflow quota:<name>."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -68,6 +69,13 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         now = timezone.now()
+        quota_rows = [
+            q
+            for q in queues.quota_table(limit=options["limit"] or _ALL, using=options["database"])
+            if (workflow is None or workflow == q.workflow)
+            and (key_contains is None or key_contains in q.key)
+            and _quota_kept(q, options["only"])
+        ]
         members = (
             queues.queue_members(page.rows, per_key=options["runs_per_key"], using=options["database"])
             if options["runs"]
@@ -87,12 +95,15 @@ class Command(BaseCommand):
                 "holders": page.holders,
                 "waiting": page.waiting,
                 "rows": rows,
+                "quotas": [_quota_dict(q, now) for q in quota_rows],
             }
             self.stdout.write(json.dumps(document, indent=2))
             return
         self.stdout.write(self._table(page, now), ending="")
         if members is not None:
             self.stdout.write(_member_lines(page, members), ending="")
+        if quota_rows:
+            self.stdout.write(_quota_table(quota_rows, now), ending="")
 
     def _table(self, page: queues.QueuePage, now: Any) -> str:
         """Render the page as a text table: with rich when it is installed
@@ -121,20 +132,82 @@ class Command(BaseCommand):
                     "—" if fullness is None else f"{row.active}/{row.capacity} ({fullness:.0%})",
                 ]
             )
-        try:
-            from rich.console import Console
-            from rich.table import Table
-        except ImportError:
-            return _plain_table(title, caption, header, rows)
-        table = Table(title=title, caption=caption)
-        for name in header:
-            table.add_column(name, overflow="fold" if name == "key" else "ellipsis", justify=_justify(name))
-        for cells in rows:
-            table.add_row(*cells)
-        buffer = io.StringIO()
-        width = shutil.get_terminal_size((120, 24)).columns
-        Console(file=buffer, width=max(width, 80), color_system=None, highlight=False).print(table)
-        return buffer.getvalue()
+        return _render(title, caption, header, rows)
+
+
+#: ``--limit 0``: every row.
+_ALL = 10**9
+
+
+def _quota_kept(row: queues.QuotaRow, only: str) -> bool:
+    """Apply ``--only`` to a quota key as to a singleton key: waiting, full (at its cap), stalled."""
+    if only == "waiting":
+        return row.waiting > 0
+    if only == "full":
+        return row.capacity is not None and row.active >= row.capacity
+    if only == "stalled":
+        return row.waiting > 0 and row.free_slots > 0
+    return True
+
+
+def _quota_dict(row: queues.QuotaRow, now: Any) -> dict[str, Any]:
+    """A quota key's row as JSON: its fields and the cap (S15, X3j)."""
+    return {
+        "workflow": row.workflow,
+        "quota": row.quota,
+        "key": row.key,
+        "limit": row.limit,
+        "holders": row.holders,
+        "waiting": row.waiting,
+        "oldest_waiter_at": None if row.oldest_waiter_at is None else row.oldest_waiter_at.isoformat(),
+        "oldest_wait_seconds": None
+        if row.oldest_waiter_at is None
+        else round((now - row.oldest_waiter_at).total_seconds(), 3),
+        "capacity": row.capacity,
+        "paused": row.paused,
+        "limit_override": row.limit_override,
+    }
+
+
+def _quota_table(rows: list[queues.QuotaRow], now: Any) -> str:
+    """Render the shared quotas' keys (X3j) as the singleton keys' table is rendered."""
+    title = ngettext("%(keys)d quota key with active members", "%(keys)d quota keys with active members", len(rows)) % {
+        "keys": len(rows)
+    }
+    header = ["workflow", "key", "limit", "holders", "waiting", "oldest waiter", "cap", "full"]
+    cells = [
+        [
+            row.workflow,
+            row.key,
+            str(row.limit),
+            str(row.holders),
+            str(row.waiting),
+            queues.format_age(None if row.oldest_waiter_at is None else (now - row.oldest_waiter_at).total_seconds()),
+            "—" if row.capacity is None else str(row.capacity),
+            "—" if row.fullness is None else f"{row.active}/{row.capacity} ({row.fullness:.0%})",
+        ]
+        for row in rows
+    ]
+    return _render(title, "most waiters first", header, cells)
+
+
+def _render(title: str, caption: str, header: list[str], rows: list[list[str]]) -> str:
+    """Render a table: with rich when it is installed (``durable-singleton[rich]``),
+    else as plain aligned columns."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        return _plain_table(title, caption, header, rows)
+    table = Table(title=title, caption=caption)
+    for name in header:
+        table.add_column(name, overflow="fold" if name == "key" else "ellipsis", justify=_justify(name))
+    for cells in rows:
+        table.add_row(*cells)
+    buffer = io.StringIO()
+    width = shutil.get_terminal_size((120, 24)).columns
+    Console(file=buffer, width=max(width, 80), color_system=None, highlight=False).print(table)
+    return buffer.getvalue()
 
 
 def _member_lines(page: queues.QueuePage, members: dict[tuple[str, str], queues.KeyMembers]) -> str:
