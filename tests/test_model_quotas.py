@@ -14,6 +14,9 @@ Invariants after every step:
   has one: all or nothing (X3d);
 * the quota tokens a claim hands out strictly increase per quota key (X3f, K1);
 * no body of a cancelled run resumes (D6);
+* a quota key with a queue cap never has more active members than its cap,
+  and a start it refuses raised QuotaQueueFullError with the key full and
+  wrote nothing (S15, X3j);
 * at the end, once the holders finish, every run ends (X3g, S7, S8).
 """
 
@@ -30,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from durable_singleton import Quota
 from durable_singleton.definitions import Registry
+from durable_singleton.exceptions import QuotaQueueFullError
 from durable_singleton.stores.base import TurnState
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
@@ -37,8 +41,10 @@ from durable_singleton.testing import make_engine
 from tests.test_model import Clock
 
 QUOTA_KEYS = ("P", "Q")
-WORKFLOWS = ("plain", "keyed", "fair")
+WORKFLOWS = ("plain", "keyed", "fair", "capped")
 QUOTA_LIMIT = 2
+#: The capped quota's limit + max_queue_depth (S15, X3j).
+CAP = 1 + 2
 
 
 class QuotaProtocol(RuleBasedStateMachine):
@@ -56,6 +62,8 @@ class QuotaProtocol(RuleBasedStateMachine):
         registry.add("plain", "1", lambda ctx, i: None, quotas=[pool], timeout=3600)
         registry.add("keyed", "1", lambda ctx, i: None, singleton={"key": lambda i: i["q"]}, quotas=[pool])
         registry.add("fair", "1", lambda ctx, i: None, quotas=[fair, pool])
+        capped = Quota("pool-capped", key=lambda i: i["q"], limit=1, max_queue_depth=CAP - 1)
+        registry.add("capped", "1", lambda ctx, i: None, quotas=[capped, pool])
         self.engine = make_engine(
             self.store, registry=registry, clock=self.clock if isinstance(self.store, MemoryStore) else None
         )
@@ -82,8 +90,19 @@ class QuotaProtocol(RuleBasedStateMachine):
     def start(self, workflow: str, key: str, tenant: str) -> None:
         self.n += 1
         self.clock.now += timedelta(microseconds=10)
-        run = self.engine.start(workflow, {"q": key, "t": tenant}, run_id=f"r{self.n:03d}")
+        run_id = f"r{self.n:03d}"
+        try:
+            run = self.engine.start(workflow, {"q": key, "t": tenant}, run_id=run_id)
+        except QuotaQueueFullError as full:
+            assert workflow == "capped" and (full.quota, full.key) == ("pool-capped", key)
+            assert self._capped_members(key) >= CAP, "refused below the cap (S15)"
+            assert self._run(run_id) is None, "a refused start wrote its run (S15)"
+            return
         self.created.append(run.run_id)
+
+    def _capped_members(self, key: str) -> int:
+        """The capped quota key's active members: holders and waiters (S15, X3j)."""
+        return sum(1 for r in map(self._run, self._active()) if ("pool-capped", key) in r.quota_keys)
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())
@@ -155,8 +174,11 @@ class QuotaProtocol(RuleBasedStateMachine):
                 assert run.holds_slot == run.holds_quota_slots, f"{run.run_id}: one limit without the other (X3d)"
                 if run.holds_slot:
                     key_holders[run.singleton_key] = key_holders.get(run.singleton_key, 0) + 1
-        assert all(n <= QUOTA_LIMIT for n in quota_holders.values()), quota_holders
+        assert all(n <= (1 if name == "pool-capped" else QUOTA_LIMIT) for (name, _), n in quota_holders.items()), (
+            quota_holders
+        )
         assert all(n <= 1 for n in key_holders.values()), key_holders
+        assert all(self._capped_members(key) <= CAP for key in QUOTA_KEYS), "over the quota's queue cap (S15, X3j)"
 
     @invariant()
     def cancelled_runs_stay_cancelled(self) -> None:
