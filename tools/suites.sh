@@ -159,7 +159,7 @@ collect alt
 # Celery workers, three ticks and random faults for 165 s on each database, then the
 # independent checker; at least 3,000 runs each. DS_SOAK=0 skips it (e.g. with -k).
 # With all of #18's workload (--features: namespaces, schedules, a stepped clock,
-# retention of children). The two soaks run side by side (each has its own servers;
+# retention of children) and #20's (quotas: shared and fair quotas, queue TTLs). The two soaks run side by side (each has its own servers;
 # one at a time with DS_CI_SERIAL=1): on the 2-core machine each still reaches
 # about 3,300 runs in 165 s (measured at bd4cb36: 3,330 and 3,070 runs in 150 s).
 soak() {
