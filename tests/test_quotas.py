@@ -559,8 +559,8 @@ def test_a_superseding_start_frees_a_replaced_runs_other_quota_key_under_its_loc
     """X3g, X3e, X1: a replace_queued start whose run carries quota key "b"
     replaces a waiter that carries quota key "a": the transaction that frees
     the waiter's slot of "a" holds the lock of "a", taken before the singleton
-    key's (the first attempt, which locked only "b", wrote nothing and started
-    again); the waiter behind it in "a" is then admitted."""
+    key's (read from the key's active runs before the locks); the run then
+    runs once the quota frees."""
     from durable_singleton.testing import make_engine
 
     engine = make_engine("django", registry=registry)
@@ -586,10 +586,8 @@ def test_a_superseding_start_frees_a_replaced_runs_other_quota_key_under_its_loc
     engine.start("rq", {"account": "b"}, run_id="N")
     store.lock_key = lock_key  # type: ignore[method-assign]
     assert engine.get("W").status == "cancelled" and engine.get("W").error["code"] == "replaced"
-    # The start's two attempts; then the release of W (Core.release), one key per transaction.
+    # The start's transaction; then the release of W (Core.release), one key per transaction.
     assert locked == [
-        ("quota:per-account", "b"),
-        ("rq", "k"),
         ("quota:per-account", "a"),
         ("quota:per-account", "b"),
         ("rq", "k"),
@@ -635,3 +633,52 @@ def test_durable_queues_lists_quota_keys(
     assert json.loads(capsys.readouterr().out)["quotas"] == []
     call_command("durable_queues", "--json", "--workflow", "sync")
     assert json.loads(capsys.readouterr().out)["quotas"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_superseding_start_relocks_when_a_run_with_another_quota_key_commits_meanwhile(registry: Registry) -> None:
+    """X3g, X3e, X1: between the superseding start's unlocked read of its key's
+    quota keys and its locks, another process commits a waiter carrying quota
+    key "c": the start finds it among the runs to replace, writes nothing,
+    and starts again with "c" locked before the singleton key; the waiter is
+    replaced. Needs a second connection that commits while the first holds
+    its locks (PostgreSQL, MariaDB)."""
+    from django.db import connection, connections
+
+    from durable_singleton.testing import make_engine
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite: one writer at a time; the racing insert would wait for the start")
+    engine = make_engine("django", registry=registry)
+    per_account = Quota("per-account", key=lambda i: i["account"], limit=1)
+    registry.add(
+        "rq", "1", _holding([]), quotas=[per_account], singleton={"key": lambda i: "k", "on_busy": "replace_queued"}
+    )
+    engine.start("rq", {"account": "a", "hold": True}, run_id="H")
+    _drain(engine)
+    store = engine.store
+    locked: list[tuple[str, str]] = []
+    lock_key = store.lock_key
+    racer, _, _ = engine._new_run(
+        "rq", {"account": "c"}, run_id="C", tags=(), version=None, parent_run_id=None, namespace=None
+    )
+
+    def insert_racer() -> None:
+        store.create_run(racer, cap=None)  # a plain insert, committed on its own connection
+        connections.close_all()
+
+    def recording(workflow_name: str, key: str) -> Any:
+        if not locked:
+            t = threading.Thread(target=insert_racer)
+            t.start()
+            t.join(30)
+        locked.append((workflow_name, key))
+        return lock_key(workflow_name, key)
+
+    store.lock_key = recording  # type: ignore[method-assign]
+    engine.start("rq", {"account": "b"}, run_id="N")
+    store.lock_key = lock_key  # type: ignore[method-assign]
+    assert engine.get("C").status == "cancelled" and engine.get("C").error["code"] == "replaced"
+    first, again = locked[:3], locked[3:7]
+    assert first == [("quota:per-account", "a"), ("quota:per-account", "b"), ("rq", "k")]
+    assert again == [("quota:per-account", p) for p in "abc"] + [("rq", "k")]

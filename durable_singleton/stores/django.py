@@ -641,12 +641,17 @@ class DjangoStore(BaseStore):
         replacing and stopping writes and the insert, in one transaction (X1,
         S13, S13a). Each write is a compare-and-set on the row as read (R5a).
         The runs it ends at once free their quota slots under their quota
-        keys' locks (X3g): the first attempt locks the new run's quota keys;
-        if a run to end carries another, nothing has been written yet, and the
-        transaction starts again with that key locked too, in the lock order."""
+        keys' locks (X3g): the first attempt locks the new run's quota keys
+        and those of the key's active runs, read just before without a lock;
+        if a run to end carries another (a start that committed in between),
+        nothing has been written yet, and the transaction starts again with
+        that key locked too, in the lock order."""
         assert run.singleton_key is not None
         workflow_name, key = run.workflow_name, run.singleton_key
         locking = set(run.quota_keys)
+        if run.quota_keys:  # a workflow with quotas: its other runs carry quota keys too
+            tags = self._runs().for_key(workflow_name, key).active().values_list("tags", flat=True)
+            locking.update(q for t in tags for q in split_quota_tags(t or ())[1])
 
         def start() -> Superseding:
             runs = self._runs()
