@@ -79,6 +79,7 @@ __all__ = [
     "limit_in_force",
     "limit_in_force_sql",
     "limit_in_force_sql_text",
+    "queue_cap",
     "queue_ttl_expired",
     "queue_ttl_expired_q",
     "queue_ttl_expired_sql_text",
@@ -183,6 +184,13 @@ def free_slots_sql_text(limit: str, holders: str, paused: str) -> str:
     """SQL text of :func:`free_slots` for raw statements; each argument an SQL
     expression (``paused`` NULL: not paused)."""
     return f"(CASE WHEN COALESCE({paused}, FALSE) THEN 0 WHEN {limit} > {holders} THEN {limit} - {holders} ELSE 0 END)"
+
+
+def queue_cap(limit: int, max_queue_depth: int | None) -> int | None:
+    """Return the active runs (or quota members) at which a start is refused,
+    ``limit + max_queue_depth``, or None for an unbounded queue (S15, X3j):
+    the one formula of a singleton key's and a quota key's cap."""
+    return None if max_queue_depth is None else limit + max_queue_depth
 
 
 def cap_in_force(declared_cap: int, declared: int | None, override: int | None) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from .admission import MAX_WEIGHT, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH, QUOTA_PREFIX
+from .admission import MAX_WEIGHT, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH, QUOTA_PREFIX, queue_cap
 from .exceptions import (
     DuplicateWorkflowError,
     InvalidWorkflowError,
@@ -96,8 +96,7 @@ class Singleton:
     def cap(self) -> int | None:
         """Return the count of the key's active runs at which a start is refused
         (S15): ``limit + queue_depth``, or None without a cap."""
-        depth = self.queue_depth
-        return None if depth is None else self.limit + depth
+        return queue_cap(self.limit, self.queue_depth)
 
     @property
     def supersedes(self) -> bool:
@@ -287,7 +286,7 @@ class Quota:
     def cap(self) -> int | None:
         """Return the active members of a quota key at which a start is refused,
         ``limit + max_queue_depth``, or None (unbounded) (S15, X3j)."""
-        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
+        return queue_cap(self.limit, self.max_queue_depth)
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from .admission import (
     holds_slot_q,
     limit_in_force,
     limit_in_force_sql,
+    queue_cap,
     queue_ttl_expires_at,
     quota_lock_name,
     quota_waiting_q,
@@ -110,6 +111,13 @@ def format_age(seconds: float | None) -> str:
     return f"{days} d {hours} h"
 
 
+def _fullness(active: int, capacity: int | None) -> float | None:
+    """Active runs (or members) / capacity: 1.0 = starts are refused; None without a cap."""
+    if capacity is None:
+        return None
+    return active / capacity if capacity else 1.0
+
+
 @dataclass(frozen=True)
 class QueueRow:
     """One workflow and key with active runs.
@@ -136,16 +144,14 @@ class QueueRow:
 
     @property
     def capacity(self) -> int | None:
-        """Return ``limit + max_queue_depth``, or None without a cap."""
-        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
+        """Return ``limit + max_queue_depth``, or None without a cap
+        (:func:`~durable_singleton.admission.queue_cap`)."""
+        return queue_cap(self.limit, self.max_queue_depth)
 
     @property
     def fullness(self) -> float | None:
         """Return active runs / capacity (1.0 = starts are refused), or None without a cap."""
-        capacity = self.capacity
-        if capacity is None:
-            return None
-        return self.active / capacity if capacity else 1.0
+        return _fullness(self.active, self.capacity)
 
     @property
     def free_slots(self) -> int:
@@ -383,16 +389,14 @@ class QuotaRow:
 
     @property
     def capacity(self) -> int | None:
-        """Return ``limit + max_queue_depth``, or None without a cap (S15, X3j)."""
-        return None if self.max_queue_depth is None else self.limit + self.max_queue_depth
+        """Return ``limit + max_queue_depth``, or None without a cap (S15, X3j,
+        :func:`~durable_singleton.admission.queue_cap`)."""
+        return queue_cap(self.limit, self.max_queue_depth)
 
     @property
     def fullness(self) -> float | None:
         """Return active members / capacity (1.0 = starts are refused), or None without a cap."""
-        capacity = self.capacity
-        if capacity is None:
-            return None
-        return self.active / capacity if capacity else 1.0
+        return _fullness(self.active, self.capacity)
 
     @property
     def workflow(self) -> str:
