@@ -49,6 +49,7 @@ __all__ = [
     "MAX_WEIGHT",
     "QUOTA_KEY_MAX_LENGTH",
     "QUOTA_NAME_MAX_LENGTH",
+    "QUOTA_ORDER",
     "QUOTA_PREFIX",
     "RESERVED_TAGS",
     "TRACKED_TAG",
@@ -65,6 +66,7 @@ __all__ = [
     "free_slots_sql_text",
     "holds_quota_slot",
     "holds_quota_slot_q",
+    "holds_quota_slot_sql_text",
     "holds_slot",
     "holds_slot_q",
     "holds_slot_sql_text",
@@ -88,6 +90,7 @@ __all__ = [
     "quota_lock_name",
     "quota_tag",
     "quota_waiter_q",
+    "quota_waiter_sql_text",
     "quota_waiting_q",
     "retry_delay",
     "singleton_admission_denial_patch",
@@ -559,6 +562,27 @@ def quota_waiter_q(now: Any) -> Q:
     """The memberships that wait in a quota key's queue and are due (X3d, X5) by
     ``now``, the database's clock (``DbNow()``, R5): the ones a claim orders."""
     return quota_waiting_q() & is_due_q(now, "run__")
+
+
+def holds_quota_slot_sql_text(membership: str, run: str) -> str:
+    """SQL text of :func:`holds_quota_slot_q` for raw statements, on the quota
+    membership table aliased ``membership`` joined to its run aliased ``run`` (X3c)."""
+    return f"({membership}.slot = '{SlotState.HOLDER.value}' AND {run}.status IN ({_sql_in(ACTIVE_STATUSES)}))"
+
+
+def quota_waiter_sql_text(membership: str, run: str, now: str) -> str:
+    """SQL text of :func:`quota_waiter_q` for raw statements, on the aliases of
+    :func:`holds_quota_slot_sql_text`; ``now`` the SQL of the database's clock (X3d, X5, R5)."""
+    return (
+        f"({membership}.slot = '{SlotState.WAITER.value}' AND {run}.status IN ({_sql_in(ACTIVE_STATUSES)})"
+        f" AND {is_due_sql_text(run, now)})"
+    )
+
+
+#: The admission order of a quota key's waiters, by membership (X3d, X4): the one order
+#: :meth:`DjangoStore._quota_front <durable_singleton.stores.django.DjangoStore._quota_front>`
+#: reads and :func:`fair_tag` feeds.
+QUOTA_ORDER = ("tag", "created_at", "run_id")
 
 
 #: Largest weight of a sub-key inside a fair quota (slots per round, X4).

@@ -49,6 +49,7 @@ from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from ..admission import (
+    QUOTA_ORDER,
     QUOTA_PREFIX,
     cap_in_force,
     fair_tag,
@@ -570,7 +571,10 @@ class DjangoStore(BaseStore):
         is reported created, another start's is returned as stored (R3, S16,
         S8a, R8). A capped start with ``stamp`` reads the database's clock first."""
         fast = self._fast()
-        if fast is not None and (cap is None or run.singleton_key is None) and not run.quota_keys:
+        # A run with a fair quota (its tag is read first) or a capped one (counted under its
+        # quota keys' locks) takes the ORM path (X3i).
+        quotas_fast = not run.quota_shares and not run.quota_caps
+        if fast is not None and (cap is None or run.singleton_key is None) and quotas_fast:
             for _ in range(self.claim_retries + 1):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
                 if started is not None:
@@ -988,13 +992,19 @@ class DjangoStore(BaseStore):
             return Turn(TurnState.SKIPPED)
         if run.is_terminal or (run.status == RunStatus.RUNNING and not expired):
             return Turn(TurnState.SKIPPED, run)
-        if run.quota_slot is not None:
-            return None  # it carries quotas: the ORM path, under the locks of all its limits (X3i)
         recovered = run.status == RunStatus.RUNNING
         if run.cancel_requested or (recovered and run.recoveries >= max_recoveries):
             return None
         if not due and not recovered and not run.holds_slot:
             return None  # a delayed start before its time (X5): the ORM path moves its wake_at
+        if run.quota_slot is not None:
+            # It carries quotas: a waiter's admission in one message under the locks of all its
+            # limits (X3); a holder's confirmation or recovery takes the ORM path (X3i).
+            keyed_ok = run.singleton_key is None or (run.tracked and run.workflow_name in limits)
+            if recovered or run.quota_slot != SlotState.WAITER or not keyed_ok:
+                return None
+            ttl = (ttls or {}).get(run.workflow_name)
+            return self._retrying(lambda: fast.quota_admit(run, owner, lease_seconds, limits, delays, ttl))
         if run.singleton_key is None or run.holds_slot:
             if run.singleton_key is not None and recovered:
                 return None  # a new token from the key's counter: _take_over (K1)
@@ -1146,7 +1156,7 @@ class DjangoStore(BaseStore):
         limit = limit_in_force(limits.get(quota_lock_name(name), 1), key_row["limit_override"])
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = self._locking(members.filter(holds_quota_slot_q())).count()
-        queue = members.filter(quota_waiter_q(DbNow())).order_by("tag", "created_at", "run_id")
+        queue = members.filter(quota_waiter_q(DbNow())).order_by(*QUOTA_ORDER)
         waiters = [str(r) for r in self._locking(queue).values_list("run_id", flat=True)[:limit]]
         return free_slots(limit, holders, paused=bool(key_row["paused"])), waiters
 
@@ -1393,14 +1403,15 @@ class DjangoStore(BaseStore):
         ttls: QueueTtls | None = None,
     ) -> Finish:
         fast = self._fast() if owner is not None else None
-        quotas = run.quota_slot is not None or bool(run.quota_keys)
+        # A run that carries quotas settles on the fast path when its record names them (X3g).
+        quotas_known = run.quota_slot is None or bool(run.quota_keys)
         if (
             fast is not None
             and owner is not None
-            and not quotas
+            and quotas_known
             and (run.singleton_key is None or run.workflow_name in limits)
         ):
-            # One round trip: the settle and the handoff in raw SQL (S7, R5a).
+            # One round trip: the settle and the handoff in raw SQL (S7, R5a, X3g).
             ttl = (ttls or {}).get(run.workflow_name)
             return self._retrying(lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl))
         if owner is not None:

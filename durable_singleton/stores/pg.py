@@ -59,16 +59,21 @@ from typing import Any, Protocol
 from django.db import connections
 
 from ..admission import (
+    QUOTA_ORDER,
+    QUOTA_PREFIX,
     free_slots_sql_text,
+    holds_quota_slot_sql_text,
     holds_slot_sql_text,
     is_due_sql_text,
     legacy_holder_sql_text,
     limit_in_force_sql_text,
     queue_ttl_expired_sql_text,
+    quota_lock_name,
     quota_tag,
+    quota_waiter_sql_text,
     split_quota_tags,
 )
-from ..models import Run, SingletonKey
+from ..models import QuotaMembership, Run, SingletonKey
 from ..querysets import PG_NOW_SQL, RunQuerySet
 from ..records import RunRecord, StepRecord
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState
@@ -91,6 +96,7 @@ __all__ = ["FastPath", "Store", "usable"]
 
 RUN = Run._meta.db_table
 KEY = SingletonKey._meta.db_table
+MEMBER = QuotaMembership._meta.db_table
 NOW = PG_NOW_SQL
 #: The database's clock when a row is written (after the key's lock, unlike :data:`NOW`, the
 #: message's arrival): the start of a lease, a wake or an admission written by a statement (R5, R8).
@@ -316,11 +322,12 @@ def _queue(exclude: str, value: Any = _param) -> str:
         f" WHERE k0.workflow_name = {wf} AND k0.key = {key}),"
         f" lg AS (SELECT count(*) AS n FROM {RUN} l0 WHERE l0.workflow_name = {wf} AND l0.singleton_key = {key}"
         f" AND {legacy_holder_sql_text('l0')}{skip_lg}),"
-        f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.created_at, {holds_slot_sql_text('q0')} AS holds"
+        f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at,"
+        f" {holds_slot_sql_text('q0')} AS holds"
         f" FROM {RUN} q0 WHERE q0.workflow_name = {wf} AND q0.singleton_key = {key} AND {FRONT_WHERE}{skip}{fresh}"
         f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim FROM k)),"
         f" c AS (SELECT k.id, k.last_token, k.lim, {free_slots_sql_text('k.lim', holders, 'k.paused')} AS free FROM k),"
-        " w AS (SELECT q.run_id, q.status, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
+        " w AS (SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
         f" FROM q WHERE q.singleton_slot = '{SlotState.WAITER.value}')"
     )
 
@@ -342,16 +349,21 @@ _BUMP = (
     " WHERE k1.id = c.id AND EXISTS (SELECT 1 FROM g))"
 )
 
+#: A settle's write: the end, its output and error, every marker dropped (a slot, a quota
+#: slot, the lease, the wake) in the same write (S7, X3g).
+_SETTLE_SET = (
+    "status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
+    " singleton_slot = NULL, singleton_tracked = FALSE, quota_slot = NULL, lease_owner = NULL,"
+    f" lease_expires_at = NULL, wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
+)
 #: The owner's compare-and-set of a settle (R5a).
 FINISH_OWNED = f"r.status = '{RunStatus.RUNNING.value}' AND r.lease_owner = %(owner)s AND r.lease_expires_at > {NOW}"
 
 #: The handoff: settle the run by compare-and-set on its owner's unexpired lease, dropping
 #: its markers in the same write, then grant the freed slots to the oldest waiters (S7, S12, R5a, K1).
 FINISH = (
-    f"WITH s AS (UPDATE {RUN} r SET status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
-    " singleton_slot = NULL, singleton_tracked = FALSE, lease_owner = NULL, lease_expires_at = NULL,"
-    f" wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
-    f" WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING {_cols('r')}),"
+    f"WITH s AS (UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED}"
+    f" RETURNING {_cols('r')}),"
     f" {_queue('run_id')},"
     " g AS (SELECT w.run_id, w.status, c.last_token + w.pos AS token FROM w, c"
     " WHERE w.pos <= c.free AND EXISTS (SELECT 1 FROM s)),"
@@ -363,10 +375,7 @@ FINISH = (
 
 #: A settle without a key: the compare-and-set alone (R5a).
 SETTLE = (
-    f"UPDATE {RUN} r SET status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
-    " singleton_slot = NULL, singleton_tracked = FALSE, lease_owner = NULL, lease_expires_at = NULL,"
-    f" wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
-    f" WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
+    f"UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
 )
 
 
@@ -516,8 +525,180 @@ def _insert(deep: str) -> str:
 #: with a key, creates it parked when its key's queue is deep (S8a).
 START_KEYED = _insert(_DEEP)
 START = _insert("FALSE")
+
+
+def _with_members(insert: str) -> str:
+    """A start of a run that carries quotas: the run's INSERT and, if it inserted the row,
+    one membership per quota key (the ``mquota`` and ``mkey`` arrays), a waiter in the
+    order of its quota's creation time, in the same statement (X3b); a fair quota's tag needs
+    reads first, so such a run takes the ORM path."""
+    return (
+        f"WITH ins AS ({insert}), mem AS (INSERT INTO {MEMBER}"
+        " (run_id, quota, key, slot, fencing_token, created_at, sub_key, weight, tag)"
+        f" SELECT ins.run_id, mq.quota, mq.key, '{SlotState.WAITER.value}', NULL, ins.created_at, '', 1, 0"
+        " FROM ins, unnest(%(mquota)s::text[], %(mkey)s::text[]) mq(quota, key))"
+        f" SELECT {', '.join(COLUMNS)} FROM ins"
+    )
+
+
+START_KEYED_QUOTAS = _with_members(START_KEYED)
+START_QUOTAS = _with_members(START)
 #: The run as stored.
 GET = f"SELECT {_cols('r')} FROM {RUN} r WHERE r.run_id = %(run_id)s"
+
+
+# -- shared quotas (X3) ---------------------------------------------------------------------------
+# A run that carries quotas, on the fast path: its start with its memberships, its admission
+# and its handoff, each one message. Its quota keys come as two arrays (``qwf``: the lock
+# names ``quota:<name>``, ``qkey``: the keys), sorted by (name, key) as the ORM path's
+# ``_lock_quota_keys`` sorts them: the one global lock order, every quota key before the
+# singleton key, then the run's row (X3e, S13).
+HOLDER, WAITER = SlotState.HOLDER.value, SlotState.WAITER.value
+_QUOTA_KEYS = "unnest(%(qwf)s::text[], %(qkey)s::text[]) WITH ORDINALITY qu(wf, key, n)"
+#: Create the run's missing quota key rows, in the lock order.
+CREATE_QUOTA_KEYS = (
+    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
+    f" SELECT {NOW}, {NOW}, qu.wf, qu.key, 0, FALSE FROM {_QUOTA_KEYS} ORDER BY qu.n"
+    " ON CONFLICT (workflow_name, key) DO NOTHING"
+)
+#: Lock the run's quota key rows one by one in the lock order (the sort, then the locks, X3e).
+LOCK_QUOTA_KEYS = (
+    f"SELECT k.id FROM {KEY} k JOIN {_QUOTA_KEYS} ON k.workflow_name = qu.wf AND k.key = qu.key"
+    " ORDER BY qu.n FOR UPDATE OF k"
+)
+#: The singleton key's row of a run that has one (the ``key`` parameter NULL: none).
+CREATE_KEY_IF = (
+    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
+    f" SELECT {NOW}, {NOW}, %(wf)s::varchar, %(key)s::varchar, 0, FALSE WHERE %(key)s::varchar IS NOT NULL"
+    " ON CONFLICT (workflow_name, key) DO NOTHING"
+)
+_QUOTA_NAME = f"substr(k0.workflow_name, {len(QUOTA_PREFIX) + 1})"
+_QUOTA_ORDER = ", ".join(f"m.{column}" for column in QUOTA_ORDER)
+
+
+def _quota_fronts(exclude: str) -> str:
+    """The CTEs of the run's locked quota keys: ``qk``, each key with its limit in
+    force (the declared one in the ``limits`` parameter under ``quota:<name>``, 1
+    if absent, or the key's override, K2) and its free slots (none while paused);
+    ``qf``, each key's first due waiters, as many as its limit, with their
+    position in admission order (X3c, X3d, X4, X5). ``exclude``: a run id
+    parameter whose membership counts as no holder (the run this statement
+    settles, X3g), or ''."""
+    skip = f" AND m.run_id <> %({exclude})s" if exclude else ""
+    limit = limit_in_force_sql_text("(%(limits)s::jsonb ->> k0.workflow_name)::integer", "k0.limit_override")
+    holders = (
+        f"(SELECT count(*) FROM {MEMBER} m JOIN {RUN} mr ON mr.run_id = m.run_id"
+        f" WHERE m.quota = {_QUOTA_NAME} AND m.key = k0.key AND {holds_quota_slot_sql_text('m', 'mr')}{skip})"
+    )
+    return (
+        f"qk AS (SELECT k0.id, qu.n, k0.last_token, {_QUOTA_NAME} AS quota, k0.key, {limit} AS lim,"
+        f" {free_slots_sql_text(limit, holders, 'k0.paused')} AS free"
+        f" FROM {KEY} k0 JOIN {_QUOTA_KEYS} ON k0.workflow_name = qu.wf AND k0.key = qu.key),"
+        " qf AS (SELECT qk.id, qk.n, f.run_id, f.pos, qk.free FROM qk CROSS JOIN LATERAL"
+        f" (SELECT m.run_id, row_number() OVER (ORDER BY {_QUOTA_ORDER}) AS pos FROM {MEMBER} m"
+        f" JOIN {RUN} mr ON mr.run_id = m.run_id WHERE m.quota = qk.quota AND m.key = qk.key"
+        f" AND {quota_waiter_sql_text('m', 'mr', NOW)} ORDER BY {_QUOTA_ORDER} LIMIT qk.lim) f)"
+    )
+
+
+#: The waiters sent a turn as they are (the ``tr`` CTE: run id and its place), each once at
+#: its first place, the ones granted a slot (``g``) left out: the rest of a select list, its
+#: place as two columns (the singleton key's front first, then each quota key's in lock order).
+_TURN_ORDER = (
+    f"t1.o1, t1.o2 FROM {RUN} r JOIN (SELECT DISTINCT ON (tr.run_id) tr.run_id, tr.o1, tr.o2 FROM tr"
+    " ORDER BY tr.run_id, tr.o1, tr.o2) t1 ON t1.run_id = r.run_id"
+    " WHERE r.run_id NOT IN (SELECT g.run_id FROM g)"
+)
+#: The claimant as its turn read it: still a quota waiter with that status and those attempts,
+#: not cancelled (R5a, S9).
+_QUOTA_AS_READ = (
+    "r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
+    f" AND NOT r.cancel_requested AND r.quota_slot = '{WAITER}'"
+)
+#: The singleton grants of a statement that reads the quota fronts: the waiters within the
+#: key's free slots (``sg``, ``w`` and ``c`` of :func:`_queue`, when ``when`` holds); a slot
+#: and the next token go to each that carries no quota (and to ``claimant``, a parameter, or
+#: ''), the ones that carry quotas keep their place and are sent a turn (X3h, K1).
+def _singleton_grants(when: str, claimant: str) -> str:
+    mine = f"sg.run_id = %({claimant})s OR " if claimant else ""
+    return (
+        f"sg AS (SELECT w.run_id, w.status, w.quota_slot, w.pos FROM w, c WHERE w.pos <= c.free AND {when}),"
+        " g AS (SELECT sg.run_id, sg.status, c.last_token + row_number() OVER (ORDER BY sg.pos) AS token"
+        f" FROM sg, c WHERE {mine}sg.quota_slot IS NULL)"
+    )
+
+
+#: The admission of a quota waiter (X3c, X3d, X3f, S5, K1), under the locks of all its limits:
+#: it is admitted when it is within the free slots of each of its quota keys (``qr``) and,
+#: with a singleton key, the key's grant reaches it (``g``); then it takes its lease, a slot
+#: and the next token in each limit. Else it is parked with its retry ``wake_at``: the front
+#: delay if it is among the first ``limit`` waiters (of its singleton key once its quotas
+#: admit it, else of each quota key), the backlog's if not (S5 step 5). The singleton grants
+#: are written whenever its quotas admit it, as the ORM path's ``_quota_turn``. The rows:
+#: 0 the claimant's lease (with its quota tokens as JSON), 1 the other grants, 2 the claimant
+#: parked, 3 the waiters sent a turn as they are (X3h).
+QUOTA_ADMIT = (
+    f"WITH me AS (SELECT r.run_id FROM {RUN} r WHERE {_QUOTA_AS_READ}"
+    " AND (r.singleton_key IS NULL OR r.singleton_tracked)),"
+    f" {_quota_fronts('')},"
+    " qr AS (SELECT count(*) FILTER (WHERE qf.pos <= qf.free) = (SELECT count(*) FROM qk) AS reaches,"
+    " count(*) = (SELECT count(*) FROM qk) AS at_front FROM qf WHERE qf.run_id = %(run_id)s),"
+    f" {_queue('')},"
+    f" {_singleton_grants('(SELECT qr.reaches FROM qr) AND EXISTS (SELECT 1 FROM me)', 'run_id')},"
+    " ad AS (SELECT EXISTS (SELECT 1 FROM me) AND (SELECT qr.reaches FROM qr)"
+    " AND (%(key)s IS NULL OR EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)) AS yes),"
+    f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, quota_slot = '{HOLDER}', admitted_at = {WRITTEN},"
+    f" singleton_slot = CASE WHEN r.singleton_key IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
+    " singleton_tracked = r.singleton_tracked OR r.singleton_key IS NOT NULL,"
+    " fencing_token = COALESCE((SELECT g.token FROM g WHERE g.run_id = %(run_id)s), r.fencing_token)"
+    f" WHERE {_QUOTA_AS_READ} AND (SELECT ad.yes FROM ad) RETURNING {_cols('r')}),"
+    f" mt AS (UPDATE {MEMBER} m SET slot = '{HOLDER}', fencing_token = qk.last_token + 1 FROM qk"
+    " WHERE m.run_id = %(run_id)s AND m.quota = qk.quota AND m.key = qk.key AND EXISTS (SELECT 1 FROM mine)"
+    " RETURNING m.quota, m.fencing_token),"
+    f" qt AS (UPDATE {KEY} k2 SET last_token = qk.last_token + 1 FROM qk"
+    " WHERE k2.id = qk.id AND EXISTS (SELECT 1 FROM mine)),"
+    f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
+    f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
+    f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
+    f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN"
+    " CASE WHEN (SELECT qr.reaches FROM qr) AND %(key)s IS NOT NULL"
+    " THEN EXISTS (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
+    " ELSE (SELECT qr.at_front FROM qr) END THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
+    " lease_owner = NULL, lease_expires_at = NULL,"
+    f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
+    " WHERE r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
+    " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me) AND NOT (SELECT ad.yes FROM ad)"
+    f" RETURNING {_cols('r')}),"
+    f" {_BUMP},"
+    " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
+    " AND sg.run_id <> %(run_id)s UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf"
+    " WHERE (SELECT ad.yes FROM ad) AND qf.pos <= qf.free AND qf.run_id <> %(run_id)s)"
+    f" SELECT 0, {_cols('mine')}, (SELECT json_object_agg(mt.quota, mt.fencing_token) FROM mt), 0, 0 FROM mine"
+    f" UNION ALL SELECT 1, {_cols('others')}, NULL, 0, 0 FROM others"
+    f" UNION ALL SELECT 2, {_cols('park')}, NULL, 0, 0 FROM park"
+    f" UNION ALL SELECT 3, {_cols('r')}, NULL, {_TURN_ORDER}"
+)
+
+#: The handoff of a run that carries quotas (S7, X3g, X3h, R5a, K1): settle it by
+#: compare-and-set on its owner's unexpired lease, free its slot in every limit in the same
+#: transaction, grant its singleton key's free slots as :data:`FINISH` does, and read each
+#: quota key's waiters within its free slots. The rows: 0 the run settled, 1 the grants,
+#: 2 the waiters sent a turn as they are (their own claims decide, X3h).
+QUOTA_FINISH = (
+    f"WITH s AS (UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED}"
+    f" RETURNING {_cols('r')}),"
+    f" sm AS (UPDATE {MEMBER} m SET slot = NULL WHERE m.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM s)),"
+    f" {_queue('run_id')},"
+    f" {_singleton_grants('EXISTS (SELECT 1 FROM s)', '')},"
+    f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
+    f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
+    f" {_BUMP},"
+    f" {_quota_fronts('run_id')},"
+    " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
+    " UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf WHERE qf.pos <= qf.free AND EXISTS (SELECT 1 FROM s))"
+    f" SELECT 0, {_cols('s')}, 0, 0 FROM s UNION ALL SELECT 1, {_cols('u')}, 0, 0 FROM u"
+    f" UNION ALL SELECT 2, {_cols('r')}, {_TURN_ORDER}"
+)
 
 
 _PARAM = re.compile(r"%\((\w+)\)s")
@@ -584,6 +765,16 @@ CLAIM_MESSAGE = Message(
 )
 START_KEYED_MESSAGE = Message(Statement("start_keyed", START_KEYED))
 START_MESSAGE = Message(Statement("start", START))
+START_KEYED_QUOTAS_MESSAGE = Message(Statement("start_keyed_quotas", START_KEYED_QUOTAS))
+START_QUOTAS_MESSAGE = Message(Statement("start_quotas", START_QUOTAS))
+_QUOTA_LOCKS = (
+    Statement("create_quota_keys", CREATE_QUOTA_KEYS),
+    Statement("lock_quota_keys", LOCK_QUOTA_KEYS),
+    Statement("create_key_if", CREATE_KEY_IF),
+    _LOCK_KEY,
+)
+QUOTA_ADMIT_MESSAGE = Message(*_QUOTA_LOCKS, _LOCK_RUN, Statement("quota_admit", QUOTA_ADMIT))
+QUOTA_FINISH_MESSAGE = Message(*_QUOTA_LOCKS, Statement("quota_finish", QUOTA_FINISH))
 GET_MESSAGE = Message(Statement("get", GET))
 
 
@@ -614,6 +805,12 @@ def _admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | None:
     if granted:
         return Turn(TurnState.SKIPPED, run, granted=tuple(granted))
     return None
+
+
+def _in_place(rows: Sequence[Sequence[Any]], tag: int) -> list[RunRecord]:
+    """The runs of the rows tagged ``tag`` (waiters sent a turn), in their place: the last
+    two columns of each row (:data:`_TURN_ORDER`)."""
+    return [record(r[1:]) for r in sorted((r for r in rows if r[0] == tag), key=lambda r: (r[-2], r[-1]))]
 
 
 def _json_param(value: Any) -> str | None:
@@ -723,8 +920,14 @@ class FastPath:
         keyed = run.singleton_key is not None and deep_limit is not None
         if keyed:
             params.update(deep_limit=int(deep_limit or 1))
+        if run.quota_keys:
+            assert not run.quota_shares, "a fair quota's tag is read first: the ORM path"
+            params.update(mquota=[name for name, _ in run.quota_keys], mkey=[key for _, key in run.quota_keys])
+            message = START_KEYED_QUOTAS_MESSAGE if keyed else START_QUOTAS_MESSAGE
+        else:
+            message = START_KEYED_MESSAGE if keyed else START_MESSAGE
         with self._cursor() as cursor:
-            self._send(cursor, START_KEYED_MESSAGE if keyed else START_MESSAGE, params)
+            self._send(cursor, message, params)
             row = cursor.fetchone()
             if row is not None:
                 return record(row), True
@@ -788,6 +991,62 @@ class FastPath:
             self._send(cursor, ADMIT_MESSAGE, params)
             rows = self._last_result(cursor, ADMIT_MESSAGE)
         return _admitted(run, rows)
+
+    def quota_admit(
+        self,
+        run: RunRecord,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        delays: tuple[float, float],
+        ttl: float | None = None,
+    ) -> Turn | None:
+        """Admit or park a quota waiter ``run`` as read, in one message under the
+        locks of all its limits: its quota keys sorted, its singleton key, its row
+        (:data:`QUOTA_ADMIT`; X3c, X3d, X3e, X3f, S5, K1). ``limits``: the
+        declared limits by workflow name and by ``quota:<name>``; ``delays`` and
+        ``ttl`` as for :meth:`admit`. The turn's ``granted`` holds the other runs
+        granted a singleton slot and the quota waiters sent a turn as they are
+        (X3h). None: the run changed since it was read (nothing was written);
+        the caller decides on the ORM path."""
+        params = {
+            "run_id": run.run_id,
+            "status": run.status,
+            "attempts": run.attempts,
+            "wf": run.workflow_name,
+            "key": run.singleton_key,
+            "declared": limits.get(run.workflow_name),
+            "ttl": None if ttl is None else float(ttl),
+            **self._quota_keys(run, limits),
+            **self._admission(owner, lease_seconds, delays),
+        }
+        with self._cursor() as cursor:
+            self._send(cursor, QUOTA_ADMIT_MESSAGE, params)
+            rows = self._last_result(cursor, QUOTA_ADMIT_MESSAGE)
+        granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
+        turns = granted + _in_place(rows, 3)
+        for row in rows:
+            if row[0] == 0:
+                tokens = _json(row[len(COLUMNS) + 1]) or {}
+                taken = record(row[1:]).evolve(quota_tokens=tuple(sorted((q, int(t)) for q, t in tokens.items())))
+                return Turn(TurnState.RUN, taken, granted=tuple(turns), admitted=True, steps=_known_steps(taken))
+        parked = [record(r[1:]) for r in rows if r[0] == 2]
+        if parked:
+            return Turn(TurnState.PARKED, parked[0], granted=tuple(turns))
+        return Turn(TurnState.SKIPPED, run, granted=tuple(turns)) if turns else None
+
+    @staticmethod
+    def _quota_keys(run: RunRecord, limits: Limits) -> dict[str, Any]:
+        """The parameters of a run's quota keys: ``qwf`` (lock names) and ``qkey``
+        in the lock order, sorted by (name, key) (X3e), and ``limits``, the
+        declared limit of each quota (JSON, by lock name)."""
+        ordered = sorted(set(run.quota_keys))
+        declared = {quota_lock_name(name): limits.get(quota_lock_name(name)) for name, _ in ordered}
+        return {
+            "qwf": [quota_lock_name(name) for name, _ in ordered],
+            "qkey": [key for _, key in ordered],
+            "limits": json.dumps({name: int(limit) for name, limit in declared.items() if limit is not None}),
+        }
 
     def _admission(self, owner: str, lease_seconds: float, delays: tuple[float, float]) -> dict[str, Any]:
         """The parameters every admission statement shares: the claimant's lease
@@ -871,7 +1130,7 @@ class FastPath:
             "finished_at": finished_at,
         }
         with self._cursor() as cursor:
-            if run.singleton_key is None:
+            if run.singleton_key is None and not run.quota_keys:
                 self._send(cursor, SETTLE_MESSAGE, params)
                 rows = list(cursor.fetchall())
             else:
@@ -882,10 +1141,15 @@ class FastPath:
                     redelivery=float(self.store.redelivery_seconds),
                     ttl=None if ttl is None else float(ttl),
                 )
-                self._send(cursor, FINISH_MESSAGE, params)
-                rows = self._last_result(cursor, FINISH_MESSAGE)
+                message = FINISH_MESSAGE
+                if run.quota_keys:
+                    params.update(self._quota_keys(run, limits))
+                    message = QUOTA_FINISH_MESSAGE
+                self._send(cursor, message, params)
+                rows = self._last_result(cursor, message)
         settled = [record(r[1:]) for r in rows if r[0] == 0]
         if not settled:
             return Finish(None)
         granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
-        return Finish(settled[0], tuple(granted))
+        # A quota run's handoff also sends a turn to the waiters it no longer blocks (X3h).
+        return Finish(settled[0], (*granted, *_in_place(rows, 2)))
