@@ -235,3 +235,29 @@ def test_fast_and_orm_claims_over_crossing_quota_keys_never_deadlock_or_over_adm
     assert max(v for k, v in peak.items() if k.startswith("other:")) <= 1
     assert all(engines[0].get(r).status == RunStatus.COMPLETED for r in ids)
     assert deadlocks() == before
+
+
+def test_a_handoff_without_quotas_sends_a_turn_to_a_waiter_that_carries_them() -> None:
+    """X3h, S7: a release that added a quota to a singleton workflow; the older
+    release's holder (no quota) settles while a newer run that carries the quota
+    waits on the same singleton key. The handoff grants it no slot (its own claim
+    decides under the locks of all its limits) but sends it its turn at once: on
+    PostgreSQL's fast path as on the ORM path. Before, the fast path passed over
+    it, and it waited for its retry delay."""
+    old, new = Registry(), Registry()
+    old.add("fpq-mv", "1", _holding, singleton={"key": lambda i: i["k"]})
+    new.add("fpq-mv", "1", _holding, singleton={"key": lambda i: i["k"]}, quotas=[Quota("fpq-mv", limit=1)])
+    before, after = make_engine(DjangoStore(), registry=old), make_engine(DjangoStore(), registry=new)
+    before.start("fpq-mv", {"k": "K", "hold": True}, run_id="old")
+    before.dispatcher.drain()  # type: ignore[attr-defined]
+    after.start("fpq-mv", {"k": "K"}, run_id="new")
+    after.dispatcher.drain()  # type: ignore[attr-defined]
+    assert after.get("new").status == RunStatus.SUSPENDED and after.get("new").quota_slot == "waiter"
+    before.signal("old", "go")
+    queued = before.dispatcher.queue  # type: ignore[attr-defined]
+    before.execute(queued.popleft())
+    assert before.get("old").status == RunStatus.COMPLETED
+    assert list(queued) == ["new"], "the waiter that carries quotas was sent no turn"
+    assert not after.get("new").admitted, "a grant admitted a run that carries quotas on its own (X3h)"
+    after.execute(queued.popleft())
+    assert after.get("new").status == RunStatus.COMPLETED and after.get("new").output == {"fpq-mv": 1}

@@ -24,6 +24,12 @@ cases named below. Each is one round trip:
   statement's snapshot is taken after the key's lock, so it reads every
   commit before the lock, as the ORM path's reads after ``lock_key`` do.
 
+* a run that carries quotas (X3i): its start with its memberships, a quota
+  waiter's admission (:meth:`FastPath.quota_admit`: its quota keys' rows
+  locked in the one global order, its singleton key's, its own, then one
+  statement that decides and writes) and its handoff (:data:`QUOTA_FINISH`),
+  one message each.
+
 The rules are not restated: who holds a slot, the limit in force and the free
 slots are :mod:`durable_singleton.admission`'s SQL text
 (:func:`~durable_singleton.admission.holds_slot_sql_text`,
@@ -337,8 +343,9 @@ _GRANT_SET = (
     f" admitted_at = {WRITTEN}"
 )
 #: Each grant is a compare-and-set on the waiter as read (S7, K1).
-#: A waiter that carries quotas keeps its place and gets no slot here: its own claim decides
-#: on the ORM path, under the locks of all its limits (X3h).
+#: A waiter that carries quotas keeps its place and gets no slot here (no ``g`` row of
+#: :func:`_singleton_grants` is one): it is sent a turn, and its own claim decides under the
+#: locks of all its limits (X3h).
 _GRANT_CAS = (
     f"r.run_id = g.run_id AND r.status = g.status AND r.singleton_slot = '{SlotState.WAITER.value}'"
     " AND NOT r.cancel_requested AND r.quota_slot IS NULL"
@@ -348,6 +355,29 @@ _BUMP = (
     f"t AS (UPDATE {KEY} k1 SET last_token = c.last_token + (SELECT count(*) FROM g) FROM c"
     " WHERE k1.id = c.id AND EXISTS (SELECT 1 FROM g))"
 )
+
+#: The waiters sent a turn as they are (the ``tr`` CTE: run id and its place), each once at
+#: its first place, the ones granted a slot (``g``) left out: the rest of a select list, its
+#: place as two columns (the singleton key's front first, then each quota key's in lock order).
+_TURN_ORDER = (
+    f"t1.o1, t1.o2 FROM {RUN} r JOIN (SELECT DISTINCT ON (tr.run_id) tr.run_id, tr.o1, tr.o2 FROM tr"
+    " ORDER BY tr.run_id, tr.o1, tr.o2) t1 ON t1.run_id = r.run_id"
+    " WHERE r.run_id NOT IN (SELECT g.run_id FROM g)"
+)
+
+
+#: The singleton grants of a statement: the waiters within the
+#: key's free slots (``sg``, ``w`` and ``c`` of :func:`_queue`, when ``when`` holds); a slot
+#: and the next token go to each that carries no quota (and to ``claimant``, a parameter, or
+#: ''), the ones that carry quotas keep their place and are sent a turn (X3h, K1).
+def _singleton_grants(when: str, claimant: str) -> str:
+    mine = f"sg.run_id = %({claimant})s OR " if claimant else ""
+    return (
+        f"sg AS (SELECT w.run_id, w.status, w.quota_slot, w.pos FROM w, c WHERE w.pos <= c.free AND {when}),"
+        " g AS (SELECT sg.run_id, sg.status, c.last_token + row_number() OVER (ORDER BY sg.pos) AS token"
+        f" FROM sg, c WHERE {mine}sg.quota_slot IS NULL)"
+    )
+
 
 #: A settle's write: the end, its output and error, every marker dropped (a slot, a quota
 #: slot, the lease, the wake) in the same write (S7, X3g).
@@ -359,24 +389,8 @@ _SETTLE_SET = (
 #: The owner's compare-and-set of a settle (R5a).
 FINISH_OWNED = f"r.status = '{RunStatus.RUNNING.value}' AND r.lease_owner = %(owner)s AND r.lease_expires_at > {NOW}"
 
-#: The handoff: settle the run by compare-and-set on its owner's unexpired lease, dropping
-#: its markers in the same write, then grant the freed slots to the oldest waiters (S7, S12, R5a, K1).
-FINISH = (
-    f"WITH s AS (UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED}"
-    f" RETURNING {_cols('r')}),"
-    f" {_queue('run_id')},"
-    " g AS (SELECT w.run_id, w.status, c.last_token + w.pos AS token FROM w, c"
-    " WHERE w.pos <= c.free AND EXISTS (SELECT 1 FROM s)),"
-    f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-    f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
-    f" {_BUMP}"
-    f" SELECT 0, {_cols('s')} FROM s UNION ALL SELECT 1, {_cols('u')} FROM u"
-)
-
 #: A settle without a key: the compare-and-set alone (R5a).
-SETTLE = (
-    f"UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
-)
+SETTLE = f"UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
 
 
 def _admit(me: str, value: Any) -> str:
@@ -386,8 +400,7 @@ def _admit(me: str, value: Any) -> str:
     return (
         f"WITH me AS ({me}),"
         f" {_queue('', value)},"
-        " g AS (SELECT w.run_id, w.status, c.last_token + w.pos AS token FROM w, c"
-        " WHERE w.pos <= c.free AND EXISTS (SELECT 1 FROM me)),"
+        f" {_singleton_grants('EXISTS (SELECT 1 FROM me)', 'run_id')},"
         f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, {_GRANT_SET} FROM g"
         f" WHERE g.run_id = %(run_id)s AND {_GRANT_CAS} AND r.attempts = {attempts} RETURNING {_cols('r')}),"
         f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
@@ -402,9 +415,10 @@ def _admit(me: str, value: Any) -> str:
         " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me)"
         " AND NOT EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)"
         f" RETURNING {_cols('r')}),"
-        f" {_BUMP}"
-        f" SELECT 0, {_cols('mine')} FROM mine UNION ALL SELECT 1, {_cols('others')} FROM others"
-        f" UNION ALL SELECT 2, {_cols('park')} FROM park"
+        f" {_BUMP},"
+        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL)"
+        f" SELECT 0, {_cols('mine')}, 0, 0 FROM mine UNION ALL SELECT 1, {_cols('others')}, 0, 0 FROM others"
+        f" UNION ALL SELECT 2, {_cols('park')}, 0, 0 FROM park UNION ALL SELECT 3, {_cols('r')}, {_TURN_ORDER}"
     )
 
 
@@ -601,33 +615,12 @@ def _quota_fronts(exclude: str) -> str:
     )
 
 
-#: The waiters sent a turn as they are (the ``tr`` CTE: run id and its place), each once at
-#: its first place, the ones granted a slot (``g``) left out: the rest of a select list, its
-#: place as two columns (the singleton key's front first, then each quota key's in lock order).
-_TURN_ORDER = (
-    f"t1.o1, t1.o2 FROM {RUN} r JOIN (SELECT DISTINCT ON (tr.run_id) tr.run_id, tr.o1, tr.o2 FROM tr"
-    " ORDER BY tr.run_id, tr.o1, tr.o2) t1 ON t1.run_id = r.run_id"
-    " WHERE r.run_id NOT IN (SELECT g.run_id FROM g)"
-)
 #: The claimant as its turn read it: still a quota waiter with that status and those attempts,
 #: not cancelled (R5a, S9).
 _QUOTA_AS_READ = (
     "r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
     f" AND NOT r.cancel_requested AND r.quota_slot = '{WAITER}'"
 )
-#: The singleton grants of a statement that reads the quota fronts: the waiters within the
-#: key's free slots (``sg``, ``w`` and ``c`` of :func:`_queue`, when ``when`` holds); a slot
-#: and the next token go to each that carries no quota (and to ``claimant``, a parameter, or
-#: ''), the ones that carry quotas keep their place and are sent a turn (X3h, K1).
-def _singleton_grants(when: str, claimant: str) -> str:
-    mine = f"sg.run_id = %({claimant})s OR " if claimant else ""
-    return (
-        f"sg AS (SELECT w.run_id, w.status, w.quota_slot, w.pos FROM w, c WHERE w.pos <= c.free AND {when}),"
-        " g AS (SELECT sg.run_id, sg.status, c.last_token + row_number() OVER (ORDER BY sg.pos) AS token"
-        f" FROM sg, c WHERE {mine}sg.quota_slot IS NULL)"
-    )
-
-
 #: The admission of a quota waiter (X3c, X3d, X3f, S5, K1), under the locks of all its limits:
 #: it is admitted when it is within the free slots of each of its quota keys (``qr``) and,
 #: with a singleton key, the key's grant reaches it (``g``); then it takes its lease, a slot
@@ -679,26 +672,40 @@ QUOTA_ADMIT = (
     f" UNION ALL SELECT 3, {_cols('r')}, NULL, {_TURN_ORDER}"
 )
 
-#: The handoff of a run that carries quotas (S7, X3g, X3h, R5a, K1): settle it by
-#: compare-and-set on its owner's unexpired lease, free its slot in every limit in the same
-#: transaction, grant its singleton key's free slots as :data:`FINISH` does, and read each
-#: quota key's waiters within its free slots. The rows: 0 the run settled, 1 the grants,
-#: 2 the waiters sent a turn as they are (their own claims decide, X3h).
-QUOTA_FINISH = (
-    f"WITH s AS (UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED}"
-    f" RETURNING {_cols('r')}),"
-    f" sm AS (UPDATE {MEMBER} m SET slot = NULL WHERE m.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM s)),"
-    f" {_queue('run_id')},"
-    f" {_singleton_grants('EXISTS (SELECT 1 FROM s)', '')},"
-    f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-    f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
-    f" {_BUMP},"
-    f" {_quota_fronts('run_id')},"
-    " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
-    " UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf WHERE qf.pos <= qf.free AND EXISTS (SELECT 1 FROM s))"
-    f" SELECT 0, {_cols('s')}, 0, 0 FROM s UNION ALL SELECT 1, {_cols('u')}, 0, 0 FROM u"
-    f" UNION ALL SELECT 2, {_cols('r')}, {_TURN_ORDER}"
-)
+
+def _handoff(quotas: bool) -> str:
+    """The handoff (S7, S12, R5a, K1): settle the run by compare-and-set on its owner's
+    unexpired lease, dropping its markers in the same write, then grant its singleton key's
+    freed slots to the oldest waiters (:func:`_singleton_grants`). With ``quotas`` (a run
+    that carries them, X3g): free its slot in every limit in the same transaction and read
+    each of its quota keys' waiters within the free slots. The rows: 0 the run settled,
+    1 the grants, 2 the waiters sent a turn as they are (their own claims decide, X3h)."""
+    fronts = (
+        f" sm AS (UPDATE {MEMBER} m SET slot = NULL WHERE m.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM s)),"
+        f" {_quota_fronts('run_id')},"
+        if quotas
+        else ""
+    )
+    turns = " UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf WHERE qf.pos <= qf.free AND EXISTS (SELECT 1 FROM s)"
+    return (
+        f"WITH s AS (UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED}"
+        f" RETURNING {_cols('r')}),"
+        f"{fronts}"
+        f" {_queue('run_id')},"
+        f" {_singleton_grants('EXISTS (SELECT 1 FROM s)', '')},"
+        f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
+        f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
+        f" {_BUMP},"
+        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
+        f"{turns if quotas else ''})"
+        f" SELECT 0, {_cols('s')}, 0, 0 FROM s UNION ALL SELECT 1, {_cols('u')}, 0, 0 FROM u"
+        f" UNION ALL SELECT 2, {_cols('r')}, {_TURN_ORDER}"
+    )
+
+
+#: The handoff of a run without quotas, and of one that carries them (:func:`_handoff`).
+FINISH = _handoff(quotas=False)
+QUOTA_FINISH = _handoff(quotas=True)
 
 
 _PARAM = re.compile(r"%\((\w+)\)s")
@@ -795,6 +802,7 @@ def _admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | None:
     claimant's lease (tag 0), the other grants (1) or the claimant parked (2). None: nothing
     was written."""
     granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
+    granted += _in_place(rows, 3)  # the waiters that carry quotas, sent a turn as they are (X3h)
     mine = [record(r[1:]) for r in rows if r[0] == 0]
     if mine:
         taken = mine[0]
