@@ -1,5 +1,6 @@
 """The PostgreSQL fast path of runs that carry quotas (#20, X3i): a start with
-its memberships, a quota waiter's admission and its handoff, one message each.
+its memberships, a quota waiter's admission (in its claim message) and its
+handoff, one message each.
 
 On PostgreSQL these tests count the round trips, compare the fast path's
 decisions with the ORM path's (``DjangoStore(raw_sql=False)``) step by step on
@@ -66,12 +67,13 @@ def engine() -> Engine:
 
 
 @postgresql_only
-def test_a_run_with_a_singleton_and_a_quota_costs_four_round_trips_on_postgresql(engine: Engine) -> None:
+def test_a_run_with_a_singleton_and_a_quota_costs_three_round_trips_on_postgresql(engine: Engine) -> None:
     """X3i, S5, S7, R5a: on an idle key a run that carries a singleton key and a
     quota costs its start (the run and its membership in one INSERT), its claim
-    message, its quota admission (all its limits locked and decided in one
-    message) and its handoff: four round trips, no BEGIN or COMMIT, no read of
-    its (absent) steps. The ORM path took 35."""
+    message (its quota keys, its singleton key and its row locked in the lock
+    order, then its admission decided, X3e) and its handoff: three round trips,
+    as a run without quotas; no BEGIN or COMMIT, no read of its (absent) steps.
+    The ORM path took 35."""
     started: list[str] = []
 
     def one() -> None:
@@ -81,17 +83,18 @@ def test_a_run_with_a_singleton_and_a_quota_costs_four_round_trips_on_postgresql
     sql = _round_trips(one)
     run = engine.get(started[0])
     assert run.status == RunStatus.COMPLETED and run.output == {"fpq-pool": 1}
-    assert len(sql) == 4, sql
-    assert "start_keyed_quotas" in sql[0] and "quota_admit" in sql[2] and "quota_finish" in sql[3], sql
+    assert len(sql) == 3, sql
+    assert "start_keyed_quotas" in sql[0] and "claim_quota_admit" in sql[1] and "quota_finish" in sql[2], sql
     assert not any(s.strip().upper() in ("BEGIN", "COMMIT") for s in sql), sql
     assert not any("durable_singleton_step" in s for s in sql), "the steps were read"
 
 
 @postgresql_only
-def test_a_quota_handoff_costs_four_round_trips_a_waiter_on_postgresql(engine: Engine) -> None:
+def test_a_quota_handoff_costs_three_round_trips_a_waiter_on_postgresql(engine: Engine) -> None:
     """X3g, X3h, S7: a waiter behind a quota holder costs its start, its share of
     the holder's handoff (one message that settles, frees every slot and sends
-    it its turn), its claim and admission, and its own handoff."""
+    it its turn), its claim message (which admits it under the locks of all its limits) and
+    its own handoff: as a run without quotas."""
     engine.start("fpq-only", {"hold": True}, run_id="h")
     engine.start("fpq-only", {"hold": True}, run_id="h2")
     engine.dispatcher.drain()  # type: ignore[attr-defined]
@@ -108,8 +111,8 @@ def test_a_quota_handoff_costs_four_round_trips_a_waiter_on_postgresql(engine: E
     sql = _round_trips(lambda: engine.execute(queued.popleft()))
     turns.extend(sql)
     assert engine.get("w").status == RunStatus.COMPLETED and engine.get("w").output == {"fpq-pool": 3}
-    assert len(sql) == 3, sql  # the claim message, the quota admission, the handoff
-    assert "quota_admit" in sql[1] and "quota_finish" in sql[2], sql
+    assert len(sql) == 2, sql  # the claim message (its quota admission included), the handoff
+    assert "claim_quota_admit" in sql[0] and "quota_finish" in sql[1], sql
 
 
 def _snapshot(engine: Engine, ids: list[str]) -> list[tuple[Any, ...]]:
@@ -261,3 +264,79 @@ def test_a_handoff_without_quotas_sends_a_turn_to_a_waiter_that_carries_them() -
     assert not after.get("new").admitted, "a grant admitted a run that carries quotas on its own (X3h)"
     after.execute(queued.popleft())
     assert after.get("new").status == RunStatus.COMPLETED and after.get("new").output == {"fpq-mv": 1}
+
+
+@postgresql_only
+def test_the_claim_message_admits_a_quota_waiter_only_under_its_quota_keys_locks() -> None:
+    """X3e, S13, R5a (as tests/test_break_claim_message.py for the singleton key):
+    each statement of the claim message takes its own snapshot, so a run that
+    became a quota waiter between the statement that locks its quota keys and
+    the one that admits it (a retry's reset committing in between) must not be
+    admitted or parked: the admission writes only when the lock statement
+    recorded every quota key of the claimant as locked by this transaction
+    (``pg.CLAIM_QUOTA_LOCKED``). Another connection resets a failed quota run
+    and fails it again, over and over, while this one sends its claim message."""
+    import json
+
+    from django.db import connections
+
+    from durable_singleton.models import QuotaMembership, Run
+    from durable_singleton.stores import pg
+
+    registry = Registry()
+    registry.add("fpq-flip", "1", lambda ctx, i: None, quotas=[Quota("fpq-flip", limit=1)])
+    engine = make_engine(DjangoStore(), registry=registry)
+    engine.start("fpq-flip", {}, run_id="X")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+
+    def fail() -> None:
+        Run.objects.filter(pk="X").update(status="failed", quota_slot=None, lease_owner=None)
+        QuotaMembership.objects.filter(run_id="X").update(slot=None)
+
+    fail()
+    stop = threading.Event()
+
+    def flip() -> None:
+        try:
+            while not stop.is_set():
+                engine.store.reset_for_retry("X", 5.0, None)
+                fail()
+        finally:
+            connections.close_all()
+
+    params = {
+        "run_id": "X",
+        "limits": json.dumps({n: int(v) for n, v in engine.limits().items() if v is not None}),
+        "ttls": "{}",
+        "owner": "probe",
+        "lease": 30.0,
+        "recovered": 0,
+        "redelivery": 5.0,
+        "front": 1.0,
+        "backlog": 5.0,
+    }
+    fast = engine.store._fast()  # type: ignore[attr-defined]
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    unlocked, locked_writes = 0, 0
+    deadline = time.monotonic() + 6.0
+    try:
+        while time.monotonic() < deadline and not unlocked:
+            results: dict[str, list[Any]] = {}
+            with connection.cursor() as cursor:
+                fast._send(cursor, pg.CLAIM_MESSAGE, params)
+                for n, statement in enumerate(pg.CLAIM_MESSAGE.statements):
+                    if n:
+                        cursor.nextset()
+                    label = statement.name.rsplit("_", 1)[0]
+                    results[label] = list(cursor.fetchall()) if cursor.description is not None else []
+            if results["ds_claim_quota_admit"] and not results["ds_claim_lock_quota_keys"]:
+                unlocked += 1
+            elif results["ds_claim_quota_admit"]:
+                locked_writes += 1
+            fail()
+    finally:
+        stop.set()
+        flipper.join(10)
+    assert not unlocked, f"the claim message wrote without its quota keys' locks ({locked_writes} locked writes)"
+    assert locked_writes, "no claim message admitted the run: the test proved nothing"

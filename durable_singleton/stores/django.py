@@ -998,13 +998,10 @@ class DjangoStore(BaseStore):
         if not due and not recovered and not run.holds_slot:
             return None  # a delayed start before its time (X5): the ORM path moves its wake_at
         if run.quota_slot is not None:
-            # It carries quotas: a waiter's admission in one message under the locks of all its
-            # limits (X3); a holder's confirmation or recovery takes the ORM path (X3i).
-            keyed_ok = run.singleton_key is None or (run.tracked and run.workflow_name in limits)
-            if recovered or run.quota_slot != SlotState.WAITER or not keyed_ok:
-                return None
-            ttl = (ttls or {}).get(run.workflow_name)
-            return self._retrying(lambda: fast.quota_admit(run, owner, lease_seconds, limits, delays, ttl))
+            # It carries quotas, and the claim message did not admit it (a quota waiter is admitted
+            # there, under the locks of all its limits): a holder's confirmation or recovery, or a
+            # run that changed between the message's statements: the ORM path (X3i).
+            return None
         if run.singleton_key is None or run.holds_slot:
             if run.singleton_key is not None and recovered:
                 return None  # a new token from the key's counter: _take_over (K1)

@@ -25,10 +25,10 @@ cases named below. Each is one round trip:
   commit before the lock, as the ORM path's reads after ``lock_key`` do.
 
 * a run that carries quotas (X3i): its start with its memberships, a quota
-  waiter's admission (:meth:`FastPath.quota_admit`: its quota keys' rows
-  locked in the one global order, its singleton key's, its own, then one
-  statement that decides and writes) and its handoff (:data:`QUOTA_FINISH`),
-  one message each.
+  waiter's admission in the first message of its turn (:data:`CLAIM_QUOTA_ADMIT`:
+  its quota keys' rows locked in the one global order, its singleton key's, its
+  own, then one statement that decides and writes) and its handoff
+  (:data:`QUOTA_FINISH`), one message each.
 
 The rules are not restated: who holds a slot, the limit in force and the free
 slots are :mod:`durable_singleton.admission`'s SQL text
@@ -442,13 +442,16 @@ ADMIT = _admit(
 #: terminal), not cancelled, due (X5) and of a workflow in the ``limits`` parameter (a JSON object of the
 #: declared limits this process knows); its workflow, key, declared limit and TTL come from
 #: its own row. Read without a lock: a run's workflow and key never change.
-_CANDIDATE = (
-    f"r.run_id = %(run_id)s AND {_WAITER} AND r.quota_slot IS NULL AND r.status IN ({_PARKED})"
+#: The key row's creation and lock below also take a keyed quota waiter's singleton key, after
+#: its quota keys (:data:`CLAIM_LOCK_QUOTA_KEYS`, X3e); its admission is :data:`CLAIM_QUOTA_ADMIT`.
+_KEYED_CANDIDATE = (
+    f"r.run_id = %(run_id)s AND {_WAITER} AND r.status IN ({_PARKED})"
     f" AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)} AND %(limits)s::jsonb ? r.workflow_name"
 )
+_CANDIDATE = f"{_KEYED_CANDIDATE} AND r.quota_slot IS NULL"
 CLAIM_CREATE_KEY = (
     f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
-    f" SELECT {NOW}, {NOW}, r.workflow_name, r.singleton_key, 0, FALSE FROM {RUN} r WHERE {_CANDIDATE}"
+    f" SELECT {NOW}, {NOW}, r.workflow_name, r.singleton_key, 0, FALSE FROM {RUN} r WHERE {_KEYED_CANDIDATE}"
     " ON CONFLICT (workflow_name, key) DO NOTHING"
 )
 #: The session setting in which :data:`CLAIM_LOCK_KEY` records the key row it locked, with
@@ -466,7 +469,7 @@ _RECORDED = f"current_setting('{CLAIM_LOCKED}', true)"
 CLAIM_LOCK_KEY = (
     f"SELECT set_config('{CLAIM_LOCKED}', l.locked, false) FROM (SELECT {_LOCKED_BY_ME} AS locked"
     f" FROM {KEY} k JOIN {RUN} r ON k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
-    f" WHERE {_CANDIDATE} FOR UPDATE OF k) l"
+    f" WHERE {_KEYED_CANDIDATE} FOR UPDATE OF k) l"
 )
 #: The admission of a candidate whose key row this transaction locked (above), its values
 #: read from its row after the lock (the compare-and-set of each write is on that read,
@@ -590,14 +593,16 @@ _QUOTA_NAME = f"substr(k0.workflow_name, {len(QUOTA_PREFIX) + 1})"
 _QUOTA_ORDER = ", ".join(f"m.{column}" for column in QUOTA_ORDER)
 
 
-def _quota_fronts(exclude: str) -> str:
+def _quota_fronts(exclude: str, keys: str = _QUOTA_KEYS) -> str:
     """The CTEs of the run's locked quota keys: ``qk``, each key with its limit in
     force (the declared one in the ``limits`` parameter under ``quota:<name>``, 1
     if absent, or the key's override, K2) and its free slots (none while paused);
     ``qf``, each key's first due waiters, as many as its limit, with their
     position in admission order (X3c, X3d, X4, X5). ``exclude``: a run id
     parameter whose membership counts as no holder (the run this statement
-    settles, X3g), or ''."""
+    settles, X3g), or ''. ``keys``: the source of the quota keys, a ``qu`` of
+    (``wf``, ``key``, ``n``), ``n`` the lock order (:data:`_QUOTA_KEYS`: the
+    parameters; :data:`_MEMBER_KEYS`: the claimant's memberships)."""
     skip = f" AND m.run_id <> %({exclude})s" if exclude else ""
     limit = limit_in_force_sql_text("(%(limits)s::jsonb ->> k0.workflow_name)::integer", "k0.limit_override")
     holders = (
@@ -607,7 +612,7 @@ def _quota_fronts(exclude: str) -> str:
     return (
         f"qk AS (SELECT k0.id, qu.n, k0.last_token, {_QUOTA_NAME} AS quota, k0.key, {limit} AS lim,"
         f" {free_slots_sql_text(limit, holders, 'k0.paused')} AS free"
-        f" FROM {KEY} k0 JOIN {_QUOTA_KEYS} ON k0.workflow_name = qu.wf AND k0.key = qu.key),"
+        f" FROM {KEY} k0 JOIN {keys} ON k0.workflow_name = qu.wf AND k0.key = qu.key),"
         " qf AS (SELECT qk.id, qk.n, f.run_id, f.pos, qk.free FROM qk CROSS JOIN LATERAL"
         f" (SELECT m.run_id, row_number() OVER (ORDER BY {_QUOTA_ORDER}) AS pos FROM {MEMBER} m"
         f" JOIN {RUN} mr ON mr.run_id = m.run_id WHERE m.quota = qk.quota AND m.key = qk.key"
@@ -615,61 +620,121 @@ def _quota_fronts(exclude: str) -> str:
     )
 
 
-#: The claimant as its turn read it: still a quota waiter with that status and those attempts,
-#: not cancelled (R5a, S9).
-_QUOTA_AS_READ = (
-    "r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
-    f" AND NOT r.cancel_requested AND r.quota_slot = '{WAITER}'"
+def _quota_as_read(value: Any) -> str:
+    """The claimant as its turn read it: still a quota waiter with the status and
+    attempts of ``value`` (:func:`_param` or :func:`_claimed`), not cancelled (R5a, S9)."""
+    return (
+        f"r.run_id = %(run_id)s AND r.status = {value('status')} AND r.attempts = {value('attempts')}"
+        f" AND NOT r.cancel_requested AND r.quota_slot = '{WAITER}'"
+    )
+
+
+def _quota_admit(me: str, value: Any, keys: str) -> str:
+    """The admission of a quota waiter (X3c, X3d, X3f, S5, K1), under the locks of all its
+    limits, with the claimant's CTE ``me``, its values from ``value`` and its quota keys
+    from ``keys`` (as :func:`_quota_fronts`): it is admitted when it is within the free
+    slots of each of its quota keys (``qr``) and, with a singleton key, the key's grant
+    reaches it (``g``); then it takes its lease, a slot and the next token in each limit.
+    Else it is parked with its retry ``wake_at``: the front delay if it is among the first
+    ``limit`` waiters (of its singleton key once its quotas admit it, else of each quota
+    key), the backlog's if not (S5 step 5). The singleton grants are written whenever its
+    quotas admit it, as the ORM path's ``_quota_turn``. The rows: 0 the claimant's lease
+    (with its quota tokens as JSON), 1 the other grants, 2 the claimant parked, 3 the
+    waiters sent a turn as they are (X3h)."""
+    key, as_read = value("key"), _quota_as_read(value)
+    return (
+        f"WITH me AS ({me}),"
+        f" {_quota_fronts('', keys)},"
+        " qr AS (SELECT count(*) FILTER (WHERE qf.pos <= qf.free) = (SELECT count(*) FROM qk) AS reaches,"
+        " count(*) = (SELECT count(*) FROM qk) AS at_front FROM qf WHERE qf.run_id = %(run_id)s),"
+        f" {_queue('', value)},"
+        f" {_singleton_grants('(SELECT qr.reaches FROM qr) AND EXISTS (SELECT 1 FROM me)', 'run_id')},"
+        " ad AS (SELECT EXISTS (SELECT 1 FROM me) AND (SELECT qr.reaches FROM qr)"
+        f" AND ({key} IS NULL OR EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)) AS yes),"
+        f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, quota_slot = '{HOLDER}', admitted_at = {WRITTEN},"
+        f" singleton_slot = CASE WHEN r.singleton_key IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
+        " singleton_tracked = r.singleton_tracked OR r.singleton_key IS NOT NULL,"
+        " fencing_token = COALESCE((SELECT g.token FROM g WHERE g.run_id = %(run_id)s), r.fencing_token)"
+        f" WHERE {as_read} AND (SELECT ad.yes FROM ad) RETURNING {_cols('r')}),"
+        f" mt AS (UPDATE {MEMBER} m SET slot = '{HOLDER}', fencing_token = qk.last_token + 1 FROM qk"
+        " WHERE m.run_id = %(run_id)s AND m.quota = qk.quota AND m.key = qk.key AND EXISTS (SELECT 1 FROM mine)"
+        " RETURNING m.quota, m.fencing_token),"
+        f" qt AS (UPDATE {KEY} k2 SET last_token = qk.last_token + 1 FROM qk"
+        " WHERE k2.id = qk.id AND EXISTS (SELECT 1 FROM mine)),"
+        f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW}"
+        f" FROM g WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
+        f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
+        f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN"
+        f" CASE WHEN (SELECT qr.reaches FROM qr) AND {key} IS NOT NULL"
+        " THEN EXISTS (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
+        " ELSE (SELECT qr.at_front FROM qr) END THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
+        " lease_owner = NULL, lease_expires_at = NULL,"
+        f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
+        f" WHERE r.run_id = %(run_id)s AND r.status = {value('status')} AND r.attempts = {value('attempts')}"
+        " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me) AND NOT (SELECT ad.yes FROM ad)"
+        f" RETURNING {_cols('r')}),"
+        f" {_BUMP},"
+        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
+        " AND sg.run_id <> %(run_id)s UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf"
+        " WHERE (SELECT ad.yes FROM ad) AND qf.pos <= qf.free AND qf.run_id <> %(run_id)s)"
+        f" SELECT 0, {_cols('mine')}, (SELECT json_object_agg(mt.quota, mt.fencing_token) FROM mt), 0, 0"
+        f" FROM mine UNION ALL SELECT 1, {_cols('others')}, NULL, 0, 0 FROM others"
+        f" UNION ALL SELECT 2, {_cols('park')}, NULL, 0, 0 FROM park"
+        f" UNION ALL SELECT 3, {_cols('r')}, NULL, {_TURN_ORDER}"
+    )
+
+
+#: A claim's first turn of a quota waiter without a read before it (:meth:`FastPath.claim`):
+#: the run is a candidate when it waits in its quotas, parked (not running, not terminal), not
+#: cancelled and due (X5), and, with a singleton key, is its tracked waiter of a workflow in the
+#: ``limits`` parameter. Its quota keys are its memberships' (``qu``), numbered in the lock order:
+#: by (name, key) in code-point order, as Python sorts them on the ORM path (X3e; a UTF-8
+#: database's ``COLLATE "C"`` order is code-point order).
+_QUOTA_CANDIDATE = (
+    f"r.run_id = %(run_id)s AND r.quota_slot = '{WAITER}' AND r.status IN ({_PARKED})"
+    f" AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)}"
+    f" AND (r.singleton_key IS NULL OR ({_WAITER} AND %(limits)s::jsonb ? r.workflow_name))"
 )
-#: The admission of a quota waiter (X3c, X3d, X3f, S5, K1), under the locks of all its limits:
-#: it is admitted when it is within the free slots of each of its quota keys (``qr``) and,
-#: with a singleton key, the key's grant reaches it (``g``); then it takes its lease, a slot
-#: and the next token in each limit. Else it is parked with its retry ``wake_at``: the front
-#: delay if it is among the first ``limit`` waiters (of its singleton key once its quotas
-#: admit it, else of each quota key), the backlog's if not (S5 step 5). The singleton grants
-#: are written whenever its quotas admit it, as the ORM path's ``_quota_turn``. The rows:
-#: 0 the claimant's lease (with its quota tokens as JSON), 1 the other grants, 2 the claimant
-#: parked, 3 the waiters sent a turn as they are (X3h).
-QUOTA_ADMIT = (
-    f"WITH me AS (SELECT r.run_id FROM {RUN} r WHERE {_QUOTA_AS_READ}"
-    " AND (r.singleton_key IS NULL OR r.singleton_tracked)),"
-    f" {_quota_fronts('')},"
-    " qr AS (SELECT count(*) FILTER (WHERE qf.pos <= qf.free) = (SELECT count(*) FROM qk) AS reaches,"
-    " count(*) = (SELECT count(*) FROM qk) AS at_front FROM qf WHERE qf.run_id = %(run_id)s),"
-    f" {_queue('')},"
-    f" {_singleton_grants('(SELECT qr.reaches FROM qr) AND EXISTS (SELECT 1 FROM me)', 'run_id')},"
-    " ad AS (SELECT EXISTS (SELECT 1 FROM me) AND (SELECT qr.reaches FROM qr)"
-    " AND (%(key)s IS NULL OR EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)) AS yes),"
-    f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, quota_slot = '{HOLDER}', admitted_at = {WRITTEN},"
-    f" singleton_slot = CASE WHEN r.singleton_key IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
-    " singleton_tracked = r.singleton_tracked OR r.singleton_key IS NOT NULL,"
-    " fencing_token = COALESCE((SELECT g.token FROM g WHERE g.run_id = %(run_id)s), r.fencing_token)"
-    f" WHERE {_QUOTA_AS_READ} AND (SELECT ad.yes FROM ad) RETURNING {_cols('r')}),"
-    f" mt AS (UPDATE {MEMBER} m SET slot = '{HOLDER}', fencing_token = qk.last_token + 1 FROM qk"
-    " WHERE m.run_id = %(run_id)s AND m.quota = qk.quota AND m.key = qk.key AND EXISTS (SELECT 1 FROM mine)"
-    " RETURNING m.quota, m.fencing_token),"
-    f" qt AS (UPDATE {KEY} k2 SET last_token = qk.last_token + 1 FROM qk"
-    " WHERE k2.id = qk.id AND EXISTS (SELECT 1 FROM mine)),"
-    f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-    f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
-    f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
-    f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN"
-    " CASE WHEN (SELECT qr.reaches FROM qr) AND %(key)s IS NOT NULL"
-    " THEN EXISTS (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
-    " ELSE (SELECT qr.at_front FROM qr) END THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
-    " lease_owner = NULL, lease_expires_at = NULL,"
-    f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
-    " WHERE r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
-    " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me) AND NOT (SELECT ad.yes FROM ad)"
-    f" RETURNING {_cols('r')}),"
-    f" {_BUMP},"
-    " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
-    " AND sg.run_id <> %(run_id)s UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf"
-    " WHERE (SELECT ad.yes FROM ad) AND qf.pos <= qf.free AND qf.run_id <> %(run_id)s)"
-    f" SELECT 0, {_cols('mine')}, (SELECT json_object_agg(mt.quota, mt.fencing_token) FROM mt), 0, 0 FROM mine"
-    f" UNION ALL SELECT 1, {_cols('others')}, NULL, 0, 0 FROM others"
-    f" UNION ALL SELECT 2, {_cols('park')}, NULL, 0, 0 FROM park"
-    f" UNION ALL SELECT 3, {_cols('r')}, NULL, {_TURN_ORDER}"
+_MEMBER_KEYS = (
+    f"(SELECT '{QUOTA_PREFIX}' || m0.quota AS wf, m0.key,"
+    ' row_number() OVER (ORDER BY m0.quota COLLATE "C", m0.key COLLATE "C") AS n'
+    f" FROM {MEMBER} m0 WHERE m0.run_id = %(run_id)s) qu"
+)
+CLAIM_CREATE_QUOTA_KEYS = (
+    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
+    f" SELECT {NOW}, {NOW}, qu.wf, qu.key, 0, FALSE FROM {_MEMBER_KEYS} JOIN {RUN} r ON r.run_id = %(run_id)s"
+    f" WHERE {_QUOTA_CANDIDATE} ORDER BY qu.n ON CONFLICT (workflow_name, key) DO NOTHING"
+)
+#: The session setting in which :data:`CLAIM_LOCK_QUOTA_KEYS` records the quota key rows it
+#: locked (their ids in the lock order, ``,``-separated), ``:``, the transaction that holds them.
+CLAIM_QUOTA_LOCKED = "durable_singleton.claim_quota_locked"
+_QUOTA_RECORDED = f"current_setting('{CLAIM_QUOTA_LOCKED}', true)"
+#: Lock the candidate's quota key rows in the lock order and record them (as
+#: :data:`CLAIM_LOCK_KEY` records its key row): the admission below writes only when the
+#: record names every quota key of the claimant, locked by this transaction (X3e, S13).
+CLAIM_LOCK_QUOTA_KEYS = (
+    f"SELECT set_config('{CLAIM_QUOTA_LOCKED}', string_agg(l.id::text, ',' ORDER BY l.n)"
+    " || ':' || pg_current_xact_id()::text, false)"
+    f" FROM (SELECT k.id, qu.n FROM {KEY} k JOIN {_MEMBER_KEYS} ON k.workflow_name = qu.wf AND k.key = qu.key"
+    f" JOIN {RUN} r ON r.run_id = %(run_id)s WHERE {_QUOTA_CANDIDATE} ORDER BY qu.n FOR UPDATE OF k) l"
+    " HAVING count(*) > 0"
+)
+#: The admission of a candidate quota waiter whose quota keys (and singleton key, if it has
+#: one) this transaction locked and recorded above, its values read from its row after the
+#: locks; if it is none, nothing is written and the ORM path decides (X3i).
+CLAIM_QUOTA_ADMIT = _quota_admit(
+    "SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,"
+    " (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,"
+    f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_QUOTA_CANDIDATE}"
+    f" AND split_part({_QUOTA_RECORDED}, ':', 2) = pg_current_xact_id()::text"
+    f" AND split_part({_QUOTA_RECORDED}, ':', 1) = (SELECT string_agg(k.id::text, ',' ORDER BY qu.n)"
+    f" FROM {KEY} k JOIN {_MEMBER_KEYS} ON k.workflow_name = qu.wf AND k.key = qu.key)"
+    f" AND (r.singleton_key IS NULL OR EXISTS (SELECT 1 FROM {KEY} k"
+    f" WHERE k.id = NULLIF(split_part({_RECORDED}, ':', 1), '')::bigint"
+    " AND k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
+    f" AND split_part({_RECORDED}, ':', 2) = pg_current_xact_id()::text))",
+    _claimed,
+    _MEMBER_KEYS,
 )
 
 
@@ -763,10 +828,13 @@ ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, _LOCK_RUN, Statement("admit", AD
 #: taken (:data:`CLAIM_TAKE`), then the read of the run as this transaction leaves it
 #: (:meth:`FastPath.claim`).
 CLAIM_MESSAGE = Message(
+    Statement("claim_create_quota_keys", CLAIM_CREATE_QUOTA_KEYS),
+    Statement("claim_lock_quota_keys", CLAIM_LOCK_QUOTA_KEYS),
     Statement("claim_create_key", CLAIM_CREATE_KEY),
     Statement("claim_lock_key", CLAIM_LOCK_KEY),
     _LOCK_RUN,
     Statement("claim_admit", CLAIM_ADMIT),
+    Statement("claim_quota_admit", CLAIM_QUOTA_ADMIT),
     Statement("claim_take", CLAIM_TAKE),
     Statement("read", READ),
 )
@@ -780,7 +848,6 @@ _QUOTA_LOCKS = (
     Statement("create_key_if", CREATE_KEY_IF),
     _LOCK_KEY,
 )
-QUOTA_ADMIT_MESSAGE = Message(*_QUOTA_LOCKS, _LOCK_RUN, Statement("quota_admit", QUOTA_ADMIT))
 QUOTA_FINISH_MESSAGE = Message(*_QUOTA_LOCKS, Statement("quota_finish", QUOTA_FINISH))
 GET_MESSAGE = Message(Statement("get", GET))
 
@@ -813,6 +880,23 @@ def _admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | None:
     if granted:
         return Turn(TurnState.SKIPPED, run, granted=tuple(granted))
     return None
+
+
+def _quota_admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | None:
+    """The turn of a quota admission's rows (:func:`_quota_admit`): the claimant's lease
+    with its quota tokens (tag 0), the other grants (1), the claimant parked (2), the
+    waiters sent a turn as they are (3). None: nothing was written."""
+    granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
+    turns = tuple(granted + _in_place(rows, 3))
+    for row in rows:
+        if row[0] == 0:
+            tokens = _json(row[len(COLUMNS) + 1]) or {}
+            taken = record(row[1:]).evolve(quota_tokens=tuple(sorted((q, int(t)) for q, t in tokens.items())))
+            return Turn(TurnState.RUN, taken, granted=turns, admitted=True, steps=_known_steps(taken))
+    parked = [record(r[1:]) for r in rows if r[0] == 2]
+    if parked:
+        return Turn(TurnState.PARKED, parked[0], granted=turns)
+    return Turn(TurnState.SKIPPED, run, granted=turns) if turns else None
 
 
 def _in_place(rows: Sequence[Sequence[Any]], tag: int) -> list[RunRecord]:
@@ -1000,49 +1084,6 @@ class FastPath:
             rows = self._last_result(cursor, ADMIT_MESSAGE)
         return _admitted(run, rows)
 
-    def quota_admit(
-        self,
-        run: RunRecord,
-        owner: str,
-        lease_seconds: float,
-        limits: Limits,
-        delays: tuple[float, float],
-        ttl: float | None = None,
-    ) -> Turn | None:
-        """Admit or park a quota waiter ``run`` as read, in one message under the
-        locks of all its limits: its quota keys sorted, its singleton key, its row
-        (:data:`QUOTA_ADMIT`; X3c, X3d, X3e, X3f, S5, K1). ``limits``: the
-        declared limits by workflow name and by ``quota:<name>``; ``delays`` and
-        ``ttl`` as for :meth:`admit`. The turn's ``granted`` holds the other runs
-        granted a singleton slot and the quota waiters sent a turn as they are
-        (X3h). None: the run changed since it was read (nothing was written);
-        the caller decides on the ORM path."""
-        params = {
-            "run_id": run.run_id,
-            "status": run.status,
-            "attempts": run.attempts,
-            "wf": run.workflow_name,
-            "key": run.singleton_key,
-            "declared": limits.get(run.workflow_name),
-            "ttl": None if ttl is None else float(ttl),
-            **self._quota_keys(run, limits),
-            **self._admission(owner, lease_seconds, delays),
-        }
-        with self._cursor() as cursor:
-            self._send(cursor, QUOTA_ADMIT_MESSAGE, params)
-            rows = self._last_result(cursor, QUOTA_ADMIT_MESSAGE)
-        granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
-        turns = granted + _in_place(rows, 3)
-        for row in rows:
-            if row[0] == 0:
-                tokens = _json(row[len(COLUMNS) + 1]) or {}
-                taken = record(row[1:]).evolve(quota_tokens=tuple(sorted((q, int(t)) for q, t in tokens.items())))
-                return Turn(TurnState.RUN, taken, granted=tuple(turns), admitted=True, steps=_known_steps(taken))
-        parked = [record(r[1:]) for r in rows if r[0] == 2]
-        if parked:
-            return Turn(TurnState.PARKED, parked[0], granted=tuple(turns))
-        return Turn(TurnState.SKIPPED, run, granted=tuple(turns)) if turns else None
-
     @staticmethod
     def _quota_keys(run: RunRecord, limits: Limits) -> dict[str, Any]:
         """The parameters of a run's quota keys: ``qwf`` (lock names) and ``qkey``
@@ -1098,9 +1139,11 @@ class FastPath:
         }
         with self._cursor() as cursor:
             self._send(cursor, CLAIM_MESSAGE, params)
-            for _ in range(CLAIM_MESSAGE.results - 3):
+            for _ in range(CLAIM_MESSAGE.results - 4):
                 cursor.nextset()
             rows = list(cursor.fetchall())
+            cursor.nextset()
+            quota_rows = list(cursor.fetchall())
             cursor.nextset()
             took = cursor.fetchone()
             cursor.nextset()
@@ -1111,7 +1154,7 @@ class FastPath:
         if took is not None:
             taken = record(took)
             return Turn(TurnState.RUN, taken, steps=_known_steps(taken)), (run, False, True)
-        turn = _admitted(run, rows) if rows else None
+        turn = _admitted(run, rows) if rows else _quota_admitted(run, quota_rows) if quota_rows else None
         return turn, (run, bool(read[len(COLUMNS)]), bool(read[len(COLUMNS) + 1]))
 
     # -- the handoff ----------------------------------------------------------------------------
