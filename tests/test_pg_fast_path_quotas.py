@@ -318,10 +318,13 @@ def test_the_claim_message_admits_a_quota_waiter_only_under_its_quota_keys_locks
     fast = engine.store._fast()  # type: ignore[attr-defined]
     flipper = threading.Thread(target=flip, daemon=True)
     flipper.start()
-    unlocked, locked_writes = 0, 0
+    unlocked, locked_writes, claims = 0, 0, 0
     deadline = time.monotonic() + 6.0
     try:
         while time.monotonic() < deadline and not unlocked:
+            claims += 1
+            if claims % 2:
+                engine.store.reset_for_retry("X", 5.0, None)  # a candidate: a locked admission is expected
             results: dict[str, list[Any]] = {}
             with connection.cursor() as cursor:
                 fast._send(cursor, pg.CLAIM_MESSAGE, params)
@@ -340,3 +343,25 @@ def test_the_claim_message_admits_a_quota_waiter_only_under_its_quota_keys_locks
         flipper.join(10)
     assert not unlocked, f"the claim message wrote without its quota keys' locks ({locked_writes} locked writes)"
     assert locked_writes, "no claim message admitted the run: the test proved nothing"
+
+
+@postgresql_only
+def test_the_claim_message_locks_quota_keys_in_the_orm_paths_order() -> None:
+    """X3e: the claim message takes a run's quota keys from its memberships and
+    locks them in ``COLLATE "C"`` order, the ORM path in Python's sorted order:
+    the two must be one order, or a fast claim and an ORM claim could each hold
+    a key the other waits for. Quota names in mixed case and outside ASCII."""
+    from durable_singleton.admission import quota_lock_name
+    from durable_singleton.stores import pg
+
+    names = ["zeta", "Zeta", "émile", "Ωmega", "a-b", "a_b", "😀", "ẞ", "10", "9"]
+    registry = Registry()
+    registry.add("fpq-order", "1", lambda ctx, i: None, quotas=[Quota(n, limit=1) for n in names])
+    engine = make_engine(DjangoStore(), registry=registry)
+    engine.start("fpq-order", {}, run_id="O")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT qu.wf FROM {pg._MEMBER_KEYS} ORDER BY qu.n", {"run_id": "O"})
+        locked = [row[0] for row in cursor.fetchall()]
+    assert locked == [quota_lock_name(n) for n, _ in sorted((n, "*") for n in names)]
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert engine.get("O").status == RunStatus.COMPLETED

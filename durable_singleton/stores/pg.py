@@ -233,13 +233,20 @@ def stored_tags(run: RunRecord) -> list[str]:
 def usable(store: Store) -> bool:
     """Tell whether the store's connection can take the fast path: PostgreSQL
     through psycopg 3 with client-side binding (a message of several statements
-    needs the simple query protocol)."""
+    needs the simple query protocol), on a UTF-8 database (the claim message
+    locks a run's quota keys in ``COLLATE "C"`` order, which is the code-point
+    order the ORM path sorts them in only in UTF-8, X3e)."""
     connection = connections[store.db]
     if connection.vendor != "postgresql":
         return False
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
-    return bool(is_psycopg3) and connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is not True
+    if not is_psycopg3 or connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
+        return False
+    connection.ensure_connection()
+    # Reported by the server when the connection opens: no round trip.
+    encoding = connection.connection.info.parameter_status("server_encoding")
+    return str(encoding or "").upper() in ("UTF8", "UTF-8")
 
 
 def _seconds(name: str) -> str:
