@@ -365,3 +365,22 @@ def test_the_claim_message_locks_quota_keys_in_the_orm_paths_order() -> None:
     assert locked == [quota_lock_name(n) for n, _ in sorted((n, "*") for n in names)]
     engine.dispatcher.drain()  # type: ignore[attr-defined]
     assert engine.get("O").status == RunStatus.COMPLETED
+
+
+@postgresql_only
+def test_a_quota_holder_resumes_with_one_compare_and_set_on_postgresql(engine: Engine) -> None:
+    """X3f, S6, R5a: a quota holder parked on a signal resumes with its claim
+    message and one compare-and-set that returns its quota tokens (no key's
+    lock): its body sees the tokens it was admitted with. The ORM path took a
+    transaction that locked every quota key."""
+    engine.start("fpq-two", {"hold": True, "p": "P", "o": "O"}, run_id="t")
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert engine.get("t").status == RunStatus.SUSPENDED and engine.get("t").quota_slot == "holder"
+    engine.signal("t", "go")
+    queued = engine.dispatcher.queue  # type: ignore[attr-defined]
+    sql = _round_trips(lambda: engine.execute(queued.popleft()))
+    assert engine.get("t").status == RunStatus.COMPLETED
+    assert engine.get("t").output == {"fpq-other": 1, "fpq-pool": 1}
+    # The claim: its message (no candidate: the run holds its slots), then the compare-and-set.
+    assert "claim_lock_quota_keys" in sql[0] and "take_quota" in sql[1], sql
+    assert "durable_singleton_singletonkey" not in sql[1], "the confirmation locked a key"

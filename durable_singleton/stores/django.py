@@ -997,10 +997,14 @@ class DjangoStore(BaseStore):
             return None
         if not due and not recovered and not run.holds_slot:
             return None  # a delayed start before its time (X5): the ORM path moves its wake_at
+        if run.quota_slot == SlotState.HOLDER and not recovered:
+            # A quota holder's confirmation: one compare-and-set that returns its quota tokens (X3f).
+            holder = run.singleton_key is not None
+            return fast.take(run, owner, lease_seconds, recovered=False, holder=holder, quotas=True)
         if run.quota_slot is not None:
             # It carries quotas, and the claim message did not admit it (a quota waiter is admitted
-            # there, under the locks of all its limits): a holder's confirmation or recovery, or a
-            # run that changed between the message's statements: the ORM path (X3i).
+            # there, under the locks of all its limits): a recovery, or a run that changed between
+            # the message's statements: the ORM path (X3i).
             return None
         if run.singleton_key is None or run.holds_slot:
             if run.singleton_key is not None and recovered:

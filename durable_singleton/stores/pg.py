@@ -284,6 +284,17 @@ TAKE = (
     " singleton_tracked = r.singleton_tracked OR %(holder)s"
     f" WHERE {_AS_READ} RETURNING {_cols('r')}"
 )
+#: The confirmation claim of a quota holder (X3c, X3f): :data:`TAKE` on a run still marked a
+#: quota holder, returning its quota tokens (JSON, by quota name). No quota key's lock: its
+#: memberships change only by a recovery, which changes the run's attempts first, so the
+#: compare-and-set refuses this claim (R5a).
+TAKE_QUOTA = (
+    f"UPDATE {RUN} r SET {_TAKE_SET},"
+    f" singleton_slot = CASE WHEN %(holder)s THEN '{SlotState.HOLDER.value}' ELSE r.singleton_slot END,"
+    " singleton_tracked = r.singleton_tracked OR %(holder)s"
+    f" WHERE {_AS_READ} AND r.quota_slot = '{SlotState.HOLDER.value}' RETURNING {_cols('r')},"
+    f" (SELECT json_object_agg(m.quota, COALESCE(m.fencing_token, 0)) FROM {MEMBER} m WHERE m.run_id = r.run_id)"
+)
 
 #: Lock the key's row, creating it if missing (S13); the first two statements of a message.
 CREATE_KEY = (
@@ -828,6 +839,7 @@ _CREATE_KEY = Statement("create_key", CREATE_KEY)
 _LOCK_KEY = Statement("lock_key", LOCK_KEY)
 _LOCK_RUN = Statement("lock_run", LOCK_RUN)
 TAKE_MESSAGE = Message(_LOCK_RUN, Statement("take", TAKE))
+TAKE_QUOTA_MESSAGE = Message(_LOCK_RUN, Statement("take_quota", TAKE_QUOTA))
 FINISH_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, Statement("finish", FINISH))
 SETTLE_MESSAGE = Message(Statement("settle", SETTLE))
 ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, _LOCK_RUN, Statement("admit", ADMIT))
@@ -1035,10 +1047,14 @@ class FastPath:
         return (record(row), False) if row is not None else None
 
     # -- a turn -----------------------------------------------------------------------------
-    def take(self, run: RunRecord, owner: str, lease_seconds: float, *, recovered: bool, holder: bool) -> Turn:
+    def take(
+        self, run: RunRecord, owner: str, lease_seconds: float, *, recovered: bool, holder: bool, quotas: bool = False
+    ) -> Turn:
         """Take the lease of a run without a key or of a holder: one compare-and-set on
         ``run`` as read (S6, R5a, R6). The turn's ``steps`` is ``{}`` when the claim's
-        own write returned no stored step: nobody else can store one under this lease (R4)."""
+        own write returned no stored step: nobody else can store one under this lease (R4).
+        With ``quotas``, ``run`` is a quota holder's confirmation (:data:`TAKE_QUOTA`): the
+        turn's run carries its quota tokens (X3f)."""
         params = {
             "owner": owner,
             "lease": float(lease_seconds),
@@ -1050,13 +1066,17 @@ class FastPath:
             "cancel": run.cancel_requested,
             "read_owner": run.lease_owner,
         }
+        message = TAKE_QUOTA_MESSAGE if quotas else TAKE_MESSAGE
         with self._cursor() as cursor:
-            self._send(cursor, TAKE_MESSAGE, params)
-            rows = self._last_result(cursor, TAKE_MESSAGE)
+            self._send(cursor, message, params)
+            rows = self._last_result(cursor, message)
         row = rows[0] if rows else None
         if row is None:
             return Turn(TurnState.SKIPPED, run)
         taken = record(row)
+        if quotas:
+            tokens = _json(row[len(COLUMNS)]) or {}
+            taken = taken.evolve(quota_tokens=tuple(sorted((q, int(t)) for q, t in tokens.items())))
         return Turn(TurnState.RUN, taken, recovered=recovered, steps=_known_steps(taken))
 
     def admit(
