@@ -40,17 +40,17 @@ slots are :mod:`durable_singleton.admission`'s SQL text
 :data:`~durable_singleton.querysets.PG_NOW_SQL`. Lock order: the key row,
 then run rows (S13). Every write is a compare-and-set on what was read (R5a).
 
-The clock: ``STATEMENT_TIMESTAMP()`` is the time the message arrived, for
-all three statements. A settle whose message waited for the key's lock is
-judged on its owner's lease at that arrival; that is safe because every
-takeover of a keyed run takes the same lock first (so it either committed
-before, and the compare-and-set on the owner refuses the settle, or it waits
-and finds the run settled). The times a statement writes for what happens
-next (a lease's expiry, the wake of a grant or of a parked claimant,
-``admitted_at``) are :data:`WRITTEN`, the database's clock as the row is
-written, after the lock (R5, R8): measured from the arrival, a claim that
-waited for the lock longer than its lease was admitted with a lease already
-expired, which the tick could recover while the body ran.
+The clock: ``STATEMENT_TIMESTAMP()`` (:data:`NOW`) is the time the message
+arrived, for all three statements; it orders and filters (is a run due, the
+queue's front), where an index may serve it. Whatever judges or starts a
+lease is :data:`WRITTEN`, the database's clock as the row is compared or
+written, after the locks (R5, R5a, R8): a settle whose message waited for a
+key's lock past its owner's lease is refused, as the ORM path refuses it (its
+compare-and-set is a statement of its own, sent after the lock), and a claim
+that waited for the lock longer than a lease is not admitted with a lease
+already expired, which the tick could recover while the body ran. The same
+holds for the other times a statement writes for what happens next (the wake
+of a grant or of a parked claimant, ``admitted_at``).
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ RUN = Run._meta.db_table
 KEY = SingletonKey._meta.db_table
 MEMBER = QuotaMembership._meta.db_table
 NOW = PG_NOW_SQL
-#: The database's clock when a row is written (after the key's lock, unlike :data:`NOW`, the
-#: message's arrival): the start of a lease, a wake or an admission written by a statement (R5, R8).
+#: The database's clock when a row is compared or written (after the locks, unlike :data:`NOW`,
+#: the message's arrival): a lease's end judged by a compare-and-set (R5a), the start of a lease,
+#: a wake or an admission written by a statement (R5, R8).
 WRITTEN = "CLOCK_TIMESTAMP()"
 
 #: The run table's columns a :class:`RunRecord` is built from, in this order.
@@ -275,7 +276,7 @@ _AS_READ = (
     "r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
     " AND r.cancel_requested = %(cancel)s"
     f" AND (r.status <> '{RunStatus.RUNNING.value}'"
-    f" OR (r.lease_owner IS NOT DISTINCT FROM %(read_owner)s AND r.lease_expires_at <= {NOW}))"
+    f" OR (r.lease_owner IS NOT DISTINCT FROM %(read_owner)s AND r.lease_expires_at <= {WRITTEN}))"
 )
 #: The confirmation claim of a run without a key (``holder`` false) or of a holder (S6).
 TAKE = (
@@ -404,8 +405,10 @@ _SETTLE_SET = (
     " singleton_slot = NULL, singleton_tracked = FALSE, quota_slot = NULL, lease_owner = NULL,"
     f" lease_expires_at = NULL, wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
 )
-#: The owner's compare-and-set of a settle (R5a).
-FINISH_OWNED = f"r.status = '{RunStatus.RUNNING.value}' AND r.lease_owner = %(owner)s AND r.lease_expires_at > {NOW}"
+#: The owner's compare-and-set of a settle (R5a), its lease judged after the locks (:data:`WRITTEN`).
+FINISH_OWNED = (
+    f"r.status = '{RunStatus.RUNNING.value}' AND r.lease_owner = %(owner)s AND r.lease_expires_at > {WRITTEN}"
+)
 
 #: A settle without a key: the compare-and-set alone (R5a).
 SETTLE = f"UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
