@@ -100,6 +100,8 @@ def test_statements_measures_runs_through_the_public_paths() -> None:
     assert 0 < plain["round_trips"] <= idle["round_trips"], found  # equal on PostgreSQL's fast path
     assert handed["round_trips"] >= handed["of which the start deep in the queue"] > 0, found
     assert float(handed["round_trips"]).is_integer(), found
+    both = found["handoff-admitted + quota"]
+    assert both["round_trips"] >= handed["round_trips"] and both["seconds_ratio_to_handoff_admitted"] > 0, found
 
 
 def _raw(**over: Any) -> dict[str, Any]:
