@@ -220,7 +220,12 @@ def test_piped_demo_prints_each_change_of_a_lane_as_a_line() -> None:
     holders = [h for i, h in enumerate(holders) if i == 0 or holders[i - 1] != h]
     assert holders == sorted(set(holders), key=holders.index), "each holder appears once, in turn"
     assert holders == ["A1", "A2", "A3", "A4"], a
-    assert "waiting A2 A3 A4" in a[0], a
+    # The first line names every later run as not holding: waiting for its key, or (under load,
+    # when the first snapshot comes after a turn was queued) ready, waiting for a worker.
+    first = re.search(r"holding (\S+), (.*), done", a[0])
+    assert first is not None and first[1] in ("-", "A1"), a
+    assert re.fullmatch(r"(ready|waiting) A\d( A\d)*(, (ready|waiting) A\d( A\d)*)*", first[2]), a
+    assert all(f"A{n}" in first[2] for n in (2, 3, 4)), a
     assert re.search(r"store:A 0/1 holding -, done 4$", a[-1]), a
     assert any(re.match(r"\s*\d+\.\d s store:B 1/1 holding B1", line) for line in lines), lines
     assert "┏" not in text, "no table drawn off a terminal"
