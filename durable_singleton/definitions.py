@@ -425,6 +425,15 @@ class Registry:
             raise InvalidWorkflowError(name, "body", "must be callable (ctx, input) -> output")
         single = Singleton.coerce(name, singleton)
         quota_specs = self._check_quotas(name, quotas)
+        fair = [q.name for q in quota_specs if q.fair_key is not None]
+        if fair and (single is not None or len(quota_specs) > 1):
+            raise InvalidWorkflowError(
+                name,
+                "quotas",
+                f"the fair quota {fair[0]!r} must be the workflow's only limit (no singleton key, no other"
+                " quota): its order by sub-key and another limit's oldest-first order could each hold back"
+                " the run the other admits next, and no run would be admitted (X4d)",
+            )
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
             raise InvalidWorkflowError(name, "timeout", f"must be a number of seconds > 0, got {timeout!r}")
         step_names = tuple(steps)

@@ -61,7 +61,7 @@ class QuotaProtocol(RuleBasedStateMachine):
         fair = Quota("pool-fair", key=lambda i: i["q"], limit=QUOTA_LIMIT, fair_key=lambda i: i["t"])
         registry.add("plain", "1", lambda ctx, i: None, quotas=[pool], timeout=3600)
         registry.add("keyed", "1", lambda ctx, i: None, singleton={"key": lambda i: i["q"]}, quotas=[pool])
-        registry.add("fair", "1", lambda ctx, i: None, quotas=[fair, pool])
+        registry.add("fair", "1", lambda ctx, i: None, quotas=[fair])  # a fair quota is a run's only limit (X4d)
         capped = Quota("pool-capped", key=lambda i: i["q"], limit=1, max_queue_depth=CAP - 1)
         registry.add("capped", "1", lambda ctx, i: None, quotas=[capped, pool])
         self.engine = make_engine(
@@ -70,6 +70,7 @@ class QuotaProtocol(RuleBasedStateMachine):
         self.created: list[str] = []
         self.owner: dict[str, str] = {}
         self.tokens: dict[tuple[str, str], list[int]] = {}
+        self.admitted_with: dict[str, tuple[tuple[str, int], ...]] = {}
         self.cancelled_seen: set[str] = set()
         self.n = 0
 
@@ -79,12 +80,24 @@ class QuotaProtocol(RuleBasedStateMachine):
     def _active(self) -> list[str]:
         return [r for r in self.created if not self._run(r).is_terminal]
 
-    def _record_tokens(self, run: Any) -> None:
-        for name, token in run.quota_tokens:
-            key = dict(run.quota_keys)[name]
-            seen = self.tokens.setdefault((name, key), [])
-            assert not seen or token > seen[-1], f"quota token {token} of {run.run_id} after {seen} (X3f)"
-            seen.append(token)
+    def _record_tokens(self, *admitted: tuple[Any, Any]) -> None:
+        """Record the quota tokens of runs admitted together, (run, tokens by quota name),
+        once per admission: when a handoff admits them (a confirmation then brings the
+        same tokens) or when a claim admits or takes over one (new tokens). Each quota
+        key's tokens strictly increase in admission order (X3f, X3h)."""
+        fresh: dict[tuple[str, str], list[tuple[int, str]]] = {}
+        for run, given in admitted:
+            tokens = tuple(sorted(dict(given).items()))
+            if self.admitted_with.get(run.run_id) == tokens:
+                continue
+            self.admitted_with[run.run_id] = tokens
+            for name, token in tokens:
+                fresh.setdefault((name, dict(run.quota_keys)[name]), []).append((token, run.run_id))
+        for pair, given_here in fresh.items():
+            seen = self.tokens.setdefault(pair, [])
+            for token, run_id in sorted(given_here):
+                assert not seen or token > seen[-1], f"quota token {token} of {run_id} after {seen} (X3f)"
+                seen.append(token)
 
     @rule(workflow=st.sampled_from(WORKFLOWS), key=st.sampled_from(QUOTA_KEYS), tenant=st.sampled_from("ab"))
     def start(self, workflow: str, key: str, tenant: str) -> None:
@@ -121,14 +134,21 @@ class QuotaProtocol(RuleBasedStateMachine):
         if turn.state is TurnState.RUN:
             assert run_id not in self.cancelled_seen, "a cancelled run's body resumed (D6)"
             assert turn.run.quota_slot == "holder"
-            self._record_tokens(turn.run)
+            self._record_tokens((turn.run, turn.run.quota_tokens))
             self.owner[run_id] = owner
 
     @precondition(lambda self: self.owner)
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
         run_id = data.draw(st.sampled_from(sorted(self.owner)))
-        self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())
+        done = self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())
+        self._record_tokens(  # the waiters its handoff admitted (X3h)
+            *(
+                (self._run(g.run_id), self.store.quota_tokens(g.run_id))
+                for g in done.granted
+                if g.quota_slot == "holder"
+            )
+        )
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())

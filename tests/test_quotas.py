@@ -239,7 +239,8 @@ def test_racing_claims_never_exceed_a_quota(
     single = {"key": lambda i: i["k"], "limit": 2} if shape == "singleton" else None
     registry.add("a", "1", body, quotas=[pool], singleton=single)
     registry.add("b", "1", body, quotas=[pool])
-    registry.add("c", "1", body, quotas=[pool, Quota("other", limit=3)])
+    # A fair quota is the only limit of a workflow that names it (X4d).
+    registry.add("c", "1", body, quotas=[pool] if shape == "fair" else [pool, Quota("other", limit=3)])
     engines = [make() for _ in range(4)]
     ids = []
     for n in range(24):
@@ -533,6 +534,34 @@ def test_fair_quota_declarations_and_sub_keys_are_checked(engine: Engine, regist
         with pytest.raises(SingletonKeyError):
             engine.start("w", {"tenant": tenant})
     assert engine.store.list_runs() == []
+
+
+def test_a_fair_quota_is_the_only_limit_of_a_workflow(registry: Registry) -> None:
+    """X4d, X3d: a workflow that names a fair quota carries no other limit. Found by
+    the quota model test on MariaDB: runs of a workflow on a fair quota and a FIFO
+    quota, with other workflows on the FIFO quota, ended with every run a waiter and
+    none admitted, as the oldest-first order put A before B in the FIFO quota and
+    the tags put B before A in the fair one. Refused at registration, with another
+    quota or a singleton key, whatever the order; a fair quota alone is accepted,
+    and so is a workflow whose quotas are all oldest first."""
+
+    def body(ctx: Any, input: Any) -> None:
+        return None
+
+    fair = Quota("fair", key=lambda i: i["q"], limit=2, fair_key=_tenant)
+    fifo = Quota("fifo", key=lambda i: i["q"], limit=2)
+    other_fair = Quota("fair2", limit=1, fair_key=_tenant)
+    for quotas, singleton in (
+        ([fair, fifo], None),
+        ([fifo, fair], None),
+        ([fair, other_fair], None),
+        ([fair], {"key": lambda i: i["q"]}),
+    ):
+        with pytest.raises(InvalidWorkflowError, match="X4d"):
+            registry.add("mixed", "1", body, quotas=quotas, singleton=singleton)
+    assert "mixed" not in registry.latest and "fair" not in registry.quotas
+    registry.add("fair-only", "1", body, quotas=[fair])
+    registry.add("fifo-only", "1", body, quotas=[fifo, Quota("fifo2", limit=1)], singleton={"key": lambda i: "k"})
 
 
 def test_a_store_on_the_fallback_claim_refuses_quotas(registry: Registry) -> None:
