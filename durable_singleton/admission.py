@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -64,6 +64,7 @@ __all__ = [
     "free_slots",
     "free_slots_sql",
     "free_slots_sql_text",
+    "handoff_admits",
     "holds_quota_slot",
     "holds_quota_slot_q",
     "holds_quota_slot_sql_text",
@@ -619,6 +620,33 @@ def quota_front_reaches(run_id: str, waiters: Sequence[str], free: int) -> bool:
     (X3d, S5 step 3): a run is admitted only when this holds in every limit it
     carries, so a run at the front of a limit is never overtaken there."""
     return free > 0 and run_id in waiters[:free]
+
+
+def handoff_admits(
+    fronts: Mapping[tuple[str, str], tuple[int, Sequence[str]]],
+    carried: Callable[[str], Iterable[tuple[str, str]]],
+) -> dict[str, dict[tuple[str, str], int]]:
+    """Return the waiters that carry quotas which a handoff admits on its own (X3h, X3d).
+
+    ``fronts``: each quota key the handoff locked, as (name, key), with its free
+    slots (after the settled run's) and its first due waiters' run ids in
+    admission order. ``carried``: the quota keys (name, key) of a run id. A run
+    within the free slots of one of ``fronts`` is admitted when every quota key
+    it carries is one of ``fronts`` and it is within that key's free slots
+    (:func:`quota_front_reaches`): the handoff holds the locks of all its quota
+    limits and decides as the run's own claim would. Its status, its cancel
+    flag and its singleton key (the handoff's own, granting it a slot) are the
+    caller's to check. Returns, in order of first place, each run's place
+    (1-based) in each of its quota keys: the order of its token there (X3f)."""
+    places: dict[str, dict[tuple[str, str], int]] = {}
+    for quota_key, (free, waiters) in fronts.items():
+        for pos, run_id in enumerate(waiters[: max(free, 0)], start=1):
+            places.setdefault(run_id, {})[quota_key] = pos
+    return {
+        run_id: where
+        for run_id, where in places.items()
+        if set(carried(run_id)) == set(where)  # every limit it carries is held here, and it is within each
+    }
 
 
 def _sql_in(values: Iterable[str]) -> str:

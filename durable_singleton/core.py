@@ -859,7 +859,7 @@ class Core:
         on this thread when inside :meth:`execute_chain`, the rest go to workers."""
         follow_ups = getattr(self._local, "follow_ups", None)
         for run in granted:
-            if not run.quota_keys:  # a waiter that carries quotas is sent a turn, not admitted (X3h)
+            if run.quota_slot != SlotState.WAITER:  # one that waits in its quotas is sent a turn only (X3h)
                 signals.run_admitted.send_robust(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
         for n, run in enumerate(granted):
             queue = self.queue_of(run)

@@ -27,7 +27,7 @@ import threading
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -64,6 +64,7 @@ __all__ = [
     "Turn",
     "TurnState",
     "control_records",
+    "handed_off",
 ]
 
 #: Declared singleton limits by workflow name (the latest registered version's, S2).
@@ -158,6 +159,21 @@ class Finish:
     def settled(self) -> bool:
         """Tell whether this write settled the run."""
         return self.run is not None
+
+
+def handed_off(granted: Iterable[RunRecord], turns: Iterable[RunRecord]) -> tuple[RunRecord, ...]:
+    """Return the runs a handoff sends a turn, in the order every store sends them (S7, X3h):
+    the ones it admitted (``granted``) oldest first, by (``created_at``, ``run_id``), the
+    order of their tokens in each limit; then the waiters sent a turn as they are
+    (``turns``, in their place), each once."""
+    admitted = sorted(granted, key=lambda g: (g.created_at, g.run_id))
+    seen = {g.run_id for g in admitted}
+    rest: list[RunRecord] = []
+    for run in turns:
+        if run.run_id not in seen:
+            seen.add(run.run_id)
+            rest.append(run)
+    return (*admitted, *rest)
 
 
 @dataclass(frozen=True)

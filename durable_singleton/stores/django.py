@@ -26,6 +26,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -55,6 +56,7 @@ from ..admission import (
     fair_tag,
     free_slots,
     free_slots_sql,
+    handoff_admits,
     holds_quota_slot_q,
     holds_slot,
     holds_slot_q,
@@ -96,6 +98,7 @@ from .base import (
     Superseding,
     Turn,
     TurnState,
+    handed_off,
 )
 from .schedule_state import DjangoScheduleStore
 
@@ -195,6 +198,15 @@ def _settled(run: RunRecord, status: str, output: Any, error: Any) -> RunRecord:
         wake_at=None,
         finished_at=timezone.now(),
     )
+
+
+@dataclass(frozen=True)
+class _Carrier:
+    """A waiter that carries quotas which a handoff admits (X3h): its row as read and its
+    place (1-based) in each of its quota keys, (name, key)."""
+
+    row: Run
+    places: Mapping[tuple[str, str], int]
 
 
 class _UnlockedQuotaKeysError(Exception):
@@ -444,6 +456,7 @@ class DjangoStore(BaseStore):
         *,
         claimant: str | None = None,
         ttls: QueueTtls | None = None,
+        carriers: Collection[str] = (),
     ) -> tuple[list[RunRecord], Run | None, int, Run | None]:
         """Give the key's free slots to its oldest waiters, under the key's lock (S5, S7, K1).
 
@@ -457,7 +470,9 @@ class DjangoStore(BaseStore):
         the claimant's row if another claim granted it a slot meanwhile. Each
         grant is a compare-and-set on the waiter as read. A waiter that carries
         quotas within the free slots is returned as it is, not admitted: a turn
-        for its own claim (X3h).
+        for its own claim (X3h); unless it is one of ``carriers``, the ones a
+        handoff admits (:meth:`_handoff_carriers`), which take their quota slot
+        with the grant (the caller gives their quota tokens).
         """
         limit = self._limit(workflow_name, key_row, limits, None)
         front, legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
@@ -478,14 +493,20 @@ class DjangoStore(BaseStore):
                 token += 1
                 claimant_token = token
                 continue
-            if row.quota_slot is not None:
+            carrier = row.quota_slot is not None
+            if carrier and row.run_id not in carriers:
                 # It carries quotas: it keeps its place and is sent a turn; its own
                 # claim decides under the locks of all its limits (X3h).
                 granted.append(record_of(row))
                 continue
             token += 1
+            quota = {"quota_slot": SlotState.HOLDER} if carrier else {}
             if runs.filter(
-                pk=row.run_id, status=row.status, singleton_slot=SlotState.WAITER, cancel_requested=False
+                pk=row.run_id,
+                status=row.status,
+                singleton_slot=SlotState.WAITER,
+                cancel_requested=False,
+                **({"quota_slot": SlotState.WAITER} if carrier else {}),
             ).update(
                 singleton_slot=SlotState.HOLDER,
                 singleton_tracked=True,
@@ -493,9 +514,12 @@ class DjangoStore(BaseStore):
                 admitted_at=DbNow(),
                 wake_at=db_now_plus(self.redelivery_seconds),
                 updated_at=DbNow(),
+                **quota,
             ):
                 now = timezone.now()
-                granted.append(record_of(row).evolve(admitted=True, tracked=True, fencing_token=token, admitted_at=now))
+                granted.append(
+                    record_of(row).evolve(admitted=True, tracked=True, fencing_token=token, admitted_at=now, **quota)
+                )
         if token != key_row["last_token"]:
             SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
         return granted, claimant_front, claimant_token, claimant_holder
@@ -887,7 +911,7 @@ class DjangoStore(BaseStore):
             turn = self._fast_turn(fast, run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
             if turn is not None:
                 return turn
-        if known is not None and known.admitted and known.is_parked:
+        if known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked:
             row: Run | None = self._row(known)
             assert row is not None
             row.attempts, row.singleton_slot, row.fencing_token = known.attempts, SlotState.HOLDER, known.fencing_token
@@ -977,7 +1001,7 @@ class DjangoStore(BaseStore):
         a holder or past ``max_recoveries``, an untracked run of an older release,
         a workflow this process does not declare, a claimant changed under us)."""
         delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
-        if known is not None and known.admitted and known.is_parked:
+        if known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked:
             run: RunRecord | None = known
             expired, due = False, True  # granted: admitted while due (X5)
         else:
@@ -1119,14 +1143,18 @@ class DjangoStore(BaseStore):
                     return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(granted), admitted=True)
                 transaction.set_rollback(True, using=self.db)  # changed under us: grant nothing (R5a)
                 return Turn(TurnState.SKIPPED, record)
-            parked = self._park_waiter(row, retry.seconds if front is not None else retry.backlog_seconds, retry)
+            delay = retry.seconds if front is not None else retry.backlog_seconds
+            parked = self._park_waiter(row, delay, retry, singleton_slot=SlotState.WAITER)
             return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))
 
-    def _park_waiter(self, row: Run, seconds: float, retry: RetryPolicy) -> bool:
-        """Park a denied waiter with its retry ``wake_at``, inside the claim (S5 step 5)."""
+    def _park_waiter(self, row: Run, seconds: float, retry: RetryPolicy, **waits: Any) -> bool:
+        """Park a denied waiter with its retry ``wake_at``, inside the claim (S5 step 5):
+        a compare-and-set on the run as read and on ``waits``, the markers that make it a
+        waiter (``singleton_slot`` or ``quota_slot``, ``"waiter"``): a claim that read
+        the run before a handoff admitted it leaves the new holder alone (R5a, X3h)."""
         return bool(
             self._runs()
-            .filter(self._as_read(row), cancel_requested=False)
+            .filter(self._as_read(row), cancel_requested=False, **waits)
             .update(
                 status=RunStatus.SUSPENDED,
                 attempts=row.attempts + 1,
@@ -1184,6 +1212,80 @@ class DjangoStore(BaseStore):
             ids.extend(i for i in waiters[:free] if i not in exclude and i not in ids)
         return self._quota_records(ids)
 
+    def _handoff_carriers(
+        self, run: RunRecord, fronts: Mapping[tuple[str, str], tuple[int, list[str]]]
+    ) -> dict[str, _Carrier]:
+        """The waiters that carry quotas a handoff of ``run`` admits, under the locks of
+        the quota keys ``fronts`` (their free slots and first waiters, read under the locks)
+        (X3h, :func:`~durable_singleton.admission.handoff_admits`): parked, not cancelled,
+        and without a singleton key or with ``run``'s own (its grant then decides). Returns
+        a :class:`_Carrier` by run id: the run as read and its place in each quota key."""
+        ids = {i for free, waiters in fronts.values() for i in waiters[:free]}
+        if not ids:
+            return {}
+        carried: dict[str, set[tuple[str, str]]] = {}
+        members = QuotaMembership.objects.using(self.db).filter(run_id__in=ids)
+        for run_id, name, key in members.values_list("run_id", "quota", "key"):
+            carried.setdefault(str(run_id), set()).add((name, key))
+        places = handoff_admits(fronts, lambda run_id: carried.get(run_id, ()))
+        rows = self._runs().filter(
+            pk__in=list(places), status__in=PARKED_STATUSES, cancel_requested=False, quota_slot=SlotState.WAITER
+        )
+        return {
+            row.run_id: _Carrier(row, places[row.run_id])
+            for row in rows
+            if row.singleton_key is None
+            or (row.workflow_name, row.singleton_key) == (run.workflow_name, run.singleton_key)
+        }
+
+    def _admit_carriers(self, carriers: Sequence[_Carrier]) -> list[RunRecord]:
+        """Admit the waiters ``carriers`` without a singleton key that a handoff admits
+        (X3h): each a compare-and-set on the waiter as read that takes its quota slot,
+        with a turn due after the redelivery window, as a grant (S7a)."""
+        admitted: list[RunRecord] = []
+        for carrier in carriers:
+            row = carrier.row
+            if (
+                self._runs()
+                .filter(pk=row.run_id, status=row.status, quota_slot=SlotState.WAITER, cancel_requested=False)
+                .update(
+                    quota_slot=SlotState.HOLDER,
+                    admitted_at=DbNow(),
+                    wake_at=db_now_plus(self.redelivery_seconds),
+                    updated_at=DbNow(),
+                )
+            ):
+                admitted.append(record_of(row).evolve(quota_slot=SlotState.HOLDER, admitted_at=timezone.now()))
+        return admitted
+
+    def _hand_quota_tokens(
+        self,
+        granted: list[RunRecord],
+        carriers: Mapping[str, _Carrier],
+        quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]],
+    ) -> list[RunRecord]:
+        """Give each waiter that carries quotas a handoff admitted (in ``granted``) a slot
+        and the next token of each of its quota keys, in its place's order there, under
+        the keys' locks (X3c, X3f, K1); return ``granted`` with their tokens."""
+        admitted = {g.run_id for g in granted if g.run_id in carriers and g.quota_slot == SlotState.HOLDER}
+        if not admitted:
+            return granted
+        tokens: dict[str, dict[str, int]] = {run_id: {} for run_id in admitted}
+        members = QuotaMembership.objects.using(self.db)
+        for (name, key), key_row in quota_rows:
+            places = {r: carriers[r].places[(name, key)] for r in admitted if (name, key) in carriers[r].places}
+            token = key_row["last_token"]
+            for run_id in sorted(places, key=places.__getitem__):
+                token += 1
+                tokens[run_id][name] = token
+                members.filter(run_id=run_id, quota=name).update(slot=SlotState.HOLDER, fencing_token=token)
+            if token != key_row["last_token"]:
+                SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
+        return [
+            g.evolve(quota_tokens=tuple(sorted(tokens[g.run_id].items()))) if g.run_id in admitted else g
+            for g in granted
+        ]
+
     def _quota_records(self, ids: Sequence[str]) -> list[RunRecord]:
         """The runs ``ids`` as stored, in that order (one read; none for no id)."""
         if not ids:
@@ -1218,26 +1320,36 @@ class DjangoStore(BaseStore):
         runs = self._runs()
         memberships = QuotaMembership.objects.using(self.db).filter(run_id=row.run_id)
         keyed = row.singleton_key is not None
+        if keyed:
+            take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
+        if row.quota_slot == SlotState.HOLDER and not recovered:
+            # A holder's confirmation (a run a handoff admitted, or one parked with its slots):
+            # one compare-and-set on the run as read, after its row lock, with no key's lock:
+            # its memberships change only by a recovery, which changes the run's attempts
+            # first, so the compare refuses this claim (R5a, X3f), as pg.TAKE_QUOTA.
+            with transaction.atomic(using=self.db):
+                self._lock_run(row.run_id)
+                if not runs.filter(self._as_read(row), quota_slot=SlotState.HOLDER).update(**take):
+                    return Turn(TurnState.SKIPPED, record)
+                tokens = {q: int(t or 0) for q, t in memberships.values_list("quota", "fencing_token")}
+            return Turn(
+                TurnState.RUN, taken.evolve(admitted=keyed, tracked=keyed, quota_tokens=tuple(sorted(tokens.items())))
+            )
         with transaction.atomic(using=self.db):
             quota_rows = self._lock_quota_keys(record.quota_keys)
             key_row = self.lock_key(row.workflow_name, row.singleton_key) if row.singleton_key is not None else None
             self._lock_run(row.run_id)
-            if keyed:
-                take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
             if row.quota_slot == SlotState.HOLDER:
+                # A takeover of a holder: a new token in every limit it holds (K1, X3f).
                 token = None
-                if recovered and key_row is not None:
-                    # A takeover: a new token in every limit the run holds (K1, X3f).
+                if key_row is not None:
                     token = key_row["last_token"] + 1
                     take["fencing_token"] = token
                 if not runs.filter(self._as_read(row), quota_slot=SlotState.HOLDER).update(**take):
                     return Turn(TurnState.SKIPPED, record)
-                if recovered:
-                    if key_row is not None:
-                        SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
-                    tokens = self._take_quota_tokens(memberships, quota_rows)
-                else:
-                    tokens = {q: int(t or 0) for q, t in memberships.values_list("quota", "fencing_token")}
+                if key_row is not None:
+                    SingletonKey.objects.using(self.db).filter(pk=key_row["pk"]).update(last_token=token)
+                tokens = self._take_quota_tokens(memberships, quota_rows)
                 run = taken.evolve(admitted=keyed, tracked=keyed, quota_tokens=tuple(sorted(tokens.items())))
                 return Turn(
                     TurnState.RUN, run if token is None else run.evolve(fencing_token=token), recovered=recovered
@@ -1282,7 +1394,8 @@ class DjangoStore(BaseStore):
                     ids.extend(i for i in behind if i not in exclude and i not in ids)
                 others += self._quota_records(ids)
                 return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(others), admitted=True)
-            parked = self._park_waiter(row, retry.seconds if at_front else retry.backlog_seconds, retry)
+            delay = retry.seconds if at_front else retry.backlog_seconds
+            parked = self._park_waiter(row, delay, retry, quota_slot=SlotState.WAITER)
             return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))
 
     def _take_quota_tokens(
@@ -1454,14 +1567,29 @@ class DjangoStore(BaseStore):
                 if not self._runs().filter(cas).update(**fields):
                     return Finish(None)
                 granted: list[RunRecord] = []
+                fronts: dict[tuple[str, str], tuple[int, list[str]]] = {}
                 if quota_rows:
                     # Every slot freed at once, in the transaction that ends the run (X3g).
                     QuotaMembership.objects.using(self.db).filter(run_id=run.run_id).update(slot=None)
+                    fronts = {qk: self._quota_front(*qk, key_row_q, limits) for qk, key_row_q in quota_rows}
+                # The waiters whose every limit this transaction holds are admitted as their
+                # own claims would be; the others within the free slots are sent a turn (X3h).
+                carriers = self._handoff_carriers(run, fronts)
                 if key_row is not None and run.singleton_key is not None:
-                    granted = self._grant(run.workflow_name, run.singleton_key, key_row, limits, ttls=ttls)[0]
-                granted.extend(self._quota_turns(quota_rows, limits, {g.run_id for g in granted}))
+                    granted = self._grant(
+                        run.workflow_name, run.singleton_key, key_row, limits, ttls=ttls, carriers=carriers
+                    )[0]
+                granted += self._admit_carriers([c for c in carriers.values() if c.row.singleton_key is None])
+                granted = self._hand_quota_tokens(granted, carriers, quota_rows)
+                turns = [g for g in granted if g.quota_slot == SlotState.WAITER]
+                known = {g.run_id for g in granted}
+                fronts_ids = (i for free, waiters in fronts.values() for i in waiters[:free] if i not in known)
+                turns += self._quota_records(list(dict.fromkeys(fronts_ids)))
                 settled = _settled(run, status, output, error)
-                return Finish(settled.evolve(finished_at=finished_at or settled.finished_at), tuple(granted))
+                return Finish(
+                    settled.evolve(finished_at=finished_at or settled.finished_at),
+                    handed_off([g for g in granted if g.quota_slot != SlotState.WAITER], turns),
+                )
 
         return self._retrying(settle)
 

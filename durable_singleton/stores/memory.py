@@ -18,6 +18,7 @@ from ..admission import (
     cap_in_force,
     fair_tag,
     free_slots,
+    handoff_admits,
     is_due,
     limit_in_force,
     queue_ttl_expired,
@@ -49,6 +50,7 @@ from .base import (
     Turn,
     TurnState,
     control_records,
+    handed_off,
 )
 
 __all__ = ["MemoryStore"]
@@ -246,9 +248,11 @@ class MemoryStore(BaseStore):
         limits: Limits,
         claimant: str | None = None,
         ttls: QueueTtls | None = None,
+        carriers: Collection[str] = (),
     ) -> tuple[list[RunRecord], bool, int]:
         """Give the key's free slots to its oldest waiters not past their TTL in
-        ``ttls`` on this store's clock (S5, S7, K1, X2); see DjangoStore._grant."""
+        ``ttls`` on this store's clock (S5, S7, K1, X2); see DjangoStore._grant.
+        ``carriers``: the waiters that carry quotas a handoff admits (X3h)."""
         limit = self._limit(workflow_name, key, limits)
         runs = self._key_runs(workflow_name, key)
         holders = sum(1 for r in runs if r.holds_slot)
@@ -265,7 +269,7 @@ class MemoryStore(BaseStore):
         granted: list[RunRecord] = []
         claimant_token = 0
         for run in waiters[:free]:
-            if run.quota_slot is not None and run.run_id != claimant:
+            if run.quota_slot is not None and run.run_id != claimant and run.run_id not in carriers:
                 # It carries quotas: it keeps its place and is sent a turn; its own
                 # claim decides under all its limits (X3h).
                 granted.append(run)
@@ -283,6 +287,7 @@ class MemoryStore(BaseStore):
                     fencing_token=token,
                     admitted_at=now,
                     wake_at=now + timedelta(seconds=self.redelivery_seconds),
+                    quota_slot=SlotState.HOLDER if run.quota_slot is not None else None,
                 )
             )
         in_front = any(w.run_id == claimant for w in waiters[:limit])
@@ -557,12 +562,61 @@ class MemoryStore(BaseStore):
             finished_at=self.clock(),
         )
         self._quota_tokens.pop(run.run_id, None)
+        # Every quota slot freed at once (X3g); the waiters whose every limit the handoff holds
+        # are admitted as their own claims would be (X3h), the other first waiters sent a turn.
+        fronts = {(name, key): self._quota_front(name, key, limits) for name, key in sorted(set(run.quota_keys))}
+        carriers = self._handoff_carriers(run, fronts)
         granted: list[RunRecord] = []
         if run.singleton_key is not None:
-            granted = self._grant(run.workflow_name, run.singleton_key, limits, ttls=ttls)[0]
-        # Every quota slot freed at once; the quota keys' first waiters are sent a turn (X3g).
-        granted.extend(self._quota_turns(run.quota_keys, limits, {g.run_id for g in granted}))
-        return Finish(settled, tuple(granted))
+            granted = self._grant(run.workflow_name, run.singleton_key, limits, ttls=ttls, carriers=carriers)[0]
+        now = self.clock()
+        for run_id in carriers:
+            carrier = self._runs[run_id]
+            if carrier.singleton_key is None:
+                granted.append(
+                    self._replace(
+                        carrier,
+                        quota_slot=SlotState.HOLDER,
+                        admitted_at=now,
+                        wake_at=now + timedelta(seconds=self.redelivery_seconds),
+                    )
+                )
+        admitted = [g.run_id for g in granted if g.run_id in carriers and g.quota_slot == SlotState.HOLDER]
+        for name, key in fronts:
+            # A token in each quota key for each run admitted there, in its place's order (X3f).
+            here = sorted((r for r in admitted if (name, key) in carriers[r]), key=lambda r: carriers[r][(name, key)])
+            for run_id in here:
+                token = self._tokens.get((quota_lock_name(name), key), 0) + 1
+                self._tokens[(quota_lock_name(name), key)] = token
+                self._quota_tokens.setdefault(run_id, {})[name] = token
+        granted = [
+            self._replace(self._runs[g.run_id], quota_tokens=tuple(sorted(self._quota_tokens[g.run_id].items())))
+            if g.run_id in admitted
+            else g
+            for g in granted
+        ]
+        turns = [g for g in granted if g.quota_slot == SlotState.WAITER]
+        turns += [self._runs[i] for free, waiters in fronts.values() for i in waiters[:free]]
+        return Finish(settled, handed_off([g for g in granted if g.quota_slot != SlotState.WAITER], turns))
+
+    def _handoff_carriers(
+        self, run: RunRecord, fronts: dict[tuple[str, str], tuple[int, list[str]]]
+    ) -> dict[str, dict[tuple[str, str], int]]:
+        """The waiters that carry quotas a handoff of ``run`` admits (X3h,
+        :func:`~durable_singleton.admission.handoff_admits`): parked, not cancelled, and
+        without a singleton key or with ``run``'s own (its grant then decides)."""
+        places = handoff_admits(fronts, lambda run_id: self._runs[run_id].quota_keys)
+        return {
+            run_id: where
+            for run_id, where in places.items()
+            if (carrier := self._runs[run_id]).is_parked
+            and not carrier.cancel_requested
+            and carrier.quota_slot == SlotState.WAITER
+            and (
+                carrier.singleton_key is None
+                or (carrier.workflow_name, carrier.singleton_key) == (run.workflow_name, run.singleton_key)
+            )
+        }
 
     def finish(
         self,

@@ -83,7 +83,7 @@ from ..models import QuotaMembership, Run, SingletonKey
 from ..querysets import PG_NOW_SQL, RunQuerySet
 from ..records import RunRecord, StepRecord
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState
-from .base import Finish, Limits, Turn, TurnState
+from .base import Finish, Limits, Turn, TurnState, handed_off
 
 
 class Store(Protocol):
@@ -383,18 +383,25 @@ _TURN_ORDER = (
     " ORDER BY tr.run_id, tr.o1, tr.o2) t1 ON t1.run_id = r.run_id"
     " WHERE r.run_id NOT IN (SELECT g.run_id FROM g)"
 )
+#: :data:`_TURN_ORDER` less the waiters that carry quotas a handoff admitted (``qa``, X3h).
+_HANDOFF_TURN_ORDER = f"{_TURN_ORDER} AND r.run_id NOT IN (SELECT qa.run_id FROM qa)"
 
 
 #: The singleton grants of a statement: the waiters within the
 #: key's free slots (``sg``, ``w`` and ``c`` of :func:`_queue`, when ``when`` holds); a slot
 #: and the next token go to each that carries no quota (and to ``claimant``, a parameter, or
 #: ''), the ones that carry quotas keep their place and are sent a turn (X3h, K1).
-def _singleton_grants(when: str, claimant: str) -> str:
+def _singleton_grants(when: str, claimant: str, carriers: str = "") -> str:
+    """``carriers``: the CTEs of a handoff that admits the waiters that carry quotas whose
+    every limit it holds (:data:`_HANDOFF_CARRIERS`, ``qa``), read after ``sg``: those of
+    ``sg`` take a slot and a token here too (X3h)."""
     mine = f"sg.run_id = %({claimant})s OR " if claimant else ""
+    admitted = " OR sg.run_id IN (SELECT qa.run_id FROM qa)" if carriers else ""
     return (
         f"sg AS (SELECT w.run_id, w.status, w.quota_slot, w.pos FROM w, c WHERE w.pos <= c.free AND {when}),"
+        f"{carriers}"
         " g AS (SELECT sg.run_id, sg.status, c.last_token + row_number() OVER (ORDER BY sg.pos) AS token"
-        f" FROM sg, c WHERE {mine}sg.quota_slot IS NULL)"
+        f" FROM sg, c WHERE {mine}sg.quota_slot IS NULL{admitted})"
     )
 
 
@@ -759,13 +766,56 @@ CLAIM_QUOTA_ADMIT = _quota_admit(
 )
 
 
+#: The waiters that carry quotas a quota handoff admits (X3h, X3d): ``qc``, those within the
+#: free slots of every quota key they carry, all of them keys this handoff locked (their
+#: memberships are as many as their places within the free slots of ``qf``); ``qa``, those
+#: of them parked and not cancelled whose singleton key, if any, is the handoff's own and
+#: grants them a slot (in ``sg``). Each is decided as its own claim would decide it under the
+#: same locks; ``keyed``: it also takes a singleton slot (in ``g``).
+_HANDOFF_CARRIERS = (
+    " qc AS (SELECT qf.run_id FROM qf WHERE qf.pos <= qf.free AND EXISTS (SELECT 1 FROM s) GROUP BY qf.run_id"
+    f" HAVING count(*) = (SELECT count(*) FROM {MEMBER} m1 WHERE m1.run_id = qf.run_id)),"
+    f" qa AS (SELECT r.run_id, r.status, r.singleton_key IS NOT NULL AS keyed FROM qc JOIN {RUN} r"
+    f" ON r.run_id = qc.run_id WHERE r.status IN ({_PARKED}) AND NOT r.cancel_requested"
+    f" AND r.quota_slot = '{WAITER}'"
+    " AND (r.singleton_key IS NULL OR EXISTS (SELECT 1 FROM sg WHERE sg.run_id = r.run_id))),"
+)
+#: The grants of a quota handoff (X3h, S7, K1): the singleton grants ``g`` and the admitted
+#: carriers without a singleton key, each a compare-and-set on the waiter as read; a carrier
+#: takes its quota slot with them (``quota_slot``), then each one admitted takes a slot and the
+#: next token of each of its quota keys, in its place's order there (``qt0``, ``um``), and each
+#: quota key's counter moves past them (``qb``).
+_HANDOFF_GRANTS = (
+    " ga AS (SELECT g.run_id, g.status, g.token FROM g"
+    " UNION ALL SELECT qa.run_id, qa.status, NULL::bigint FROM qa WHERE NOT qa.keyed),"
+    f" u AS (UPDATE {RUN} r SET"
+    f" singleton_slot = CASE WHEN ga.token IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
+    " singleton_tracked = r.singleton_tracked OR ga.token IS NOT NULL,"
+    " fencing_token = COALESCE(ga.token, r.fencing_token),"
+    f" quota_slot = CASE WHEN r.quota_slot IS NULL THEN NULL ELSE '{HOLDER}' END,"
+    f" admitted_at = {WRITTEN}, wake_at = {_seconds('redelivery')}, updated_at = {NOW}"
+    " FROM ga WHERE r.run_id = ga.run_id AND r.status = ga.status AND NOT r.cancel_requested"
+    f" AND (ga.token IS NULL OR r.singleton_slot = '{SlotState.WAITER.value}')"
+    f" AND (r.quota_slot IS NULL OR (r.quota_slot = '{WAITER}' AND r.run_id IN (SELECT qa.run_id FROM qa)))"
+    f" RETURNING {_cols('r')}),"
+    " qt0 AS (SELECT qf.id, qf.run_id, row_number() OVER (PARTITION BY qf.id ORDER BY qf.pos) AS rk FROM qf"
+    " WHERE qf.run_id IN (SELECT qa.run_id FROM qa) AND qf.run_id IN (SELECT u.run_id FROM u)),"
+    f" um AS (UPDATE {MEMBER} m SET slot = '{HOLDER}', fencing_token = qk.last_token + qt0.rk"
+    " FROM qt0 JOIN qk ON qk.id = qt0.id WHERE m.run_id = qt0.run_id AND m.quota = qk.quota AND m.key = qk.key),"
+    f" qb AS (UPDATE {KEY} k2 SET last_token = qk.last_token + x.n FROM qk"
+    " JOIN (SELECT qt0.id, count(*) AS n FROM qt0 GROUP BY qt0.id) x ON x.id = qk.id WHERE k2.id = qk.id),"
+)
+
+
 def _handoff(quotas: bool) -> str:
     """The handoff (S7, S12, R5a, K1): settle the run by compare-and-set on its owner's
     unexpired lease, dropping its markers in the same write, then grant its singleton key's
     freed slots to the oldest waiters (:func:`_singleton_grants`). With ``quotas`` (a run
-    that carries them, X3g): free its slot in every limit in the same transaction and read
-    each of its quota keys' waiters within the free slots. The rows: 0 the run settled,
-    1 the grants, 2 the waiters sent a turn as they are (their own claims decide, X3h)."""
+    that carries them, X3g): free its slot in every limit in the same transaction, read
+    each of its quota keys' waiters within the free slots, and admit those whose every
+    limit this message locked (:data:`_HANDOFF_CARRIERS`, X3h). The rows: 0 the run
+    settled, 1 the grants, 2 the waiters sent a turn as they are (their own claims decide,
+    X3h)."""
     fronts = (
         f" sm AS (UPDATE {MEMBER} m SET slot = NULL WHERE m.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM s)),"
         f" {_quota_fronts('run_id')},"
@@ -773,19 +823,26 @@ def _handoff(quotas: bool) -> str:
         else ""
     )
     turns = " UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf WHERE qf.pos <= qf.free AND EXISTS (SELECT 1 FROM s)"
+    grants = (
+        _HANDOFF_GRANTS
+        if quotas
+        else (
+            f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
+            f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
+        )
+    )
     return (
         f"WITH s AS (UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED}"
         f" RETURNING {_cols('r')}),"
         f"{fronts}"
         f" {_queue('run_id')},"
-        f" {_singleton_grants('EXISTS (SELECT 1 FROM s)', '')},"
-        f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-        f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
+        f" {_singleton_grants('EXISTS (SELECT 1 FROM s)', '', _HANDOFF_CARRIERS if quotas else '')},"
+        f"{grants}"
         f" {_BUMP},"
         " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
         f"{turns if quotas else ''})"
         f" SELECT 0, {_cols('s')}, 0, 0 FROM s UNION ALL SELECT 1, {_cols('u')}, 0, 0 FROM u"
-        f" UNION ALL SELECT 2, {_cols('r')}, {_TURN_ORDER}"
+        f" UNION ALL SELECT 2, {_cols('r')}, {_HANDOFF_TURN_ORDER if quotas else _TURN_ORDER}"
     )
 
 
@@ -1231,6 +1288,5 @@ class FastPath:
         settled = [record(r[1:]) for r in rows if r[0] == 0]
         if not settled:
             return Finish(None)
-        granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
         # A quota run's handoff also sends a turn to the waiters it no longer blocks (X3h).
-        return Finish(settled[0], (*granted, *_in_place(rows, 2)))
+        return Finish(settled[0], handed_off([record(r[1:]) for r in rows if r[0] == 1], _in_place(rows, 2)))

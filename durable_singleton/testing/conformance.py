@@ -297,6 +297,52 @@ class StoreConformance:
         assert b.state is TurnState.RUN and b.run.admitted and b.run.quota_slot == SlotState.HOLDER
         assert dict(b.run.quota_tokens)["conf-pool"] >= 1
 
+    def test_a_handoff_admits_the_waiters_whose_every_limit_it_holds(self, engine: Engine) -> None:
+        """X3h, X3d, X3f, S7a: A (quota key K, singleton key S) settles. B, waiting for
+        the same two limits, is admitted by the handoff: a slot and the next token in
+        each, sent its turn as a holder, whose claim only confirms it; C, behind B in
+        K's line, is neither admitted nor sent a turn. When B settles, C (K alone) is
+        admitted the same way. Y waits for K2 and for its own singleton key U, which
+        X's handoff does not hold: it is sent a turn, not admitted, and its own claim
+        admits it."""
+        if not engine.store.admits_quotas:
+            return
+        limits = engine.limits()
+        engine.start("conf-quota-keyed", {"k": "K", "s": "S"}, run_id="A")
+        engine.start("conf-quota-keyed", {"k": "K", "s": "S"}, run_id="B")
+        engine.start("conf-quota", {"k": "K"}, run_id="C")
+        a = self._turn(engine, "A", "w")
+        assert a.state is TurnState.RUN
+        for waiter in ("B", "C"):
+            assert self._turn(engine, waiter, "w").state is TurnState.PARKED
+        done = engine.store.finish(engine.get("A"), "w", RunStatus.COMPLETED, limits=limits)
+        assert done.settled and [g.run_id for g in done.granted] == ["B"], done.granted
+        b_stored = engine.get("B")
+        assert b_stored.quota_slot == SlotState.HOLDER and b_stored.admitted and b_stored.is_parked
+        assert engine.get("C").quota_slot == SlotState.WAITER
+        b = self._turn(engine, "B", "w")
+        assert b.state is TurnState.RUN and b.run.admitted and b.run.quota_slot == SlotState.HOLDER
+        assert dict(b.run.quota_tokens)["conf-pool"] == dict(a.run.quota_tokens)["conf-pool"] + 1
+        assert (b.run.fencing_token or 0) > (a.run.fencing_token or 0)
+        done = engine.store.finish(b.run, "w", RunStatus.COMPLETED, limits=limits)
+        assert [(g.run_id, g.quota_slot) for g in done.granted] == [("C", SlotState.HOLDER)], done.granted
+        c = self._turn(engine, "C", "w")
+        assert (
+            c.state is TurnState.RUN
+            and dict(c.run.quota_tokens)["conf-pool"] == dict(b.run.quota_tokens)["conf-pool"] + 1
+        )
+        assert engine.store.finish(c.run, "w", RunStatus.COMPLETED, limits=limits).granted == ()
+        # A limit the handoff does not hold: a turn only, and the waiter's own claim decides.
+        engine.start("conf-quota-keyed", {"k": "K2", "s": "T"}, run_id="X")
+        engine.start("conf-quota-keyed", {"k": "K2", "s": "U"}, run_id="Y")
+        x = self._turn(engine, "X", "w")
+        assert self._turn(engine, "Y", "w").state is TurnState.PARKED
+        done = engine.store.finish(x.run, "w", RunStatus.COMPLETED, limits=limits)
+        assert [(g.run_id, g.quota_slot) for g in done.granted] == [("Y", SlotState.WAITER)], done.granted
+        assert engine.get("Y").quota_slot == SlotState.WAITER and not engine.get("Y").admitted
+        y = self._turn(engine, "Y", "w")
+        assert y.state is TurnState.RUN and y.run.quota_slot == SlotState.HOLDER
+
     # -- the handoff and the token -----------------------------------------------
     def test_release_grants_the_oldest_waiter_with_a_larger_token(self, engine: Engine, bodies: _Bodies) -> None:
         """S7, S7a, K1: a settled holder's slot goes to the oldest waiter in the same

@@ -168,6 +168,14 @@ CONFIGS = [
         expect_violation=True,
     ),
     Config(
+        "broken-quota-handoff",
+        "a settle admits a waiter that shares one of its limits but carries another it does not hold: "
+        "over-admission must be found (X3h)",
+        {"BROKEN_HANDOFF": 1},
+        model="quotas.pml",
+        expect_violation=True,
+    ),
+    Config(
         "broken-no-wake",
         "without the handoff and the catch-up a parked waiter is never admitted: liveness must fail",
         {**NO_FAULTS, "FAIR_TIME": 1, "BROKEN_NO_WAKE": 1},

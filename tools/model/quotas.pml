@@ -11,8 +11,11 @@
  *           the run's index here) that the limit's free slots reach (X3d);
  *           then it takes a slot in each at once, and the waiters within the
  *           free slots of its limits are sent a turn.
- *   settle  (_finish): the holder frees all its slots at once and the waiters
- *           within the free slots of each of its limits are sent a turn (X3g).
+ *   settle  (_finish): the holder frees all its slots at once (X3g); each
+ *           waiter whose every limit the settle holds (its limits are among the
+ *           settling run's) is decided in admission order as its own claim
+ *           would be (X3h), under the same locks; the waiters still within the
+ *           free slots of each of its limits are sent a turn.
  *   cancel  (request_cancel of a waiter, MAXCANCEL of them; no configuration of
  *           check.py sets it: its search passes the checker's 1 GB bound): the
  *           waiter leaves every queue; the same turns are sent.
@@ -27,6 +30,8 @@
  * FAIR orders the waiters by a fixed order other than creation, as a fair
  * quota's tags do (X4): the proof needs only that every claim agrees on one
  * order, which the tags, written at the start and never changed, give.
+ * BROKEN_HANDOFF (the settle admits a waiter that also carries a limit it
+ * does not hold: over-admission, as such a limit is not checked under its lock),
  * BROKEN_ORDER (odd runs lock in descending order: a deadlock),
  * BROKEN_NO_WAKE (no turn is sent: a lost waiter) and BROKEN_FIRST_ONLY (a
  * claim checks only its lowest limit: over-admission) must each yield a
@@ -175,6 +180,46 @@ inline unlock_all(who, l) {
   od
 }
 
+/* the settle of run r admits each waiter whose every limit r's settle holds, as its own
+   claim would decide it, in admission order (X3h); BROKEN_HANDOFF admits a waiter sharing
+   any limit with r, checking only the limits r holds */
+inline admit_carriers(r, w, l, n, j, pos, ok) {
+  w = 0;
+  do
+  :: w < NR ->
+     if
+#ifdef BROKEN_HANDOFF
+     :: state[byord[w]] == WAITER && (need[byord[w]] & need[r]) != 0 ->
+        ok = true; l = 0;
+        do
+        :: l < NL ->
+           if
+           :: HAS(r, l) && HAS(byord[w], l) ->
+              count_holders(l, n, j);
+              pos = 0; j = 0;
+              do
+              :: j < NR -> if :: HAS(j, l) && state[j] == WAITER && ord[j] < ord[byord[w]] -> pos++ :: else fi; j++
+              :: else -> break
+              od;
+              if :: n >= cap[l] || pos >= cap[l] - n -> ok = false :: else fi
+           :: else
+           fi;
+           l++
+        :: else -> break
+        od;
+        if :: ok -> state[byord[w]] = HOLDER; check_limits(byord[w], l, n, j) :: else fi
+#else
+     :: state[byord[w]] == WAITER && (need[byord[w]] & need[r]) == need[byord[w]] ->
+        reaches(byord[w], ok, l, n, j, pos);
+        if :: ok -> state[byord[w]] = HOLDER; check_limits(byord[w], l, n, j) :: else fi
+#endif
+     :: else
+     fi;
+     w++
+  :: else -> break
+  od
+}
+
 /* the slots of every limit are within capacity; called under the locks of run r's limits */
 inline check_limits(r, l, n, j) {
   l = 0;
@@ -185,13 +230,14 @@ inline check_limits(r, l, n, j) {
 }
 
 proctype claimer(byte me) {
-  byte l, n, j, k, pos;
+  byte l, n, j, k, pos, w;
   bool ok;
   do
   :: state[me] == DONE -> break
   :: state[me] == WAITER ->
-     /* a turn arrives (or the run ended meanwhile: its turn then skips) */
-     atomic { (turn[me] || state[me] == DONE) -> turn[me] = false };
+     /* a turn arrives (or the run ended or was admitted by a handoff meanwhile: its turn
+        then skips, and an admitted run goes on as a holder) */
+     atomic { (turn[me] || state[me] != WAITER) -> turn[me] = false };
      lock_all(me, me, l);
      if
      :: state[me] == WAITER ->
@@ -207,6 +253,7 @@ proctype claimer(byte me) {
      /* the body ran; the settle frees every slot at once */
      lock_all(me, me, l);
      state[me] = DONE;
+     admit_carriers(me, w, l, n, j, pos, ok);
      wake_fronts(me, l, n, j, k);
      unlock_all(me, l)
   od
