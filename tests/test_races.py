@@ -418,8 +418,8 @@ class PausedParkStore(DjangoStore):
         self.decided = threading.Event()
         self.resume = threading.Event()
 
-    def _park_waiter(self, row: Any, seconds: float, retry: Any) -> bool:
-        parked = super()._park_waiter(row, seconds, retry)
+    def _park_waiter(self, row: Any, seconds: float, retry: Any, **waits: Any) -> bool:
+        parked = super()._park_waiter(row, seconds, retry, **waits)
         if row.run_id == "B":
             self.decided.set()
             assert self.resume.wait(30)
