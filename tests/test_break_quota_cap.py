@@ -379,10 +379,12 @@ def test_a_raised_override_racing_starts_never_passes_the_new_cap(
         pytest.skip("no key controls")
     engines[0].start("a", {"hold": True}, run_id="A")
     engines[0].start("a", {"hold": True}, run_id="B")
+    raised = threading.Event()
 
     def work(i: int) -> int:
         if i == 4:
             engines[i].override_limit("quota:race-ov", "*", 3, by="t")
+            raised.set()
             return 0
         made = 0
         for n in range(5):
@@ -390,7 +392,10 @@ def test_a_raised_override_racing_starts_never_passes_the_new_cap(
                 engines[i].start("a", {"hold": True}, run_id=f"R{i}-{n}")
                 made += 1
             except QuotaQueueFullError:
-                threading.Event().wait(0.005)
+                # Refused under the old cap or the new: the starts left race the override's
+                # commit, and some come after it (on SQLite a thread's five starts could all
+                # end before the override's write got the database's lock).
+                raised.wait(10)
         return made
 
     results = run_threads(5, work, timeout=120)
