@@ -150,7 +150,9 @@ class RenewalBusy(Exception):  # noqa: N818  (a state the renewer waits out, not
 @dataclass(frozen=True)
 class Finish:
     """Outcome of a settling write: ``run`` as settled (None if the compare-and-set
-    lost), and the waiters its freed slots were granted to, oldest first (S7)."""
+    lost), and the runs its handoff sends a turn (:func:`handed_off`): the waiters its
+    freed slots were granted to, oldest first (S7, X3h), then the waiters sent a turn
+    as they are, whose own claims decide."""
 
     run: RunRecord | None
     granted: tuple[RunRecord, ...] = field(default=())
