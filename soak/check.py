@@ -218,6 +218,8 @@ class Body:
     exit_t: float | None = None
     how: str | None = None
     accepted_exit: bool = False
+    #: The time of the body's accepted park or settle line (written after its commit).
+    accepted_t: float | None = None
     stored_t: list[float] = field(default_factory=list)
     #: The step position of each ``stored_t``.
     stored_i: list[int] = field(default_factory=list)
@@ -287,7 +289,7 @@ def bodies_of(audit: list[dict[str, Any]]) -> list[Body]:
         elif kind in ("parked", "settled"):
             body = last_exit.pop((pid, event["run"]), None)
             if body is not None and body.how not in FENCED_EXITS:
-                body.accepted_exit = True
+                body.accepted_exit, body.accepted_t = True, event["t"]
     return bodies
 
 
@@ -527,9 +529,11 @@ def check(out: Path) -> dict[str, Any]:
     # -- cancels (D6, S9) ----------------------------------------------------------
     cancels = [e for e in events if e["e"] == "cancel"]
     cancelled_at: dict[str, float] = {}
+    requested_from: dict[str, float] = {}  # when the driver sent the first cancel it judges (before its commit)
     for event in cancels:
         if event["status"] == "cancelled" or event.get("requested"):
             cancelled_at.setdefault(event["run"], event["t"])
+            requested_from.setdefault(event["run"], event.get("t_req", event["t"]))
             final_run = runs.get(event["run"])
             if event["status"] == "cancelled" and final_run is not None and final_run["status"] != "cancelled":
                 violate("cancel_undone", run=event["run"], final=final_run["status"])
@@ -538,12 +542,32 @@ def check(out: Path) -> dict[str, Any]:
         if event["e"] == "fault" and event["kind"].startswith("freeze"):
             for pid in event.get("pids", []):
                 frozen[pid].append((event["t"], event["until"]))
+    # A failure the driver retried, by run: its body's exit is a retry's answered failure.
+    retried_failures: dict[str, list[Body]] = defaultdict(list)
+    for body in bodies:
+        if body.how == "FlakyStepError" and body.accepted_exit and body.exit_t in retries.get(body.run, ()):
+            retried_failures[body.run].append(body)
+
+    def answered_cancel(failure: Body, requested: float, returned: float, entered: float) -> bool:
+        """Tell whether a body that entered at ``entered`` is the retry's of ``failure``,
+        whose body was its run's body when a cancel sent at ``requested`` and returned at
+        ``returned`` landed, and whose failure was stored after the cancel was sent: the
+        failure then ended the run with the request on it (a body fails at once on its
+        flaky step, between a boundary and its failure's commit), and the retry cleared
+        the request (D9). Its exit line comes before its failure's commit, so it may
+        precede the cancel's own line."""
+        assert failure.exit_t is not None and failure.accepted_t is not None
+        return failure.enter_t <= returned and requested <= failure.accepted_t and failure.exit_t <= entered
+
     frozen_late_after_cancel = 0
     for body in every_body:
         cancel = cancelled_at.get(body.run)
         if cancel is None:
             continue
-        if any(cancel <= retried <= body.enter_t for retried in retries.get(body.run, ())):
+        if any(cancel <= retried <= body.enter_t for retried in retries.get(body.run, ())) or any(
+            answered_cancel(failure, requested_from[body.run], cancel, body.enter_t)
+            for failure in retried_failures.get(body.run, ())
+        ):
             # The run failed after the cancel's request and before its boundary, and was retried:
             # the retry cleared the request (D9), and this body is the retry's, not the cancelled one.
             continue

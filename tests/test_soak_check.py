@@ -551,3 +551,38 @@ def test_a_retried_body_after_a_cancel_that_the_failure_answered_did_not_work_af
 
     audit.append({"e": "exec", "t": T0 + 2.9, "pid": 11, "run": "b", "i": 1, "token": 2, "key": "k"})
     assert _rules(_write(tmp_path, audit, events, runs)) == {"worked_after_cancel"}
+
+
+def test_a_cancel_that_lands_between_a_flaky_exit_and_its_failure_is_answered_by_the_retry(tmp_path: Path) -> None:
+    """D6, D9: b's flaky step began (2.55) and raised; its body's exit line (2.56)
+    comes before its failure's commit, and the cancel, sent at 2.57 while the
+    run was still running, was stored before that commit (the driver's line at
+    2.60, the failure's settled line at 2.62). The run ended failed with the
+    request on it, the driver retried it (4.2, clearing the request) and the
+    retried body worked from 4.0 on: no violation. The rule of 348a2d5 flagged
+    these steps (the CI run of a39bd5a on MariaDB: a step 0.87 s after the
+    cancel), because it required the failing body's exit to follow the cancel's
+    line. A cancel sent after the failure's commit is not answered by it, nor
+    one sent while the retried body runs."""
+    audit = _body("a", 10, 1, 1.0, 2.0) + _body("b", 11, 2, 2.5, 2.56, steps=0) + _body("b", 12, 3, 4.0, 5.0, steps=2)
+    audit.insert(4, {"e": "exec", "t": T0 + 2.55, "pid": 11, "run": "b", "i": 0, "token": 2, "key": "k"})
+    for event in audit:
+        if event["run"] == "b" and event["pid"] == 11 and event["e"] == "exit":
+            event["how"] = "FlakyStepError"
+        if event["run"] == "b" and event["pid"] == 11 and event["e"] == "settled":
+            event.update(t=T0 + 2.62, status="failed")
+    events = [
+        *_starts("a", "b"),
+        {"e": "cancel", "t": T0 + 2.6, "t_req": T0 + 2.57, "run": "b", "status": "running", "requested": True},
+        {"e": "retry", "t": T0 + 4.2, "run": "b"},
+    ]
+    runs = [_run("a", 0.1), _run("b", 0.2)]
+    assert check(_write(tmp_path, audit, events, runs))["violations"] == []
+
+    # The cancel sent after the failure's settled line: the failure did not answer it.
+    late = [dict(e, t_req=T0 + 2.63, t=T0 + 2.64) if e["e"] == "cancel" else e for e in events]
+    assert _rules(_write(tmp_path, audit, late, runs)) == {"worked_after_cancel"}
+
+    # A cancel sent while the retried body runs: that body's later step still counts.
+    during = [dict(e, t_req=T0 + 4.05, t=T0 + 4.1) if e["e"] == "cancel" else e for e in events]
+    assert _rules(_write(tmp_path, audit, during, runs)) == {"worked_after_cancel"}
