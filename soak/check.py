@@ -53,7 +53,9 @@ of violations, each naming the rule it breaks:
   frozen after passing that boundary (counted apart: nothing can stop a
   paused process's code), or the body is a retry's: the run failed after the
   request and before its boundary and was retried, which clears the request
-  (D9); a run cancelled at once ended otherwise.
+  (D9; counted apart). The failure answers a cancel sent before its settled
+  line while its body ran: its exit line precedes its commit, and so may
+  precede the cancel's own line. A run cancelled at once ended otherwise.
 * ``terminal_changed`` (R2, D6): a run's accepted settles (``settled`` audit
   lines) wrote more than one terminal status without a ``retry`` between
   them (only a failed or dead run is retried), or its final status is not
@@ -559,7 +561,7 @@ def check(out: Path) -> dict[str, Any]:
         assert failure.exit_t is not None and failure.accepted_t is not None
         return failure.enter_t <= returned and requested <= failure.accepted_t and failure.exit_t <= entered
 
-    frozen_late_after_cancel = 0
+    frozen_late_after_cancel = retried_after_cancel = 0
     for body in every_body:
         cancel = cancelled_at.get(body.run)
         if cancel is None:
@@ -570,6 +572,7 @@ def check(out: Path) -> dict[str, Any]:
         ):
             # The run failed after the cancel's request and before its boundary, and was retried:
             # the retry cleared the request (D9), and this body is the retry's, not the cancelled one.
+            retried_after_cancel += sum(1 for at in body.exec_t if at > cancel)
             continue
         for at in body.exec_t:
             if at <= cancel:
@@ -655,6 +658,7 @@ def check(out: Path) -> dict[str, Any]:
         "steps_stored_without_audit_line": stored_from_dump,
         "late_executions_refused_by_token": refused_late,
         "frozen_executions_after_cancel": frozen_late_after_cancel,
+        "retried_executions_after_cancel": retried_after_cancel,
         "fifo_runs_checked": fifo_checked,
         "fifo_older_not_yet_in_line": fifo_not_in_line,
         "max_holders_by_limit": {str(k): v for k, v in sorted(max_holders.items())},
@@ -1049,8 +1053,9 @@ def render(summary: dict[str, Any]) -> str:
         ("fenced / stale bodies / keys with a fenced overlap", f"{summary['fenced_bodies']} / "
          f"{summary.get('stale_bodies', 0)} / "
          f"{summary['keys_with_fenced_overlap']}"),
-        ("step executions (late: refused by token / frozen past a cancel)", f"{summary['step_executions']} "
-         f"({summary['late_executions_refused_by_token']} / {summary['frozen_executions_after_cancel']})"),
+        ("step executions (late: refused by token / frozen past a cancel / retried past a cancel)",
+         f"{summary['step_executions']} ({summary['late_executions_refused_by_token']} / "
+         f"{summary['frozen_executions_after_cancel']} / {summary.get('retried_executions_after_cancel', 0)})"),
         ("highest holders per key, by limit", ", ".join(f"limit {k}: {v}"
          for k, v in summary["max_holders_by_limit"].items())),
         ("runs checked for FIFO (older runs not yet in line)", f"{summary['fifo_runs_checked']} "

@@ -577,7 +577,9 @@ def test_a_cancel_that_lands_between_a_flaky_exit_and_its_failure_is_answered_by
         {"e": "retry", "t": T0 + 4.2, "run": "b"},
     ]
     runs = [_run("a", 0.1), _run("b", 0.2)]
-    assert check(_write(tmp_path, audit, events, runs))["violations"] == []
+    summary = check(_write(tmp_path, audit, events, runs))
+    assert summary["violations"] == []
+    assert summary["retried_executions_after_cancel"] == 2  # the retried body's two steps, counted apart
 
     # The cancel sent after the failure's settled line: the failure did not answer it.
     late = [dict(e, t_req=T0 + 2.63, t=T0 + 2.64) if e["e"] == "cancel" else e for e in events]
