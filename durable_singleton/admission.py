@@ -29,7 +29,7 @@ import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, IntegerField, Q, Value, When
@@ -38,6 +38,7 @@ from django.db.models.lookups import Exact, GreaterThan
 
 from .exceptions import InvalidNotBeforeError, SingletonKeyError
 from .statuses import ACTIVE_STATUSES, OnBusy, RunStatus, SlotState
+from .values import MAX_SECONDS
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -378,28 +379,39 @@ def queue_ttl_expired_sql_text(table: str, ttl: str, now: str) -> str:
 def check_not_before(value: object, now: datetime) -> datetime | None:
     """Return the ``not_before`` time of a delayed start (X5), or None for no delay.
 
-    ``value``: None; an aware :class:`~datetime.datetime`; or a number of
-    seconds from ``now`` (an int or float, finite, >= 0), ``now`` being the
-    engine's clock corrected to the store's (R8). A time in the past is due at
-    once. Raises :class:`InvalidNotBeforeError` for a naive datetime, a
-    negative, infinite or NaN number of seconds, a bool or any other type.
+    ``value``: None; an aware :class:`~datetime.datetime` within
+    :data:`~durable_singleton.values.MAX_SECONDS` (100 years) of ``now``, either
+    way; or a number of seconds from ``now`` (an int or float, finite, >= 0, at
+    most ``MAX_SECONDS``), ``now`` being the engine's clock corrected to the
+    store's (R8). A time in the past is due at once. The bound keeps every time
+    computed from it (its execution deadline, D5) within every database's
+    datetime range. Raises :class:`InvalidNotBeforeError` for a naive datetime,
+    one farther from ``now``, a negative, infinite, NaN or larger number of
+    seconds, a bool or any other type (section 7).
     """
     if value is None:
         return None
     if isinstance(value, datetime):
         if value.tzinfo is None or value.utcoffset() is None:
             raise InvalidNotBeforeError(f"not_before must be an aware datetime, got the naive {value.isoformat()}")
+        try:
+            gap = abs((value.astimezone(UTC) - now).total_seconds())
+        except OverflowError:  # its UTC instant is outside datetime's range
+            gap = math.inf
+        if gap > MAX_SECONDS:
+            raise InvalidNotBeforeError(
+                f"not_before must be within {MAX_SECONDS:g} seconds (100 years) of now, got {value.isoformat()}"
+            )
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InvalidNotBeforeError(
             f"not_before must be an aware datetime or a number of seconds, got {type(value).__name__}"
         )
-    if not math.isfinite(value) or value < 0:
-        raise InvalidNotBeforeError(f"not_before in seconds must be finite and >= 0, got {value!r}")
-    try:
-        return now + timedelta(seconds=value)
-    except OverflowError:
-        raise InvalidNotBeforeError(f"not_before of {value!r} seconds is past the largest datetime") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+        raise InvalidNotBeforeError(
+            f"not_before in seconds must be finite, >= 0 and <= {MAX_SECONDS:g} (100 years), got {value!r}"
+        )
+    return now + timedelta(seconds=value)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .exceptions import (
 from .leases import Lease
 from .statuses import ParkReason, RunStatus, Verdict
 from .stores.base import BaseStore, RunRecord, StepRecord
-from .values import MAX_JSON_DEPTH, check_text, derived_id, printable, to_json_value
+from .values import MAX_JSON_DEPTH, check_seconds, check_text, derived_id, printable, to_json_value
 
 
 class TurnHost(Protocol):
@@ -257,7 +257,11 @@ class WorkflowCtx:
         return self.engine.corrected_now()
 
     def sleep(self, seconds: float) -> None:
-        """Park the run for ``seconds``; a holder keeps its slot (D1, S6)."""
+        """Park the run for ``seconds`` (an int or float, finite, from 0 to
+        :data:`~durable_singleton.values.MAX_SECONDS`, 100 years); a holder keeps
+        its slot (D1, S6). Raises :class:`ValidationError` for any other value
+        (nothing is written; uncaught, the run fails with it)."""
+        seconds = check_seconds(seconds, "ctx.sleep seconds")
         self.sleep_until(self._now() + timedelta(seconds=seconds))
 
     def sleep_until(self, when: datetime) -> None:
@@ -276,8 +280,13 @@ class WorkflowCtx:
         """Return the payload of the next signal ``name``, parking until it arrives (D2).
 
         Signals sent before the wait are buffered, in order. ``timeout`` is in
-        seconds; when it passes, :class:`SignalTimeoutError` is raised here.
+        seconds (None: no timeout, or an int or float, finite, from 0 to
+        :data:`~durable_singleton.values.MAX_SECONDS`, else :class:`ValidationError`
+        before anything is written); when it passes, :class:`SignalTimeoutError`
+        is raised here.
         """
+        if timeout is not None:
+            timeout = check_seconds(timeout, "wait_for_signal timeout")
         start_position, started = self._next()
         if started is None:
             self._boundary()

@@ -12,11 +12,9 @@ workflow and the field (SPEC section 7).
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import timedelta
 from typing import Any
 
 from .admission import MAX_WEIGHT, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH, QUOTA_PREFIX, queue_cap
@@ -30,7 +28,7 @@ from .exceptions import (
 from .records import RunRecord
 from .schedule_specs import Schedule, coerce_schedules
 from .statuses import SUPERSEDING, OnBusy
-from .values import MAX_LIMIT, check_text
+from .values import MAX_LIMIT, check_seconds, check_text
 
 __all__ = [
     "Quota",
@@ -55,10 +53,13 @@ class Singleton:
     """Serialize a workflow's runs per key (SPEC section 2).
 
     ``key``: callable taking the run input and returning a non-empty ``str``.
-    ``limit``: slots per key, an ``int`` >= 1 (default 1).
-    ``max_queue_depth``: waiters allowed beyond ``limit`` (``int`` >= 0), or
-    ``None`` for an unbounded queue (S15).
-    ``queue_ttl``: seconds (``int`` or ``float``, finite, > 0) a waiter may
+    ``limit``: slots per key, an ``int`` from 1 to
+    :data:`~durable_singleton.values.MAX_LIMIT` (default 1).
+    ``max_queue_depth``: waiters allowed beyond ``limit`` (``int`` >= 0, with
+    ``limit + max_queue_depth`` at most ``MAX_LIMIT``), or ``None`` for an
+    unbounded queue (S15).
+    ``queue_ttl``: seconds (``int`` or ``float``, finite, > 0, at most
+    :data:`~durable_singleton.values.MAX_SECONDS`, 100 years) a waiter may
     wait from its creation, a delayed start's (X5) included; one not admitted
     by then is ended ``cancelled`` with error code ``queue_ttl_expired`` by
     the tick, on the database's clock (X2, R5). ``None`` (the default): no limit.
@@ -125,19 +126,13 @@ class Singleton:
             )
         if not callable(value.key):
             raise InvalidWorkflowError(workflow, "singleton.key", "must be callable (input -> str)")
-        if isinstance(value.limit, bool) or not isinstance(value.limit, int) or value.limit < 1:
-            raise InvalidWorkflowError(workflow, "singleton.limit", f"must be an int >= 1, got {value.limit!r}")
-        depth = value.max_queue_depth
-        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
+        if isinstance(value.limit, bool) or not isinstance(value.limit, int) or not 1 <= value.limit <= MAX_LIMIT:
             raise InvalidWorkflowError(
-                workflow, "singleton.max_queue_depth", f"must be an int >= 0 or None, got {depth!r}"
+                workflow, "singleton.limit", f"must be an int from 1 to {MAX_LIMIT}, got {value.limit!r:.80}"
             )
-        if value.queue_ttl is not None and not _is_seconds(value.queue_ttl):
-            raise InvalidWorkflowError(
-                workflow,
-                "singleton.queue_ttl",
-                f"must be a finite number of seconds > 0 or None, got {value.queue_ttl!r}",
-            )
+        _depth(workflow, "singleton.max_queue_depth", value.limit, value.max_queue_depth)
+        if value.queue_ttl is not None:
+            _seconds(workflow, "singleton.queue_ttl", value.queue_ttl)
         return _with_on_busy(workflow, value)
 
 
@@ -166,31 +161,69 @@ def _with_on_busy(workflow: str, value: Singleton) -> Singleton:
     return value if value.on_busy is on_busy else replace(value, on_busy=on_busy)
 
 
-def _is_seconds(value: object) -> bool:
-    """Tell whether ``value`` is a duration in seconds a ``timedelta`` holds: an
-    int or float (not a bool), finite and > 0 (X2)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
+def _seconds(workflow: str, where: str, value: object) -> float:
+    """Return ``value``, a duration in seconds of a declaration (a queue TTL, an
+    execution timeout), as a float; raise :class:`InvalidWorkflowError` naming
+    ``workflow`` and the field ``where`` unless it is an int or float (not a
+    bool), finite, > 0 and at most :data:`~durable_singleton.values.MAX_SECONDS`
+    (100 years), the bound of every duration the package takes, so that a time
+    computed from it stays within every database's datetime range (X2, D5, section 7)."""
     try:
-        return math.isfinite(value) and value > 0 and timedelta(seconds=value) > timedelta(0)
-    except OverflowError:
-        return False
+        return check_seconds(value, where, low=0.0, strict=True)
+    except ValidationError as exc:
+        raise InvalidWorkflowError(workflow, where, str(exc).removeprefix(f"{where} ")) from None
+
+
+def _depth(workflow: str, where: str, limit: int, depth: object) -> int | None:
+    """Return ``depth``, the waiters a declaration allows beyond ``limit`` (S15,
+    X3j), or None; raise :class:`InvalidWorkflowError` unless it is None or an
+    int (not a bool) >= 0 with ``limit + depth`` at most
+    :data:`~durable_singleton.values.MAX_LIMIT`, the largest count every
+    database compares (section 7)."""
+    if depth is None:
+        return None
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_LIMIT - limit:
+        raise InvalidWorkflowError(
+            workflow,
+            where,
+            f"must be None or an int from 0 to {MAX_LIMIT} - limit ({MAX_LIMIT - limit}), got {depth!r:.80}",
+        )
+    return depth
 
 
 def _same_function(a: Callable[..., Any] | None, b: Callable[..., Any] | None) -> bool:
     """Whether two key functions are one declaration (X3a): the same object, or
-    the same module, qualified name and code, as a module executed again (a
-    reload, a second import) defines it."""
+    the same module, qualified name, code (its bytecode, constants and names),
+    defaults and closure values, as a module executed again (a reload, a second
+    import) defines it. Two lambdas of one line that read different fields
+    (``i["account"]``, ``i["tenant"]``) differ in their constants; two made by
+    one factory with different fields, in their closures."""
     if a is b:
         return True
     if a is None or b is None:
         return False
 
-    def signature(f: Callable[..., Any]) -> tuple[Any, ...]:
+    def signature(f: Callable[..., Any]) -> tuple[Any, ...] | None:
         code = getattr(f, "__code__", None)
-        return (getattr(f, "__module__", None), getattr(f, "__qualname__", None), code and code.co_code)
+        if code is None:
+            return None
+        cells = tuple(cell.cell_contents for cell in getattr(f, "__closure__", None) or ())
+        return (
+            getattr(f, "__module__", None),
+            getattr(f, "__qualname__", None),
+            code.co_code,
+            code.co_consts,
+            code.co_names,
+            getattr(f, "__defaults__", None),
+            getattr(f, "__kwdefaults__", None),
+            cells,
+        )
 
-    return signature(a) == signature(b) and getattr(a, "__code__", None) is not None
+    try:
+        first = signature(a)
+        return first is not None and bool(first == signature(b))
+    except Exception:  # a closure value that cannot be compared, or an empty cell: not shown to be one
+        return False
 
 
 @dataclass(frozen=True)
@@ -204,7 +237,8 @@ class Quota:
     ``key``: callable taking the run input and returning a non-empty ``str``
     of at most 127 characters, computed once at start (X3a, S1); the default
     gives every run the one key ``"*"`` (a global limit).
-    ``limit``: slots per quota key, an ``int`` >= 1.
+    ``limit``: slots per quota key, an ``int`` from 1 to
+    :data:`~durable_singleton.values.MAX_LIMIT`.
     ``fair_key``: None (the default: oldest first), or a callable taking the
     run input and returning its sub-key (a tenant), a non-empty ``str`` of at
     most 127 characters computed once at start: the quota key's free slots
@@ -212,7 +246,7 @@ class Quota:
     ``weights``: with ``fair_key``, a mapping from sub-key to an ``int`` >= 1,
     the slots that sub-key gets per round (default 1).
     ``max_queue_depth``: waiters allowed beyond ``limit`` per quota key (an
-    ``int`` >= 0), or None (the default: unbounded). A start that finds the
+    ``int`` >= 0, with ``limit + max_queue_depth`` at most ``MAX_LIMIT``), or None (the default: unbounded). A start that finds the
     quota key with ``limit + max_queue_depth`` active members (holders and
     waiters, the key's runtime limit override in force, K2) raises
     :class:`~durable_singleton.exceptions.QuotaQueueFullError` and writes
@@ -253,11 +287,7 @@ class Quota:
             raise InvalidWorkflowError(
                 workflow, "quotas.limit", f"of quota {name!r} must be an int from 1 to {MAX_LIMIT}"
             )
-        depth = self.max_queue_depth
-        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or depth < 0):
-            raise InvalidWorkflowError(
-                workflow, "quotas.max_queue_depth", f"of quota {name!r} must be an int >= 0 or None, got {depth!r}"
-            )
+        _depth(workflow, "quotas.max_queue_depth", self.limit, self.max_queue_depth)
         if self.fair_key is not None and not callable(self.fair_key):
             raise InvalidWorkflowError(workflow, "quotas.fair_key", f"of quota {name!r} must be callable or None")
         if self.weights is not None:
@@ -434,8 +464,8 @@ class Registry:
                 " quota): its order by sub-key and another limit's oldest-first order could each hold back"
                 " the run the other admits next, and no run would be admitted (X4d)",
             )
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
-            raise InvalidWorkflowError(name, "timeout", f"must be a number of seconds > 0, got {timeout!r}")
+        if timeout is not None:
+            timeout = _seconds(name, "timeout", timeout)
         step_names = tuple(steps)
         for step_name in step_names:
             if step_name not in self.steps:

@@ -100,7 +100,8 @@ class InvalidInputTypeError(InvalidInputError, TypeError):
 
 class InvalidNotBeforeError(ValidationError):
     """A delayed start's ``not_before`` is neither None, an aware datetime nor a
-    finite number of seconds >= 0 (X5); nothing was written."""
+    finite number of seconds >= 0, or is farther than ``MAX_SECONDS`` (100 years)
+    from now (X5); nothing was written."""
 
 
 class SingletonKeyError(ValidationError):
