@@ -246,9 +246,10 @@ class Quota:
     ``weights``: with ``fair_key``, a mapping from sub-key to an ``int`` >= 1,
     the slots that sub-key gets per round (default 1).
     ``max_queue_depth``: waiters allowed beyond ``limit`` per quota key (an
-    ``int`` >= 0, with ``limit + max_queue_depth`` at most ``MAX_LIMIT``), or None (the default: unbounded). A start that finds the
-    quota key with ``limit + max_queue_depth`` active members (holders and
-    waiters, the key's runtime limit override in force, K2) raises
+    ``int`` >= 0, with ``limit + max_queue_depth`` at most ``MAX_LIMIT``), or
+    None (the default: unbounded). A start that finds the quota key with
+    ``limit + max_queue_depth`` active members (holders and waiters, the
+    key's runtime limit override in force, K2) raises
     :class:`~durable_singleton.exceptions.QuotaQueueFullError` and writes
     nothing (S15 for a quota key, X3j).
 

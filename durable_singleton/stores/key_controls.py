@@ -18,7 +18,8 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import F, Q
 
-from ..models import KeyControlChange, Run, SingletonKey
+from ..admission import QUOTA_PREFIX
+from ..models import KeyControlChange, QuotaMembership, Run, SingletonKey
 from ..statuses import ACTIVE_STATUSES
 from .base import ControlChange, ControlChangeRecord, ControlResult, control_records
 
@@ -42,17 +43,10 @@ def apply(
     if keys is None:
         # Every key of the workflow: those with a lock row and those whose runs
         # have none yet (started uncapped, never claimed), or a paused workflow
-        # would admit their runs at their first claim (K2). Read before the
-        # transaction: its first statement is a lock (S13a).
-        active = {
-            key
-            for key in Run.objects.using(db)
-            .filter(workflow_name=workflow, singleton_key__isnull=False, status__in=ACTIVE_STATUSES)
-            .order_by()
-            .values_list("singleton_key", flat=True)
-            .distinct()
-            if key is not None
-        }
+        # would admit their runs at their first claim (K2). A quota's lock name
+        # (``quota:<name>``) has its keys in its active runs' memberships (X3b).
+        # Read before the transaction: its first statement is a lock (S13a).
+        active = {key for key in _active_keys(db, workflow) if key is not None}
         known = set(rows.filter(workflow_name=workflow).values_list("key", flat=True))
         if active - known:
             to_lock = sorted(known | active)
@@ -105,6 +99,18 @@ def state(store: Any, workflow: str, key: str) -> tuple[bool, int | None]:
         .first()
     )
     return (bool(row[0]), row[1]) if row else (False, None)
+
+
+def _active_keys(db: str, workflow: str) -> Any:
+    """The distinct keys of ``workflow``'s active runs: their singleton keys, or for a
+    quota's lock name ``quota:<name>`` (K2 on a quota key, X3j) their keys of that quota."""
+    if workflow.startswith(QUOTA_PREFIX):
+        members = QuotaMembership.objects.using(db).filter(
+            quota=workflow[len(QUOTA_PREFIX) :], run__status__in=ACTIVE_STATUSES
+        )
+        return members.order_by().values_list("key", flat=True).distinct()
+    runs = Run.objects.using(db).filter(workflow_name=workflow, singleton_key__isnull=False, status__in=ACTIVE_STATUSES)
+    return runs.order_by().values_list("singleton_key", flat=True).distinct()
 
 
 def history(store: Any, workflow: str, key: str | None, limit: int) -> list[ControlChangeRecord]:

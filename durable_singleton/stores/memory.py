@@ -820,6 +820,9 @@ class MemoryStore(BaseStore):
                 known = {k for (w, k) in self.controls if w == workflow}
                 runs = self._runs.values()
                 known |= {r.singleton_key for r in runs if r.workflow_name == workflow and r.singleton_key}
+                if workflow.startswith(QUOTA_PREFIX):  # a quota's lock name: its active runs' keys (X3b, K2)
+                    name = workflow[len(QUOTA_PREFIX) :]
+                    known |= {k for r in runs if not r.is_terminal for q, k in r.quota_keys if q == name}
                 keys_now = sorted(known)
             else:
                 keys_now = list(keys)
