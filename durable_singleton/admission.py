@@ -361,10 +361,12 @@ def waiter_expired(created_at: datetime, ttl: float | None, now: datetime) -> bo
     return ttl is not None and queue_ttl_expired(created_at, ttl, now)
 
 
-def queue_ttl_expired_q(ttl: float, now: Any) -> Q:
+def queue_ttl_expired_q(ttl: float, now: Any, prefix: str = "") -> Q:
     """SQL twin of :func:`queue_ttl_expired` on the run table's ``created_at``
-    column; ``now`` is the database's clock (``querysets.DbNow()``) (X2, R5)."""
-    return Q(created_at__lte=ExpressionWrapper(now - Value(timedelta(seconds=ttl)), output_field=DateTimeField()))
+    column (``prefix``: the path to the run, ``"run__"`` from a quota
+    membership); ``now`` is the database's clock (``querysets.DbNow()``) (X2, R5)."""
+    cutoff = ExpressionWrapper(now - Value(timedelta(seconds=ttl)), output_field=DateTimeField())
+    return Q(**{f"{prefix}created_at__lte": cutoff})
 
 
 def queue_ttl_expired_sql_text(table: str, ttl: str, now: str) -> str:
@@ -571,10 +573,17 @@ def quota_waiting_q() -> Q:
     return Q(slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
 
 
-def quota_waiter_q(now: Any) -> Q:
+def quota_waiter_q(now: Any, ttls: Mapping[str, float] | None = None) -> Q:
     """The memberships that wait in a quota key's queue and are due (X3d, X5) by
-    ``now``, the database's clock (``DbNow()``, R5): the ones a claim orders."""
-    return quota_waiting_q() & is_due_q(now, "run__")
+    ``now``, the database's clock (``DbNow()``, R5): the ones a claim orders.
+    With ``ttls`` (the ``queue_ttl`` seconds by workflow name), not those past
+    their workflow's TTL: every grant skips them, a quota's as a key's (X2,
+    :func:`waiter_expired`); the tick ends them."""
+    waiting = quota_waiting_q() & is_due_q(now, "run__")
+    for workflow, ttl in sorted((ttls or {}).items()):
+        if ttl is not None:
+            waiting &= ~(Q(run__workflow_name=workflow) & queue_ttl_expired_q(ttl, now, "run__"))
+    return waiting
 
 
 def holds_quota_slot_sql_text(membership: str, run: str) -> str:
@@ -583,12 +592,17 @@ def holds_quota_slot_sql_text(membership: str, run: str) -> str:
     return f"({membership}.slot = '{SlotState.HOLDER.value}' AND {run}.status IN ({_sql_in(ACTIVE_STATUSES)}))"
 
 
-def quota_waiter_sql_text(membership: str, run: str, now: str) -> str:
+def quota_waiter_sql_text(membership: str, run: str, now: str, ttls: str = "") -> str:
     """SQL text of :func:`quota_waiter_q` for raw statements, on the aliases of
-    :func:`holds_quota_slot_sql_text`; ``now`` the SQL of the database's clock (X3d, X5, R5)."""
+    :func:`holds_quota_slot_sql_text`; ``now`` the SQL of the database's clock (X3d, X5, R5);
+    ``ttls``: the SQL of a ``jsonb`` object of the ``queue_ttl`` seconds by workflow name
+    (the waiters past their TTL left out, X2), or '' for none."""
+    expired = (
+        f" AND NOT {queue_ttl_expired_sql_text(run, f'({ttls} ->> {run}.workflow_name)::float8', now)}" if ttls else ""
+    )
     return (
         f"({membership}.slot = '{SlotState.WAITER.value}' AND {run}.status IN ({_sql_in(ACTIVE_STATUSES)})"
-        f" AND {is_due_sql_text(run, now)})"
+        f" AND {is_due_sql_text(run, now)}{expired})"
     )
 
 

@@ -1174,18 +1174,21 @@ class DjangoStore(BaseStore):
         inside a transaction; returns ((name, key), key row) pairs in that order."""
         return [((name, key), self.lock_key(quota_lock_name(name), key)) for name, key in sorted(set(quota_keys))]
 
-    def _quota_front(self, name: str, key: str, key_row: Mapping[str, Any], limits: Limits) -> tuple[int, list[str]]:
+    def _quota_front(
+        self, name: str, key: str, key_row: Mapping[str, Any], limits: Limits, ttls: QueueTtls | None = None
+    ) -> tuple[int, list[str]]:
         """Read a locked quota key's free slots and its first due waiters' run
         ids in admission order, as many as its limit (X3c, X3d, X4): by
         (``tag``, ``created_at``, ``run_id``), oldest first in a quota without
         ``fair_key`` (:func:`~durable_singleton.admission.fair_tag`).
         The limit in force is the declared one in ``limits`` under
         ``quota:<name>`` (1 if this process does not declare it) or the key's
-        runtime override (K2); a paused key has no free slot."""
+        runtime override (K2); a paused key has no free slot. A waiter past its
+        workflow's ``queue_ttl`` in ``ttls`` is not among them (X2)."""
         limit = limit_in_force(limits.get(quota_lock_name(name), 1), key_row["limit_override"])
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = self._locking(members.filter(holds_quota_slot_q())).count()
-        queue = members.filter(quota_waiter_q(DbNow())).order_by(*QUOTA_ORDER)
+        queue = members.filter(quota_waiter_q(DbNow(), ttls)).order_by(*QUOTA_ORDER)
         waiters = [str(r) for r in self._locking(queue).values_list("run_id", flat=True)[:limit]]
         return free_slots(limit, holders, paused=bool(key_row["paused"])), waiters
 
@@ -1201,14 +1204,18 @@ class DjangoStore(BaseStore):
         return fair_tag(virtual or 0, last, weight)
 
     def _quota_turns(
-        self, quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]], limits: Limits, exclude: set[str]
+        self,
+        quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]],
+        limits: Limits,
+        exclude: set[str],
+        ttls: QueueTtls | None = None,
     ) -> list[RunRecord]:
         """Return the waiters within the free slots of the locked quota keys
         ``quota_rows``, as read (not admitted): each is sent a turn, and its
         own claim decides under the locks of all its limits (X3g, X3h)."""
         ids: list[str] = []
         for (name, key), key_row in quota_rows:
-            free, waiters = self._quota_front(name, key, key_row, limits)
+            free, waiters = self._quota_front(name, key, key_row, limits, ttls)
             ids.extend(i for i in waiters[:free] if i not in exclude and i not in ids)
         return self._quota_records(ids)
 
@@ -1354,7 +1361,7 @@ class DjangoStore(BaseStore):
                 return Turn(
                     TurnState.RUN, run if token is None else run.evolve(fencing_token=token), recovered=recovered
                 )
-            fronts = [self._quota_front(name, key, key_row_q, limits) for (name, key), key_row_q in quota_rows]
+            fronts = [self._quota_front(name, key, key_row_q, limits, ttls) for (name, key), key_row_q in quota_rows]
             reaches = all(quota_front_reaches(row.run_id, waiters, free) for free, waiters in fronts)
             at_front = all(row.run_id in waiters for _, waiters in fronts)
             granted: list[RunRecord] = []
@@ -1527,7 +1534,9 @@ class DjangoStore(BaseStore):
         ):
             # One round trip: the settle and the handoff in raw SQL (S7, R5a, X3g).
             ttl = (ttls or {}).get(run.workflow_name)
-            return self._retrying(lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl))
+            return self._retrying(
+                lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl, ttls)
+            )
         if owner is not None:
             cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
         else:
@@ -1571,7 +1580,7 @@ class DjangoStore(BaseStore):
                 if quota_rows:
                     # Every slot freed at once, in the transaction that ends the run (X3g).
                     QuotaMembership.objects.using(self.db).filter(run_id=run.run_id).update(slot=None)
-                    fronts = {qk: self._quota_front(*qk, key_row_q, limits) for qk, key_row_q in quota_rows}
+                    fronts = {qk: self._quota_front(*qk, key_row_q, limits, ttls) for qk, key_row_q in quota_rows}
                 # The waiters whose every limit this transaction holds are admitted as their
                 # own claims would be; the others within the free slots are sent a turn (X3h).
                 carriers = self._handoff_carriers(run, fronts)
@@ -1659,7 +1668,7 @@ class DjangoStore(BaseStore):
                 if workflow_name.startswith(QUOTA_PREFIX):
                     # A quota key: its first waiters within its free slots get a turn (X3h, K2).
                     quota_rows = self._lock_quota_keys([(workflow_name[len(QUOTA_PREFIX) :], key)])
-                    return tuple(self._quota_turns(quota_rows, limits, set()))
+                    return tuple(self._quota_turns(quota_rows, limits, set(), ttls))
                 key_row = self.lock_key(workflow_name, key)
                 return tuple(self._grant(workflow_name, key, key_row, limits, ttls=ttls)[0])
 

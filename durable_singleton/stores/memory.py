@@ -370,30 +370,42 @@ class MemoryStore(BaseStore):
         """The active runs that carry the quota key ``(name, key)`` (X3b)."""
         return [r for r in self._runs.values() if (name, key) in r.quota_keys and not r.is_terminal]
 
-    def _quota_front(self, name: str, key: str, limits: Limits) -> tuple[int, list[str]]:
+    def _quota_front(self, name: str, key: str, limits: Limits, ttls: QueueTtls | None = None) -> tuple[int, list[str]]:
         """A quota key's free slots and its oldest due waiters' ids, as many as its
-        limit, by (``created_at``, ``run_id``) (X3c, X3d); see DjangoStore._quota_front."""
+        limit, by (``created_at``, ``run_id``), none past its workflow's TTL in
+        ``ttls`` (X3c, X3d, X2); see DjangoStore._quota_front."""
         control = self.controls.get((quota_lock_name(name), key), {})
         limit = limit_in_force(limits.get(quota_lock_name(name), 1), control.get("limit_override"))
         now = self.clock()
         members = self._quota_members(name, key)
         holders = sum(1 for r in members if r.holds_quota_slots)
         free = free_slots(limit, holders, paused=bool(control.get("paused", False)))
-        return free, self._quota_order(name, members, now)[:limit]
+        return free, self._quota_order(name, members, now, ttls)[:limit]
 
-    def _quota_order(self, name: str, members: Sequence[RunRecord], now: datetime) -> list[str]:
+    def _quota_order(
+        self, name: str, members: Sequence[RunRecord], now: datetime, ttls: QueueTtls | None = None
+    ) -> list[str]:
         """The due waiters among ``members`` of the quota ``name`` in admission order,
-        by (tag, ``created_at``, ``run_id``) (X3d, X4, :func:`~durable_singleton.admission.fair_tag`)."""
-        waiters = (r for r in members if r.quota_slot == SlotState.WAITER and is_due(r.not_before, now))
+        by (tag, ``created_at``, ``run_id``) (X3d, X4, :func:`~durable_singleton.admission.fair_tag`);
+        with ``ttls``, none past its workflow's TTL (X2: every grant skips them)."""
+        waiters = (
+            r
+            for r in members
+            if r.quota_slot == SlotState.WAITER
+            and is_due(r.not_before, now)
+            and not waiter_expired(r.created_at, (ttls or {}).get(r.workflow_name), now)
+        )
         ordered = sorted(waiters, key=lambda r: (self._quota_tags.get((r.run_id, name), 0), r.created_at, r.run_id))
         return [r.run_id for r in ordered]
 
-    def _quota_turns(self, quota_keys: Sequence[tuple[str, str]], limits: Limits, exclude: set[str]) -> list[RunRecord]:
+    def _quota_turns(
+        self, quota_keys: Sequence[tuple[str, str]], limits: Limits, exclude: set[str], ttls: QueueTtls | None = None
+    ) -> list[RunRecord]:
         """The waiters within the free slots of ``quota_keys``, as they are: each
         is sent a turn (X3g, X3h)."""
         ids: list[str] = []
         for name, key in sorted(set(quota_keys)):
-            free, waiters = self._quota_front(name, key, limits)
+            free, waiters = self._quota_front(name, key, limits, ttls)
             ids.extend(i for i in waiters[:free] if i not in exclude and i not in ids)
         return [self._runs[i] for i in ids]
 
@@ -433,7 +445,7 @@ class MemoryStore(BaseStore):
             else:
                 take.update(quota_tokens=tuple(sorted(self._quota_tokens.get(run.run_id, {}).items())))
             return Turn(TurnState.RUN, self._replace(run, **take), recovered=recovered)
-        fronts = [self._quota_front(name, qkey, limits) for name, qkey in run.quota_keys]
+        fronts = [self._quota_front(name, qkey, limits, ttls) for name, qkey in run.quota_keys]
         reaches = all(quota_front_reaches(run.run_id, waiters, free) for free, waiters in fronts)
         in_front = all(run.run_id in waiters for _, waiters in fronts)
         granted: list[RunRecord] = []
@@ -447,7 +459,7 @@ class MemoryStore(BaseStore):
                 run, quota_slot=SlotState.HOLDER, fencing_token=token or None, admitted_at=now, **take
             )
             # Waiters it no longer blocks, within its quota keys' free slots, get their turn (X3d).
-            granted += self._quota_turns(run.quota_keys, limits, {run.run_id, *(g.run_id for g in granted)})
+            granted += self._quota_turns(run.quota_keys, limits, {run.run_id, *(g.run_id for g in granted)}, ttls)
             return Turn(TurnState.RUN, taken, recovered=recovered, granted=tuple(granted), admitted=True)
         parked = self._replace(
             run,
@@ -564,7 +576,7 @@ class MemoryStore(BaseStore):
         self._quota_tokens.pop(run.run_id, None)
         # Every quota slot freed at once (X3g); the waiters whose every limit the handoff holds
         # are admitted as their own claims would be (X3h), the other first waiters sent a turn.
-        fronts = {(name, key): self._quota_front(name, key, limits) for name, key in sorted(set(run.quota_keys))}
+        fronts = {(name, key): self._quota_front(name, key, limits, ttls) for name, key in sorted(set(run.quota_keys))}
         carriers = self._handoff_carriers(run, fronts)
         granted: list[RunRecord] = []
         if run.singleton_key is not None:
@@ -682,7 +694,7 @@ class MemoryStore(BaseStore):
         with self._critical():
             if workflow_name.startswith(QUOTA_PREFIX):
                 # A quota key: its first waiters within its free slots get a turn (X3h, K2).
-                return tuple(self._quota_turns([(workflow_name[len(QUOTA_PREFIX) :], key)], limits, set()))
+                return tuple(self._quota_turns([(workflow_name[len(QUOTA_PREFIX) :], key)], limits, set(), ttls))
             return tuple(self._grant(workflow_name, key, limits, ttls=ttls)[0])
 
     def add_signal(self, run_id: str, name: str, payload: Any, *, signal_id: str | None = None) -> RunRecord | None:

@@ -626,7 +626,8 @@ def _quota_fronts(exclude: str, keys: str = _QUOTA_KEYS) -> str:
     force (the declared one in the ``limits`` parameter under ``quota:<name>``, 1
     if absent, or the key's override, K2) and its free slots (none while paused);
     ``qf``, each key's first due waiters, as many as its limit, with their
-    position in admission order (X3c, X3d, X4, X5). ``exclude``: a run id
+    position in admission order (X3c, X3d, X4, X5), none past its workflow's
+    ``queue_ttl`` in the ``ttls`` parameter (X2). ``exclude``: a run id
     parameter whose membership counts as no holder (the run this statement
     settles, X3g), or ''. ``keys``: the source of the quota keys, a ``qu`` of
     (``wf``, ``key``, ``n``), ``n`` the lock order (:data:`_QUOTA_KEYS`: the
@@ -644,7 +645,7 @@ def _quota_fronts(exclude: str, keys: str = _QUOTA_KEYS) -> str:
         " qf AS (SELECT qk.id, qk.n, f.run_id, f.pos, qk.free FROM qk CROSS JOIN LATERAL"
         f" (SELECT m.run_id, row_number() OVER (ORDER BY {_QUOTA_ORDER}) AS pos FROM {MEMBER} m"
         f" JOIN {RUN} mr ON mr.run_id = m.run_id WHERE m.quota = qk.quota AND m.key = qk.key"
-        f" AND {quota_waiter_sql_text('m', 'mr', NOW)} ORDER BY {_QUOTA_ORDER} LIMIT qk.lim) f)"
+        f" AND {quota_waiter_sql_text('m', 'mr', NOW, '%(ttls)s::jsonb')} ORDER BY {_QUOTA_ORDER} LIMIT qk.lim) f)"
     )
 
 
@@ -929,6 +930,12 @@ _QUOTA_LOCKS = (
 )
 QUOTA_FINISH_MESSAGE = Message(*_QUOTA_LOCKS, Statement("quota_finish", QUOTA_FINISH))
 GET_MESSAGE = Message(Statement("get", GET))
+
+
+def _ttls_param(ttls: Mapping[str, float | None]) -> str:
+    """The ``ttls`` parameter of a statement: a JSON object of the ``queue_ttl`` seconds
+    by workflow name, of the workflows that declare one (X2)."""
+    return json.dumps({name: float(ttl) for name, ttl in ttls.items() if ttl is not None})
 
 
 def _not_prepared(exc: BaseException) -> bool:
@@ -1221,7 +1228,7 @@ class FastPath:
         params = {
             "run_id": run_id,
             "limits": json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None}),
-            "ttls": json.dumps({name: float(ttl) for name, ttl in ttls.items() if ttl is not None}),
+            "ttls": _ttls_param(ttls),
             **self._admission(owner, lease_seconds, delays),
         }
         with self._cursor() as cursor:
@@ -1255,10 +1262,12 @@ class FastPath:
         limits: Limits,
         finished_at: Any,
         ttl: float | None = None,
+        ttls: Mapping[str, float] | None = None,
     ) -> Finish:
         """Settle ``run`` by compare-and-set on ``owner``'s unexpired lease and hand
         its slot off, in one message (S7, S12, R5a, K1); ``ttl``: the workflow's
-        ``queue_ttl`` in seconds (None: none), the waiters past it get no slot (X2)."""
+        ``queue_ttl`` in seconds (None: none), the waiters past it get no slot (X2);
+        ``ttls``: every workflow's, by name, for the waiters of its quota keys (X2)."""
         params: dict[str, Any] = {
             "run_id": run.run_id,
             "owner": owner,
@@ -1281,7 +1290,7 @@ class FastPath:
                 )
                 message = FINISH_MESSAGE
                 if run.quota_keys:
-                    params.update(self._quota_keys(run, limits))
+                    params.update(self._quota_keys(run, limits), ttls=_ttls_param(ttls or {}))
                     message = QUOTA_FINISH_MESSAGE
                 self._send(cursor, message, params)
                 rows = self._last_result(cursor, message)
