@@ -762,7 +762,7 @@ class Core:
             return self._finish(run, owner, RunStatus.FAILED, error={"code": "unknown_workflow", "message": str(exc)})
         if definition.body is None:
             # A remote workflow reached this worker: hand the turn back to its queue.
-            if self.store.park(run_id, owner, RunStatus.PENDING, wake_at=self.now()) == Verdict.PARKED:
+            if self.store.park(run_id, owner, RunStatus.PENDING, wake_at=self.corrected_now()) == Verdict.PARKED:
                 self.dispatcher.dispatch(run_id, definition.queue)
             return Outcome.PARKED
         if turn.admitted:
@@ -869,7 +869,10 @@ class Core:
                 self.dispatcher.dispatch(run.run_id, queue)
 
     def _cancel_error(self, run: RunRecord) -> dict[str, str]:
-        if run.deadline_at is not None and self.now() >= run.deadline_at:
+        """The error of a run stopped by a cancel: ``execution_timeout`` if its
+        deadline passed, by the store's clock read now (R5, R8: a process whose
+        clock stepped ahead never calls a plain cancel a timeout, D5, D6)."""
+        if run.deadline_at is not None and self.corrected_now() >= run.deadline_at:
             return dict(TIMEOUT_ERROR)
         return dict(CANCELLED_ERROR)
 
@@ -981,7 +984,7 @@ class Core:
             return
         try:
             verdict = self.store.park(
-                run.run_id, owner, RunStatus.PENDING, wake_at=self.now(), reason=ParkReason.SHUTDOWN.of(count)
+                run.run_id, owner, RunStatus.PENDING, wake_at=self.corrected_now(), reason=ParkReason.SHUTDOWN.of(count)
             )
             if verdict == Verdict.CANCELLED:
                 self._finish(run, owner, RunStatus.CANCELLED, error=self._cancel_error(run))
@@ -1049,7 +1052,7 @@ class Core:
             return
         try:
             self.store.discard_broken_connection()
-            wake_at = self.now() + timedelta(seconds=self.settings.ADMISSION_RETRY_SECONDS)
+            wake_at = self.corrected_now() + timedelta(seconds=self.settings.ADMISSION_RETRY_SECONDS)
             reason = f"{INTERRUPTED_REASON}{count}"
             if (
                 self.store.park(run.run_id, owner, RunStatus.PENDING, wake_at=wake_at, reason=reason)
@@ -1197,7 +1200,8 @@ class Core:
             timeout = self.registry.get(previous.workflow_name).timeout
         except UnknownWorkflowError:
             timeout = None
-        deadline = self.now() + timedelta(seconds=timeout) if timeout else None  # a retry gets a fresh timeout (D5)
+        # A retry gets a fresh timeout (D5), from the store's clock read now (R8).
+        deadline = self.corrected_now() + timedelta(seconds=timeout) if timeout else None
         run = self.store.reset_for_retry(run_id, self.settings.REDELIVERY_SECONDS, deadline)
         if run is None:
             raise ValidationError(f"run {run_id!r} is not failed or dead; only those can be retried")
