@@ -350,7 +350,7 @@ def _queue(exclude: str, value: Any = _param) -> str:
         f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at,"
         f" {holds_slot_sql_text('q0')} AS holds"
         f" FROM {RUN} q0 WHERE q0.workflow_name = {wf} AND q0.singleton_key = {key} AND {FRONT_WHERE}{skip}{fresh}"
-        f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim FROM k)),"
+        f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim::bigint FROM k)),"
         f" c AS (SELECT k.id, k.last_token, k.lim, {free_slots_sql_text('k.lim', holders, 'k.paused')} AS free FROM k),"
         " w AS (SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
         f" FROM q WHERE q.singleton_slot = '{SlotState.WAITER.value}')"
@@ -541,7 +541,7 @@ _DEEP = (
     # The casts: the INSERT types these parameters as its columns (varchar) when prepared.
     f" FROM (SELECT q0.singleton_slot FROM {RUN} q0 WHERE q0.workflow_name = %(workflow_name)s::varchar"
     f" AND q0.singleton_key = %(singleton_key)s::varchar AND {FRONT_WHERE} ORDER BY {FRONT_ORDER}"
-    f" LIMIT 2 * {_DEEP_LIMIT}) f"
+    f" LIMIT 2 * {_DEEP_LIMIT}::bigint) f"  # in bigint: a limit up to MAX_LIMIT (int4) doubles past it
 )
 
 
