@@ -77,6 +77,7 @@ __all__ = [
     "is_due_sql_text",
     "is_holder",
     "is_legacy_holder",
+    "key_only_waiter_q",
     "key_tag",
     "legacy_holder_q",
     "legacy_holder_sql_text",
@@ -565,6 +566,15 @@ def holds_quota_slot_q() -> Q:
     """SQL twin of :func:`holds_quota_slot` on the quota membership table (X3c):
     the membership is marked ``holder`` and its run is active."""
     return Q(slot=SlotState.HOLDER, run__status__in=ACTIVE_STATUSES)
+
+
+def key_only_waiter_q() -> Q:
+    """The runs that wait for a slot of their singleton key and carry no quota (X3d):
+    the waiters a free slot of their key alone admits. One that carries quotas may
+    wait for one of them, and its own ``wake_at`` re-drives it (X3h): the tick's
+    catch-up (S8b), the slot audit's stalled waiter and the queue table's "free
+    slot" judge only these."""
+    return Q(singleton_slot=SlotState.WAITER, quota_slot__isnull=True)
 
 
 def quota_waiting_q() -> Q:

@@ -34,7 +34,15 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .admission import ACTIVE_STATUSES, free_slots, holds_quota_slot_q, holds_slot_q, limit_in_force, quota_lock_name
+from .admission import (
+    ACTIVE_STATUSES,
+    free_slots,
+    holds_quota_slot_q,
+    holds_slot_q,
+    key_only_waiter_q,
+    limit_in_force,
+    quota_lock_name,
+)
 from .core import Core
 from .statuses import RunStatus, SlotState
 
@@ -212,7 +220,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
     overdue = Q(wake_at__isnull=True) | Q(wake_at__lte=grace)
     stale = (
         runs.admissible()
-        .filter(overdue, singleton_slot=SlotState.WAITER, status__in=_WAKEABLE, quota_slot__isnull=True)
+        .filter(overdue, key_only_waiter_q(), status__in=_WAKEABLE)
         .values("workflow_name", "singleton_key")
         .annotate(stored_limit=Max("singleton_limit"))
         .order_by()

@@ -46,6 +46,7 @@ from .admission import (
     holds_quota_slot_q,
     holds_slot,
     holds_slot_q,
+    key_only_waiter_q,
     limit_in_force,
     limit_in_force_sql,
     queue_cap,
@@ -88,7 +89,7 @@ FILTERS = {
     "": "all keys with active runs",
     "waiting": "keys with waiters",
     "full": "keys whose queue is at its cap",
-    "stalled": "keys with waiters and a free slot",
+    "stalled": "keys with a free slot and a waiter it alone admits (one without quotas)",
 }
 
 _HOLDER_Q = holds_slot_q()
@@ -141,6 +142,17 @@ class QueueRow:
     paused: bool = False
     limit_override: int | None = None
     declared_limit: int | None = None
+    #: The waiters that carry no quota (:func:`~durable_singleton.admission.key_only_waiter_q`):
+    #: those a free slot of the key alone admits; None: not counted (all of ``waiting``).
+    waiting_for_key: int | None = None
+
+    @property
+    def stalled(self) -> bool:
+        """Tell whether the key has a free slot and a waiter that slot alone would
+        admit (S8a): one that carries no quota. A waiter that carries quotas may
+        wait for one of them (X3d), so a free slot beside it alone is not stalled."""
+        waiting = self.waiting if self.waiting_for_key is None else self.waiting_for_key
+        return waiting > 0 and self.free_slots > 0
 
     @property
     def capacity(self) -> int | None:
@@ -252,6 +264,7 @@ def _grouped(options: dict[str, tuple[int, int | None]], using: str | None) -> Q
         .annotate(
             holders=Count("pk", filter=_HOLDER_Q),
             waiting=Count("pk", filter=_WAITER_Q),
+            waiting_for_key=Count("pk", filter=key_only_waiter_q()),
             active=Count("pk"),
             oldest_waiter_at=Min("created_at", filter=_WAITER_Q),
             declared_limit=declared,
@@ -331,7 +344,7 @@ def queue_table(
     elif only == "full":
         rows = rows.filter(fullness__gte=1.0)
     elif only == "stalled":
-        rows = rows.filter(waiting__gt=0, free__gt=0)
+        rows = rows.filter(waiting_for_key__gt=0, free__gt=0)
     ordered = rows.annotate(
         total_keys=_OverAll("COUNT(*)"),
         total_holders=_OverAll("SUM(%(expressions)s)", F("holders")),
@@ -349,6 +362,7 @@ def queue_table(
             active=r["active"],
             oldest_waiter_at=r["oldest_waiter_at"],
             max_queue_depth=options.get(r["workflow_name"], (0, None))[1],
+            waiting_for_key=r["waiting_for_key"],
         )
         for r in window
     ]

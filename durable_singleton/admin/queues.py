@@ -208,10 +208,11 @@ class QueuePagesMixin:
                 "meter_low": None if row.capacity is None else row.capacity / 2,
                 "meter_high": None if row.capacity is None else row.capacity - 0.5,
                 "over": row.holders > row.limit,
-                # A free slot under the limit in force; a paused key has none (K2).
-                "stalled": row.waiting > 0 and row.free_slots > 0,
+                # A free slot under the limit in force (a paused key has none, K2) and a
+                # waiter it alone admits: one that carries no quota (X3d).
+                "stalled": row.stalled,
                 # A free slot with waiters is normal for the moment a claim takes; for long, not (S8a).
-                "stuck": row.waiting > 0 and row.free_slots > 0 and (row.oldest_wait_seconds(now) or 0) > 10,
+                "stuck": row.stalled and (row.oldest_wait_seconds(now) or 0) > 10,
             }
             for row in page.object_list
         ]

@@ -61,6 +61,7 @@ from ..admission import (
     holds_slot,
     holds_slot_q,
     is_due_q,
+    key_only_waiter_q,
     limit_in_force,
     limit_in_force_sql,
     queue_ttl_expired_q,
@@ -1786,7 +1787,10 @@ class DjangoStore(BaseStore):
         """Grant the free slots of keys that have a waiter and fewer holders than
         their limit; one query finds them, oldest key first (S8a, S8b). A
         waiter whose turn is on its way (:func:`~durable_singleton.admission.turn_on_its_way`)
-        makes no key due: it claims by that turn (S8)."""
+        makes no key due: it claims by that turn (S8). Nor does a waiter that
+        carries quotas: its own claim decides under all its limits, and its
+        ``wake_at`` (its retry, or a quota handoff's turn, X3h) re-drives it;
+        picking its key sent it a turn at every tick while its quota was busy."""
         if not limits:
             return ()
         key_runs = self._runs().filter(workflow_name=OuterRef("workflow_name"), singleton_key=OuterRef("key"))
@@ -1799,12 +1803,11 @@ class DjangoStore(BaseStore):
             .filter(workflow_name__in=list(limits))
             .annotate(
                 holders=Coalesce(Subquery(holders), 0),
-                # A due waiter (X5) whose turn is not on its way (S7a): a key whose waiters
-                # are all not due yet, or all have a turn coming, is not picked.
+                # A due waiter (X5) whose turn is not on its way (S7a) and that carries no
+                # quota (X3h): a key whose waiters are all not due yet, all have a turn
+                # coming, or all carry quotas, is not picked.
                 has_waiter=Exists(
-                    key_runs.filter(
-                        Q(singleton_slot=SlotState.WAITER) & is_due_q(DbNow()) & ~turn_on_its_way_q(DbNow())
-                    )
+                    key_runs.filter(key_only_waiter_q() & is_due_q(DbNow()) & ~turn_on_its_way_q(DbNow()))
                 ),
                 key_limit=limit_in_force_sql(declared, "limit_override"),
             )

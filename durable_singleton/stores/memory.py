@@ -798,6 +798,7 @@ class MemoryStore(BaseStore):
                     and is_due(r.not_before, now)
                     and r.workflow_name in limits
                     and not turn_on_its_way(r.status, r.park_reason, r.wake_at, now)
+                    and r.quota_slot is None  # a quota carrier's wake_at re-drives it (X3h)
                 }
             )
             granted: list[RunRecord] = []
