@@ -571,9 +571,10 @@ def holds_quota_slot_q() -> Q:
 def key_only_waiter_q() -> Q:
     """The runs that wait for a slot of their singleton key and carry no quota (X3d):
     the waiters a free slot of their key alone admits. One that carries quotas may
-    wait for one of them, and its own ``wake_at`` re-drives it (X3h): the tick's
-    catch-up (S8b), the slot audit's stalled waiter and the queue table's "free
-    slot" judge only these."""
+    wait for one of them (X3h): the slot audit's stalled waiter and the queue
+    table's "free slot" judge only these, and the tick's catch-up (S8b) grants a
+    key whose first waiters all carry quotas only when one of them has room in
+    each (``DjangoStore._catch_up_worth``)."""
     return Q(singleton_slot=SlotState.WAITER, quota_slot__isnull=True)
 
 

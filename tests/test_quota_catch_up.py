@@ -67,6 +67,30 @@ def test_a_keyed_waiter_blocked_by_its_quota_is_not_sent_a_turn_by_every_tick(
     assert [engine.get(r).status for r in ["C", *waiters]] == ["completed"] * 4
 
 
+def test_the_catch_up_repairs_a_lost_turn_of_a_quota_waiter_with_room(engine: Engine, registry: Registry) -> None:
+    """S8b, X3h: W (key o, quota key u) waits behind H (key o, quota key t). H
+    settles; its handoff cannot admit W (W's quota key is not H's) and sends it
+    a turn, which is lost. Key o and quota key u both have room: the tick's
+    catch-up grants o and W runs, long before its backlog retry."""
+    registry.add("refund", "1", _body, singleton={"key": lambda i: i["order"]}, quotas=[ERP])
+    engine.start("refund", {"tenant": "t", "order": "o", "hold": True}, run_id="H")
+    _drain(engine)
+    engine.start("refund", {"tenant": "u", "order": "o"}, run_id="W")
+    _drain(engine)
+    assert not engine.get("W").admitted
+    engine.signal("H", "go")
+    queue = engine.dispatcher.queue  # type: ignore[attr-defined]
+    while "H" in queue:
+        queue.remove("H")
+        engine.execute("H")  # H settles; the turns it sends are dropped below (lost)
+    queue.clear()
+    assert engine.get("H").status == "completed" and engine.get("W").status != "completed"
+    for _ in range(3):
+        engine.tick()
+        _drain(engine)
+    assert engine.get("W").status == "completed"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_queue_table_does_not_call_a_quota_waiter_on_a_free_key_stalled() -> None:
     """S8a, X3d, section 6: the queue table's "free slot" mark and its

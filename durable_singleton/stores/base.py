@@ -857,8 +857,9 @@ class BaseStore(ABC):
     @abstractmethod
     def catch_up(self, *, limits: Limits, batch: int, ttls: QueueTtls | None = None) -> tuple[RunRecord, ...]:
         """Grant the free slots of up to ``batch`` keys that have waiters,
-        skipping those past their TTL in ``ttls`` (S8a, S8b, X2). A waiter that
-        carries quotas makes no key due: its own ``wake_at`` re-drives it (X3h)."""
+        skipping those past their TTL in ``ttls`` (S8a, S8b, X2), and those whose
+        first waiters all carry quotas without room for them (X3h): a grant would
+        only send them turns that park them again."""
 
     # -- reads -----------------------------------------------------------------
     @abstractmethod

@@ -61,7 +61,6 @@ from ..admission import (
     holds_slot,
     holds_slot_q,
     is_due_q,
-    key_only_waiter_q,
     limit_in_force,
     limit_in_force_sql,
     queue_ttl_expired_q,
@@ -1787,10 +1786,10 @@ class DjangoStore(BaseStore):
         """Grant the free slots of keys that have a waiter and fewer holders than
         their limit; one query finds them, oldest key first (S8a, S8b). A
         waiter whose turn is on its way (:func:`~durable_singleton.admission.turn_on_its_way`)
-        makes no key due: it claims by that turn (S8). Nor does a waiter that
-        carries quotas: its own claim decides under all its limits, and its
-        ``wake_at`` (its retry, or a quota handoff's turn, X3h) re-drives it;
-        picking its key sent it a turn at every tick while its quota was busy."""
+        makes no key due: it claims by that turn (S8). A key whose first waiters
+        all carry quotas with no room for them is left alone
+        (:meth:`_catch_up_worth`): its grant would only send them turns that park
+        them again, at every tick while their quotas stay busy."""
         if not limits:
             return ()
         key_runs = self._runs().filter(workflow_name=OuterRef("workflow_name"), singleton_key=OuterRef("key"))
@@ -1803,11 +1802,12 @@ class DjangoStore(BaseStore):
             .filter(workflow_name__in=list(limits))
             .annotate(
                 holders=Coalesce(Subquery(holders), 0),
-                # A due waiter (X5) whose turn is not on its way (S7a) and that carries no
-                # quota (X3h): a key whose waiters are all not due yet, all have a turn
-                # coming, or all carry quotas, is not picked.
+                # A due waiter (X5) whose turn is not on its way (S7a): a key whose waiters
+                # are all not due yet, or all have a turn coming, is not picked.
                 has_waiter=Exists(
-                    key_runs.filter(key_only_waiter_q() & is_due_q(DbNow()) & ~turn_on_its_way_q(DbNow()))
+                    key_runs.filter(
+                        Q(singleton_slot=SlotState.WAITER) & is_due_q(DbNow()) & ~turn_on_its_way_q(DbNow())
+                    )
                 ),
                 key_limit=limit_in_force_sql(declared, "limit_override"),
             )
@@ -1818,8 +1818,42 @@ class DjangoStore(BaseStore):
         )
         granted: list[RunRecord] = []
         for workflow_name, key in list(keys):
-            granted.extend(self.release(workflow_name, key, limits=limits, ttls=ttls))
+            if self._catch_up_worth(workflow_name, key, limits, ttls):
+                granted.extend(self.release(workflow_name, key, limits=limits, ttls=ttls))
         return tuple(granted)
+
+    def _catch_up_worth(self, workflow_name: str, key: str, limits: Limits, ttls: QueueTtls | None) -> bool:
+        """Tell whether the catch-up's grant of a key with a free slot can admit one of
+        its first ``limit`` due waiters (S8b, X3h, X3d): one that carries no quota
+        (:func:`~durable_singleton.admission.key_only_waiter_q`), or one within the
+        free slots of each of its quota keys, read without their locks (its own
+        claim decides under them). If the quota frees later, its handoff sends its
+        first waiters a turn itself (X3h). Without this, a keyed waiter held back
+        by a busy quota was sent a turn, and parked again, at every tick."""
+        key_row = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
+        override = key_row.values_list("limit_override", flat=True).first()
+        limit = limit_in_force(limits.get(workflow_name), override)
+        front, _legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
+        waiters = [r for r in front if r.singleton_slot == SlotState.WAITER and not self._holds_slot(r)][:limit]
+        if any(r.quota_slot is None for r in waiters):
+            return True
+        keys = SingletonKey.objects.using(self.db)
+        for row in waiters:
+            memberships = QuotaMembership.objects.using(self.db).filter(run_id=row.run_id)
+            reaches = True
+            for name, qkey in memberships.values_list("quota", "key"):
+                quota_row = keys.filter(workflow_name=quota_lock_name(name), key=qkey)
+                found = quota_row.values("limit_override", "paused").first()
+                if found is None:
+                    reaches = False
+                    break
+                free, first = self._quota_front(name, qkey, found, limits, ttls)
+                if not quota_front_reaches(row.run_id, first, free):
+                    reaches = False
+                    break
+            if reaches:
+                return True
+        return False
 
     # -- reads -----------------------------------------------------------------------
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:

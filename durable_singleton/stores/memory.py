@@ -798,14 +798,28 @@ class MemoryStore(BaseStore):
                     and is_due(r.not_before, now)
                     and r.workflow_name in limits
                     and not turn_on_its_way(r.status, r.park_reason, r.wake_at, now)
-                    and r.quota_slot is None  # a quota carrier's wake_at re-drives it (X3h)
                 }
             )
             granted: list[RunRecord] = []
             for workflow_name, key in keys[:batch]:
                 assert key is not None
-                granted.extend(self._grant(workflow_name, key, limits, ttls=ttls)[0])
+                if self._catch_up_worth(workflow_name, key, limits, ttls):
+                    granted.extend(self._grant(workflow_name, key, limits, ttls=ttls)[0])
             return tuple(granted)
+
+    def _catch_up_worth(self, workflow_name: str, key: str, limits: Limits, ttls: QueueTtls | None) -> bool:
+        """Tell whether the catch-up's grant of the key can admit one of its first
+        ``limit`` due waiters: one without quotas, or one within the free slots of
+        each of its quota keys; see DjangoStore._catch_up_worth (S8b, X3h, X3d)."""
+        ttl, now = (ttls or {}).get(workflow_name), self.clock()
+        waiters = [w for w in self._waiters(workflow_name, key) if not waiter_expired(w.created_at, ttl, now)]
+        for run in waiters[: self._limit(workflow_name, key, limits)]:
+            if run.quota_slot is None or all(
+                quota_front_reaches(run.run_id, first, free)
+                for free, first in (self._quota_front(name, qkey, limits, ttls) for name, qkey in run.quota_keys)
+            ):
+                return True
+        return False
 
     # -- reads ---------------------------------------------------------------------------
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
