@@ -241,6 +241,10 @@ def _by_workflow(options: dict[str, int], default: Any) -> Max:
     """Return ``MAX(CASE workflow_name WHEN ... END)``: a per-workflow constant as an aggregate,
     so that it stays out of the GROUP BY (MariaDB groups much slower on expressions)."""
     whens = [When(workflow_name=name, then=Value(value)) for name, value in options.items()]
+    if not whens:
+        # A CASE without a WHEN is its default alone, and a bare NULL is text on PostgreSQL:
+        # "integer + text" broke the table when no registered workflow had a queue cap.
+        return Max(Cast(default, output_field=IntegerField()))
     return Max(Case(*whens, default=default, output_field=IntegerField()))
 
 
