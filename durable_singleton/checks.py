@@ -244,6 +244,40 @@ def check_remote_workflows(
     ]
 
 
+def check_queue_ttls(app_configs: Any = None, *, registry: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W002: a workflow's ``queue_ttl`` (X2) at most ``REDELIVERY_SECONDS``.
+
+    A start's first turn that does not arrive (a start in a process whose
+    dispatcher is not the workers', a ``manage.py shell`` beside
+    ``durable_worker``; a lost broker send, F4) is sent again by the tick only
+    after ``REDELIVERY_SECONDS``: by then such a TTL has passed, and the tick
+    ends the run ``queue_ttl_expired`` even on an idle key.
+    """
+    settings = _settings_or_none()
+    if settings is None:
+        return []
+    if registry is None:
+        from .definitions import registry
+    with registry._lock:
+        short = sorted(
+            (d.name, float(d.singleton.queue_ttl))
+            for d in registry.latest.values()
+            if d.singleton is not None
+            and d.singleton.queue_ttl is not None
+            and d.singleton.queue_ttl <= settings.REDELIVERY_SECONDS
+        )
+    return [
+        checks.Warning(
+            f"workflow {name!r} has queue_ttl={ttl:g} s, at most REDELIVERY_SECONDS "
+            f"({settings.REDELIVERY_SECONDS:g} s): a run whose first turn does not arrive is sent again "
+            "only after REDELIVERY_SECONDS, past its TTL, and is ended queue_ttl_expired even on an idle key.",
+            hint="Give the workflow a queue_ttl longer than REDELIVERY_SECONDS (docs/queue_ttl.rst).",
+            id="durable_singleton.W002",
+        )
+        for name, ttl in short
+    ]
+
+
 def register() -> None:
     """Register the checks with Django (called from ``ready()``)."""
     checks.register(check_settings, "durable_singleton")
@@ -251,3 +285,4 @@ def register() -> None:
     checks.register(check_time_zone, "durable_singleton")
     checks.register(check_celery, "durable_singleton")
     checks.register(check_remote_workflows, "durable_singleton")
+    checks.register(check_queue_ttls, "durable_singleton")

@@ -243,3 +243,23 @@ def test_a_coalescing_window_past_the_redelivery_window_is_an_error(settings: An
     assert checks.check_settings() == []
     settings.DURABLE_SINGLETON = {}
     assert checks.check_settings() == []
+
+
+def test_a_queue_ttl_at_most_the_redelivery_window_is_w002(settings: Any) -> None:
+    """X2, F4, section 7: a start's first turn that does not arrive (a shell
+    start beside ``durable_worker``, a lost broker send) is sent again after
+    REDELIVERY_SECONDS; a queue_ttl no longer than that ends such a run
+    ``queue_ttl_expired`` on an idle key (found by a new user). The check
+    names each such workflow; a longer TTL or none says nothing."""
+    from durable_singleton.definitions import Registry
+
+    reg = Registry()
+    reg.add("short", "1", lambda ctx, i: i, singleton={"key": lambda i: "k", "queue_ttl": 3})
+    reg.add("long", "1", lambda ctx, i: i, singleton={"key": lambda i: "k", "queue_ttl": 60})
+    reg.add("none", "1", lambda ctx, i: i, singleton={"key": lambda i: "k"})
+    settings.DURABLE_SINGLETON = {"REDELIVERY_SECONDS": 5.0}
+    messages = checks.check_queue_ttls(registry=reg)
+    assert [m.id for m in messages] == ["durable_singleton.W002"], messages
+    assert "'short'" in messages[0].msg and "'long'" not in messages[0].msg and messages[0].hint
+    settings.DURABLE_SINGLETON = {"REDELIVERY_SECONDS": 2.0}
+    assert checks.check_queue_ttls(registry=reg) == []
