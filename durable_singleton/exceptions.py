@@ -130,7 +130,7 @@ class SingletonQueueFullError(DurableSingletonError):
         self.max_queue_depth = max_queue_depth
         super().__init__(
             f"singleton queue full for workflow {workflow!r}, key {key!r}: "
-            f"max_queue_depth={max_queue_depth} waiters already queued"
+            f"its active runs reached limit + max_queue_depth (max_queue_depth={max_queue_depth})"
         )
 
 
@@ -174,7 +174,7 @@ class QuotaQueueFullError(SingletonQueueFullError):
         DurableSingletonError.__init__(
             self,
             f"quota queue full for quota {quota!r}, key {key!r} (a start of workflow {workflow!r}): "
-            f"max_queue_depth={max_queue_depth} waiters already queued",
+            f"its active members reached limit + max_queue_depth (max_queue_depth={max_queue_depth})",
         )
 
 
