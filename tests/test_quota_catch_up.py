@@ -115,3 +115,28 @@ def test_the_queue_table_does_not_call_a_quota_waiter_on_a_free_key_stalled() ->
     assert (plain.waiting, plain.waiting_for_key, plain.free_slots, plain.stalled) == (1, 1, 1, True)
     stalled = {(r.workflow, r.key) for r in queue_table(reg=registry, only="stalled").rows}
     assert stalled == {("plain", "P")}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_run_page_says_a_quota_waiter_on_a_free_key_waits_for_its_quotas() -> None:
+    """X3d, section 6: the admin's run page of R (its key free, its quota held
+    by C) says it waits for its quotas, never "a slot is free", and its
+    activity says it is in line for its key and its quotas."""
+    from django.contrib import admin as django_admin
+    from django.utils import timezone
+
+    from durable_singleton.admin.display import activity
+    from durable_singleton.admin.runs import RunAdmin
+
+    registry = Registry()
+    registry.add("charge", "1", _body, quotas=[ERP])
+    registry.add("refund", "1", _body, singleton={"key": lambda i: i["order"]}, quotas=[ERP])
+    engine = make_engine("django", registry=registry)
+    engine.start("charge", {"tenant": "t", "hold": True}, run_id="C")
+    _drain(engine)
+    engine.start("refund", {"tenant": "t", "order": "o1"}, run_id="R")
+    _drain(engine)
+    row = Run.objects.get(pk="R")
+    place = str(RunAdmin(Run, django_admin.site).place_display(row))
+    assert "it waits for its quotas" in place and "a slot is free" not in place
+    assert "of its key and of its quotas" in str(activity(row, 0, None, timezone.now()))

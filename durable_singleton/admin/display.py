@@ -260,6 +260,11 @@ def activity(
         return _("waiting for child run %(run)s") % {"run": ParkReason.CHILD.detail(reason)}
     if run.status == RunStatus.BLOCKED:
         return _("blocked: %(reason)s") % {"reason": reason}
+    if run.singleton_slot == SlotState.WAITER and run.quota_slot == SlotState.WAITER:
+        # In line for its key and its quotas (X3d): a quota's handoff sends its turn (X3h).
+        return _("in line for a slot of its key and of its quotas; next try %(when)s") % {
+            "when": relative(run.wake_at, now) or "—"
+        }
     if run.singleton_slot == SlotState.WAITER:
         # In line for its key: a far wake is only the fallback (S8a), a past one is overdue.
         if is_backlog_wake(run, now):

@@ -303,14 +303,15 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
                 _("(a delayed start): it keeps its creation place in line and blocks no due waiter"),
                 expires,
             )
+        if place.holders:
+            behind = _("behind holders")
+        elif obj.quota_slot == SlotState.WAITER:
+            # Its key's slot is free; it waits for a quota (X3d), which explain names.
+            behind = _("behind no holder of its key; it waits for its quotas")
+        else:
+            behind = _("behind no holder (a slot is free)")
         return format_html(
-            '<a href="{}">{} {}</a> {} {}{}',
-            key_url,
-            _("position"),
-            place.position,
-            _("behind holders") if place.holders else _("behind no holder (a slot is free)"),
-            holders,
-            expires,
+            '<a href="{}">{} {}</a> {} {}{}', key_url, _("position"), place.position, behind, holders, expires
         )
 
     @admin.display(description=_("input"))
