@@ -205,3 +205,21 @@ def hold_in_transaction(lock: Callable[[], object], seconds: float) -> threading
     thread.start()
     assert locked.wait(10), "the lock was not taken"
     return thread
+
+
+def drain(engine: Any) -> None:
+    """Run every turn queued on a manual dispatcher, and the turns those queue (S7)."""
+    engine.dispatcher.drain()
+
+
+def holding_body(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
+    """A body that waits for the signal ``go`` when its input says ``hold``, then
+    appends its run id to ``log`` and returns it: the order bodies ran in."""
+
+    def body(ctx: Any, input: dict[str, Any]) -> str:
+        if input.get("hold"):
+            ctx.wait_for_signal("go")
+        log.append(ctx.run_id)
+        return str(ctx.run_id)
+
+    return body

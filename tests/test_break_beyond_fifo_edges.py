@@ -29,23 +29,11 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import DurableSingletonError, InvalidWorkflowError
 
+from .helpers import drain as _drain
+from .helpers import holding_body as _body
 from .test_queue_ttl import backdate
 
 TTL = 60.0
-
-
-def _body(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
-    def body(ctx: Any, input: dict[str, Any]) -> str:
-        if input.get("hold"):
-            ctx.wait_for_signal("go")
-        log.append(ctx.run_id)
-        return str(ctx.run_id)
-
-    return body
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
 
 
 def _count(engine: Engine) -> int:

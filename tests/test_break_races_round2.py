@@ -23,25 +23,13 @@ from durable_singleton.testing import make_engine
 from durable_singleton.values import MAX_LIMIT, MAX_SECONDS
 
 from .conftest import run_threads
+from .helpers import drain as _drain
+from .helpers import holding_body as _body
 from .test_clock_steps import step_clock
 from .test_queue_ttl import backdate
 
 TTL = 60.0
 STEP = timedelta(hours=1)
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
-
-
-def _body(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
-    def body(ctx: Any, input: dict[str, Any]) -> str:
-        if input.get("hold"):
-            ctx.wait_for_signal("go")
-        log.append(ctx.run_id)
-        return str(ctx.run_id)
-
-    return body
 
 
 # -- section 7: the largest limit the declaration accepts -------------------------------------

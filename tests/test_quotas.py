@@ -27,24 +27,10 @@ from durable_singleton.exceptions import (
     UnsupportedByStoreError,
 )
 from tests.conftest import run_threads
+from tests.helpers import drain as _drain
+from tests.helpers import holding_body as _holding
 
 STRIPE = Quota("stripe-api", key=lambda i: i.get("account", "*"), limit=1)
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
-
-
-def _holding(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
-    """A body that waits for the signal ``go`` when its input says ``hold``."""
-
-    def body(ctx: Any, input: dict[str, Any]) -> str:
-        if input.get("hold"):
-            ctx.wait_for_signal("go")
-        log.append(ctx.run_id)
-        return str(ctx.run_id)
-
-    return body
 
 
 def test_two_workflows_sharing_a_quota_take_turns_oldest_first(engine: Engine, registry: Registry) -> None:
