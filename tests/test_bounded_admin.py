@@ -6,6 +6,7 @@ ignored or clamped), a 400, or a form error, and nothing is written."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -48,12 +49,18 @@ def _pages() -> dict[str, tuple[str, list[str]]]:
             ["p", "refresh"],
         ),
         "key-names": (reverse("admin:durable_singleton_run_queue_key") + "?", ["workflow", "key"]),
+        "lanes": (
+            reverse("admin:durable_singleton_run_lanes") + "?workflow=sync-inventory-wide&",
+            ["minutes", "refresh", "key", "fragment"],
+        ),
+        "lanes-names": (reverse("admin:durable_singleton_run_lanes") + "?", ["workflow", "key"]),
         "runs": (
             reverse("admin:durable_singleton_run_changelist"),
             ["p", "q", "workflow_name", "singleton_key", "status", "namespace"],
         ),
         "changes": (reverse("admin:durable_singleton_keycontrolchange_changelist"), ["p", "q", "workflow_name"]),
         "schedules": (reverse("admin:durable_singleton_schedulestate_changelist"), ["p", "q", "workflow_name"]),
+        "firings": (reverse("admin:durable_singleton_schedulefiring_changelist"), ["p", "q", "workflow_name"]),
     }
 
 
@@ -68,11 +75,46 @@ def test_no_query_string_gives_a_server_error(client: Client, page: str) -> None
     for param in params:
         for value in BAD:
             joiner = "&" if "?" in url else "?"
-            extra = "&key=store:ADMB" if page == "key-names" and param == "workflow" else ""
-            extra = "&workflow=sync-inventory-wide" if page == "key-names" and param == "key" else extra
+            named = page in ("key-names", "lanes-names")
+            extra = "&key=store:ADMB" if named and param == "workflow" else ""
+            extra = "&workflow=sync-inventory-wide" if named and param == "key" else extra
             answers[(param, value[:12])] = client.get(f"{url}{joiner}{param}={value}{extra}").status_code
     assert {k: v for k, v in answers.items() if v not in (200, 302, 400)} == {}
     assert _state() == before
+
+
+def test_every_admin_page_of_the_app_is_probed() -> None:
+    """Section 7: each page this app adds to the admin (a URL without arguments under
+    ``admin:durable_singleton_*``) is in the bad-query-string test above, so a new page
+    cannot read its query string unchecked unnoticed."""
+    from django.contrib import admin
+
+    names = set()
+    for pattern in admin.site.get_urls():
+        for sub in getattr(pattern, "url_patterns", [pattern]):
+            name = getattr(sub, "name", None) or ""
+            if name.startswith("durable_singleton_") and not sub.pattern.converters and "add" not in name:
+                names.add(name)
+    probed = {
+        reverse(f"admin:{name}").split("?")[0]
+        for name in names
+        if not name.endswith(("_delete", "_history", "_change", "_apply"))
+    }
+    covered = {url.split("?")[0] for url, _ in _pages().values()}
+    assert probed - covered == set()
+
+
+@pytest.mark.parametrize("refresh", ["nan", "inf", "-inf", "1e400", "x"])
+def test_the_lanes_page_reads_refresh_as_the_queue_pages_do(client: Client, refresh: str) -> None:
+    """Section 7: ``?refresh=nan`` or ``inf`` on the lanes page is ignored (the page's default
+    period), as on the queue pages: never rendered as "every nan s" nor into the page's script."""
+    for name in ("lanes", "queues"):
+        html = client.get(
+            reverse(f"admin:durable_singleton_run_{name}"), {"workflow": "sync-inventory-wide", "refresh": refresh}
+        )
+        text = html.content.decode()
+        assert html.status_code == 200 and "Refreshes every 2 s" in text, (name, refresh)
+        assert not re.search(r"every (nan|inf)|(nan|inf) \* 1000|data-refresh=\"(nan|inf)", text, re.I), (name, refresh)
 
 
 @pytest.mark.parametrize("value", ["%00", "x%00", "x" * 3000])

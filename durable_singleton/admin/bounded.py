@@ -3,7 +3,8 @@ object id that no column can hold never reaches the database.
 
 PostgreSQL refuses NUL in text with a ``DataError`` that Django's change
 list and ``get_object`` do not catch (an HTTP 500): the change lists answer
-such a query string with a 400, and an object id that could not name a row
+such a query string with a 400 (:func:`.params.check_query`, the check every
+admin page of this app makes through :mod:`.params`), and an object id that could not name a row
 is "does not exist", as any unknown id is.
 """
 
@@ -11,24 +12,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.exceptions import BadRequest
 from django.http import HttpRequest, HttpResponse
 
 from ..values import ID_MAX_LENGTH, is_text
+from .params import check_query
 
 __all__ = ["StorableInputMixin"]
-
-#: The longest query-string value a change list passes on (a search may be long).
-QUERY_VALUE_MAX_LENGTH = 10_000
 
 
 class StorableInputMixin:
     """For a ``ModelAdmin`` of this app: refuse unstorable query strings and object ids."""
 
     def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        for name, values in request.GET.lists():
-            if not all(is_text(v, QUERY_VALUE_MAX_LENGTH) for v in (name, *values)):
-                raise BadRequest(f"the query parameter {name[:40]!r} is not text a column can hold")
+        check_query(request)
         return super().changelist_view(request, extra_context)  # type: ignore[misc, no-any-return]
 
     def get_object(self, request: HttpRequest, object_id: str, from_field: str | None = None) -> Any:

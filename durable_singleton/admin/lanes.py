@@ -28,11 +28,13 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from ..admission import KEY_MAX_LENGTH
 from ..explain import lease_words
 from ..lanes import DEFAULT_MINUTES, MAX_MINUTES, Lane, Lanes, workflow_lanes
 from ..queues import format_age, singleton_options
 from ..runtime import get_engine
 from ..statuses import RunStatus, Verdict
+from .params import flag_param, int_param, refresh_param, text_param
 
 __all__ = ["LanePagesMixin", "draw"]
 
@@ -213,21 +215,12 @@ def draw(lanes: Lanes, run_url: Callable[[str], str]) -> dict[str, Any]:
         "queue_x": QUEUE_X,
         "axis_bottom": _f(height - 4),
         "ticks": [
-            {"x": _f(AXIS_X1 - back / seconds * (AXIS_X1 - AXIS_X0)), "label": label}
-            for back, label in _ticks(seconds)
+            {"x": _f(AXIS_X1 - back / seconds * (AXIS_X1 - AXIS_X0)), "label": label} for back, label in _ticks(seconds)
         ],
         "now_label": _("now %(at)s") % {"at": timezone.localtime(lanes.now).strftime("%H:%M:%S")},
         "start_label": _("-%(minutes)s min") % {"minutes": f"{lanes.minutes:g}"},
         "lanes": drawn,
     }
-
-
-def _minutes(request: HttpRequest) -> int:
-    """Return ``?minutes=``, held to 1 to MAX_MINUTES; the default if it is not a whole number."""
-    try:
-        return min(max(int(request.GET.get("minutes", DEFAULT_MINUTES)), 1), MAX_MINUTES)
-    except ValueError:
-        return DEFAULT_MINUTES
 
 
 class LanePagesMixin:
@@ -260,13 +253,10 @@ class LanePagesMixin:
         """Draw one workflow's busy keys over the last ``?minutes=`` (1 to 60, default 10)."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        workflow = request.GET.get("workflow", "")
-        key = request.GET.get("key") or None
-        minutes = _minutes(request)
-        try:
-            refresh = max(float(request.GET.get("refresh", self.lanes_refresh_seconds)), 0.0)
-        except ValueError:
-            refresh = float(self.lanes_refresh_seconds)
+        workflow = text_param(request, "workflow")
+        key = text_param(request, "key", KEY_MAX_LENGTH) or None
+        minutes = int_param(request, "minutes", DEFAULT_MINUTES, 1, MAX_MINUTES)
+        refresh = refresh_param(request, self.lanes_refresh_seconds)
         query = {k: v for k, v in request.GET.items() if k != "fragment"}
 
         def link(**changes: str) -> str:
@@ -310,7 +300,7 @@ class LanePagesMixin:
             context["drawing"] = draw(lanes, lambda run_id: self._admin_url("change", quote(run_id)))
             context["queue_url"] = self._admin_url("queues") + "?" + urlencode({"workflow": workflow})
         request.current_app = self.admin_site.name
-        if request.GET.get("fragment"):
+        if flag_param(request, "fragment"):
             return TemplateResponse(
                 request,
                 self.lanes_fragment_template or "admin/durable_singleton/includes/lanes_svg.html",

@@ -12,14 +12,13 @@ change list's do.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import admin
 from django.contrib.admin.utils import quote
-from django.core.exceptions import BadRequest, PermissionDenied
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -31,8 +30,8 @@ from .. import admission, queues
 from ..admission import KEY_MAX_LENGTH
 from ..queues import format_age
 from ..statuses import SlotState
-from ..values import ID_MAX_LENGTH, is_text
 from .display import BACKLOG_NOTE, activity, db_now, is_backlog_wake, overdue_html, state_label, unrenewed_lease
+from .params import choice_param, page_param, refresh_param, text_param
 
 __all__ = ["QueuePagesMixin"]
 
@@ -62,32 +61,6 @@ class _OnePageAtATime:
     def __getitem__(self, window: slice) -> Sequence[Any]:
         start = window.start or 0
         return self._load(start)[: window.stop - start]
-
-
-#: The highest page a query string may ask for: far beyond any queue, far below
-#: every database's OFFSET range (a huge ``?p=`` was a database error, section 7).
-MAX_PAGE = 100_000
-
-#: The longest ``?refresh=`` period, in seconds.
-MAX_REFRESH_SECONDS = 3600.0
-
-
-def _requested_page(request: HttpRequest) -> int:
-    """Return ``?p=``, clamped to 1..:data:`MAX_PAGE` (1 when it is not a number);
-    a page past the last shows the last, as the change list's does."""
-    try:
-        return min(max(int(request.GET.get("p", "1")), 1), MAX_PAGE)
-    except ValueError:
-        return 1
-
-
-def _text_param(request: HttpRequest, name: str, max_length: int = ID_MAX_LENGTH) -> str:
-    """Return query parameter ``name`` ("" when absent); raise :class:`BadRequest` (a 400)
-    for text no column can hold: NUL, a control character, too long (section 7)."""
-    value = request.GET.get(name, "")
-    if not is_text(value, max_length):
-        raise BadRequest(f"the {name!r} parameter is not text a durable_singleton column can hold")
-    return value
 
 
 class QueuePagesMixin:
@@ -133,13 +106,7 @@ class QueuePagesMixin:
         )
 
     def _refresh(self, request: HttpRequest) -> float:
-        try:
-            seconds = float(request.GET.get("refresh", self.queue_refresh_seconds))
-        except ValueError:
-            return float(self.queue_refresh_seconds)
-        if not math.isfinite(seconds):
-            return float(self.queue_refresh_seconds)
-        return min(max(seconds, 0.0), MAX_REFRESH_SECONDS)
+        return refresh_param(request, self.queue_refresh_seconds)
 
     @staticmethod
     def _paging(page: Page[Any], url: Callable[[int], str]) -> dict[str, Any]:
@@ -163,14 +130,10 @@ class QueuePagesMixin:
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         params = request.GET
-        sort = params.get("o", "-waiting")
-        if sort.lstrip("-") not in queues.SORTS:
-            sort = "-waiting"
-        only = params.get("only", "")
-        if only not in queues.FILTERS:
-            only = ""
-        workflow = _text_param(request, "workflow")
-        search = _text_param(request, "q").strip()
+        sort = choice_param(request, "o", [*queues.SORTS, *(f"-{s}" for s in queues.SORTS)], "-waiting")
+        only = choice_param(request, "only", queues.FILTERS, "")
+        workflow = text_param(request, "workflow")
+        search = text_param(request, "q").strip()
         per_page = self.queue_per_page
         totals: list[queues.QueuePage] = []
 
@@ -182,10 +145,10 @@ class QueuePagesMixin:
             return table.rows, table.keys
 
         paginator: Paginator[queues.QueueRow] = Paginator(
-            _OnePageAtATime(fetch, per_page, (_requested_page(request) - 1) * per_page),  # type: ignore[arg-type]
+            _OnePageAtATime(fetch, per_page, (page_param(request) - 1) * per_page),  # type: ignore[arg-type]
             per_page,
         )
-        page = paginator.get_page(_requested_page(request))
+        page = paginator.get_page(page_param(request))
         now = timezone.now()
 
         def link(**changes: str) -> str:
@@ -267,8 +230,8 @@ class QueuePagesMixin:
         """Show one key's holders (what each is doing) and its waiters in admission order (S5), with actions."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
-        workflow = _text_param(request, "workflow")
-        key = _text_param(request, "key", KEY_MAX_LENGTH)
+        workflow = text_param(request, "workflow")
+        key = text_param(request, "key", KEY_MAX_LENGTH)
         if not workflow or not key:
             return HttpResponseRedirect(self._url("queues"))
         if request.method == "POST":
@@ -286,10 +249,10 @@ class QueuePagesMixin:
             return queue.waiters, queue.waiting
 
         paginator: Paginator[queues.QueuedRun] = Paginator(
-            _OnePageAtATime(fetch, per_page, (_requested_page(request) - 1) * per_page),  # type: ignore[arg-type]
+            _OnePageAtATime(fetch, per_page, (page_param(request) - 1) * per_page),  # type: ignore[arg-type]
             per_page,
         )
-        page = paginator.get_page(_requested_page(request))
+        page = paginator.get_page(page_param(request))
         queue = fetched[0]
         # The database's clock: leases and wake times are judged on it (R5, K3).
         now = db_now()
