@@ -21,6 +21,7 @@ from asgiref.sync import sync_to_async
 
 __all__ = ["async_twin"]
 
+
 def async_twin[S, **P, R](
     method: Callable[Concatenate[S, P], R],
 ) -> Callable[Concatenate[S, P], Coroutine[Any, Any, R]]:

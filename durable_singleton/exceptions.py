@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "AmbiguousRunIdError",
     "ChildWorkflowError",
     "ConfigurationError",
     "DuplicateWorkflowError",
@@ -185,6 +186,25 @@ class UnsupportedByStoreError(DurableSingletonError):
 
 class RunNotFoundError(DurableSingletonError):
     """No run has that run id."""
+
+
+class AmbiguousRunIdError(RunNotFoundError):
+    """A run id prefix (``durable_explain 69b0836c``) names no run exactly and begins
+    more than one run's id, or none.
+
+    Attributes: ``prefix`` (str) and ``candidates`` (list of str: the first run
+    ids that begin with it, in order; empty when none does). The message lists them.
+    """
+
+    def __init__(self, prefix: str, candidates: list[str], more: bool = False) -> None:
+        self.prefix = prefix
+        self.candidates = candidates
+        if not candidates:
+            text = f"no run {prefix!r:.80}, and no run id begins with it"
+        else:
+            listed = ", ".join(candidates) + (", ..." if more else "")
+            text = f"run id prefix {prefix!r:.80} is ambiguous; candidates: {listed} (give more characters)"
+        super().__init__(text)
 
 
 class RunIdInUseError(DurableSingletonError):

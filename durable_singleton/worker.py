@@ -226,7 +226,5 @@ class ForegroundWorker:
         ended = time.monotonic()
         self.uptime_seconds = ended - started
         self.shutdown_seconds = ended - requested
-        logger.info(
-            "stopped %.1f s after %s (up %.1f s)", self.shutdown_seconds, self.stop_reason, self.uptime_seconds
-        )
+        logger.info("stopped %.1f s after %s (up %.1f s)", self.shutdown_seconds, self.stop_reason, self.uptime_seconds)
         return left

@@ -177,3 +177,34 @@ def test_command_and_admin_pages_show_the_explanation(admin_client: Any, setting
     ).content.decode()
     assert "First in line:" in key_page and "Run X3 is waiting" in key_page
     engine.dispatcher.queue.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_command_takes_an_unambiguous_run_id_prefix_as_git_does(settings: Any) -> None:
+    """K3, O3, section 7: ``durable_explain 69b0836c`` explains the one run whose id begins
+    so; an ambiguous prefix is an :class:`AmbiguousRunIdError` listing the candidates and an
+    unknown one lists none, each a CommandError (exit status 1), as git answers a short hash."""
+    from durable_singleton.exceptions import AmbiguousRunIdError
+    from durable_singleton.management.commands._options import resolve_run_id
+    from durable_singleton.runtime import get_engine
+
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
+    ids = ["69b0836c" + "0" * 24, "69b0836d" + "1" * 24, "69b0836d" + "2" * 24]
+    for run_id in ids:
+        engine.start("sync-inventory-wide", {"store_id": "PFX"}, run_id=run_id)
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+
+    out = io.StringIO()
+    call_command("durable_explain", "69b0836c", stdout=out)
+    assert out.getvalue().startswith(f"Run {ids[0]} ")
+    assert resolve_run_id(engine, ids[1]) == ids[1]  # a whole id is itself
+    with pytest.raises(AmbiguousRunIdError) as ambiguous:
+        resolve_run_id(engine, "69b0836d")
+    assert ambiguous.value.candidates == ids[1:]
+    with pytest.raises(CommandError, match=f"ambiguous; candidates: {ids[0]}, {ids[1]}, {ids[2]} "):
+        call_command("durable_explain", "69b0836", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="no run id begins with it"):
+        call_command("durable_explain", "ffff", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="no run '100%'"):
+        call_command("durable_explain", "100%", stdout=io.StringIO())

@@ -1,4 +1,8 @@
-"""``manage.py durable_explain RUN_ID``: why a run is waiting, and behind whom (K3)."""
+"""``manage.py durable_explain RUN_ID``: why a run is waiting, and behind whom (K3).
+
+A run id may be given by an unambiguous prefix, as git takes a commit; an
+ambiguous or unknown one is an error listing the candidates (exit status 1).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ...exceptions import DurableSingletonError
 from ...runtime import get_engine
+from ._options import resolve_run_id
 
 
 class Command(BaseCommand):
@@ -19,7 +24,12 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("run_ids", nargs="+", metavar="RUN_ID", help="Run ids to explain.")
+        parser.add_argument(
+            "run_ids",
+            nargs="+",
+            metavar="RUN_ID",
+            help="Run ids to explain; an unambiguous prefix of one (as git takes a commit) will do.",
+        )
         parser.add_argument("--json", action="store_true", help="Print one JSON object per run instead of sentences.")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -27,7 +37,7 @@ class Command(BaseCommand):
         failed = []
         for run_id in options["run_ids"]:
             try:
-                explanation = engine.explain(run_id)
+                explanation = engine.explain(resolve_run_id(engine, run_id))
             except DurableSingletonError as exc:
                 failed.append(f"{run_id}: {exc}")
                 continue
