@@ -481,3 +481,18 @@ def test_long_names_break_after_separators_and_stay_escaped() -> None:
     assert breakable("store:<b>") == "store:<wbr>&lt;b&gt;"
     assert breakable("3f9a0c1d2e4b4c5d8e9f0a1b2c3d4e5f") == "3f9a0c1d<wbr>2e4b4c5d<wbr>8e9f0a1b<wbr>2c3d4e5f"
     assert breakable("supercalifragilistic") == "supercalifragilistic"
+
+
+def test_a_finished_runs_page_shows_no_park_reason(admin_client: Client, admin_engine: Engine) -> None:
+    """Issue #34 item 7 (section 6, S5): a waiter parked for its key (``park_reason`` singleton),
+    then admitted and completed, has no park reason on its page: the field reads "—" once the
+    run has finished, whatever the row keeps; an active waiter's page still names it."""
+    start_queue(admin_engine, CAPPED, "PR", 2, admit=1)
+    waiting = admin_client.get(change_url("PR-1")).content.decode()
+    assert re.search(r"Park reason:</label>\s*<div class=\"readonly\">singleton</div>", waiting), waiting
+    assert settle(admin_engine, "PR-0", "completed")
+    assert settle(admin_engine, "PR-1", "completed")
+    page = admin_client.get(change_url("PR-1")).content.decode()
+    assert Run.objects.get(pk="PR-1").status == "completed"
+    field = re.search(r"Park reason:</label>\s*<div class=\"readonly\">(.*?)</div>", page, re.S)
+    assert field is not None and "singleton" not in field[1], field and field[1]

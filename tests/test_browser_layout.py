@@ -11,6 +11,7 @@ and names wrap only after a separator (``.``, ``:``, ``-``, ``_``, ``/``), never
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
@@ -316,3 +317,31 @@ def test_run_list_shows_whole_tags_and_breaks_names_at_separators(
     assert f"singleton:{KEYS[0]}" in tags or f"singleton:{KEYS[1]}" in tags, tags
     assert all(tag in tags for tag in TAGS), tags
 
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_run_list_shows_generated_run_ids_unbroken(
+    browser: Browser, long_names: None, django_user_model: Any, width: int
+) -> None:
+    """Issue #34 item 7 (section 6): a generated run id (``uuid4().hex``, 32 hex digits) is one
+    unbroken line in the run list at 1,280 and 1,400 px (it wrapped into 3-4 uneven pieces), its
+    first 8 characters shown and the whole id in the tooltip; the list still fits."""
+    ids = [uuid.uuid4().hex for _ in range(4)]
+    for n, run_id in enumerate(ids):
+        RunFactory(
+            run_id=run_id, workflow_name=TASK, singleton_key=KEYS[n % 2], singleton_limit=2, waiter=True, tags=TAGS
+        )
+    _log_in(browser, django_user_model, width)
+    _open(browser, f"/admin/durable_singleton/run/?workflow_name={TASK}", "#result_list")
+    problems = browser.do(lambda page: page.evaluate(MEASURE, "#changelist .results"))
+    wraps = browser.do(lambda page: page.evaluate(WRAPS, "#result_list .ds-run-id"))
+    titles = browser.do(lambda page: page.eval_on_selector_all("#result_list .ds-run-id", "es => es.map(e => e.title)"))
+    generated = [w for w, title in zip(wraps, titles, strict=True) if title in ids]
+    assert sorted(t for t in titles if t in ids) == sorted(ids)
+    assert generated and all(w["lines"] == 1 for w in generated), generated
+    assert all(w["text"].rstrip("…") in ids_prefixes(ids) for w in generated), generated
+    assert not problems, f"at {width} px: {problems}"
+
+
+def ids_prefixes(ids: list[str]) -> set[str]:
+    """Return the first 8 characters of each id."""
+    return {run_id[:8] for run_id in ids}

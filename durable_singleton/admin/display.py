@@ -35,6 +35,7 @@ __all__ = [
     "overdue_html",
     "pretty_json",
     "relative",
+    "run_id_html",
     "state_label",
     "time_html",
     "unrenewed_lease",
@@ -76,6 +77,22 @@ def breakable(text: Any) -> SafeString:
             for n, piece in enumerate(pieces)
         )
     )
+
+
+#: A generated run id (``uuid4().hex``, or a uuid with dashes): hex digits and dashes only.
+_GENERATED_ID = re.compile(r"[0-9a-f]{8}-?(?:[0-9a-f]{4}-?){3}[0-9a-f]{12}")
+#: Characters of a generated run id shown in a list: enough to find it (search, durable_explain).
+SHORT_ID = 8
+
+
+def run_id_html(run_id: str) -> SafeString:
+    """Return a run id for a list's cell, the whole id in its tooltip: a generated one
+    (a uuid, 32 hex digits) as its first :data:`SHORT_ID` characters and "…", unbroken
+    (``durable_explain`` and the list's search take that prefix); any other id whole,
+    wrapping only after its separators (:func:`breakable`)."""
+    if _GENERATED_ID.fullmatch(run_id):
+        return format_html('<span class="ds-run-id ds-run-id-short" title="{}">{}…</span>', run_id, run_id[:SHORT_ID])
+    return format_html('<span class="ds-run-id" title="{}">{}</span>', run_id, breakable(run_id))
 
 
 def _decoded(value: Any) -> tuple[bool, Any]:

@@ -25,7 +25,7 @@ from ..admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, key_tag
 from ..explain import lease_words
 from ..models import Run, Signal, Step
 from ..queues import format_age
-from ..statuses import SlotState
+from ..statuses import TERMINAL_STATUSES, SlotState
 from ..values import is_text
 from .actions import EngineActionsMixin, is_action_post
 from .bounded import StorableInputMixin
@@ -38,6 +38,7 @@ from .display import (
     is_backlog_wake,
     pretty_json,
     relative,
+    run_id_html,
     state_label,
     time_html,
     unrenewed_lease,
@@ -104,7 +105,7 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
                     "lease_owner",
                     "lease_display",
                     ("attempts", "recoveries"),
-                    "park_reason",
+                    "park_reason_display",
                     "cancel_requested",
                 )
             },
@@ -166,7 +167,7 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
     # -- columns and read-only fields ------------------------------------------
     @admin.display(description=_("run id"), ordering="run_id")
     def run_id_display(self, obj: Run) -> str:
-        return format_html('<span class="ds-run-id" title="{}">{}</span>', obj.run_id, breakable(obj.run_id))
+        return run_id_html(obj.run_id)
 
     @admin.display(description=_("workflow"), ordering="workflow_name")
     def workflow_display(self, obj: Run) -> str:
@@ -325,6 +326,13 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
     @admin.display(description=_("error"))
     def error_display(self, obj: Run) -> str:
         return pretty_json(obj.error)
+
+    @admin.display(description=_("park reason"))
+    def park_reason_display(self, obj: Run) -> str:
+        # A finished run is parked for nothing: the row may keep the last park's reason (S5).
+        if obj.status in TERMINAL_STATUSES or not obj.park_reason:
+            return "—"
+        return str(obj.park_reason)
 
     @admin.display(description=_("lease expires"))
     def lease_display(self, obj: Run) -> str:
