@@ -37,8 +37,9 @@ def test_key_page_keeps_saying_the_holder_is_unrenewed_and_the_retry_overdue(
     browser: Browser, settings: Any, django_user_model: Any
 ) -> None:
     """K3, R5: in the browser, the holder's row is marked and reads "lease not renewed for
-    N s (renewed every 10 s); recovered at T", the waiter's next attempt reads "overdue
-    since", before and after the page refreshes itself; the first waiter's explanation
+    N s (renewed every 10 s); recovered at T", the waiter's next attempt reads "waiting for
+    the holder's lease to expire at T" in neutral colour (a normal recovery, D4; issue #34
+    item 7: it read a red "overdue since"), before and after the page refreshes itself; the first waiter's explanation
     waits for the recovery; the waiter's page title says "(waiting)" as its status does."""
     # A long lease: chromium may take many seconds to start on a loaded machine, and the
     # planted lease must not expire before the page is read.
@@ -79,6 +80,10 @@ def test_key_page_keeps_saying_the_holder_is_unrenewed_and_the_retry_overdue(
             "holder": page.inner_text('tr.ds-holder.ds-unrenewed[data-run-id="U1"]'),
             "title": page.get_attribute('tr.ds-holder.ds-unrenewed[data-run-id="U1"] .ds-unrenewed', "title") or "",
             "wake": page.inner_text('tr.ds-waiter[data-run-id="U2"] .ds-wake'),
+            "colour": page.eval_on_selector(
+                'tr.ds-waiter[data-run-id="U2"] .ds-wake > span', "e => getComputedStyle(e).color"
+            ),
+            "body": page.eval_on_selector('tr.ds-waiter[data-run-id="U2"]', "e => getComputedStyle(e).color"),
             "explain": page.inner_text("#ds-explain"),
         }
 
@@ -86,7 +91,8 @@ def test_key_page_keeps_saying_the_holder_is_unrenewed_and_the_retry_overdue(
     for shown in (first, wait_until(lambda: (r := browser.do(read))["stamp"] != first["stamp"] and r, 30, "a refresh")):
         assert re.search(UNRENEWED, shown["holder"]), shown
         assert re.search(UNRENEWED_TITLE, shown["title"]), shown
-        assert shown["wake"].startswith("overdue since"), shown
+        assert shown["wake"].startswith("waiting for the holder's lease to expire at"), shown
+        assert shown["colour"] == shown["body"], shown
         assert "until the recovery of U1" in shown["explain"], shown
     browser.shot("admin-queue-key-unrenewed-holder")
 

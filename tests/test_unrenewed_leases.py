@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from durable_singleton import heartbeat
 from durable_singleton.conf import Settings
@@ -257,8 +258,9 @@ def test_metrics_count_unrenewed_leases_per_workflow(manual: Engine) -> None:
 def test_admin_pages_say_the_same_about_an_unrenewed_holder_and_an_overdue_waiter(
     manual: Engine, admin_client: Any
 ) -> None:
-    """K3, R5: the key page marks the holder's row unrenewed with the same words as explain,
-    shows the waiter's past retry as "overdue since" (not a past "next attempt"); the
+    """K3, R5, D4: the key page marks the holder's row unrenewed with the same words as explain;
+    the waiter's past retry reads, in neutral words, "waiting for the holder's lease to expire
+    at T" (a normal recovery: never a red "overdue since", issue #34 item 7); the
     waiter's page is titled "(waiting)" as its status reads, and its "doing" is its place in
     line, never "parked, next turn in ..." beside an estimate; the holder's page says its lease
     was not renewed."""
@@ -278,12 +280,17 @@ def test_admin_pages_say_the_same_about_an_unrenewed_holder_and_an_overdue_waite
     assert "lease not renewed for 1" in holder_row[2] and "(renewed every 10 s); recovered at " in holder_row[2]
     assert '<td class="ds-cause" data-cause="unrenewed">not renewed</td>' in holder_row[2]
     waiter_row = re.search(r'<tr class="ds-waiter" data-run-id="W2".*?</tr>', key_page, re.S)
-    assert waiter_row is not None and "overdue since" in waiter_row[0]
+    assert waiter_row is not None and "overdue" not in waiter_row[0], waiter_row
+    expires = manual.get("W1").lease_expires_at
+    assert expires is not None
+    clock = timezone.localtime(expires).strftime("%H:%M:%S")
+    assert re.search(rf"waiting for the holder(&#x27;|')s lease to expire at <time[^>]*>{clock}</time>", waiter_row[0])
     assert "First in line:" in key_page and "until the recovery of W1" in key_page
 
     waiter_page = admin_client.get(reverse("admin:durable_singleton_run_change", args=["W2"])).content.decode()
     assert "sync-inventory W2 (waiting)" in waiter_page and "(pending)" not in waiter_page
     assert "parked, next turn" not in waiter_page and "in line for a slot" in waiter_page
+    assert "overdue since" not in waiter_page and "lease to expire at" in waiter_page
 
     holder_page = admin_client.get(reverse("admin:durable_singleton_run_change", args=["W1"])).content.decode()
     assert "lease not renewed for 1" in holder_page and "it is not known to be running" in holder_page

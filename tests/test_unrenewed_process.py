@@ -86,7 +86,8 @@ def test_a_killed_holder_is_said_to_be_unrenewed_everywhere_until_its_recovery(
       0 s, though the key's last run took 0.2 s);
     * ``durable_health`` warns about the holder and exits 0 (the tick will recover it);
     * the admin's key page marks the holder's row with the same words, shows the waiter's
-      past retry as "overdue since", and the waiter's page is titled as its status reads;
+      past retry as a wait for the holder's lease to expire (not "overdue since"), and the
+      waiter's page is titled as its status reads;
 
     then a second worker recovers the holder at its lease's expiry (recoveries 1) and the
     waiter is admitted no sooner.
@@ -147,7 +148,8 @@ def test_a_killed_holder_is_said_to_be_unrenewed_everywhere_until_its_recovery(
     assert report["warnings"][0]["detail"].startswith(f"run holder of {WORKFLOW} (key '{KEY}'): lease of ")
     assert stamp in report["warnings"][0]["detail"]
 
-    # The admin: the same words; a past retry is overdue, not a "next attempt" in the past.
+    # The admin: the same words; a past retry reads as what it is, a wait for the holder's
+    # lease to expire (a normal recovery, D4), neither a past "next attempt" nor red "overdue".
     key_page = admin_client.get(
         reverse("admin:durable_singleton_run_queue_key") + f"?workflow={WORKFLOW}&key={KEY}"
     ).content.decode()
@@ -155,7 +157,8 @@ def test_a_killed_holder_is_said_to_be_unrenewed_everywhere_until_its_recovery(
     assert holder_row is not None and "ds-unrenewed" in holder_row[1], key_page
     assert "lease not renewed for " in holder_row[2] and 'data-cause="unrenewed">not renewed<' in holder_row[2]
     waiter_row = re.search(r'<tr class="ds-waiter" data-run-id="waiter".*?</tr>', key_page, re.S)
-    assert waiter_row is not None and "overdue since" in waiter_row[0], waiter_row
+    assert waiter_row is not None and "overdue since" not in waiter_row[0], waiter_row
+    assert "s lease to expire at" in waiter_row[0] or "s lease expired at" in waiter_row[0], waiter_row
     waiter_page = admin_client.get(reverse("admin:durable_singleton_run_change", args=["waiter"])).content.decode()
     assert f"{WORKFLOW} waiter (waiting)" in waiter_page and "(pending)" not in waiter_page
     assert "parked, next turn" not in waiter_page

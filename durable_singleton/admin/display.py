@@ -34,6 +34,8 @@ __all__ = [
     "is_backlog_wake",
     "overdue_html",
     "pretty_json",
+    "recovery_html",
+    "recovery_of",
     "relative",
     "run_id_html",
     "state_label",
@@ -237,8 +239,40 @@ def overdue_html(value: datetime | None, now: datetime) -> SafeString | str:
     )
 
 
+def recovery_of(holders: Any, now: datetime, free_slots: int, settings: Settings | None = None) -> LeaseState | None:
+    """Return the unrenewed lease (K3) a waiter is really waiting on: when its key has no free
+    slot and a holder's lease was not renewed, that holder's (the earliest to expire), from
+    whose expiry the tick recovers it and a slot frees (D4, S7); else None. ``holders``: the
+    key's holding runs; ``now``: the database's clock (R5)."""
+    if free_slots > 0:
+        return None
+    leases = [lease for run in holders if (lease := unrenewed_lease(run, now, settings)) is not None]
+    return min(leases, key=lambda lease: lease.expires_at, default=None)
+
+
+def recovery_html(lease: LeaseState, now: datetime) -> SafeString:
+    """Return, in neutral words, what a waiter behind a holder whose lease was not renewed
+    waits for (a normal recovery, not a fault, D4): "waiting for the holder's lease to expire
+    at T", or, once it has, that the tick recovers the holder."""
+    at = format_html('<time datetime="{}">{}</time>', lease.expires_at.isoformat(), clock(lease.expires_at))
+    if lease.expires_at > now:
+        words = format_html("{} {}", _("waiting for the holder's lease to expire at"), at)
+    else:
+        words = format_html("{} {}{}", _("the holder's lease expired at"), at, _("; the tick recovers it"))
+    return format_html(
+        '<span class="ds-recovery" title="{}">{}</span>',
+        _("its holder's lease %(words)s") % {"words": lease_words(lease, at=clock)},
+        words,
+    )
+
+
 def activity(
-    run: Any, steps_done: int | None, last_step: str | None, now: datetime, settings: Settings | None = None
+    run: Any,
+    steps_done: int | None,
+    last_step: str | None,
+    now: datetime,
+    settings: Settings | None = None,
+    recovery: LeaseState | None = None,
 ) -> SafeString | str:
     """Return what an active run is doing: the step a running body is in, that its
     lease was not renewed (K3), or why it is parked.
@@ -247,7 +281,9 @@ def activity(
     R4); ``last_step``: the name of the last one. A running body is inside
     step ``steps_done + 1`` (or between steps); its name is known once stored.
     ``now`` is the database's clock (:func:`db_now`), on which leases are
-    judged (R5); ``settings`` default to the default engine's.
+    judged (R5); ``settings`` default to the default engine's. ``recovery``: the
+    unrenewed lease of the holder a waiter waits on (:func:`recovery_of`), said
+    instead of a past next try.
     """
     done = steps_done or 0
     if run.status == RunStatus.RUNNING:
@@ -289,6 +325,9 @@ def activity(
                 "when": relative(run.wake_at, now)
             }
         if run.wake_at is not None and run.wake_at <= now:
+            if recovery is not None:
+                # A normal recovery (D4): the slot frees at the holder's lease expiry, not a fault.
+                return format_html("{}; {}", _("in line for a slot"), recovery_html(recovery, now))
             return format_html(
                 "{} {}", _("in line for a slot; next try overdue since"), time_html(run.wake_at, short=True)
             )

@@ -30,7 +30,17 @@ from .. import admission, queues
 from ..admission import KEY_MAX_LENGTH
 from ..queues import format_age
 from ..statuses import SlotState
-from .display import BACKLOG_NOTE, activity, db_now, is_backlog_wake, overdue_html, state_label, unrenewed_lease
+from .display import (
+    BACKLOG_NOTE,
+    activity,
+    db_now,
+    is_backlog_wake,
+    overdue_html,
+    recovery_html,
+    recovery_of,
+    state_label,
+    unrenewed_lease,
+)
 from .params import choice_param, page_param, refresh_param, text_param
 
 __all__ = ["QueuePagesMixin"]
@@ -261,6 +271,8 @@ class QueuePagesMixin:
             return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
 
         free_slots = admission.free_slots(queue.limit, len(queue.holders), paused=queue.paused)
+        # A holder whose lease was not renewed holds the slot until it expires (K3, D4).
+        recovery = recovery_of([h.run for h in queue.holders], now, free_slots)
 
         def entry(item: queues.QueuedRun) -> dict[str, Any]:
             run = item.run
@@ -288,10 +300,13 @@ class QueuePagesMixin:
                 # A waiter's queue TTL, on the database's clock as the tick judges it (X2, R5).
                 "expiry": queues.queue_ttl_words(queues.queue_ttl_left(run, now)),
                 "legacy": run.singleton_slot != SlotState.HOLDER and item.position is None,
-                "doing": activity(run, item.steps_done, item.last_step, now),
+                "doing": activity(run, item.steps_done, item.last_step, now, recovery=recovery),
                 "unrenewed": unrenewed,
-                # A wake time that has come and nobody took the turn reads "overdue since" (K3).
-                "wake": overdue_html(run.wake_at, now),
+                # A wake time that has come and nobody took the turn reads "overdue since" (K3),
+                # unless the waiter waits on a dead holder's lease: a normal recovery (D4).
+                "wake": overdue_html(run.wake_at, now)
+                if recovery is None or item.position is None or run.wake_at is None or run.wake_at > now
+                else recovery_html(recovery, now),
                 # Waiters further back retry late; a release or the tick's catch-up admits them (S7, S8a).
                 "on_release": is_backlog_wake(run, now),
             }

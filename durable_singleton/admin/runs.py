@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
-from .. import queues
+from .. import admission, queues
 from ..admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, key_tag
 from ..explain import lease_words
 from ..models import Run, Signal, Step
@@ -37,6 +37,7 @@ from .display import (
     db_now,
     is_backlog_wake,
     pretty_json,
+    recovery_of,
     relative,
     run_id_html,
     state_label,
@@ -201,7 +202,14 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
         if obj.status not in ACTIVE_STATUSES:
             return "—"
         last = Step.objects.filter(run_id=obj.pk).order_by("-position").values_list("position", "name").first()
-        return activity(obj, last[0] + 1 if last else 0, last[1] if last else None, db_now())
+        now = db_now()
+        recovery = None
+        if obj.singleton_slot == SlotState.WAITER and obj.singleton_key and obj.wake_at and obj.wake_at <= now:
+            # A past next try: is it waiting on a holder whose lease was not renewed (K3, D4)?
+            key = queues.key_queue(obj.workflow_name, obj.singleton_key, limit=0)
+            free = admission.free_slots(key.limit, len(key.holders), paused=key.paused)
+            recovery = recovery_of([h.run for h in key.holders], now, free)
+        return activity(obj, last[0] + 1 if last else 0, last[1] if last else None, now, recovery=recovery)
 
     @admin.display(description=_("times"))
     def times_display(self, obj: Run) -> str:
