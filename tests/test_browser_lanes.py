@@ -5,6 +5,7 @@ docs' picture (``artifacts/lanes.png``; docs/_static/admin-lanes.png is a copy).
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlencode
 
@@ -145,3 +146,79 @@ def test_a_burst_on_one_key_backs_up_only_its_lane(
     wait_until(
         lambda: Run.objects.filter(run_id__in=burst, status="completed").count() == len(burst), 90, "the burst to drain"
     )
+
+
+#: Every text box of the drawing, and each lane's label with the marks drawn near it.
+BOXES = r"""() => {
+  const svg = document.querySelector('#ds-lanes-svg');
+  const box = (e) => { const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, r: r.right, b: r.bottom}; };
+  const name = (e) => (e.getAttribute('class') || e.tagName) + ' "' + (e.textContent || '').trim().slice(0, 30) + '"';
+  return {
+    texts: [...svg.querySelectorAll('text')].filter(t => t.getBBox().width > 0).map(t => ({name: name(t), ...box(t)})),
+    lanes: [...svg.querySelectorAll('.ds-lane')].map(l => ({
+      key: l.dataset.key,
+      label: box(l.querySelector('.ds-lane-label')),
+      marks: [...l.querySelectorAll('.ds-admit, .ds-handoff')].map(m => ({name: name(m), ...box(m)})),
+    })),
+    legend: document.querySelector('.ds-lanes-legend').innerText,
+  };
+}"""
+
+
+def _meet(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Tell whether two boxes overlap by more than half a pixel each way."""
+    return a["x"] < b["r"] - 0.5 and b["x"] < a["r"] - 0.5 and a["y"] < b["b"] - 0.5 and b["y"] < a["b"] - 0.5
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_no_two_texts_of_the_drawing_overlap_and_no_mark_covers_a_label(
+    browser: Browser, settings: Any, django_user_model: Any, width: int
+) -> None:
+    """Issue #34 item 5 (section 6, S7): at 1,280 and 1,400 px, for every window length
+    offered, no two text boxes of the lanes drawing overlap (the axis labels ``-1 min`` and
+    ``now`` did in the 10-minute window, ``-30 s`` and ``now`` in the 5-minute one), no
+    admission mark or handoff line covers its lane's label, and the legend names the amber
+    bar of a holder whose lease was not renewed (K3)."""
+    from durable_singleton.admin.lanes import MINUTE_CHOICES
+
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
+    engine.dispatcher.queue.clear()
+    start_queue(engine, CAPPED, "T", 3, admit=1)
+    start_queue(engine, CAPPED, "U", 2, admit=1)
+    assert settle(engine, "T-0", "completed")  # an admission and a handoff in the window
+    # Stamped 50 s ago (as the claim and the release stamp them, on the store's clock), so that in
+    # every window the admission and the handoff are drawn left, under the lane's label line.
+    now = engine.store.now()
+    ago = lambda seconds: now - timedelta(seconds=seconds)  # noqa: E731
+    Run.objects.filter(pk="T-0").update(created_at=ago(58), admitted_at=ago(57), finished_at=ago(50))
+    Run.objects.filter(pk="T-1").update(created_at=ago(57.5), admitted_at=ago(50))
+    Run.objects.filter(pk="T-2").update(created_at=ago(57))
+    base = f"/admin/durable_singleton/run/queues/lanes/?workflow={CAPPED}&refresh=0"
+    _log_in(browser, django_user_model, base, width)
+    problems = []
+    for minutes in MINUTE_CHOICES:
+
+        def read(page: Any, minutes: int = minutes) -> dict[str, Any]:
+            page.goto(f"{browser.base_url}{base}&minutes={minutes}")
+            page.wait_for_selector("#ds-lanes-svg")
+            return dict(page.evaluate(BOXES))
+
+        seen = browser.do(read)
+        texts = seen["texts"]
+        assert any("now" in t["name"] for t in texts) and len(seen["lanes"]) == 2, seen
+        problems += [
+            f"{minutes} min: {a['name']} and {b['name']} overlap"
+            for i, a in enumerate(texts)
+            for b in texts[i + 1 :]
+            if _meet(a, b)
+        ]
+        problems += [
+            f"{minutes} min: {mark['name']} covers the label of {lane['key']}"
+            for lane in seen["lanes"]
+            for mark in lane["marks"]
+            if _meet(mark, lane["label"])
+        ]
+        assert any(lane["marks"] for lane in seen["lanes"]), seen
+    assert problems == [], problems
+    assert "lease not renewed" in seen["legend"], seen["legend"]

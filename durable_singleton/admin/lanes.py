@@ -50,11 +50,18 @@ BOX = 16
 BOX_STEP = 20
 QUEUE_BOXES = 10  # boxes drawn per lane; "+N" says how many more wait
 TOP = 30
-LABEL_H = 18
+#: A lane's label line: its baseline 13 units below the lane's top, then room for the
+#: admission marks and handoff ticks that rise above the first row (they never reach the label).
+LABEL_H = 26
+LABEL_BASELINE = 13
 ROW_H = 14
 ROW_STEP = 18
 LANE_GAP = 14
 _TICK_STEPS = (5, 10, 15, 30, 60, 120, 300, 600)
+#: The axis labels' font (11 px): a generous width per character, in user units, and the
+#: least gap between two labels; a tick whose label would come closer to another is not labelled.
+_CHAR_W = 7.0
+_LABEL_GAP = 10.0
 
 
 def _clock(moment: datetime) -> str:
@@ -74,6 +81,29 @@ def _ticks(seconds: float) -> list[tuple[float, str]]:
         out.append((float(back), f"-{back // 60} min" if back % 60 == 0 else f"-{back} s"))
         back += step
     return out
+
+
+def _text_span(x: float, text: str, anchor: str) -> tuple[float, float]:
+    """Return the (left, right) an axis label of ``text`` at ``x`` takes, generously."""
+    width = len(text) * _CHAR_W
+    left = {"start": x, "middle": x - width / 2, "end": x - width}[anchor]
+    return left, left + width
+
+
+def _axis(seconds: float, start_label: str, now_label: str) -> list[dict[str, str]]:
+    """Return the axis's grid lines (``x``) and their labels: a tick's label is left out (its
+    line kept) where it would come within ``_LABEL_GAP`` of the start's, now's or a kept
+    tick's label, so no two labels overlap whatever the window."""
+    taken = [_text_span(AXIS_X0, start_label, "start"), _text_span(AXIS_X1, now_label, "end")]
+    ticks = []
+    for back, label in _ticks(seconds):
+        x = AXIS_X1 - back / seconds * (AXIS_X1 - AXIS_X0)
+        left, right = _text_span(x, label, "middle")
+        clear = all(right + _LABEL_GAP <= a or b + _LABEL_GAP <= left for a, b in taken)
+        if clear:
+            taken.append((left, right))
+        ticks.append({"x": _f(x), "label": label if clear else ""})
+    return ticks
 
 
 def _bar_class(status: str, holding: bool) -> str:
@@ -172,7 +202,7 @@ def _lane(
     return {
         "key": lane.key,
         "label": label,
-        "label_y": _f(y + 13),
+        "label_y": _f(y + LABEL_BASELINE),
         "summary": _("limit %(limit)s · %(holders)s holding · %(waiting)s waiting")
         % {"limit": lane.limit, "holders": lane.holders, "waiting": lane.waiting},
         "paused": lane.paused,
@@ -206,6 +236,8 @@ def draw(lanes: Lanes, run_url: Callable[[str], str]) -> dict[str, Any]:
         drawn.append(shapes)
         y += shapes["height"]
     height = y + 4
+    now_label = _("now")
+    start_label = _("-%(minutes)s min") % {"minutes": f"{lanes.minutes:g}"}
     return {
         "width": WIDTH,
         "height": _f(height),
@@ -214,11 +246,11 @@ def draw(lanes: Lanes, run_url: Callable[[str], str]) -> dict[str, Any]:
         "axis_width": AXIS_X1 - AXIS_X0,
         "queue_x": QUEUE_X,
         "axis_bottom": _f(height - 4),
-        "ticks": [
-            {"x": _f(AXIS_X1 - back / seconds * (AXIS_X1 - AXIS_X0)), "label": label} for back, label in _ticks(seconds)
-        ],
-        "now_label": _("now %(at)s") % {"at": timezone.localtime(lanes.now).strftime("%H:%M:%S")},
-        "start_label": _("-%(minutes)s min") % {"minutes": f"{lanes.minutes:g}"},
+        "ticks": _axis(seconds, start_label, now_label),
+        # "now" alone on the axis (the status line above gives the time), the time in its tooltip.
+        "now_label": now_label,
+        "now_title": timezone.localtime(lanes.now).strftime("%H:%M:%S"),
+        "start_label": start_label,
         "lanes": drawn,
     }
 
