@@ -107,6 +107,8 @@ class Lane:
     waiters: list[str]
     waiting: int
     holders: int
+    #: Waiters a free slot of the key would admit but for a shared quota they carry (X3d).
+    waiting_for_quota: int = 0
 
     @property
     def slots(self) -> int:
@@ -285,6 +287,9 @@ def workflow_lanes(
                 waiters=members[workflow, key].waiters if row is not None else [],
                 waiting=row.waiting if row is not None else 0,
                 holders=row.holders if row is not None else 0,
+                waiting_for_quota=row.waiting - row.waiting_for_key
+                if row is not None and row.waiting_for_key is not None and row.free_slots > 0
+                else 0,
             )
         )
     return Lanes(workflow=workflow, start=start, now=now, lanes=lanes, more_keys=more, spans_cut=cut)

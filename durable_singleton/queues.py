@@ -52,10 +52,12 @@ from .admission import (
     queue_cap,
     queue_ttl_expires_at,
     quota_lock_name,
+    quota_waiter_q,
     quota_waiting_q,
 )
 from .definitions import Registry, registry
 from .models import QuotaMembership, Run, SingletonKey, Step
+from .querysets import DbNow
 from .statuses import PARKED_STATUSES, RunStatus, SlotState
 
 __all__ = [
@@ -68,6 +70,7 @@ __all__ = [
     "QueuePage",
     "QueueRow",
     "QueuedRun",
+    "QuotaKeyQueue",
     "QuotaRow",
     "format_age",
     "holder_since",
@@ -76,7 +79,10 @@ __all__ = [
     "queue_table",
     "queue_ttl_left",
     "queue_ttl_words",
+    "quota_key_queue",
+    "quota_places",
     "quota_table",
+    "quota_waiter_cause",
     "run_cause",
     "run_place",
     "singleton_options",
@@ -665,6 +671,98 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
     return Place(SlotState.WAITER, position=ahead.count() + 1, holders=holders)
 
 
+#: A quota key's admission order (X3d, X4): the fair tag, then creation, then run id, the
+#: order in which the store's quota grant takes waiters and ``quota_queue`` counts positions.
+QUOTA_ORDER = ("tag", "created_at", "run_id")
+
+
+@dataclass(frozen=True)
+class QuotaKeyQueue:
+    """One shared quota key (X3): its limit in force (K2), its holders across workflows,
+    a page of its due waiters in admission order with 1-based positions, and counts.
+
+    ``holders`` and ``waiters`` are ``(run, position)`` pairs (position None for a
+    holder); ``waiting`` counts every due waiter, ``not_due`` the waiters whose
+    ``not_before`` has not come (X5, not in line yet)."""
+
+    quota: str
+    key: str
+    limit: int
+    max_queue_depth: int | None
+    holders: list[QueuedRun]
+    waiters: list[QueuedRun]
+    waiting: int
+    not_due: int
+    offset: int
+    paused: bool = False
+    declared: bool = True
+
+    @property
+    def workflow(self) -> str:
+        """Return ``quota:<name>``, the key table's name of the quota (X3b)."""
+        return quota_lock_name(self.quota)
+
+    @property
+    def free_slots(self) -> int:
+        """Return the quota key's free slots: none while paused, else limit in force minus holders."""
+        return free_slots(self.limit, len(self.holders), paused=self.paused)
+
+
+def quota_key_queue(
+    quota: str, key: str, *, offset: int = 0, limit: int = 100, reg: Registry = registry, using: str | None = None
+) -> QuotaKeyQueue:
+    """Return the queue of one quota key in five queries, whatever its length (X3, K3).
+
+    Holders are the memberships that hold a slot (:func:`~durable_singleton.admission.holds_quota_slot_q`,
+    at most 200, in creation order); waiters the due ones
+    (:func:`~durable_singleton.admission.quota_waiter_q` on the database's clock, R5) in
+    :data:`QUOTA_ORDER`, paged by ``offset``/``limit``: positions are the ones the
+    store's ``quota_queue`` and ``explain`` give. The limit is the declared
+    quota's (1 for a quota this process does not declare, as its claim uses) or
+    the key's runtime override (K2)."""
+    memberships = (QuotaMembership.objects.using(using) if using else QuotaMembership.objects.all()).filter(
+        quota=quota, key=key
+    )
+    holders = list(
+        memberships.filter(holds_quota_slot_q()).select_related("run").order_by("created_at", "run_id")[:200]
+    )
+    due = memberships.filter(quota_waiter_q(DbNow()))
+    counts = memberships.filter(quota_waiting_q()).aggregate(
+        waiting=Count("pk"), due=Count("pk", filter=quota_waiter_q(DbNow()))
+    )
+    waiters = list(due.select_related("run").order_by(*QUOTA_ORDER)[offset : offset + limit])
+    keys = SingletonKey.objects.using(using or router.db_for_read(SingletonKey))
+    control = keys.filter(workflow_name=quota_lock_name(quota), key=key).values_list("paused", "limit_override").first()
+    paused, override = control if control is not None else (False, None)
+    declared = reg.quotas.get(quota)
+    return QuotaKeyQueue(
+        quota=quota,
+        key=key,
+        limit=limit_in_force(declared.limit if declared else 1, override),
+        max_queue_depth=declared.max_queue_depth if declared else None,
+        holders=[QueuedRun(m.run, None, None) for m in holders],
+        waiters=[QueuedRun(m.run, offset + n + 1, None) for n, m in enumerate(waiters)],
+        waiting=counts["due"],
+        not_due=counts["waiting"] - counts["due"],
+        offset=offset,
+        paused=bool(paused),
+        declared=declared is not None,
+    )
+
+
+def quota_places(run_ids: Iterable[str], *, using: str | None = None) -> dict[str, list[tuple[str, str, str]]]:
+    """Return, for each of ``run_ids`` that carries quotas, its ``(quota, key, slot)`` triples
+    (slot ``holder``, ``waiter`` or "" once released), in one query (X3b)."""
+    ids = list(run_ids)
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    if not ids:
+        return out
+    rows = (QuotaMembership.objects.using(using) if using else QuotaMembership.objects.all()).filter(run_id__in=ids)
+    for run_id, quota, key, slot in rows.order_by("run_id", "quota").values_list("run_id", "quota", "key", "slot"):
+        out.setdefault(str(run_id), []).append((quota, key, slot or ""))
+    return out
+
+
 class Cause(enum.StrEnum):
     """Why an active singleton run is not running a body right now, in words.
 
@@ -679,6 +777,8 @@ class Cause(enum.StrEnum):
     PARKED = "holder, parked"  # sleeping, waiting for a signal or a child, blocked: keeps its slot (S6)
     NEEDS_WORKER = "waiting for a worker"  # admitted or admissible and due: no worker has taken its turn
     NEEDS_KEY = "waiting for the key"  # behind the holders: waits for a slot to free
+    # its key has room (or it has none) but it waits in a shared quota's queue (X3d)
+    NEEDS_QUOTA = "waiting for a quota"
 
 
 def run_cause(
@@ -690,6 +790,7 @@ def run_cause(
     free_slots: int,
     now: datetime,
     unrenewed: bool = False,
+    quota_waiter: bool = False,
 ) -> Cause:
     """Return why an active singleton run is where it is.
 
@@ -700,15 +801,26 @@ def run_cause(
     another holder is parked (a later or no ``wake_at``); other waiters wait
     for the key. ``unrenewed``: a running run's lease was not renewed for
     longer than the renewal interval
-    (:func:`~durable_singleton.renewals.lease_state`, K3).
+    (:func:`~durable_singleton.renewals.lease_state`, K3). ``quota_waiter``: it
+    waits in a quota key's queue (its ``quota_slot`` is ``waiter``, X3d): a waiter
+    among the first ``free_slots`` of its key then waits for a quota, not a worker.
     """
     if status == RunStatus.RUNNING:
         return Cause.UNRENEWED if unrenewed else Cause.RUNNING
     if holder:
         return Cause.NEEDS_WORKER if wake_at is not None and wake_at <= now else Cause.PARKED
     if position is not None and position <= free_slots:
-        return Cause.NEEDS_WORKER
+        return Cause.NEEDS_QUOTA if quota_waiter else Cause.NEEDS_WORKER
     return Cause.NEEDS_KEY
+
+
+def quota_waiter_cause(run: Run, position: int, free_slots: int) -> Cause:
+    """Return why a quota key's waiter at ``position`` (1-based, :data:`QUOTA_ORDER`) waits,
+    the key having ``free_slots``: behind the quota's holders (X3d), else, among the
+    first ``free_slots``, for a slot of its own singleton key (S5) or for a worker."""
+    if position > free_slots:
+        return Cause.NEEDS_QUOTA
+    return Cause.NEEDS_KEY if run.singleton_slot == SlotState.WAITER else Cause.NEEDS_WORKER
 
 
 def iter_rows(page: QueuePage, now: datetime) -> Iterable[dict[str, Any]]:

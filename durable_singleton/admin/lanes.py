@@ -204,7 +204,12 @@ def _lane(
         "label": label,
         "label_y": _f(y + LABEL_BASELINE),
         "summary": _("limit %(limit)s · %(holders)s holding · %(waiting)s waiting")
-        % {"limit": lane.limit, "holders": lane.holders, "waiting": lane.waiting},
+        % {"limit": lane.limit, "holders": lane.holders, "waiting": lane.waiting}
+        + (
+            " " + _("(%(count)s for a shared quota: see the queue page)") % {"count": lane.waiting_for_quota}
+            if lane.waiting_for_quota
+            else ""
+        ),
         "paused": lane.paused,
         "slots": [{"y": _f(row_y(i)), "h": ROW_H} for i in range(lane.slots)],
         "bars": bars,

@@ -27,7 +27,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from .. import admission, queues
-from ..admission import KEY_MAX_LENGTH
+from ..admission import KEY_MAX_LENGTH, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH
 from ..queues import format_age
 from ..statuses import SlotState
 from .display import (
@@ -80,6 +80,8 @@ class QueuePagesMixin:
     queues_template: str | None = None
     #: Template of one key's queue; None: ``admin/durable_singleton/queue_key.html``.
     queue_key_template: str | None = None
+    #: Template of one quota key's queue; None: ``admin/durable_singleton/quota_key.html``.
+    quota_key_template: str | None = None
     #: Seconds between refreshes of the open queue pages (0: never); ``?refresh=N`` overrides.
     queue_refresh_seconds = 2
     #: Rows per page of the queue table, and waiters per page of a key's queue.
@@ -100,6 +102,11 @@ class QueuePagesMixin:
         return [
             path("queues/", self.admin_site.admin_view(self.queues_view), name="{}_{}_queues".format(*info)),
             path("queues/key/", self.admin_site.admin_view(self.queue_key_view), name="{}_{}_queue_key".format(*info)),
+            path(
+                "queues/quota/",
+                self.admin_site.admin_view(self.quota_key_view),
+                name="{}_{}_quota_key".format(*info),
+            ),
             *super().get_urls(),  # type: ignore[misc]
         ]
 
@@ -108,6 +115,9 @@ class QueuePagesMixin:
 
     def _key_url(self, workflow: str, key: str) -> str:
         return f"{self._url('queue_key')}?{urlencode({'workflow': workflow, 'key': key})}"
+
+    def _quota_url(self, quota: str, key: str) -> str:
+        return f"{self._url('quota_key')}?{urlencode({'quota': quota, 'key': key})}"
 
     def _change_url(self, run_id: str) -> str:
         return reverse(
@@ -184,6 +194,10 @@ class QueuePagesMixin:
                 # A free slot under the limit in force (a paused key has none, K2) and a
                 # waiter it alone admits: one that carries no quota (X3d).
                 "stalled": row.stalled,
+                # Waiters its free slot would admit but for a shared quota they carry (X3d).
+                "quota_waiters": row.waiting - row.waiting_for_key
+                if row.free_slots > 0 and row.waiting_for_key is not None
+                else 0,
                 # A free slot with waiters is normal for the moment a claim takes; for long, not (S8a).
                 "stuck": row.stalled and (row.oldest_wait_seconds(now) or 0) > 10,
             }
@@ -193,6 +207,7 @@ class QueuePagesMixin:
         quota_rows = [
             {
                 "row": q,
+                "url": self._quota_url(q.quota, q.key),
                 "age": format_age(None if q.oldest_waiter_at is None else (now - q.oldest_waiter_at).total_seconds()),
             }
             for q in queues.quota_table(limit=self.queue_per_page)
@@ -274,6 +289,11 @@ class QueuePagesMixin:
         # A holder whose lease was not renewed holds the slot until it expires (K3, D4).
         recovery = recovery_of([h.run for h in queue.holders], now, free_slots)
 
+        # The quota keys each listed run carries (X3b), one query: a waiter its key would admit
+        # may wait for one of them (X3d), and the page says which, linked to its queue.
+        listed = [*queue.holders, *page.object_list]
+        carried = queues.quota_places([item.run.run_id for item in listed if item.run.quota_slot == SlotState.WAITER])
+
         def entry(item: queues.QueuedRun) -> dict[str, Any]:
             run = item.run
             since = item.since
@@ -289,7 +309,13 @@ class QueuePagesMixin:
                     free_slots=free_slots,
                     now=now,
                     unrenewed=unrenewed,
+                    quota_waiter=run.quota_slot == SlotState.WAITER,
                 ),
+                "quotas": [
+                    {"quota": q, "key": k, "url": self._quota_url(q, k)}
+                    for q, k, slot in carried.get(run.run_id, [])
+                    if slot == SlotState.WAITER
+                ],
                 "run": run,
                 "position": item.position,
                 "url": self._change_url(run.run_id),
@@ -346,6 +372,86 @@ class QueuePagesMixin:
             or [
                 f"admin/{self.opts.app_label}/{self.opts.model_name}/queue_key.html",
                 f"admin/{self.opts.app_label}/queue_key.html",
+            ],
+            context,
+        )
+
+    def quota_key_view(self, request: HttpRequest) -> HttpResponse:
+        """Show one shared quota key (X3, K3): its holders across workflows and its due waiters
+        in the quota's admission order with their positions and why each waits."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        quota = text_param(request, "quota", QUOTA_NAME_MAX_LENGTH)
+        key = text_param(request, "key", QUOTA_KEY_MAX_LENGTH)
+        if not quota or not key:
+            return HttpResponseRedirect(self._url("queues"))
+        per_page = self.queue_per_page
+        fetched: list[queues.QuotaKeyQueue] = []
+
+        def fetch(offset: int, limit: int) -> tuple[Sequence[queues.QueuedRun], int]:
+            queue = queues.quota_key_queue(quota, key, offset=offset, limit=limit)
+            fetched[:] = [queue]
+            return queue.waiters, queue.waiting
+
+        paginator: Paginator[queues.QueuedRun] = Paginator(
+            _OnePageAtATime(fetch, per_page, (page_param(request) - 1) * per_page),  # type: ignore[arg-type]
+            per_page,
+        )
+        page = paginator.get_page(page_param(request))
+        queue = fetched[0]
+        now = db_now()  # leases and due times are judged on the database's clock (R5, K3)
+
+        def page_url(n: int) -> str:
+            return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
+
+        def entry(item: queues.QueuedRun) -> dict[str, Any]:
+            run = item.run
+            unrenewed = unrenewed_lease(run, now) is not None
+            if item.position is None:
+                cause = queues.run_cause(
+                    status=run.status,
+                    holder=True,
+                    wake_at=run.wake_at,
+                    position=None,
+                    free_slots=0,
+                    now=now,
+                    unrenewed=unrenewed,
+                )
+            else:
+                cause = queues.quota_waiter_cause(run, item.position, queue.free_slots)
+            return {
+                "run": run,
+                "position": item.position,
+                "cause": cause,
+                "url": self._change_url(run.run_id),
+                "key_url": self._key_url(run.workflow_name, run.singleton_key) if run.singleton_key else None,
+                "state": state_label(run),
+                "unrenewed": unrenewed,
+                "waited": format_age((now - run.created_at).total_seconds()),
+                "wake": overdue_html(run.wake_at, now),
+            }
+
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Quota %(quota)s, key %(key)s") % {"quota": quota, "key": key},
+            "subtitle": None,
+            "has_view_permission": True,
+            "queue": queue,
+            "holders": [entry(h) for h in queue.holders],
+            "waiters": [entry(w) for w in page.object_list],
+            "now": now,
+            "refresh": self._refresh(request),
+            "queues_url": self._url("queues"),
+            **self._paging(page, page_url),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request,
+            self.quota_key_template
+            or [
+                f"admin/{self.opts.app_label}/{self.opts.model_name}/quota_key.html",
+                f"admin/{self.opts.app_label}/quota_key.html",
             ],
             context,
         )
