@@ -83,6 +83,7 @@ __all__ = [
     "quota_places",
     "quota_table",
     "quota_waiter_cause",
+    "quota_workflows",
     "run_cause",
     "run_place",
     "singleton_options",
@@ -220,6 +221,12 @@ def singleton_options(reg: Registry = registry) -> dict[str, tuple[int, int | No
         for name, d in list(reg.latest.items())
         if d.singleton is not None
     }
+
+
+def quota_workflows(reg: Registry = registry) -> dict[str, tuple[str, ...]]:
+    """Return ``{workflow: quota names}`` of the latest registered versions that carry
+    shared quotas (X3), a workflow with no singleton key among them."""
+    return {name: tuple(q.name for q in d.quotas) for name, d in list(reg.latest.items()) if d.quotas}
 
 
 def queue_ttl_left(run: Run, now: datetime, reg: Registry = registry) -> float | None:
@@ -433,10 +440,15 @@ class QuotaRow:
         return free_slots(self.limit, self.holders, paused=self.paused)
 
 
-def quota_table(*, limit: int = 50, reg: Registry = registry, using: str | None = None) -> list[QuotaRow]:
+def quota_table(
+    *, limit: int = 50, quotas: Iterable[str] | None = None, reg: Registry = registry, using: str | None = None
+) -> list[QuotaRow]:
     """Return up to ``limit`` quota keys with active members, most waiters first
-    (X3j): one grouped query on ``ds_quota_order_idx`` and one of their controls."""
+    (X3j): one grouped query on ``ds_quota_order_idx`` and one of their controls.
+    ``quotas``: only the keys of these quota names (None: every quota)."""
     memberships = QuotaMembership.objects.using(using) if using else QuotaMembership.objects.all()
+    if quotas is not None:
+        memberships = memberships.filter(quota__in=sorted(set(quotas)))
     waiting = quota_waiting_q()
     groups = list(
         memberships.filter(slot__isnull=False, run__status__in=ACTIVE_STATUSES)

@@ -108,3 +108,18 @@ def test_the_lanes_say_a_free_keys_waiter_waits_for_a_quota(admin_client: Client
     quota, instead of a bare "0 holding · 1 waiting"."""
     html = admin_client.get(reverse("admin:durable_singleton_run_lanes"), {"workflow": "keyed"}).content.decode()
     assert "0 holding · 1 waiting (1 for a shared quota" in html, html
+
+
+def test_a_quota_only_workflow_is_in_the_queue_pages_workflow_filter(
+    admin_client: Client, shared: Engine, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X3, section 6: ``plain`` carries the quota and no singleton key; the queue page's
+    workflow filter offers it, and choosing it lists the shared quota keys its runs carry
+    (billing · acme), while a workflow without quotas lists none."""
+    monkeypatch.setitem(declared.latest, "plain", registry.latest["plain"])  # the admin reads the process's registry
+    html = admin_client.get(QUEUES).content.decode()
+    assert re.search(r'href="\?workflow=plain"[^>]*>plain<', html), html
+    chosen = admin_client.get(QUEUES, {"workflow": "plain"})
+    assert [(i["row"].quota, i["row"].key) for i in chosen.context["quota_rows"]] == [("billing", "acme")]
+    other = admin_client.get(QUEUES, {"workflow": "sync-inventory"})
+    assert other.context["quota_rows"] == []

@@ -204,15 +204,21 @@ class QueuePagesMixin:
             for row in page.object_list
         ]
         # The shared quotas (X3j): their busiest keys, beside the singleton keys' table.
+        carried = queues.quota_workflows()
         quota_rows = [
             {
                 "row": q,
                 "url": self._quota_url(q.quota, q.key),
                 "age": format_age(None if q.oldest_waiter_at is None else (now - q.oldest_waiter_at).total_seconds()),
             }
-            for q in queues.quota_table(limit=self.queue_per_page)
+            for q in queues.quota_table(
+                limit=self.queue_per_page,
+                # A chosen workflow narrows the shared quotas to those its runs carry (X3).
+                quotas=carried.get(workflow, ()) if workflow else None,
+            )
         ]
-        workflows = sorted({*queues.singleton_options(), *([workflow] if workflow else [])})
+        # Workflows with a singleton key or shared quotas: a quota-only one has rows below only.
+        workflows = sorted({*queues.singleton_options(), *carried, *([workflow] if workflow else [])})
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
