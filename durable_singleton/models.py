@@ -383,7 +383,10 @@ class TurnNotice(models.Model):
     class Meta:
         verbose_name = _("turn notice")
         verbose_name_plural = _("turn notices")
-        indexes = [models.Index(fields=["queue", "id"], name="ds_turn_queue_idx")]
+        indexes = [
+            models.Index(fields=["queue", "id"], name="ds_turn_queue_idx"),
+            models.Index(fields=["run_id"], name="ds_turn_run_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"turn of {self.run_id} ({self.queue})"
@@ -396,7 +399,8 @@ class WorkerProcess(models.Model):
     ``name`` is the prefix of its lease owners (``host:pid``). The row is
     refreshed every ``WORKER_HEARTBEAT_SECONDS`` and deleted on a clean stop;
     a row older than ``WORKER_DEAD_SECONDS`` belongs to a dead process, whose
-    runs the tick takes back (:mod:`durable_singleton.liveness`).
+    runs the tick takes back
+    (:func:`~durable_singleton.stores.turns.release_dead_workers`).
     """
 
     name = models.CharField(_("name"), max_length=191, primary_key=True)

@@ -105,7 +105,9 @@ class PullDispatcher(ThreadDispatcher):
         """Write one notice per run, in one INSERT, in the current transaction."""
         if not run_ids:
             return
-        add_notices(self._db(), list(run_ids), queue)
+        # The tick's redelivery of a run still waiting for a free thread adds no second notice (S8).
+        tick = threading.current_thread().name == TICK_THREAD
+        add_notices(self._db(), list(run_ids), queue, unless_pending=tick)
         if self.running:  # this worker's own fetcher looks at once after the commit
             self.on_commit(self._wake.set)
 
@@ -300,7 +302,7 @@ class PullDispatcher(ThreadDispatcher):
                 try:
                     self.refresh_connections()
                     if hold_tick_lease(db, self.name, lease):
-                        release_dead_workers(db, self.dead_seconds)
+                        release_dead_workers(db, self.dead_seconds, alive=self.name)
                         self.engine.tick()
                 except Exception:
                     logger.exception("tick failed")

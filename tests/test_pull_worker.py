@@ -246,3 +246,69 @@ def test_the_new_settings_are_checked() -> None:
     ]:
         with override_settings(DURABLE_SINGLETON=value):
             assert code in [e.id for e in check_settings()], value
+
+
+def test_the_ticks_redelivery_adds_no_second_notice_to_a_run_that_has_one() -> None:
+    """S8, O7: a run still waiting for a free worker thread (its notice not
+    taken) is due again after REDELIVERY_SECONDS; the tick's redelivery, run
+    on a worker's tick thread, writes no second notice beside the pending
+    one, so a saturated deployment does not pile notices up; a run whose
+    notice was taken (and lost) gets a new one."""
+    import threading
+
+    from durable_singleton.dispatch import TICK_THREAD
+
+    engine = build_engine(Settings.from_mapping({"DISPATCH": "worker", "REDELIVERY_SECONDS": 0.0}))
+    engine.start(WORKFLOW, {"store_id": "dup", "seconds": 0}, run_id="dup-1")
+    assert TurnNotice.objects.filter(run_id="dup-1").count() == 1
+
+    def tick() -> None:
+        engine.tick()
+        engine.close_thread_resources()
+
+    for _ in range(2):
+        thread = threading.Thread(target=tick, name=TICK_THREAD)
+        thread.start()
+        thread.join(60)
+    assert TurnNotice.objects.filter(run_id="dup-1").count() == 1
+    TurnNotice.objects.all().delete()  # taken by a worker that died
+    thread = threading.Thread(target=tick, name=TICK_THREAD)
+    thread.start()
+    thread.join(60)
+    assert TurnNotice.objects.filter(run_id="dup-1").count() == 1
+
+
+def test_a_worker_never_takes_back_its_own_runs(web: Engine) -> None:
+    """O6, R5: the ticking worker's own registry row, late because its
+    heartbeat thread was held up, is never taken for dead: its runs keep
+    their leases; another silent worker's runs are taken back."""
+    from datetime import timedelta
+
+    from durable_singleton.stores.turns import release_dead_workers
+
+    now = web.store.now()
+    for name in ("me:1", "gone:2"):
+        WorkerProcess.objects.create(
+            name=name,
+            host=name[:-2],
+            pid=int(name[-1]),
+            mode="worker",
+            threads=1,
+            started_at=now,
+            last_seen_at=now - timedelta(seconds=60),
+        )
+        Run.objects.create(
+            run_id=f"held-{name}",
+            workflow_name=WORKFLOW,
+            workflow_version="1",
+            status="running",
+            created_at=now,
+            updated_at=now,
+            lease_owner=f"{name}:abc",
+            lease_expires_at=now + timedelta(seconds=300),
+        )
+    (dead,) = release_dead_workers("default", 10.0, alive="me:1")
+    assert dead.name == "gone:2" and dead.runs == ("held-gone:2",)
+    assert Run.objects.get(pk="held-me:1").lease_expires_at > web.store.now()
+    assert Run.objects.get(pk="held-gone:2").lease_expires_at <= web.store.now()
+    assert list(WorkerProcess.objects.values_list("name", flat=True)) == ["me:1"]

@@ -74,7 +74,10 @@ class Migration(migrations.Migration):
             options={
                 'verbose_name': 'turn notice',
                 'verbose_name_plural': 'turn notices',
-                'indexes': [models.Index(fields=['queue', 'id'], name='ds_turn_queue_idx')],
+                'indexes': [
+                    models.Index(fields=['queue', 'id'], name='ds_turn_queue_idx'),
+                    models.Index(fields=['run_id'], name='ds_turn_run_idx'),
+                ],
             },
         ),
         migrations.RunPython(create_trigger, drop_trigger),

@@ -52,14 +52,23 @@ def can_notify(db: str) -> bool:
     return connections[db].vendor == "postgresql"
 
 
-def add_notices(db: str, run_ids: Sequence[str], queue: str | None) -> None:
+def add_notices(db: str, run_ids: Sequence[str], queue: str | None, *, unless_pending: bool = False) -> None:
     """Write one notice per run of ``run_ids`` for ``queue`` (None: the
     default queue) in the current transaction of ``db`` (one INSERT); on
-    PostgreSQL the trigger NOTIFYs as that transaction commits."""
+    PostgreSQL the trigger NOTIFYs as that transaction commits.
+
+    ``unless_pending``: skip the runs that have a notice not taken yet (the
+    tick's redelivery of runs that wait for a free worker thread, S8, adds
+    none beside the one they have).
+    """
     from ..models import TurnNotice
 
-    notices = [TurnNotice(run_id=run_id, queue=queue or DEFAULT_QUEUE) for run_id in run_ids]
-    TurnNotice.objects.using(db).bulk_create(notices)
+    rows = TurnNotice.objects.using(db)
+    if unless_pending:
+        pending = set(rows.filter(run_id__in=list(run_ids)).values_list("run_id", flat=True))
+        run_ids = [run_id for run_id in run_ids if run_id not in pending]
+    if run_ids:
+        rows.bulk_create([TurnNotice(run_id=run_id, queue=queue or DEFAULT_QUEUE) for run_id in run_ids])
 
 
 def _notices(db: str, queues: Sequence[str]) -> Any:
@@ -206,7 +215,7 @@ class DeadWorker:
     runs: tuple[str, ...]
 
 
-def release_dead_workers(db: str, dead_seconds: float) -> list[DeadWorker]:
+def release_dead_workers(db: str, dead_seconds: float, *, alive: str = "") -> list[DeadWorker]:
     """Take back the runs of every worker process not seen for ``dead_seconds`` (O6).
 
     Each running run whose lease owner is that process (``name:...``) gets
@@ -214,12 +223,17 @@ def release_dead_workers(db: str, dead_seconds: float) -> list[DeadWorker]:
     end as read (R5, R5a: a run renewed or taken meanwhile is left alone), so
     the tick's recovery re-drives it as an expired lease (D4). One log line
     per run names the dead owner; then the row is deleted. All on the
-    database's clock.
+    database's clock. ``alive`` names the calling process, never taken for
+    dead (its own heartbeat may be late while it ticks).
     """
     from ..models import Run, WorkerProcess
 
     now = _db_now(db)
-    stale = WorkerProcess.objects.using(db).filter(last_seen_at__lt=now - timedelta(seconds=dead_seconds))
+    stale = (
+        WorkerProcess.objects.using(db)
+        .filter(last_seen_at__lt=now - timedelta(seconds=dead_seconds))
+        .exclude(name=alive)
+    )
     found = []
     for worker in list(stale):
         silent = (now - worker.last_seen_at).total_seconds()
