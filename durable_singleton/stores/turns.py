@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import select
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -120,7 +121,8 @@ class Listener:
         params = connection.get_connection_params()
         self.connection = connection.get_new_connection(params)
         self.connection.autocommit = True
-        self.connection.execute(f"LISTEN {CHANNEL}")
+        with self.connection.cursor() as cursor:
+            cursor.execute(f"LISTEN {CHANNEL}")
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a notice; True if one (or more) came."""
@@ -130,9 +132,15 @@ class Listener:
         return got
 
     def _notifies(self, timeout: float) -> Iterator[Any]:
-        # psycopg 3.2+: a generator of the notices that arrive within timeout
-        # and, with stop_after, stops at the first batch.
-        yield from self.connection.notifies(timeout=timeout, stop_after=1)
+        if callable(self.connection.notifies):
+            # psycopg 3.2+: the notices that arrive within timeout; stop_after ends at the first batch.
+            yield from self.connection.notifies(timeout=timeout, stop_after=1)
+            return
+        # psycopg2: wait on the socket, then read what arrived.
+        if not self.connection.notifies and select.select([self.connection], [], [], timeout)[0]:
+            self.connection.poll()
+        while self.connection.notifies:
+            yield self.connection.notifies.pop(0)
 
     def fileno(self) -> int:
         """The socket of the connection (for ``select``)."""
