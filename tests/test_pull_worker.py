@@ -312,3 +312,18 @@ def test_a_worker_never_takes_back_its_own_runs(web: Engine) -> None:
     assert Run.objects.get(pk="held-me:1").lease_expires_at > web.store.now()
     assert Run.objects.get(pk="held-gone:2").lease_expires_at <= web.store.now()
     assert list(WorkerProcess.objects.values_list("name", flat=True)) == ["me:1"]
+
+
+def test_a_worker_takes_only_the_queues_it_names(workers: DurableWorkers, web: Engine) -> None:
+    """O1: ``durable_worker --queues ds-faults`` takes the turns of workflows
+    declared with that queue and leaves the default queue's: a run of the
+    default queue started first is still pending with its notice when the
+    later ds-faults run has completed (the fetch is oldest first, so a worker
+    that ignored --queues would have taken it first)."""
+    worker = workers.start(env=worker_env(workers), args=("--queues=ds-faults",))
+    assert WorkerProcess.objects.get(pid=worker.pid).queues == "ds-faults"
+    default = web.start(WORKFLOW, {"store_id": "qd", "seconds": 0}, run_id="q-default")
+    isolated = web.start("fault-hold-isolated", {"store_id": "qi", "seconds": 0}, run_id="q-isolated")
+    wait_for(lambda: all_completed([isolated.run_id]), 60, "the ds-faults run completed", workers.logs)
+    assert Run.objects.get(pk=default.run_id).status == "pending"
+    assert list(TurnNotice.objects.values_list("run_id", "queue")) == [("q-default", "default")]
