@@ -327,3 +327,20 @@ def test_a_worker_takes_only_the_queues_it_names(workers: DurableWorkers, web: E
     wait_for(lambda: all_completed([isolated.run_id]), 60, "the ds-faults run completed", workers.logs)
     assert Run.objects.get(pk=default.run_id).status == "pending"
     assert list(TurnNotice.objects.values_list("run_id", "queue")) == [("q-default", "default")]
+
+
+def test_one_process_at_a_time_holds_the_ticks_lease() -> None:
+    """O1b: the tick's lease is held by one owner at a time, by
+    compare-and-set on the database's clock: a second worker cannot take it
+    while it runs, takes it once it ended (its holder died), and at once
+    after a clean stop released it."""
+    from durable_singleton.stores.turns import hold_tick_lease, release_tick_lease
+
+    assert hold_tick_lease("default", "a:1", 60.0)
+    assert hold_tick_lease("default", "a:1", 60.0)  # its holder keeps it
+    assert not hold_tick_lease("default", "b:2", 60.0)
+    release_tick_lease("default", "a:1")
+    assert hold_tick_lease("default", "b:2", 0.2)
+    assert not hold_tick_lease("default", "a:1", 60.0)
+    wait_for(lambda: hold_tick_lease("default", "a:1", 60.0), 30, "the lease taken over once it ended")
+    assert not hold_tick_lease("default", "b:2", 60.0)
