@@ -17,7 +17,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-SCENARIOS = ("statements", "baseline", "handoff", "drain", "many", "lane", "backlog", "claims", "worker", "peers")
+SCENARIOS = (
+    "statements",
+    "baseline",
+    "handoff",
+    "drain",
+    "many",
+    "lane",
+    "backlog",
+    "claims",
+    "worker",
+    "pull",
+    "peers",
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -201,6 +213,12 @@ def main(argv: list[str]) -> int:
                 lambda: embedded_worker(procs, args, sizes, raw),
             )
 
+        if "pull" in only:
+            raw["pull"] = attempt(
+                "9 durable_worker with DISPATCH worker: turns taken from the database, no Celery",
+                lambda: embedded_worker(procs, args, sizes, raw, dispatch="worker"),
+            )
+
         if "peers" in only:
             slots = args.workers * args.concurrency
             raw["peers"] = {}
@@ -243,15 +261,21 @@ def main(argv: list[str]) -> int:
     return 1 if raw["errors"] else 0
 
 
-def embedded_worker(procs: Any, args: argparse.Namespace, sizes: Any, raw: dict[str, Any]) -> dict[str, Any]:
-    """Scenarios 2 to 4 on ``manage.py durable_worker`` processes (DISPATCH "thread"), Celery stopped.
+def embedded_worker(
+    procs: Any, args: argparse.Namespace, sizes: Any, raw: dict[str, Any], *, dispatch: str = "thread"
+) -> dict[str, Any]:
+    """Scenarios 2 to 4 (and 6's idle key, the commit-to-body delay of a run
+    started in this process) on ``manage.py durable_worker`` processes,
+    Celery stopped; ``dispatch`` is their ``DISPATCH`` and this process's.
 
     ``args.workers`` processes of ``args.concurrency`` threads: the same slots
-    as the Celery workers. This process starts the runs with an engine whose
-    embedded worker is not started (DISPATCH "thread", as a script or a web
-    process without workers): a start sends nothing, and the workers' tick
-    picks the run up once its ``wake_at`` passes (REDELIVERY_SECONDS after the
-    start, S8, O1). Handoffs happen inside the workers.
+    as the Celery workers. ``"thread"``: this process starts the runs with an
+    engine whose embedded worker is not started (as a script or a web process
+    without workers): a start sends nothing, and the workers' tick picks the
+    run up once its ``wake_at`` passes (REDELIVERY_SECONDS after the start,
+    S8, O1). ``"worker"``: a start writes a turn notice in its transaction,
+    and the workers take it at once (LISTEN/NOTIFY on PostgreSQL, O7).
+    Handoffs happen inside the workers.
     """
     from django.conf import settings as django_settings
 
@@ -261,9 +285,9 @@ def embedded_worker(procs: Any, args: argparse.Namespace, sizes: Any, raw: dict[
     from . import scenarios
     from .procs import durable_worker_argv, wait_until
 
-    conf = Settings.from_mapping({**django_settings.DURABLE_SINGLETON, "DISPATCH": "thread"})
+    conf = Settings.from_mapping({**django_settings.DURABLE_SINGLETON, "DISPATCH": dispatch})
     engine = build_engine(conf)
-    extra = {"DURABLE_DISPATCH": "thread"}
+    extra = {"DURABLE_DISPATCH": dispatch}
     workers = [
         procs.start(f"durable-worker-{n}", durable_worker_argv(args.concurrency, args.tick), extra)
         for n in range(args.workers)
@@ -287,9 +311,14 @@ def embedded_worker(procs: Any, args: argparse.Namespace, sizes: Any, raw: dict[
                 "threads": args.concurrency,
                 "tick_seconds": args.tick,
                 "redelivery_seconds": conf.REDELIVERY_SECONDS,
-                "client": "DISPATCH thread, embedded worker not started",
+                "client": (
+                    "DISPATCH thread, embedded worker not started"
+                    if dispatch == "thread"
+                    else "DISPATCH worker, writes turn notices"
+                ),
             }
         }
+        out["lane"] = scenarios.lane_idle(engine, sizes)
         out["handoff"] = scenarios.hot_key(engine, "w-handoff", sizes.handoff_runs)
         out["drain"] = scenarios.hot_key(engine, "w-drain", sizes.hot_runs)
         out["many_keys"] = scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys)

@@ -197,10 +197,20 @@ def targets(raw: dict[str, Any]) -> list[Target]:
     return out
 
 
-def deployment_rows(raw: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """Return (figure, on Celery, on durable_worker, durable_worker / Celery) of the embedded worker's run."""
+#: The durable_worker deployments measured beside Celery: the key of their figures and their title.
+DEPLOYMENTS = {
+    "worker": "The embedded worker (manage.py durable_worker, DISPATCH thread, no Celery) beside Celery, same run",
+    "pull": "durable_worker with DISPATCH worker (turns taken from the database, no Celery) beside Celery, same run",
+}
+
+
+def deployment_rows(raw: dict[str, Any], deployment: str = "worker") -> list[tuple[str, str, str, str]]:
+    """Return (figure, on Celery, on durable_worker, durable_worker / Celery) of
+    the run of ``deployment`` (a key of :data:`DEPLOYMENTS`)."""
     rows = []
     for label, path, fmt in (
+        ("idle key, start to body p50 ms", ("lane", "idle", "p50_ms"), "{:.2f}"),
+        ("idle key, start to body p99 ms", ("lane", "idle", "p99_ms"), "{:.2f}"),
         ("handoff p50 ms", ("handoff", "handoff", "terminal_to_entry", "p50_ms"), "{:.2f}"),
         ("handoff p99 ms", ("handoff", "handoff", "terminal_to_entry", "p99_ms"), "{:.2f}"),
         ("hot-key drain runs/s", ("drain", "runs_per_s"), "{:.0f}"),
@@ -209,7 +219,7 @@ def deployment_rows(raw: dict[str, Any]) -> list[tuple[str, str, str, str]]:
         ("many keys start_many runs/s", ("many_keys_bulk", "runs_per_s"), "{:.0f}"),
         ("many keys start_many: first body after s", ("many_keys_bulk", "first_entry_seconds"), "{:.2f}"),
     ):
-        celery, worker = _get(raw, *path), _get(raw, "worker", *path)
+        celery, worker = _get(raw, *path), _get(raw, deployment, *path)
         if not isinstance(worker, (int, float)) or math.isnan(worker):
             continue
         celery = celery if isinstance(celery, (int, float)) else math.nan
@@ -239,6 +249,11 @@ def concurrency_rows(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ("8 durable_worker hot-key drain", ("worker", "drain", "concurrency")),
         ("8 durable_worker many keys", ("worker", "many_keys", "concurrency")),
         ("8 durable_worker many keys, start_many", ("worker", "many_keys_bulk", "concurrency")),
+        ("9 durable_worker (worker) handoff", ("pull", "handoff", "concurrency")),
+        ("9 durable_worker (worker) hot-key drain", ("pull", "drain", "concurrency")),
+        ("9 durable_worker (worker) many keys", ("pull", "many_keys", "concurrency")),
+        ("9 durable_worker (worker) many keys, start_many", ("pull", "many_keys_bulk", "concurrency")),
+        ("9 durable_worker (worker) idle key", ("pull", "lane", "idle", "concurrency")),
         ("7 dj-queue hot key", ("peers", "dj_queue", "hot_key", "concurrency")),
         ("7 dj-queue many keys", ("peers", "dj_queue", "many_keys", "concurrency")),
         ("7 procrastinate hot key", ("peers", "procrastinate", "hot_key", "concurrency")),
@@ -355,14 +370,15 @@ def render(raw: dict[str, Any], found: list[Target], console: Console | None = N
         ratio = "" if math.isnan(t.ratio) else f"{t.ratio:.2f}"
         table.add_row(t.name, measured, t.reference, ratio, t.bound, "yes" if t.ok else "NO")
     console.print(table)
-    deployments = deployment_rows(raw)
-    if deployments:
-        table = Table(title="The embedded worker (manage.py durable_worker, no Celery) beside Celery, same run")
-        for column in ("figure", "Celery workers", "durable_worker", "ratio"):
-            table.add_column(column)
-        for row in deployments:
-            table.add_row(*row)
-        console.print(table)
+    for deployment, title in DEPLOYMENTS.items():
+        deployments = deployment_rows(raw, deployment)
+        if deployments:
+            table = Table(title=title)
+            for column in ("figure", "Celery workers", "durable_worker", "ratio"):
+                table.add_column(column)
+            for row in deployments:
+                table.add_row(*row)
+            console.print(table)
     table = Table(title="Highest concurrency seen per key (audit of body entry and exit)")
     for column in ("workload", "keys", "max seen", "limit", "ok"):
         table.add_column(column)
@@ -448,9 +464,10 @@ def rst(doc: dict[str, Any]) -> str:
         ratio = "" if math.isnan(t.ratio) else f"{t.ratio:.2f}"
         rows.append((t.name, measured, t.reference, ratio or "-", t.bound, "yes" if t.ok else "**no**"))
     parts.append(_rst_table(("target", "measured", "reference", "ratio", "bound", "met"), rows))
-    deployments = deployment_rows(doc)
-    if deployments:
-        parts.append(_rst_table(("figure", "Celery workers", "durable_worker", "ratio"), deployments))
+    for deployment in DEPLOYMENTS:
+        deployments = deployment_rows(doc, deployment)
+        if deployments:
+            parts.append(_rst_table(("figure", "Celery workers", "durable_worker", "ratio"), deployments))
     rows = [
         (label, str(r["keys"]), str(r["max_seen"]), str(r["limit"]), "yes" if r["ok"] else "**no**")
         for label, r in concurrency_rows(doc)

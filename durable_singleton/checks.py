@@ -58,12 +58,30 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
                 id="durable_singleton.E002",
             )
         )
-    if settings.DISPATCH not in ("celery", "thread", "manual"):
+    if settings.DISPATCH not in ("celery", "worker", "thread", "manual"):
         errors.append(
             checks.Error(
                 f"DISPATCH {settings.DISPATCH!r} is unknown.",
-                hint="Use 'celery', 'thread' or 'manual'.",
+                hint="Use 'celery', 'worker', 'thread' or 'manual'.",
                 id="durable_singleton.E003",
+            )
+        )
+    if settings.DISPATCH == "worker" and settings.STORE != "django":
+        errors.append(
+            checks.Error(
+                f"DISPATCH 'worker' needs the Django store, not STORE {settings.STORE!r}.",
+                hint="durable_worker processes take turn notices from the database: set STORE to 'django', "
+                "or DISPATCH to 'thread' for one process.",
+                id="durable_singleton.E007",
+            )
+        )
+    if settings.WORKER_HEARTBEAT_SECONDS * 2 > settings.WORKER_DEAD_SECONDS:
+        errors.append(
+            checks.Error(
+                "WORKER_DEAD_SECONDS must be at least twice WORKER_HEARTBEAT_SECONDS.",
+                hint="A worker refreshes its registry row every WORKER_HEARTBEAT_SECONDS; one late refresh "
+                "must not make a live worker look dead and its runs be taken back (O6).",
+                id="durable_singleton.E008",
             )
         )
     if settings.LEASE_RENEW_SECONDS >= settings.LEASE_SECONDS:

@@ -14,7 +14,9 @@ DEFAULTS: dict[str, Any] = {
     # Where runs live: "django" (the ORM store) or "memory" (the in-memory store).
     "STORE": "django",
     # How turns are executed: "celery" (send a Celery task after commit),
-    # "thread" (the embedded in-process worker) or "manual" (tests drain them).
+    # "worker" (write a turn notice that `manage.py durable_worker` processes
+    # take from the database), "thread" (the embedded in-process worker) or
+    # "manual" (tests drain them). See docs/operations.rst (O1).
     "DISPATCH": "celery",
     # Database alias for the ORM store; None means the router's choice.
     "DATABASE": None,
@@ -51,8 +53,19 @@ DEFAULTS: dict[str, Any] = {
     # the process to share its Celery message (coalesced sends). 0: each start
     # sends its own message at commit.
     "DISPATCH_COALESCE_SECONDS": 0.005,
-    # Threads of the embedded in-process worker.
+    # Threads of the embedded in-process worker and of each durable_worker.
     "WORKER_THREADS": 4,
+    # DISPATCH "worker": how often an idle durable_worker looks for turn
+    # notices where the database cannot notify it (SQLite, MySQL/MariaDB), in
+    # seconds; on PostgreSQL LISTEN/NOTIFY wakes it and this poll only backs
+    # a lost notice up (O7).
+    "WORKER_POLL_SECONDS": 0.2,
+    # How often a durable_worker refreshes its row in the worker registry,
+    # in seconds (O6).
+    "WORKER_HEARTBEAT_SECONDS": 2.0,
+    # A durable_worker not seen for this long is dead: the tick takes back
+    # the runs it held, whatever their lease says, in seconds (O6, R5).
+    "WORKER_DEAD_SECONDS": 10.0,
     # Long fallback wake-up of a run waiting on a signal, in seconds (D2).
     "SIGNAL_FALLBACK_SECONDS": 300.0,
     # Finished runs (with their steps and signals) older than this are deleted
@@ -90,6 +103,9 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "DISPATCH_BATCH": (1, False),
     "DISPATCH_COALESCE_SECONDS": (0, False),
     "WORKER_THREADS": (1, False),
+    "WORKER_POLL_SECONDS": (0, True),
+    "WORKER_HEARTBEAT_SECONDS": (0, True),
+    "WORKER_DEAD_SECONDS": (0, True),
     "SIGNAL_FALLBACK_SECONDS": (0, True),
     "RETENTION_SECONDS": (0, True),
     "RETENTION_BATCH": (1, False),
@@ -173,6 +189,9 @@ class Settings:
     DISPATCH_BATCH: int
     DISPATCH_COALESCE_SECONDS: float
     WORKER_THREADS: int
+    WORKER_POLL_SECONDS: float
+    WORKER_HEARTBEAT_SECONDS: float
+    WORKER_DEAD_SECONDS: float
     SIGNAL_FALLBACK_SECONDS: float
     RETENTION_SECONDS: float | None
     RETENTION_BATCH: int

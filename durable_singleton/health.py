@@ -7,6 +7,9 @@ A deployment is unhealthy when any of these holds:
 * a slot audit finding (K4, :mod:`durable_singleton.audit`): a lease expired
   and not re-driven, a key with a free slot and an overdue waiter, more
   holders than the limit, an inactive holder;
+* ``no_worker`` (``DISPATCH = "worker"``): no ``durable_worker`` process
+  refreshed its registry row within ``WORKER_DEAD_SECONDS`` (O6), or none
+  is registered;
 * ``backlog``: runs that are not key waiters and were still not started
   ``backlog_seconds`` after their creation (no worker takes them).
 
@@ -110,14 +113,18 @@ def check_health(
     if db is None:
         return report
     if beat is None:
-        report.problems.append(Problem("stale_tick", "no tick has ever completed on this database"))
+        report.problems.append(Problem("stale_tick", "no tick: none has ever completed on this database"))
     elif (now - beat.at).total_seconds() > stale_seconds:
         age = (now - beat.at).total_seconds()
         report.problems.append(
             Problem(
-                "stale_tick", f"the last tick completed {age:.0f} s ago (limit {stale_seconds:g} s), by {beat.owner}"
+                "stale_tick",
+                f"no tick for {age:.0f} s: the last tick completed {age:.0f} s ago (limit {stale_seconds:g} s), "
+                f"by {beat.owner}",
             )
         )
+    if engine.settings.DISPATCH == "worker":
+        _check_workers(report, db, engine.settings.WORKER_DEAD_SECONDS, engine.store.now())
     runs = Run.objects.using(db)
     report.waiting = runs.filter(singleton_slot=SlotState.WAITER).count()
     report.backlog = (
@@ -150,3 +157,25 @@ def check_health(
             )
         )
     return report
+
+
+def _check_workers(report: HealthReport, db: str, dead_seconds: float, db_now: datetime) -> None:
+    """Add ``no_worker`` when no registered ``durable_worker`` was seen within
+    ``dead_seconds`` on the database's clock ``db_now`` (O6)."""
+    from .models import WorkerProcess
+
+    latest = WorkerProcess.objects.using(db).order_by("-last_seen_at").first()
+    if latest is None:
+        report.problems.append(
+            Problem("no_worker", "no worker seen: no durable_worker process is registered on this database")
+        )
+        return
+    silent = (db_now - latest.last_seen_at).total_seconds()
+    if silent > dead_seconds:
+        report.problems.append(
+            Problem(
+                "no_worker",
+                f"no worker seen for {silent:.0f} s (limit WORKER_DEAD_SECONDS {dead_seconds:g} s); "
+                f"the last was {latest.name}",
+            )
+        )

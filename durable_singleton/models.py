@@ -28,6 +28,8 @@ __all__ = [
     "SingletonKey",
     "SlotState",
     "Step",
+    "TurnNotice",
+    "WorkerProcess",
 ]
 
 
@@ -360,3 +362,60 @@ class KeyControlChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.key or '*'} {self.field}: {self.old_value} -> {self.new_value}"
+
+
+class TurnNotice(models.Model):
+    """A turn waiting for a ``durable_worker`` to take it (``DISPATCH = "worker"``, O1, O7).
+
+    Written in the transaction of the start (or grant, wake, tick) that
+    dispatches the turn, so a rolled-back start leaves none; on PostgreSQL
+    a trigger (migration 0012) NOTIFYs the channel ``durable_singleton_turn``
+    as that transaction commits. A worker deletes the notices it takes with
+    ``SELECT ... FOR UPDATE SKIP LOCKED``; the claim of the turn still decides
+    admission (S5, R6). A notice lost with a dead worker leaves the run its
+    ``wake_at``, and the tick dispatches it again (S8).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    run_id = models.CharField(_("run"), max_length=191)
+    queue = models.CharField(_("queue"), max_length=191, default="default")
+
+    class Meta:
+        verbose_name = _("turn notice")
+        verbose_name_plural = _("turn notices")
+        indexes = [
+            models.Index(fields=["queue", "id"], name="ds_turn_queue_idx"),
+            models.Index(fields=["run_id"], name="ds_turn_run_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"turn of {self.run_id} ({self.queue})"
+
+
+class WorkerProcess(models.Model):
+    """One live ``durable_worker`` process (O6): where it runs, how, and when
+    it was last seen, on the database's clock.
+
+    ``name`` is the prefix of its lease owners (``host:pid``). The row is
+    refreshed every ``WORKER_HEARTBEAT_SECONDS`` and deleted on a clean stop;
+    a row older than ``WORKER_DEAD_SECONDS`` belongs to a dead process, whose
+    runs the tick takes back
+    (:func:`~durable_singleton.stores.turns.release_dead_workers`).
+    """
+
+    name = models.CharField(_("name"), max_length=191, primary_key=True)
+    host = models.CharField(_("host"), max_length=191)
+    pid = models.PositiveIntegerField(_("pid"))
+    mode = models.CharField(_("mode"), max_length=16)
+    threads = models.PositiveIntegerField(_("threads"))
+    queues = models.CharField(_("queues"), max_length=191, blank=True, default="")
+    started_at = models.DateTimeField(_("started at"))
+    last_seen_at = models.DateTimeField(_("last seen at"))
+
+    class Meta:
+        verbose_name = _("worker process")
+        verbose_name_plural = _("worker processes")
+        ordering = ["host", "pid"]
+
+    def __str__(self) -> str:
+        return self.name

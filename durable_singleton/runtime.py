@@ -7,7 +7,10 @@ import threading
 
 from .conf import Settings, get_settings
 from .dispatch import build_dispatcher
+from .dispatcher import Dispatcher
 from .engine import Engine
+from .exceptions import ConfigurationError
+from .pull import PullDispatcher
 from .stores.base import BaseStore, RetryPolicy
 from .stores.loading import STORE_ALIASES, store_class
 
@@ -51,7 +54,20 @@ def build_store(settings: Settings) -> BaseStore:
 def build_engine(settings: Settings) -> Engine:
     """Build an engine from ``settings``: its store and its dispatcher."""
     store = build_store(settings)
-    dispatcher = build_dispatcher(settings, store)
+    dispatcher: Dispatcher
+    if settings.DISPATCH == "worker":  # turn notices in the database, taken by durable_worker (O1)
+        if store.database is None:
+            raise ConfigurationError(f"DISPATCH 'worker' needs the Django store, not STORE {settings.STORE!r} (E007)")
+        dispatcher = PullDispatcher(
+            store,
+            settings.WORKER_THREADS,
+            settings.TICK_SECONDS,
+            poll_seconds=settings.WORKER_POLL_SECONDS,
+            heartbeat_seconds=settings.WORKER_HEARTBEAT_SECONDS,
+            dead_seconds=settings.WORKER_DEAD_SECONDS,
+        )
+    else:
+        dispatcher = build_dispatcher(settings, store)
     engine = Engine(store, dispatcher, settings=settings)
     dispatcher.bind(engine)
     return engine

@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from .dispatch import ThreadDispatcher
+from .pull import PullDispatcher
 from .statuses import RunStatus
 
 __all__ = ["HAND_BACK_SECONDS", "ForegroundWorker", "connect", "expire_own_leases", "start_embedded_worker"]
@@ -142,7 +143,12 @@ class ForegroundWorker:
 
     ``threads``: worker threads (>= 1); ``tick_seconds``: period of the tick
     (> 0); ``grace_seconds``: how long a stop waits for the turns in hand
-    before handing them back with :func:`expire_own_leases`.
+    before handing them back with :func:`expire_own_leases`. With
+    ``DISPATCH = "worker"`` the threads take turn notices from the database
+    (:class:`~durable_singleton.pull.PullDispatcher`): ``queues`` names the
+    queues taken (empty: all), ``poll_seconds`` the poll where the database
+    cannot notify (default ``WORKER_POLL_SECONDS``). In another mode this
+    worker runs its own embedded worker engine, as before.
 
     A stop takes at most ``grace_seconds`` for the turns in hand, plus
     ``TICK_JOIN_SECONDS`` (1 s) for a tick in progress, plus
@@ -160,6 +166,8 @@ class ForegroundWorker:
         tick_seconds: float | None = None,
         grace_seconds: float | None = None,
         engine: Any = None,
+        queues: tuple[str, ...] = (),
+        poll_seconds: float | None = None,
     ) -> None:
         from .runtime import build_engine, get_engine
 
@@ -175,6 +183,10 @@ class ForegroundWorker:
             self.dispatcher.threads = threads
         if tick_seconds is not None:
             self.dispatcher.tick_seconds = tick_seconds
+        if isinstance(self.dispatcher, PullDispatcher):  # DISPATCH "worker": options of the fetch (O1)
+            self.dispatcher.queues = tuple(queues)
+            if poll_seconds is not None:
+                self.dispatcher.poll_seconds = poll_seconds
         self.grace_seconds = engine.settings.LEASE_SECONDS if grace_seconds is None else grace_seconds
         self.stopping = threading.Event()
         self.hurry = threading.Event()
@@ -183,6 +195,7 @@ class ForegroundWorker:
         self.shutdown_seconds = 0.0
         self.handed_back: int | None = 0
         self._stop_requested_at: float | None = None
+        self._started_at: float | None = None
 
     def request_stop(self, signum: int = 0, frame: Any = None) -> None:
         """Ask the worker to stop (a signal handler); a second request stops
@@ -198,10 +211,17 @@ class ForegroundWorker:
             logger.info("received %s: stopping", self.stop_reason)
         self.stopping.set()
 
+    def start(self) -> None:
+        """Start the threads (idempotent): :meth:`run` calls it if it was not called."""
+        if self._started_at is None:
+            self._started_at = time.monotonic()
+        self.dispatcher.start()
+
     def run(self) -> list[str]:
         """Start, wait for a stop request, stop gracefully; return the runs handed back."""
-        started = time.monotonic()
-        self.dispatcher.start()
+        self.start()
+        assert self._started_at is not None
+        started = self._started_at
         self.stopping.wait()
         requested = self._stop_requested_at or time.monotonic()
         left = self.dispatcher.stop(timeout=self.grace_seconds, hurry=self.hurry)

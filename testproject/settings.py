@@ -91,6 +91,9 @@ DURABLE_SINGLETON = {
     "LEASE_RENEW_SECONDS": float(os.environ.get("DURABLE_LEASE_RENEW_SECONDS", "10")),
     "MAX_RECOVERIES": int(os.environ.get("DURABLE_MAX_RECOVERIES", "5")),
     "STORE": os.environ.get("DURABLE_STORE", "django"),
+    "REDELIVERY_SECONDS": float(os.environ.get("DURABLE_REDELIVERY_SECONDS", "5")),
+    "WORKER_HEARTBEAT_SECONDS": float(os.environ.get("DURABLE_WORKER_HEARTBEAT_SECONDS", "2")),
+    "WORKER_DEAD_SECONDS": float(os.environ.get("DURABLE_WORKER_DEAD_SECONDS", "10")),
 }
 
 # django.tasks (Django 6.0+; ignored by 5.2): tasks run as durable runs,

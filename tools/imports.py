@@ -68,7 +68,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "stores.schedule_state",
         "stores.retention",
         "stores.reencode",
+        "stores.turns",
         "dispatch",
+        "pull",
     ),
     "core": (
         "core",

@@ -4,7 +4,7 @@ behind whom?") and schedules.
 One module per idea: :mod:`.runs` (the run list and page), :mod:`.queues`
 (the queue table and a key's page), :mod:`.actions` (cancel, retry, wake
 through the engine), :mod:`.filters`, :mod:`.display` (how a run's state,
-times and activity read), :mod:`.schedules` and :mod:`.controls` (K2). Importing the package
+times and activity read), :mod:`.schedules`, :mod:`.controls` (K2) and :mod:`.workers` (O6). Importing the package
 registers the model admins.
 """
 
@@ -15,6 +15,7 @@ from .controls import KeyControlChangeAdmin
 from .filters import SingletonKeyFilter, WorkflowFilter
 from .runs import RunAdmin
 from .schedules import ScheduleAdmin, ScheduleFiringAdmin
+from .workers import WorkerProcessAdmin
 
 __all__ = [
     "ActionLocation",
@@ -23,5 +24,6 @@ __all__ = [
     "ScheduleAdmin",
     "ScheduleFiringAdmin",
     "SingletonKeyFilter",
+    "WorkerProcessAdmin",
     "WorkflowFilter",
 ]

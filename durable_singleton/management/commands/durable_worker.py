@@ -21,6 +21,9 @@ from ._options import count_option, seconds_option
 MAX_THREADS = 1024
 MAX_TICK_SECONDS = 3600.0
 MAX_GRACE = 86400.0
+MAX_POLL_SECONDS = 60.0
+#: A queue name is held by the turn notice's column.
+MAX_QUEUE_LENGTH = 191
 
 
 class Command(BaseCommand):
@@ -45,6 +48,19 @@ class Command(BaseCommand):
             default=None,
             help="Seconds a stop waits for turns in hand before handing them back, 0-86400 (default: LEASE_SECONDS).",
         )
+        parser.add_argument(
+            "--queues",
+            default=None,
+            help="DISPATCH 'worker' only: comma-separated queues whose turns this worker takes; 'default' is the "
+            "queue of workflows declared without one (default: every queue).",
+        )
+        parser.add_argument(
+            "--poll-seconds",
+            type=float,
+            default=None,
+            help="DISPATCH 'worker' only: seconds between looks for turns where the database cannot notify, "
+            "> 0 and <= 60 (default: WORKER_POLL_SECONDS).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = get_settings()
@@ -55,6 +71,7 @@ class Command(BaseCommand):
         threads = count_option(threads, "--threads", high=MAX_THREADS)
         tick = seconds_option(tick, "--tick-seconds", high=MAX_TICK_SECONDS, strict=True)
         grace = None if options["grace"] is None else seconds_option(options["grace"], "--grace", high=MAX_GRACE)
+        queues, poll = self._pull_options(settings.DISPATCH, options["queues"], options["poll_seconds"])
         if remote := remote_workflows():
             # This worker runs every turn on its own threads: a remote body's
             # turn would be handed back to itself without end (E005).
@@ -64,9 +81,12 @@ class Command(BaseCommand):
                 "worker, which this worker is not. Run Celery workers here, or do not declare them in this process."
             )
         self._log_to_stderr(options["verbosity"])
-        worker = ForegroundWorker(threads=threads, tick_seconds=tick, grace_seconds=grace)
+        worker = ForegroundWorker(
+            threads=threads, tick_seconds=tick, grace_seconds=grace, queues=queues, poll_seconds=poll
+        )
         signal.signal(signal.SIGTERM, worker.request_stop)
         signal.signal(signal.SIGINT, worker.request_stop)
+        worker.start()  # the ready line says how the worker is woken (O1)
         self.stdout.write(
             f"durable_worker pid {os.getpid()}: {worker.dispatcher.describe()}, dispatch {settings.DISPATCH}; ready."
         )
@@ -80,6 +100,30 @@ class Command(BaseCommand):
             f"durable_worker pid {os.getpid()}: stopped {worker.shutdown_seconds:.1f} s after {worker.stop_reason} "
             f"(up {worker.uptime_seconds:.1f} s); {handed}."
         )
+
+    @staticmethod
+    def _pull_options(dispatch: str, queues: str | None, poll: float | None) -> tuple[tuple[str, ...], float | None]:
+        """Check ``--queues`` and ``--poll-seconds`` (``DISPATCH = "worker"`` only); raise CommandError."""
+        if dispatch != "worker":
+            given = [flag for flag, value in (("--queues", queues), ("--poll-seconds", poll)) if value is not None]
+            if given:
+                raise CommandError(
+                    f"{' and '.join(given)} need DISPATCH 'worker' (durable_worker processes that take turns from "
+                    f"the database); DISPATCH is {dispatch!r}."
+                )
+            return (), None
+        names: tuple[str, ...] = ()
+        if queues is not None:
+            names = tuple(dict.fromkeys(name.strip() for name in queues.split(",")))
+            bad = [name for name in names if not name or len(name) > MAX_QUEUE_LENGTH or not name.isprintable()]
+            if not names or bad:
+                raise CommandError(
+                    f"--queues must be comma-separated queue names of 1 to {MAX_QUEUE_LENGTH} printable characters, "
+                    f"got {queues!r:.200}."
+                )
+        if poll is not None:
+            poll = seconds_option(poll, "--poll-seconds", high=MAX_POLL_SECONDS, strict=True)
+        return names, poll
 
     @staticmethod
     def _log_to_stderr(verbosity: int) -> None:
