@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,6 +113,51 @@ def celery_worker_argv(name: str, concurrency: int, pool: str) -> list[str]:
         "--without-heartbeat",
         "-l",
         "WARNING",
+    ]
+
+
+def celery_tick_argv() -> list[str]:
+    """Return the command line of the tick's own Celery worker (queue
+    ``durable_tick``, O5), at log level INFO: its log has one line per tick
+    (read by :func:`tick_times`)."""
+    return [
+        str(VENV_BIN / "celery"),
+        "-A",
+        "bench.celery_app:app",
+        "worker",
+        "-Q",
+        "durable_tick",
+        "-P",
+        "solo",
+        "-c",
+        "1",
+        "-n",
+        "benchtick@%h",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "-l",
+        "INFO",
+    ]
+
+
+TICK_LINE = re.compile(
+    r"^\[(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/\w+\] "
+    r"Task durable_singleton\.tick\[[0-9a-f-]+\] succeeded in [0-9.e-]+s: (?P<result>-?\d+)$",
+    re.MULTILINE,
+)
+
+
+def tick_times(log: str) -> list[float]:
+    """Return the end times (seconds since the epoch, from the local time
+    Celery logs) of the ticks a tick worker's INFO ``log`` reports, leaving
+    out the messages it dropped (result -1: queued behind the previous tick, O5)."""
+    from datetime import datetime
+
+    return [
+        datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for m in TICK_LINE.finditer(log)
+        if int(m["result"]) >= 0
     ]
 
 

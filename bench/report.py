@@ -310,6 +310,10 @@ def figure_rows(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
         add(label, "runs/s", key, "runs_per_s", fmt="{:.0f}")
     add("4 many keys (ours)", "runs/s", "many_keys", "runs_per_s", fmt="{:.0f}")
     add("4 many keys, start_many (ours)", "runs/s", "many_keys_bulk", "runs_per_s", fmt="{:.0f}")
+    label = "9 tick, every worker slot busy (O5)"
+    add(label, "tick period p50 s", "tick_under_load", "period_p50_s", fmt="{:.3f}")
+    add(label, "tick period p99 s", "tick_under_load", "period_p99_s", fmt="{:.3f}")
+    add(label, "tick period p99 / TICK_SECONDS (target <= 2)", "tick_under_load", "p99_ratio", fmt="{:.2f}")
     for size in sorted(_get(raw, "claims") if isinstance(_get(raw, "claims"), dict) else {}, key=int):
         p50 = _get(raw, "claims", size, "p50_ms")
         p99 = _get(raw, "claims", size, "p99_ms")

@@ -26,7 +26,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.models import Run
 
 from . import audit
-from .procs import ROOT, wait_until
+from .procs import ROOT, tick_times, wait_until
 from .roundtrips import RoundTrips
 from .workflows import WORKFLOW
 
@@ -365,6 +365,35 @@ class LaneProbe:
         entered = {e.run: e.at for e in audit.events(self.tag) if e.kind == "E"}
         delays = [entered[r] - at for r, at in self.dispatched.items() if r in entered]
         return {**summary_ms(delays), "concurrency": concurrency_report(self.tag, 1)}
+
+
+def tick_under_load(engine: Engine, slots: int, window: float, tick_log: Any, tick_seconds: float) -> dict[str, Any]:
+    """O5: the tick's period while bodies hold all ``slots`` worker slots
+    (workers x concurrency) for ``window`` seconds; the periods are the gaps
+    between the ticks the tick's worker logged (``tick_log``, a Path), the
+    p99 also as a ratio to ``tick_seconds`` (target: at most 2)."""
+    tag = new_tag("tick")
+    for n in range(slots):
+        start(engine, tag, f"{tag}-k{n}", hold=True)
+    wait_until(
+        lambda: sum(1 for e in audit.events(tag) if e.kind == "E") >= slots, 120, "every worker slot holding a body"
+    )
+    began = time.time()
+    time.sleep(window)
+    ended = time.time()
+    audit.release(tag)
+    times = [t for t in tick_times(tick_log.read_text(errors="replace")) if began <= t <= ended]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    p99 = pct(gaps, 0.99) if gaps else math.nan
+    return {
+        "slots": slots,
+        "window_s": window,
+        "ticks": len(times),
+        "period_p50_s": pct(gaps, 0.5) if gaps else math.nan,
+        "period_p99_s": p99,
+        "period_max_s": max(gaps) if gaps else math.nan,
+        "p99_ratio": p99 / tick_seconds,
+    }
 
 
 def lane_idle(engine: Engine, sizes: Sizes) -> dict[str, Any]:

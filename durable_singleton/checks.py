@@ -176,8 +176,26 @@ def check_time_zone(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
     return []
 
 
+def _tick_queue(app: Any, entry: dict[str, Any]) -> str:
+    """The Celery queue a beat ``entry`` of the tick sends to: its ``queue``
+    option, else where the app's routes (``task_routes``) send the tick task,
+    else the default queue."""
+    options = entry.get("options") or {}
+    queue = options.get("queue")
+    if queue:
+        return str(getattr(queue, "name", queue))
+    from .tasks import TICK_TASK
+
+    try:
+        routed = app.amqp.Router().route({}, TICK_TASK).get("queue")
+    except Exception:  # a route that cannot be evaluated here: judge by the default queue
+        routed = None
+    return str(getattr(routed, "name", None) or app.conf.task_default_queue)
+
+
 def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """W001: the tick is missing from the beat schedule; E020: non-JSON serializer."""
+    """W001: the tick is missing from the beat schedule; W003: the tick shares
+    a queue with turns (O5); E020: non-JSON serializer."""
     settings = _settings_or_none()
     if settings is None or settings.DISPATCH != "celery":
         return []
@@ -190,7 +208,8 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     conf = current_app.conf
     messages: list[checks.CheckMessage] = []
     schedule = conf.beat_schedule or {}
-    if not any(entry.get("task") == TICK_TASK for entry in schedule.values()):
+    ticks = [entry for entry in schedule.values() if entry.get("task") == TICK_TASK]
+    if not ticks:
         messages.append(
             checks.Warning(
                 "The durable_singleton tick is not in the Celery beat schedule: lost wake-ups, "
@@ -200,6 +219,21 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                     "DURABLE_SINGLETON = {'DISPATCH': 'thread'} for the embedded in-process worker."
                 ),
                 id="durable_singleton.W001",
+            )
+        )
+    shared = sorted({_tick_queue(current_app, e) for e in ticks} & _turn_queues(current_app))
+    if shared:
+        messages.append(
+            checks.Warning(
+                f"The durable_singleton tick is sent to Celery queue {shared[0]!r}, which also carries turns: "
+                "bodies that hold every worker slot of that queue hold up the tick, and with it timers, "
+                "recoveries and the catch-up (O5).",
+                hint=(
+                    "Use durable_singleton.tasks.beat_schedule() unchanged (it sends the tick to queue "
+                    "'durable_tick') and run one worker for it: "
+                    "celery -A yourproject worker -Q durable_tick -P solo -c 1 (docs/operations.rst)."
+                ),
+                id="durable_singleton.W003",
             )
         )
     if conf.task_serializer != "json":
@@ -222,6 +256,16 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         )
     return messages
+
+
+def _turn_queues(app: Any, registry: Any = None) -> set[str]:
+    """The Celery queues turns are sent to: the default queue and each
+    registered workflow's ``queue``."""
+    if registry is None:
+        from .definitions import registry
+    with registry._lock:
+        queues = {d.queue for d in registry.latest.values() if d.queue}
+    return {str(app.conf.task_default_queue), *queues}
 
 
 def remote_workflows(registry: Any = None) -> list[tuple[str, str]]:

@@ -48,6 +48,7 @@ __all__ = ["CeleryWorkers", "WorkerProcess", "celery_stack_missing", "celery_wor
 
 REPO = Path(__file__).resolve().parent.parent
 READY_MARK = b" ready."
+BEAT_READY_MARK = b"beat: Starting..."
 READY_TIMEOUT = 180.0  # a loaded 2-core machine starts Django and Celery slowly (#19)
 STOP_TIMEOUT = 15.0
 
@@ -97,6 +98,7 @@ class WorkerProcess:
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
+    ready_mark: bytes = READY_MARK
 
     @property
     def pid(self) -> int:
@@ -129,12 +131,12 @@ class WorkerProcess:
         return pids
 
     def wait_ready(self, timeout: float = READY_TIMEOUT) -> None:
-        """Wait until the worker logs that it is ready.
+        """Wait until the worker logs that it is ready (``ready_mark``).
 
         Raises :class:`RuntimeError` (with the log) if it exits or times out.
         """
         deadline = time.monotonic() + timeout
-        while not (self.log_path.exists() and READY_MARK in self.log_path.read_bytes()):
+        while not (self.log_path.exists() and self.ready_mark in self.log_path.read_bytes()):
             if not self.alive():
                 raise RuntimeError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
@@ -209,6 +211,29 @@ class CeleryWorkers:
             for worker in started:
                 worker.wait_ready()
         return started
+
+    def start_beat(
+        self, *, env: Mapping[str, str] | None = None, app: str = "testproject", wait: bool = True
+    ) -> WorkerProcess:
+        """Start one ``celery beat`` of ``app`` (its schedule file in ``log_dir``)
+        and wait until it logs that it starts (unless ``wait`` is false); it is
+        stopped with the workers."""
+        env = dict(env) if env is not None else worker_env()
+        name = f"beat{len(self.workers)}-{os.getpid()}"
+        log_path = self.log_dir / f"{name}.log"
+        args = [
+            sys.executable, "-m", "celery", "-A", app, "beat", "--loglevel=INFO",
+            "-s", str(self.log_dir / f"{name}-schedule"), "--max-interval", "1",
+        ]  # fmt: skip
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        beat = WorkerProcess(name, proc, log_path, ready_mark=BEAT_READY_MARK)
+        self.workers.append(beat)
+        if wait:
+            beat.wait_ready()
+        return beat
 
     def stop(self) -> None:
         """Stop every worker (see :meth:`WorkerProcess.stop`)."""

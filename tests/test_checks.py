@@ -69,6 +69,38 @@ def test_missing_tick_and_non_json_serializer_are_reported(settings: Any) -> Non
     assert checks.check_celery() == []
 
 
+def test_a_tick_on_the_turns_queue_is_a_warning(settings: Any) -> None:
+    """O5: a beat entry that sends the tick to a queue turns also go to (the
+    default queue, by the entry's options or by ``task_routes``) lets bodies
+    that hold every worker slot hold up the tick: W003. The entry of
+    ``beat_schedule()`` (queue ``durable_tick``) passes."""
+    from celery import current_app
+
+    from durable_singleton.tasks import TICK_QUEUE, TICK_TASK, beat_schedule
+
+    conf = current_app.conf
+    saved = (conf.beat_schedule, conf.task_routes)
+    try:
+        conf.beat_schedule = {"tick": {"task": TICK_TASK, "schedule": 1.0}}
+        messages = checks.check_celery()
+        assert [m.id for m in messages] == ["durable_singleton.W003"]
+        assert "'celery'" in messages[0].msg and "-Q durable_tick" in str(messages[0].hint)
+        conf.beat_schedule = {"tick": {"task": TICK_TASK, "schedule": 1.0, "options": {"queue": "celery"}}}
+        assert [m.id for m in checks.check_celery()] == ["durable_singleton.W003"]
+        conf.beat_schedule = {"tick": {"task": TICK_TASK, "schedule": 1.0}}
+        conf.task_routes = {TICK_TASK: {"queue": "ticks"}}
+        current_app.amqp.flush_routes()  # Celery reads task_routes once
+        assert checks.check_celery() == []
+        conf.task_routes = None
+        current_app.amqp.flush_routes()
+        conf.beat_schedule = beat_schedule()
+        assert conf.beat_schedule["durable-singleton-tick"]["options"]["queue"] == TICK_QUEUE  # type: ignore[index]
+        assert checks.check_celery() == []
+    finally:
+        conf.beat_schedule, conf.task_routes = saved
+        current_app.amqp.flush_routes()
+
+
 def test_unknown_setting_and_bad_lease_are_errors(settings: Any) -> None:
     settings.DURABLE_SINGLETON = {"LEASE_SECONDS": 5, "LEASE_RENEW_SECONDS": 5}
     assert [m.id for m in checks.check_settings()] == ["durable_singleton.E004"]

@@ -197,6 +197,19 @@ def fault_hold_isolated(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, An
 
 
 @workflow(
+    name="fault-hold-ttl",
+    version="1",
+    singleton=Singleton(key=store_key, limit=1, queue_ttl=8.0),
+    steps=("fault:hold",),
+    on_dead=_log_dead,
+)
+def fault_hold_ttl(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
+    """The same, on a key whose waiters leave after 8 s (``queue_ttl``, X2): a
+    timer only the tick fires (tests/test_tick_queue.py, O5)."""
+    return _fault_body(ctx, input)
+
+
+@workflow(
     name="fault-exit",
     version="1",
     singleton=Singleton(key=store_key, limit=1),
