@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from . import tracing
 from .conf import Settings
 from .definitions import Registry
 from .exceptions import (
@@ -240,8 +241,9 @@ class WorkflowCtx:
             return stored.result
         self._boundary()
         started = self.engine.now()
-        result = handler(to_json_value(input, f"input of step {name!r}"))
-        return self._record(position, name, result, started, self.engine.settings.MAX_RESULT_BYTES)
+        with tracing.step(self.run, name):
+            result = handler(to_json_value(input, f"input of step {name!r}"))
+            return self._record(position, name, result, started, self.engine.settings.MAX_RESULT_BYTES)
 
     def _now(self) -> datetime:
         """The time a wake, a deadline or a poll is computed from (R8, D1, D2).

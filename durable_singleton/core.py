@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
-from . import signals
+from . import signals, tracing
 from .admission import (
     QUOTA_PREFIX,
     RESERVED_TAGS,
@@ -413,11 +413,13 @@ class Core:
             quota_caps=tuple(
                 (q.name, q.limit, q.max_queue_depth) for q in definition.quotas if q.max_queue_depth is not None
             ),
+            trace_parent=tracing.traceparent(),
         )
         if due_at is not None and due_at > now:
             run = run.evolve(wake_at=due_at)
         return run, definition, single.cap if single is not None else None
 
+    @tracing.started()
     def start(
         self,
         name: str,
@@ -575,6 +577,7 @@ class Core:
             raise RunIdInUseError(run.run_id)
         return run
 
+    @tracing.started(many=True)
     def start_many(
         self,
         name: str,
@@ -717,8 +720,16 @@ class Core:
         Safe to call twice at once for the same run: one caller wins the
         conditional claim, the others return ``"skipped"`` (R6). ``known`` is
         the run as this process just granted it (a handoff, S7). Returns an
-        :class:`~durable_singleton.statuses.Outcome` value.
+        :class:`~durable_singleton.statuses.Outcome` value. With
+        ``opentelemetry-api`` installed the turn is the span ``durable.turn``,
+        a child of the context stored at the run's start (O8).
         """
+        with tracing.turn(run_id) as span:
+            outcome = self._execute(run_id, known, span)
+            span.outcome(outcome)
+            return outcome
+
+    def _execute(self, run_id: str, known: RunRecord | None, span: Any) -> str:
         owner = f"{self._owner_prefix}:{uuid.uuid4().hex[:12]}"
         settings = self.settings
         self.store.discard_broken_connection()  # a turn after a failed one reconnects (F7)
@@ -741,6 +752,7 @@ class Core:
                 raise
             self._claim_interrupted(run_id, owner, exc)
             return Outcome.INTERRUPTED
+        span.claimed(turn.run)  # before the handoff below: its span is a child of this turn's
         if turn.state is TurnState.RUN:
             # This thread runs a body next: the waiters the claim granted go to workers now (S7).
             for granted in turn.granted:
@@ -858,15 +870,16 @@ class Core:
         """Send the turns of waiters just granted a slot (S7): the first runs next
         on this thread when inside :meth:`execute_chain`, the rest go to workers."""
         follow_ups = getattr(self._local, "follow_ups", None)
-        for run in granted:
-            if run.quota_slot != SlotState.WAITER:  # one that waits in its quotas is sent a turn only (X3h)
-                signals.run_admitted.send_robust(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
-        for n, run in enumerate(granted):
-            queue = self.queue_of(run)
-            if n == 0 and follow_ups is not None and queue is None:
-                follow_ups.append(run)  # this worker runs it next: no broker hop
-            else:
-                self.dispatcher.dispatch(run.run_id, queue)
+        with tracing.handoff(granted):
+            for run in granted:
+                if run.quota_slot != SlotState.WAITER:  # one that waits in its quotas is sent a turn only (X3h)
+                    signals.run_admitted.send_robust(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
+            for n, run in enumerate(granted):
+                queue = self.queue_of(run)
+                if n == 0 and follow_ups is not None and queue is None:
+                    follow_ups.append(run)  # this worker runs it next: no broker hop
+                else:
+                    self.dispatcher.dispatch(run.run_id, queue)
 
     def _cancel_error(self, run: RunRecord) -> dict[str, str]:
         """The error of a run stopped by a cancel: ``execution_timeout`` if its

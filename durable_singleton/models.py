@@ -90,6 +90,8 @@ class Run(models.Model):
     cancel_requested = models.BooleanField(_("cancel requested"), default=False)
     fencing_token = models.BigIntegerField(_("fencing token"), null=True, blank=True)
     step_count = models.PositiveIntegerField(_("stored steps"), default=0)
+    #: The W3C traceparent current at the start (O8): each turn's span continues that trace.
+    trace_parent = models.CharField(_("trace parent"), max_length=64, null=True, blank=True)
     #: A delayed start (X5): not claimed or admitted before this time, judged on the database's clock (R5).
     not_before = models.DateTimeField(_("not before"), null=True, blank=True)
     #: The quota marker (X3c): ``holder`` once admitted in every limit the run carries, ``waiter``

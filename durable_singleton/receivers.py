@@ -49,12 +49,14 @@ def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) 
 
 def connect() -> None:
     """Connect the receivers (idempotent): the release of a deleted run, the
-    start of the embedded worker at a process's first request (O1), and the
-    metrics' counters when prometheus_client is installed (O4)."""
-    from . import worker
+    start of the embedded worker at a process's first request (O1), the
+    metrics' counters when prometheus_client is installed (O4), and the
+    wait spans when opentelemetry-api is installed (O8)."""
+    from . import tracing, worker
     from .models import Run
 
     worker.connect()
+    tracing.connect()
     try:
         from . import metrics
     except ImportError:  # the optional extra durable-singleton[prometheus] is not installed

@@ -69,6 +69,9 @@ class RunRecord:
     #: (quota name, declared limit, max_queue_depth), fixed at start: what a store counts
     #: at the insert (S15, X3j); empty on a record read back.
     quota_caps: tuple[tuple[str, int, int], ...] = ()
+    #: The W3C ``traceparent`` current when the run was started, or None (O8,
+    #: ``durable_singleton.tracing``): each turn's span is its child.
+    trace_parent: str | None = None
 
     @property
     def tags(self) -> list[str]:

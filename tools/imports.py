@@ -76,6 +76,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "core",
         "context",
         "leases",
+        "tracing",
     ),
     "services": (
         "controls",

@@ -165,6 +165,7 @@ def record_of(row: Run) -> RunRecord:
         not_before=row.not_before,
         quota_keys=quota_keys,
         quota_slot=row.quota_slot,
+        trace_parent=row.trace_parent,
     )
 
 
@@ -801,6 +802,7 @@ class DjangoStore(BaseStore):
             park_reason=run.park_reason,
             not_before=run.not_before,
             quota_slot=run.quota_slot,
+            trace_parent=run.trace_parent,
         )
 
     def _insert(self, run: RunRecord) -> None:

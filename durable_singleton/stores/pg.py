@@ -142,6 +142,7 @@ COLUMNS = (
     "step_count",
     "not_before",
     "quota_slot",
+    "trace_parent",
 )
 
 
@@ -187,6 +188,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         step_count,
         not_before,
         quota_slot,
+        trace_parent,
     ) = row[: len(COLUMNS)]
     user_tags, quota_keys = split_quota_tags(_json(tags) or ())
     return RunRecord(
@@ -222,6 +224,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         not_before=not_before,
         quota_keys=quota_keys,
         quota_slot=quota_slot,
+        trace_parent=trace_parent,
     )
 
 
@@ -1087,6 +1090,7 @@ class FastPath:
             "step_count": 0,
             "not_before": run.not_before,
             "quota_slot": run.quota_slot,
+            "trace_parent": run.trace_parent,
         }
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)
