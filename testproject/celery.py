@@ -1,4 +1,13 @@
-"""The test project's Celery app, with the durable_singleton tick in its beat schedule."""
+"""The test project's Celery app, with the durable_singleton tick in its beat schedule.
+
+The tick goes to queue ``durable_tick`` (O5); run it as the README says::
+
+    celery -A testproject worker --prefetch-multiplier 1 -O fair
+    celery -A testproject worker -Q durable_tick -P solo -c 1 -n tick@%h
+    celery -A testproject beat
+
+(``tests/test_tick_queue.py`` starts these three against the test database.)
+"""
 
 from __future__ import annotations
 
@@ -14,3 +23,23 @@ app = Celery("testproject")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 app.conf.beat_schedule.update(beat_schedule())
+
+
+def _spans_to_file(**kwargs: object) -> None:
+    """In each pool process, export OpenTelemetry spans as JSON lines to the
+    file ``DURABLE_OTEL_SPANS`` names (tests/test_tracing.py, O8)."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+    out = open(os.environ["DURABLE_OTEL_SPANS"], "a")  # noqa: SIM115 - open for the life of the process
+    provider = TracerProvider()
+    exporter = ConsoleSpanExporter(out=out, formatter=lambda span: span.to_json(indent=None) + "\n")
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+
+if os.environ.get("DURABLE_OTEL_SPANS"):
+    from celery.signals import worker_process_init
+
+    worker_process_init.connect(_spans_to_file, weak=False)

@@ -4,9 +4,12 @@ test on both; the Django one on the DATABASE_URL database)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,8 +19,10 @@ from durable_singleton import Singleton
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 
-from .celery_workers import REPO
+from .celery_workers import REPO, CeleryWorkers, celery_stack_missing, celery_workers, worker_env
 from .helpers import drain, holding_body
+
+__all__ = ["celery_workers"]  # the fixture, imported for this module's tests
 
 otel = pytest.importorskip("opentelemetry.sdk.trace", reason="needs the otel extra and opentelemetry-sdk")
 
@@ -179,3 +184,42 @@ print("ok")
         [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+@pytest.mark.celery
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_turn_in_a_celery_worker_continues_the_trace_of_the_request(
+    celery_workers: CeleryWorkers, spans: InMemorySpanExporter, tmp_path: Any
+) -> None:
+    """O8: a run started inside a request's span in this process runs its turn
+    in a real Celery worker process (which exports its spans to a file): that
+    turn's span is in the request's trace, a child of the start's span, and
+    the body's step a child of the turn."""
+    if reason := celery_stack_missing():
+        pytest.skip(reason)
+    from durable_singleton.dispatch import CeleryDispatcher
+    from durable_singleton.models import Run
+    from durable_singleton.stores.django import DjangoStore
+
+    out = tmp_path / "spans.jsonl"
+    celery_workers.start(1, concurrency=1, env=worker_env(DURABLE_OTEL_SPANS=str(out)))
+    store = DjangoStore()
+    engine = Engine(store, CeleryDispatcher(store))
+    engine.dispatcher.bind(engine)
+    with trace.get_tracer("a web request").start_as_current_span("POST /sync") as request:
+        run = engine.start("fault-hold", {"store_id": f"otel-{uuid.uuid4().hex[:8]}", "seconds": 0})
+    (start,) = _named(spans.get_finished_spans(), "durable.start")
+    deadline = time.monotonic() + 120
+    while Run.objects.get(pk=run.run_id).status != "completed":
+        assert time.monotonic() < deadline, celery_workers.logs()
+        time.sleep(0.2)
+    exported = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    mine = [s for s in exported if s["attributes"].get("durable.run_id") == run.run_id]
+    (turn,) = [s for s in mine if s["name"] == "durable.turn fault-hold"]
+    (step,) = [s for s in mine if s["name"] == "durable.step fault:hold"]
+    assert turn["context"]["trace_id"] == f"0x{request.get_span_context().trace_id:032x}"
+    assert turn["parent_id"] == f"0x{start.context.span_id:016x}"
+    assert step["parent_id"] == turn["context"]["span_id"]
+    assert turn["attributes"]["durable.key"] == run.singleton_key
+    assert turn["attributes"]["durable.outcome"] == "completed"
