@@ -109,6 +109,33 @@ def test_the_tick_keeps_its_period_while_bodies_hold_every_slot(celery_workers: 
     assert not problems, problems
 
 
+@pytest.mark.celery
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_ticks_that_could_not_run_do_not_run_back_to_back(celery_workers: CeleryWorkers) -> None:
+    """O5: beat sends ticks while no worker consumes ``durable_tick``; when
+    the tick's worker starts, the backlog does not run back to back: the
+    expired messages are discarded and those queued behind a tick are
+    dropped (result -1), so every two ticks that ran are at least half a
+    period apart (the worker's own guard, so no timing luck is involved)."""
+    if reason := celery_stack_missing():
+        pytest.skip(reason)
+    beat = celery_workers.start_beat()
+    deadline = time.monotonic() + SLACK
+    while beat.log().count("Scheduler: Sending due task") < 8:
+        assert time.monotonic() < deadline, beat.log()
+        time.sleep(0.2)
+    (ticker,) = celery_workers.start(1, pool="solo", queues=tasks.TICK_QUEUE)
+    deadline = time.monotonic() + SLACK
+    while len(tick_times(ticker.log())) < 5:
+        assert time.monotonic() < deadline, ticker.log()
+        time.sleep(0.2)
+    times = tick_times(ticker.log())
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert min(gaps) >= 0.5 * TICK, (gaps, ticker.log())
+    assert "succeeded in" in ticker.log() and "s: -1" in ticker.log(), ticker.log()
+
+
 @pytest.mark.django_db(transaction=True)  # the task closes the connection, as in a worker
 def test_a_tick_queued_behind_the_previous_one_is_dropped() -> None:
     """O5: a tick message that reaches the tick's worker less than half a
