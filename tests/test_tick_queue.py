@@ -68,6 +68,8 @@ def test_the_tick_keeps_its_period_while_bodies_hold_every_slot(celery_workers: 
     celery_workers.start(1, concurrency=2)
     (ticker,) = celery_workers.start(1, pool="solo", queues=tasks.TICK_QUEUE)
     celery_workers.start_beat()
+    # Steady state first: a fresh worker's first tick (Django's start, the first queries) may take seconds.
+    _wait("the first tick", lambda: tick_times(ticker.log()), SLACK, celery_workers.logs)
     store = DjangoStore()
     engine = Engine(store, CeleryDispatcher(store))
     engine.dispatcher.bind(engine)
