@@ -111,21 +111,27 @@ class Run(models.Model):
                 fields=["workflow_name", "singleton_key", "singleton_slot", "created_at", "run_id", "not_before"],
                 name="ds_run_queue_idx",
             ),
-            # Untracked active runs of an older release count as holders (S12). PostgreSQL and
-            # SQLite also get ds_run_untracked_idx, a partial index of the untracked runs alone
-            # (migration 0009, raw SQL: MariaDB and MySQL have none, and a Meta index with a
-            # condition would warn there, models.W037).
-            models.Index(
-                fields=["workflow_name", "singleton_key", "singleton_tracked", "status"], name="ds_run_legacy_idx"
-            ),
+            # Untracked active runs of an older release count as holders (S12): PostgreSQL reads
+            # them through ds_run_untracked_idx, a partial index of the untracked runs alone
+            # (migration 0009), SQLite, MariaDB and MySQL through ds_run_legacy_idx
+            # (workflow_name, singleton_key, singleton_tracked, status). Both by migration only
+            # (0009, 0014): a Meta index with a condition would warn on MariaDB (models.W037),
+            # and ds_run_legacy_idx on PostgreSQL led a worker's generic plan of the queue read
+            # to read and sort every run of the key (S5).
             # The tick: due runs and expired leases (S8, D4).
             models.Index(fields=["status", "wake_at"], name="ds_run_due_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="ds_run_lease_idx"),
             models.Index(fields=["status", "deadline_at"], name="ds_run_deadline_idx"),
             models.Index(fields=["namespace", "workflow_name", "status"], name="ds_run_ns_idx"),
-            # The admin's run list: newest first, and its key filter.
+            # The admin's run list: newest first, and its key filter. The key index also
+            # carries the queue's order after the key (as ds_run_queue_idx does after the
+            # workflow and key): a generic plan that reads a queue through it, not knowing
+            # the key's value, reads the front in order, never every run of the key (S5).
             models.Index(fields=["created_at", "run_id"], name="ds_run_created_idx"),
-            models.Index(fields=["singleton_key"], name="ds_run_key_idx"),
+            models.Index(
+                fields=["singleton_key", "workflow_name", "singleton_slot", "created_at", "run_id", "not_before"],
+                name="ds_run_key_idx",
+            ),
         ]
         constraints = [
             models.CheckConstraint(

@@ -243,3 +243,15 @@ def test_the_untracked_runs_have_a_partial_index_where_the_database_has_them() -
         constraints = connection.introspection.get_constraints(cursor, Run._meta.db_table)
     present = "ds_run_untracked_idx" in constraints
     assert present == (connection.vendor in ("postgresql", "sqlite")), sorted(constraints)
+
+
+def test_the_legacy_index_is_dropped_on_postgresql_only() -> None:
+    """S5, S12 (issue 32 item 3, migration 0014): on PostgreSQL the partial
+    ``ds_run_untracked_idx`` serves the untracked holders' count and
+    ``ds_run_legacy_idx``, which led generic plans of the queue read to sort every
+    run of the key, is gone; SQLite, MariaDB and MySQL (planned with the key's
+    value) keep it. The key index carries the queue's order after the key."""
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, Run._meta.db_table)
+    assert ("ds_run_legacy_idx" in constraints) == (connection.vendor != "postgresql"), sorted(constraints)
+    assert constraints["ds_run_key_idx"]["columns"][:3] == ["singleton_key", "workflow_name", "singleton_slot"]
