@@ -896,8 +896,20 @@ class Message:
 #: The statements this process prepared, per psycopg connection: a new
 #: connection (after a reconnect, in a forked child's own connection) prepares again.
 _PREPARED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: The statements whose cached plan the server refused, per psycopg connection: deallocated
+#: before their next use (a refusal inside a transaction leaves it aborted until it ends).
+_STALE: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+#: The connections whose record above may be wrong (a refused statement, a failed
+#: ``PREPARE``): the statements the server holds are read before the next ``PREPARE``.
+_UNSURE: weakref.WeakSet[Any] = weakref.WeakSet()
 #: SQLSTATE of "prepared statement does not exist" (a pooler's ``DISCARD ALL``, a ``DEALLOCATE``).
 _NOT_PREPARED = "26000"
+#: SQLSTATE of "prepared statement already exists" (a ``PREPARE`` of this process that the
+#: server took though its message failed: a timeout or a cancel in the middle of the message).
+_ALREADY_PREPARED = "42P05"
+#: SQLSTATE and text of "cached plan must not change result type" (another connection
+#: changed a column a prepared statement returns: a later release's migration).
+_PLAN_CHANGED = ("0A000", "cached plan must not change result type")
 
 _CREATE_KEY = Statement("create_key", CREATE_KEY)
 _LOCK_KEY = Statement("lock_key", LOCK_KEY)
@@ -941,9 +953,24 @@ def _ttls_param(ttls: Mapping[str, float | None]) -> str:
     return json.dumps({name: float(ttl) for name, ttl in ttls.items() if ttl is not None})
 
 
-def _not_prepared(exc: BaseException) -> bool:
+def _refusal(exc: BaseException) -> str | None:
+    """Why the server refused a prepared statement in ``exc``: ``"missing"`` (it does
+    not exist), ``"exists"`` (already prepared) or ``"changed"`` (its cached plan's
+    result type changed); None: another error."""
     cause = exc.__cause__ if exc.__cause__ is not None else exc
-    return getattr(cause, "sqlstate", None) == _NOT_PREPARED
+    state = getattr(cause, "sqlstate", None)
+    if state == _NOT_PREPARED:
+        return "missing"
+    if state == _ALREADY_PREPARED:
+        return "exists"
+    if state == _PLAN_CHANGED[0] and _PLAN_CHANGED[1] in str(cause):
+        return "changed"
+    return None
+
+
+class _PrepareError(Exception):
+    """A ``PREPARE`` message failed (a timeout, a cancel, a lost connection, a
+    refusal): nothing of the statements it prepares has run."""
 
 
 def _known_steps(taken: RunRecord) -> Mapping[int, StepRecord] | None:
@@ -1015,32 +1042,88 @@ class FastPath:
         statements (``EXECUTE``): PostgreSQL plans each statement once per
         connection instead of at every send (planning the handoff took about
         three times its execution). The statements a connection lacks are
-        prepared first, in one more round trip, once per connection
-        (``PREPARE`` is not undone by a rollback). A connection opened with
-        ``"prepare_threshold": None`` in its ``OPTIONS`` (psycopg's switch for a
-        pooler in transaction mode) gets the plain text. A prepared statement
-        dropped behind this process's back (a pooler's ``DISCARD ALL``, a
-        ``DEALLOCATE``) is prepared again and the message sent again, outside a transaction only
-        (nothing of the failed message was committed); inside one the error is raised."""
+        prepared first, after a read of the ones the server holds, in two more
+        round trips, once per connection (``PREPARE`` is not undone by a
+        rollback). A connection opened with ``"prepare_threshold": None`` in
+        its ``OPTIONS`` (psycopg's switch for a pooler in transaction mode) gets
+        the plain text.
+
+        A refused prepared statement never poisons the connection: one dropped
+        behind this process's back (a pooler's ``DISCARD ALL``, a
+        ``DEALLOCATE``: "does not exist"), one the server holds though this
+        process did not record it (a timeout or a cancel in the middle of the
+        ``PREPARE`` message: "already exists") and one whose cached plan the
+        server refuses (another connection changed a column: "cached plan must
+        not change result type", deallocated and prepared again) are put right
+        and the message is sent again, once. A ``PREPARE`` message that failed
+        (a timeout, a lost connection: the connection is opened again) is sent
+        again too, once: none of the message's statements ran. A retry happens
+        only outside a transaction (where the failed message's writes were rolled
+        back whole); inside one the error is raised, and the next message on the
+        connection puts the record right first. Raises the database's error
+        when the retry fails too, or for any other error."""
         wrapper = connections[self.store.db]
         raw = wrapper.connection
         if raw is None or getattr(raw, "prepare_threshold", 5) is None:
             cursor.execute(message.plain, params)
             return
-        prepared = _PREPARED.setdefault(raw, set())
         for attempt in (1, 2):
+            try:
+                self._prepare(cursor, raw, message)
+                cursor.execute(message.prepared, params)
+                return
+            except _PrepareError as failed:
+                exc: BaseException = failed.__cause__ or failed
+                if attempt == 2 or wrapper.in_atomic_block:
+                    raise exc from None
+                if not wrapper.is_usable():
+                    # The connection was lost while preparing: nothing ran; open another.
+                    wrapper.close()
+                    wrapper.ensure_connection()
+                    raw = wrapper.connection
+                    cursor.cursor = wrapper.create_cursor()
+            except Exception as exc:
+                refusal = _refusal(exc)
+                if refusal is None:
+                    raise
+                _UNSURE.add(raw)  # read again from the server before the next PREPARE
+                if refusal == "changed":
+                    _STALE.setdefault(raw, set()).update(st.name for st in message.statements)
+                if attempt == 2 or wrapper.in_atomic_block:
+                    raise
+
+    @staticmethod
+    def _prepare(cursor: Any, raw: Any, message: Message) -> None:
+        """Prepare the statements of ``message`` the connection ``raw`` lacks (one
+        round trip, once per connection), after reading the ones the server holds
+        when this process's record may be wrong (one more) and deallocating the
+        ones whose cached plan the server refused. Raises :class:`_PrepareError`
+        (from the database's error) if any of that fails; the record is then read
+        again before the next ``PREPARE``."""
+        prepared = _PREPARED.setdefault(raw, set())
+        stale = _STALE.setdefault(raw, set())
+        names = {st.name for st in message.statements}
+        if names <= prepared and not (raw in _UNSURE or names & stale):
+            return
+        try:
+            if raw in _UNSURE or names & stale:
+                cursor.execute("SELECT name FROM pg_prepared_statements")
+                held = {row[0] for row in cursor.fetchall()}
+                drop = sorted(held & stale & names)
+                if drop:
+                    cursor.execute("; ".join(f"DEALLOCATE {name}" for name in drop))
+                    held.difference_update(drop)
+                stale.difference_update(names)
+                prepared.clear()
+                prepared.update(held)
+                _UNSURE.discard(raw)
             missing = [st for st in message.statements if st.name not in prepared]
             if missing:
                 cursor.execute("; ".join(st.prepare for st in missing))
                 prepared.update(st.name for st in missing)
-            try:
-                cursor.execute(message.prepared, params)
-                return
-            except Exception as exc:
-                if attempt == 2 or not _not_prepared(exc) or wrapper.in_atomic_block:
-                    raise
-                cursor.execute("SELECT name FROM pg_prepared_statements")
-                prepared.intersection_update(row[0] for row in cursor.fetchall())
+        except Exception as exc:
+            _UNSURE.add(raw)
+            raise _PrepareError(str(exc)) from exc
 
     def _last_result(self, cursor: Any, message: Message) -> list[tuple[Any, ...]]:
         """Return the rows of the last result of ``message``."""
