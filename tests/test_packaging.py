@@ -16,6 +16,7 @@ import textwrap
 import time
 import urllib.error
 import urllib.request
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,11 @@ def test_wheel_installs_into_a_clean_virtualenv_and_runs_a_workflow(tmp_path: Pa
         "durable_singleton/migrations/0001_initial.py",
     } <= names
     assert not [n for n in names if n.startswith(("tests/", "testproject/", "tools/", "bench/", "docs/"))]
+    # The named SQL blocks of each database's room ship in both (issue 32 item 4).
+    sql_files = {str(p.relative_to(ROOT)) for p in (ROOT / "durable_singleton" / "sql").rglob("*.sql")}
+    assert sql_files and sql_files <= names, sql_files - names
+    with zipfile.ZipFile(wheel) as archive:
+        assert sql_files <= set(archive.namelist()), sql_files - set(archive.namelist())
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", str(venv)], cwd=tmp_path, env=env)

@@ -64,6 +64,7 @@ from typing import Any, Protocol
 
 from django.db import connections
 
+from .. import sql
 from ..admission import (
     QUOTA_ORDER,
     QUOTA_PREFIX,
@@ -261,57 +262,24 @@ def _seconds(name: str) -> str:
 # -- the statements ------------------------------------------------------------------------------
 FRONT_WHERE, FRONT_ORDER = RunQuerySet.queue_front_sql_text("q0")
 
+#: The statements on one run and one key row, and the fragments the statements
+#: built here share, are named blocks of ``sql/postgresql/runs.sql`` (issue 32 item 4).
 #: One read of a run for its turn, with whether its lease expired and whether it is due
-#: (its delayed start has come, X5) by the database's clock (R5).
-READ = (
-    f"SELECT {_cols('r')}, r.lease_expires_at <= {NOW}, {is_due_sql_text('r', NOW)}"
-    f" FROM {RUN} r WHERE r.run_id = %(run_id)s"
-)
-
-_TAKE_SET = (
-    f"status = '{RunStatus.RUNNING.value}', lease_owner = %(owner)s, lease_expires_at = {_seconds('lease')},"
-    f" wake_at = NULL, attempts = r.attempts + 1, recoveries = r.recoveries + %(recovered)s,"
-    f" started_at = COALESCE(r.started_at, {NOW}), updated_at = {NOW}"
-)
-#: The compare of a claim on what was read (``DjangoStore._as_read``): status, attempts, the
-#: cancel flag, and for a running run its owner and its expired lease (R5a, R6, S9).
-_AS_READ = (
-    "r.run_id = %(run_id)s AND r.status = %(status)s AND r.attempts = %(attempts)s"
-    " AND r.cancel_requested = %(cancel)s"
-    f" AND (r.status <> '{RunStatus.RUNNING.value}'"
-    f" OR (r.lease_owner IS NOT DISTINCT FROM %(read_owner)s AND r.lease_expires_at <= {WRITTEN}))"
-)
+#: (X5) by the database's clock (R5).
+READ = sql.statement("read")
+#: A claim's lease (R5, R6), shared with the admissions built below.
+_TAKE_SET = sql.fragment("take_set")
 #: The confirmation claim of a run without a key (``holder`` false) or of a holder (S6).
-TAKE = (
-    f"UPDATE {RUN} r SET {_TAKE_SET},"
-    f" singleton_slot = CASE WHEN %(holder)s THEN '{SlotState.HOLDER.value}' ELSE r.singleton_slot END,"
-    " singleton_tracked = r.singleton_tracked OR %(holder)s"
-    f" WHERE {_AS_READ} RETURNING {_cols('r')}"
-)
-#: The confirmation claim of a quota holder (X3c, X3f): :data:`TAKE` on a run still marked a
-#: quota holder, returning its quota tokens (JSON, by quota name). No quota key's lock: its
-#: memberships change only by a recovery, which changes the run's attempts first, so the
-#: compare-and-set refuses this claim (R5a).
-TAKE_QUOTA = (
-    f"UPDATE {RUN} r SET {_TAKE_SET},"
-    f" singleton_slot = CASE WHEN %(holder)s THEN '{SlotState.HOLDER.value}' ELSE r.singleton_slot END,"
-    " singleton_tracked = r.singleton_tracked OR %(holder)s"
-    f" WHERE {_AS_READ} AND r.quota_slot = '{SlotState.HOLDER.value}' RETURNING {_cols('r')},"
-    f" (SELECT json_object_agg(m.quota, COALESCE(m.fencing_token, 0)) FROM {MEMBER} m WHERE m.run_id = r.run_id)"
-)
+TAKE = sql.statement("take")
+#: The confirmation claim of a quota holder (X3c, X3f), returning its quota tokens.
+TAKE_QUOTA = sql.statement("take_quota")
 
 #: Lock the key's row, creating it if missing (S13); the first two statements of a message.
-CREATE_KEY = (
-    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
-    f" VALUES ({NOW}, {NOW}, %(wf)s, %(key)s, 0, FALSE) ON CONFLICT (workflow_name, key) DO NOTHING"
-)
-LOCK_KEY = f"SELECT k.id FROM {KEY} k WHERE k.workflow_name = %(wf)s AND k.key = %(key)s FOR UPDATE"
+CREATE_KEY = sql.statement("create_key")
+LOCK_KEY = sql.statement("lock_key")
 #: Lock the claimant's row in a statement of its own, after its key's (S13), before the
-#: statement that writes its lease (R5): an ``UPDATE`` that waits for a row another
-#: transaction only locked (a signal's or a cancel's ``SELECT ... FOR UPDATE``) writes the
-#: new row it computed before the wait, so a lease's expiry measured then would come short
-#: by the wait; the next statement reads the clock after it.
-LOCK_RUN = f"SELECT 1 FROM {RUN} r WHERE r.run_id = %(run_id)s FOR UPDATE"
+#: statement that writes its lease (R5; the block says why).
+LOCK_RUN = sql.statement("lock_run")
 
 
 def _param(name: str) -> str:
@@ -408,20 +376,12 @@ def _singleton_grants(when: str, claimant: str, carriers: str = "") -> str:
     )
 
 
-#: A settle's write: the end, its output and error, every marker dropped (a slot, a quota
-#: slot, the lease, the wake) in the same write (S7, X3g).
-_SETTLE_SET = (
-    "status = %(final)s, output = %(output)s::jsonb, error = %(error)s::jsonb,"
-    " singleton_slot = NULL, singleton_tracked = FALSE, quota_slot = NULL, lease_owner = NULL,"
-    f" lease_expires_at = NULL, wake_at = NULL, finished_at = COALESCE(%(finished_at)s, {NOW}), updated_at = {NOW}"
-)
+#: A settle's write: the end, its output and error, every marker dropped (S7, X3g).
+_SETTLE_SET = sql.fragment("settle_set")
 #: The owner's compare-and-set of a settle (R5a), its lease judged after the locks (:data:`WRITTEN`).
-FINISH_OWNED = (
-    f"r.status = '{RunStatus.RUNNING.value}' AND r.lease_owner = %(owner)s AND r.lease_expires_at > {WRITTEN}"
-)
-
+FINISH_OWNED = sql.fragment("finish_owned")
 #: A settle without a key: the compare-and-set alone (R5a).
-SETTLE = f"UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED} RETURNING 0, {_cols('r')}"
+SETTLE = sql.statement("settle")
 
 
 def _admit(me: str, value: Any) -> str:
@@ -519,13 +479,7 @@ CLAIM_ADMIT = _admit(
 #: A claim's first turn of a run without a key and without quotas (X3i), parked (not running,
 #: not terminal), not cancelled and due (X5): its lease, one compare-and-set on the row as the
 #: update finds it (no key, so no lock and no admission: S4, S6, R5a, R6).
-CLAIM_TAKE = (
-    f"UPDATE {RUN} r SET {_TAKE_SET} WHERE r.run_id = %(run_id)s AND r.singleton_key IS NULL"
-    " AND r.quota_slot IS NULL"
-    f" AND r.status IN ({_PARKED}) AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)}"
-    f" RETURNING {_cols('r')}"
-)
-
+CLAIM_TAKE = sql.statement("claim_take")
 
 _JSON_COLUMNS = {"input", "output", "error", "tags"}
 #: The limit in force on a started run's key: the key's runtime override, else the declared
@@ -592,7 +546,7 @@ def _with_members(insert: str) -> str:
 START_KEYED_QUOTAS = _with_members(START_KEYED)
 START_QUOTAS = _with_members(START)
 #: The run as stored.
-GET = f"SELECT {_cols('r')} FROM {RUN} r WHERE r.run_id = %(run_id)s"
+GET = sql.statement("get")
 
 
 # -- shared quotas (X3) ---------------------------------------------------------------------------
