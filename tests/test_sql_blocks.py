@@ -27,9 +27,24 @@ def _words(text: str) -> str:
 def test_each_statement_starts_with_its_name_for_the_query_log() -> None:
     """Every statement of the room's files comes with the comment that names its block."""
     found = sql.statements()
-    assert {"read", "take", "take_quota", "claim_take", "settle", "get", "create_key", "lock_key", "lock_run"} <= set(
-        found
-    )
+    assert {
+        "read",
+        "take",
+        "take_quota",
+        "claim_take",
+        "settle",
+        "get",
+        "create_key",
+        "lock_key",
+        "lock_run",
+        "create_key_if",
+        "create_quota_keys",
+        "lock_quota_keys",
+        "claim_create_key",
+        "claim_lock_key",
+        "claim_create_quota_keys",
+        "claim_lock_quota_keys",
+    } <= set(found)
     for name, text in found.items():
         assert text.startswith(f"/* durable_singleton:{name} */\n"), name
         assert "{{" not in text and "}}" not in text, name
@@ -78,3 +93,17 @@ def test_a_block_psycopg_would_misread_or_a_message_join_would_cut_is_refused() 
             sql.parse(bad)
     with pytest.raises(KeyError):
         sql.statement("no_such_block")
+
+
+def test_the_lock_blocks_use_the_names_the_admissions_read() -> None:
+    """S13, X3e: the claim's lock statements record their locks in the session
+    settings the admissions built in stores/pg.py read, and name a quota key's row
+    with the quota prefix the ORM path uses."""
+    from durable_singleton.admission import QUOTA_PREFIX
+
+    assert f"set_config('{pg.CLAIM_LOCKED}'," in sql.statement("claim_lock_key")
+    assert f"'{pg.CLAIM_QUOTA_LOCKED}'," in sql.statement("claim_lock_quota_keys")
+    assert f"SELECT '{QUOTA_PREFIX}' || m0.quota AS wf" in sql.fragment("member_quota_keys")
+    for name in ("keyed_candidate", "quota_candidate"):
+        parked = re.search(r"r\.status IN \(([^)]*)\)", _words(sql.fragment(name)))
+        assert parked is not None and {w.strip(" '") for w in parked[1].split(",")} == set(PARKED_STATUSES), name

@@ -71,7 +71,6 @@ from ..admission import (
     free_slots_sql_text,
     holds_quota_slot_sql_text,
     holds_slot_sql_text,
-    is_due_sql_text,
     legacy_holder_sql_text,
     limit_in_force_sql_text,
     queue_ttl_expired_sql_text,
@@ -435,21 +434,12 @@ ADMIT = _admit(
 #: its own row. Read without a lock: a run's workflow and key never change.
 #: The key row's creation and lock below also take a keyed quota waiter's singleton key, after
 #: its quota keys (:data:`CLAIM_LOCK_QUOTA_KEYS`, X3e); its admission is :data:`CLAIM_QUOTA_ADMIT`.
-_KEYED_CANDIDATE = (
-    f"r.run_id = %(run_id)s AND {_WAITER} AND r.status IN ({_PARKED})"
-    f" AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)} AND %(limits)s::jsonb ? r.workflow_name"
-)
+_KEYED_CANDIDATE = sql.fragment("keyed_candidate")
 _CANDIDATE = f"{_KEYED_CANDIDATE} AND r.quota_slot IS NULL"
-CLAIM_CREATE_KEY = (
-    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
-    f" SELECT {NOW}, {NOW}, r.workflow_name, r.singleton_key, 0, FALSE FROM {RUN} r WHERE {_KEYED_CANDIDATE}"
-    " ON CONFLICT (workflow_name, key) DO NOTHING"
-)
+CLAIM_CREATE_KEY = sql.statement("claim_create_key")
 #: The session setting in which :data:`CLAIM_LOCK_KEY` records the key row it locked, with
 #: the transaction that holds the lock.
 CLAIM_LOCKED = "durable_singleton.claim_locked"
-#: Which key row this transaction has locked, as :data:`CLAIM_LOCK_KEY` records it.
-_LOCKED_BY_ME = "(k.id::text || ':' || pg_current_xact_id()::text)"
 #: What :data:`CLAIM_LOCK_KEY` recorded (NULL: nothing): its key row's id, ``:``, its transaction's id.
 _RECORDED = f"current_setting('{CLAIM_LOCKED}', true)"
 #: Lock the candidate's key row and record that this transaction holds it: each statement
@@ -457,11 +447,7 @@ _RECORDED = f"current_setting('{CLAIM_LOCKED}', true)"
 #: statement (a retry reset, a row that appeared) is no proof of the lock; the admission
 #: below writes only for a key row recorded here (S5, S13). The record is set for locked
 #: rows only (the lock is taken in the subquery, before the outer select list).
-CLAIM_LOCK_KEY = (
-    f"SELECT set_config('{CLAIM_LOCKED}', l.locked, false) FROM (SELECT {_LOCKED_BY_ME} AS locked"
-    f" FROM {KEY} k JOIN {RUN} r ON k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
-    f" WHERE {_KEYED_CANDIDATE} FOR UPDATE OF k) l"
-)
+CLAIM_LOCK_KEY = sql.statement("claim_lock_key")
 #: The admission of a candidate whose key row this transaction locked (above), its values
 #: read from its row after the lock (the compare-and-set of each write is on that read,
 #: R5a); :data:`ADMIT`'s text otherwise.
@@ -556,24 +542,13 @@ GET = sql.statement("get")
 # ``_lock_quota_keys`` sorts them: the one global lock order, every quota key before the
 # singleton key, then the run's row (X3e, S13).
 HOLDER, WAITER = SlotState.HOLDER.value, SlotState.WAITER.value
-_QUOTA_KEYS = "unnest(%(qwf)s::text[], %(qkey)s::text[]) WITH ORDINALITY qu(wf, key, n)"
+_QUOTA_KEYS = sql.fragment("quota_keys")
 #: Create the run's missing quota key rows, in the lock order.
-CREATE_QUOTA_KEYS = (
-    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
-    f" SELECT {NOW}, {NOW}, qu.wf, qu.key, 0, FALSE FROM {_QUOTA_KEYS} ORDER BY qu.n"
-    " ON CONFLICT (workflow_name, key) DO NOTHING"
-)
+CREATE_QUOTA_KEYS = sql.statement("create_quota_keys")
 #: Lock the run's quota key rows one by one in the lock order (the sort, then the locks, X3e).
-LOCK_QUOTA_KEYS = (
-    f"SELECT k.id FROM {KEY} k JOIN {_QUOTA_KEYS} ON k.workflow_name = qu.wf AND k.key = qu.key"
-    " ORDER BY qu.n FOR UPDATE OF k"
-)
+LOCK_QUOTA_KEYS = sql.statement("lock_quota_keys")
 #: The singleton key's row of a run that has one (the ``key`` parameter NULL: none).
-CREATE_KEY_IF = (
-    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
-    f" SELECT {NOW}, {NOW}, %(wf)s::varchar, %(key)s::varchar, 0, FALSE WHERE %(key)s::varchar IS NOT NULL"
-    " ON CONFLICT (workflow_name, key) DO NOTHING"
-)
+CREATE_KEY_IF = sql.statement("create_key_if")
 _QUOTA_NAME = f"substr(k0.workflow_name, {len(QUOTA_PREFIX) + 1})"
 _QUOTA_ORDER = ", ".join(f"m.{column}" for column in QUOTA_ORDER)
 
@@ -676,21 +651,9 @@ def _quota_admit(me: str, value: Any, keys: str) -> str:
 #: ``limits`` parameter. Its quota keys are its memberships' (``qu``), numbered in the lock order:
 #: by (name, key) in code-point order, as Python sorts them on the ORM path (X3e; a UTF-8
 #: database's ``COLLATE "C"`` order is code-point order).
-_QUOTA_CANDIDATE = (
-    f"r.run_id = %(run_id)s AND r.quota_slot = '{WAITER}' AND r.status IN ({_PARKED})"
-    f" AND NOT r.cancel_requested AND {is_due_sql_text('r', NOW)}"
-    f" AND (r.singleton_key IS NULL OR ({_WAITER} AND %(limits)s::jsonb ? r.workflow_name))"
-)
-_MEMBER_KEYS = (
-    f"(SELECT '{QUOTA_PREFIX}' || m0.quota AS wf, m0.key,"
-    ' row_number() OVER (ORDER BY m0.quota COLLATE "C", m0.key COLLATE "C") AS n'
-    f" FROM {MEMBER} m0 WHERE m0.run_id = %(run_id)s) qu"
-)
-CLAIM_CREATE_QUOTA_KEYS = (
-    f"INSERT INTO {KEY} (created, modified, workflow_name, key, last_token, paused)"
-    f" SELECT {NOW}, {NOW}, qu.wf, qu.key, 0, FALSE FROM {_MEMBER_KEYS} JOIN {RUN} r ON r.run_id = %(run_id)s"
-    f" WHERE {_QUOTA_CANDIDATE} ORDER BY qu.n ON CONFLICT (workflow_name, key) DO NOTHING"
-)
+_QUOTA_CANDIDATE = sql.fragment("quota_candidate")
+_MEMBER_KEYS = sql.fragment("member_quota_keys")
+CLAIM_CREATE_QUOTA_KEYS = sql.statement("claim_create_quota_keys")
 #: The session setting in which :data:`CLAIM_LOCK_QUOTA_KEYS` records the quota key rows it
 #: locked (their ids in the lock order, ``,``-separated), ``:``, the transaction that holds them.
 CLAIM_QUOTA_LOCKED = "durable_singleton.claim_quota_locked"
@@ -698,13 +661,7 @@ _QUOTA_RECORDED = f"current_setting('{CLAIM_QUOTA_LOCKED}', true)"
 #: Lock the candidate's quota key rows in the lock order and record them (as
 #: :data:`CLAIM_LOCK_KEY` records its key row): the admission below writes only when the
 #: record names every quota key of the claimant, locked by this transaction (X3e, S13).
-CLAIM_LOCK_QUOTA_KEYS = (
-    f"SELECT set_config('{CLAIM_QUOTA_LOCKED}', string_agg(l.id::text, ',' ORDER BY l.n)"
-    " || ':' || pg_current_xact_id()::text, false)"
-    f" FROM (SELECT k.id, qu.n FROM {KEY} k JOIN {_MEMBER_KEYS} ON k.workflow_name = qu.wf AND k.key = qu.key"
-    f" JOIN {RUN} r ON r.run_id = %(run_id)s WHERE {_QUOTA_CANDIDATE} ORDER BY qu.n FOR UPDATE OF k) l"
-    " HAVING count(*) > 0"
-)
+CLAIM_LOCK_QUOTA_KEYS = sql.statement("claim_lock_quota_keys")
 #: The admission of a candidate quota waiter whose quota keys (and singleton key, if it has
 #: one) this transaction locked and recorded above, its values read from its row after the
 #: locks; if it is none, nothing is written and the ORM path decides (X3i).
