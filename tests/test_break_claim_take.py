@@ -339,9 +339,7 @@ def test_a_suspended_run_with_a_future_not_before_is_not_taken(registry: Registr
     engine = _engine(registry, raw_sql)
     engine.start("plain", {}, run_id="d")
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-    Run.objects.filter(pk="d").update(
-        status=RunStatus.SUSPENDED, not_before=engine.store.now() + timedelta(hours=1)
-    )
+    Run.objects.filter(pk="d").update(status=RunStatus.SUSPENDED, not_before=engine.store.now() + timedelta(hours=1))
     engine.execute("d")
     row = _row("d")
     assert ran == [] and row.status == RunStatus.SUSPENDED and row.attempts == 0, (ran, row.status)
@@ -572,9 +570,7 @@ def test_a_signal_landing_while_an_early_turn_parks_is_not_lost(registry: Regist
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's prepared statements (the fast path)")
 @pytest.mark.parametrize("dropped", ["claim_take", "read", "claim_admit"])
-def test_a_claim_message_whose_statement_was_deallocated_takes_the_lease_once(
-    registry: Registry, dropped: str
-) -> None:
+def test_a_claim_message_whose_statement_was_deallocated_takes_the_lease_once(registry: Registry, dropped: str) -> None:
     """R6, R5a, S4: a prepared statement of the claim message dropped behind the
     process's back (a pooler's DEALLOCATE): the message fails as a whole (its
     take rolled back) and is sent again: one lease, attempts 1, the body once."""

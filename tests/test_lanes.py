@@ -152,7 +152,7 @@ def test_the_lanes_page_draws_bars_waiters_and_handoffs_as_svg(admin_client: Cli
     assert 'class="ds-handoff" data-from="P-0" data-to="P-1"' in html
     assert 'class="ds-admit" data-run-id="P-1"' in html
     fragment = admin_client.get(LANES, {"workflow": CAPPED, "fragment": "1"}).content.decode()
-    assert "<svg" in fragment and "<html" not in fragment and "data-position=\"1\"" in fragment
+    assert "<svg" in fragment and "<html" not in fragment and 'data-position="1"' in fragment
 
 
 def test_the_window_is_a_bounded_query_parameter(admin_client: Client, engine: Engine) -> None:

@@ -75,9 +75,7 @@ def pass_time(engine: Engine, seconds: float = 2 * HOUR) -> None:
     Run.objects.filter(wake_at__isnull=False).update(wake_at=F("wake_at") - shift)
 
 
-def test_a_waiter_not_due_is_skipped_while_a_due_one_behind_it_is_admitted(
-    delayed: Engine, registry: Registry
-) -> None:
+def test_a_waiter_not_due_is_skipped_while_a_due_one_behind_it_is_admitted(delayed: Engine, registry: Registry) -> None:
     """X5, S5 step 3 (the procrastinate #1599 trap): D, older and not due, is not
     admitted; W, created after it and due, is admitted on the free slot and runs;
     D's first turn is not sent before it is due, and a turn that arrives early
@@ -96,9 +94,7 @@ def test_a_waiter_not_due_is_skipped_while_a_due_one_behind_it_is_admitted(
     assert stored.wake_at == stored.not_before == d.not_before
 
 
-def test_a_due_waiter_is_admitted_past_an_older_one_not_due_on_a_busy_key(
-    delayed: Engine, registry: Registry
-) -> None:
+def test_a_due_waiter_is_admitted_past_an_older_one_not_due_on_a_busy_key(delayed: Engine, registry: Registry) -> None:
     """X5: behind a holder H, the not-due D and the due W queue; W's own claim
     parks it (no free slot), and when a second slot opens W, not D, takes it."""
     log: list[str] = []

@@ -81,9 +81,7 @@ def _holder_and_waiters(engine: Engine, *waiters: str) -> None:
 
 
 @pytest.mark.vendor_agnostic
-@pytest.mark.parametrize(
-    "bad", [0, -1, -0.5, "30", True, False, math.nan, math.inf, -math.inf, 10**15, [30]], ids=repr
-)
+@pytest.mark.parametrize("bad", [0, -1, -0.5, "30", True, False, math.nan, math.inf, -math.inf, 10**15, [30]], ids=repr)
 def test_a_bad_queue_ttl_is_refused_at_declaration_and_nothing_is_registered(bad: Any) -> None:
     """X2, section 7: a queue_ttl that is not a finite number of seconds > 0
     (zero, negative, a string, a bool, NaN, infinite, too large for a
@@ -140,9 +138,7 @@ def test_a_waiter_past_its_queue_ttl_ends_cancelled_with_the_code(engine: Engine
     assert log == ["H", "W2"] and engine.get("W2").status == "completed"
 
 
-def test_a_waiter_admitted_between_the_sweeps_read_and_write_is_left_alone(
-    engine: Engine, registry: Registry
-) -> None:
+def test_a_waiter_admitted_between_the_sweeps_read_and_write_is_left_alone(engine: Engine, registry: Registry) -> None:
     """X2, R5a, S7: the tick reads W as past its TTL; before it writes, H
     settles and a grant admits W, whose turn is not yet taken (W is parked,
     holding the slot); the sweep's compare-and-set on a parked waiter then
@@ -324,9 +320,7 @@ def test_a_delayed_start_counts_its_ttl_from_its_creation(engine: Engine, regist
 # -- the clock (R5, R8) --------------------------------------------------------------------
 
 
-def test_a_stepped_process_clock_does_not_move_expiry(
-    make: Callable[..., Engine], registry: Registry
-) -> None:
+def test_a_stepped_process_clock_does_not_move_expiry(make: Callable[..., Engine], registry: Registry) -> None:
     """X2, R5, R8: the ticking process's clock steps an hour ahead (past the
     TTL): the waiter W, a second old by the store's clock, is not ended and
     explain gives it nearly the whole TTL; a waiter started by a process
