@@ -53,6 +53,20 @@ def is_vendor_agnostic(item: pytest.Item) -> bool:
     return callspec is not None and callspec.params.get("store_kind") == "memory"
 
 
+#: The test users' password hasher: the default PBKDF2 spends about 0.35 s of CPU
+#: on each password it makes or checks, and the admin and browser tests make
+#: one per test (admin_user, create_user), in every pass. No test checks the
+#: hasher; a worker or server process started by a test keeps its own settings.
+FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Use a fast password hasher for the whole run (pytest-django has set Django up)."""
+    from django.test.utils import override_settings
+
+    override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS).enable()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Refuse a vendor-agnostic test that asks for the database; on PostgreSQL and
     MariaDB, deselect the vendor-agnostic tests (they run in the SQLite passes)."""
