@@ -1,31 +1,40 @@
 #!/usr/bin/env bash
 # Run pytest once per database (called by tools/test with DS_PG_URL,
-# DS_MYSQL_URL and DS_REDIS_URL set), then on SQLite with the other tested
+# DS_MYSQL_URL and DS_REDIS_URL set), on SQLite with the other tested
 # combinations: .venv-alt (Python 3.13 and Django 5.2, tools/bootstrap.sh alt)
-# and .venv-dj60 (Python 3.12 and Django 6.0, tools/bootstrap.sh dj60).
+# and .venv-dj60 (Python 3.12 and Django 6.0, tools/bootstrap.sh dj60), the
+# static checks, Django's own tasks suite and the two chaos soaks.
 # Exits non-zero if any run failed or ran no test.
 #
 # The pass split: every test that touches the database of the run (the Django
 # store, claims, transactions, the database clock, real worker processes) runs
 # in every database pass. Vendor-agnostic tests (marker vendor_agnostic: pure
 # Python, docs, packaging, the spin model, the pytest plugin's subprocesses,
-# and the memory case of each store_kind test) run in the two SQLite passes
+# and the memory case of each store_kind test) run in the SQLite passes
 # only: tests/conftest.py deselects them on PostgreSQL and MariaDB and says so
 # in the summary. Slow tests run in the first SQLite pass, not in .venv-alt
-# or .venv-dj60.
+# or .venv-dj60; the slow vendor-agnostic ones (spin model, wheel install,
+# the pytest plugin's conformance run) are a job of their own.
 #
-# What needs no service runs beside a pytest pass (on the 2-core machine the
-# passes mostly wait on servers, workers and sleeps), printed when both are done:
-# - beside the SQLite pass: ruff, mypy, sphinx, Django's own tests/tasks
-#   suite against the django.tasks backend (python -m tests.django_suite.run:
-#   the installed Django's sdist, its own SQLite file, a list of documented
-#   differences), then the slow vendor-agnostic tests (-m "vendor_agnostic
-#   and slow": spin model, wheel install, the pytest plugin's conformance
-#   run), which the SQLite pass itself leaves out;
-# - beside the MariaDB pass: the .venv-alt, then the .venv-dj60 SQLite pass
-#   (-m "not slow").
-# Nothing runs beside the PostgreSQL pass; the two soaks run side by side.
-# DS_CI_SERIAL=1 runs everything one at a time.
+# The jobs run side by side, DS_CI_JOBS at a time (default 3; a pass mostly
+# waits on servers, worker processes and polls, so three keep the 2-core
+# machine busy without starving the tests' bounds), longest first:
+#   postgresql, mariadb, sqlite        the three database passes (.venv)
+#   sqlite-alt, sqlite-dj60            .venv-alt and .venv-dj60, -m "not slow"
+#   checks                             ruff check, ruff format --check, mypy
+#                                      --strict, sphinx -W -n
+#   django-tasks-suite                 python -m tests.django_suite.run: the
+#                                      installed Django's tests/tasks suite
+#                                      against the django.tasks backend
+#   sqlite-slow-agnostic               -m "vendor_agnostic and slow"
+# Each pytest pass gets its own Redis database (DS_REDIS_URL's /1, /2, ...:
+# Celery's keys and its fanout channels are per database), its own test
+# database (PostgreSQL and MariaDB: one server each; SQLite: a file per
+# process, testproject/settings.py) and its own free ports. A job's output is
+# printed whole when it ends. Then the two chaos soaks run side by side, when
+# nothing else runs (each needs the machine to reach its minimum of runs).
+# DS_CI_JOBS=1 (or DS_CI_SERIAL=1) runs everything one at a time, in the
+# foreground.
 #
 # The verdict: each pass writes a JUnit report and each pass, check and soak
 # one line to artifacts/tests/results.jsonl; at the end tools/summary.py
@@ -42,6 +51,8 @@ reports=artifacts/tests
 rm -rf "$reports"
 mkdir -p "$reports"
 results="$reports/results.jsonl"
+jobs_at_once=${DS_CI_JOBS:-3}
+[ "${DS_CI_SERIAL:-0}" = 1 ] && jobs_at_once=1
 # record KIND NAME RC STARTED [EXTRA_JSON]: one line of results.jsonl (tools/summary.py).
 record() {
   local seconds
@@ -58,6 +69,11 @@ check() {
   record check "$name" "$rc" "$started"
   return "$rc"
 }
+# redis_db N: DS_REDIS_URL with database N (empty without DS_REDIS_URL).
+redis_db() {
+  [ -n "${DS_REDIS_URL:-}" ] && printf '%s/%s' "${DS_REDIS_URL%/*}" "$1"
+}
+# run LABEL PYTHON VAR=VALUE...: one pytest pass with its JUnit report.
 run() {
   local label="$1" python="$2"; shift 2
   local junit
@@ -74,23 +90,6 @@ run() {
   fi
   return "$rc"
 }
-# beside NAME CMD...: run CMD in the background, output to $logs/NAME
-# (in the foreground with DS_CI_SERIAL=1); collect NAME prints it and its status.
-beside() {
-  local name="$1"; shift
-  if [ "${DS_CI_SERIAL:-0}" = 1 ]; then
-    "$@" 2>&1 | tee "$logs/$name"
-    echo "${PIPESTATUS[0]}" > "$logs/$name.rc"
-  else
-    { "$@"; echo "$?" > "$logs/$name.rc"; } > "$logs/$name" 2>&1 &
-  fi
-}
-collect() {
-  local name="$1"
-  wait
-  [ "${DS_CI_SERIAL:-0}" = 1 ] || [ ! -f "$logs/$name" ] || cat "$logs/$name"
-  [ "$(cat "$logs/$name.rc" 2>/dev/null)" = 0 ] || status=1
-}
 sphinx() {
   local docs_out rc
   docs_out=$(mktemp -d)
@@ -99,32 +98,44 @@ sphinx() {
   rm -rf "$docs_out"
   return "$rc"
 }
-static_checks() {
+
+# -- the jobs -------------------------------------------------------------------
+job_postgresql() {
+  run postgresql .venv/bin/python DATABASE_URL="${DS_PG_URL:?}" CELERY_BROKER_URL="$(redis_db 1)"
+}
+job_mariadb() {
+  run mariadb .venv/bin/python DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="$(redis_db 2)"
+}
+job_sqlite() {
+  local PYTEST_ARGS=(-m "not (vendor_agnostic and slow)" "${PYTEST_ARGS[@]}")
+  run sqlite .venv/bin/python DATABASE_URL= CELERY_BROKER_URL="$(redis_db 3)"
+}
+job_sqlite_slow_agnostic() {
+  local PYTEST_ARGS=(-m "vendor_agnostic and slow" "${PYTEST_ARGS[@]}")
+  # 5: nothing selected (e.g. tools/test -k name); the SQLite pass counts its own.
+  OK_RCS="[0, 5]" run "sqlite (the slow vendor-agnostic tests)" .venv/bin/python DATABASE_URL= CELERY_BROKER_URL=
+  local rc=$?
+  [ "$rc" -eq 5 ] && return 0
+  return "$rc"
+}
+job_checks() {
   local rc=0
   echo "=== ruff check ==="
   check ruff .venv/bin/ruff check --quiet . || rc=1
+  echo "=== ruff format --check ==="
+  check ruff-format .venv/bin/ruff format --check --quiet . || rc=1
   echo "=== mypy --strict with the django-stubs plugin (setup.cfg [mypy]) ==="
   check mypy .venv/bin/python -m mypy || rc=1
   echo "=== docs: sphinx-build -W -n (warnings are errors, every reference resolves) ==="
   check sphinx sphinx || rc=1
   return "$rc"
 }
-agnostic_side() {
-  local rc=0
-  static_checks || rc=1
+job_django_tasks_suite() {
   echo "=== Django's own tests/tasks suite against the durable task backend (tests/django_suite) ==="
-  check django-tasks-suite .venv/bin/python -m tests.django_suite.run || rc=1
-  local PYTEST_ARGS=(-m "vendor_agnostic and slow" "${PYTEST_ARGS[@]}")
-  OK_RCS="[0, 5]" run "sqlite (the slow vendor-agnostic tests)" .venv/bin/python DATABASE_URL= CELERY_BROKER_URL=
-  local ran=$?
-  # 5: nothing selected (e.g. tools/test -k name); the SQLite pass counts its own.
-  if [ "$ran" -ne 0 ] && [ "$ran" -ne 5 ]; then rc=1; fi
-  return "$rc"
+  check django-tasks-suite .venv/bin/python -m tests.django_suite.run
 }
 # other_pass VENV: the tests not marked slow on SQLite with another Python and
-# Django (browser, packaging and real processes run in the default SQLite pass
-# above): each of these runs takes a few minutes beside the MariaDB pass, which
-# keeps CI under 30 minutes.
+# Django (browser, packaging and real processes run in the default SQLite pass).
 other_pass() {
   local venv="$1" combination
   if [ ! -x "$venv/bin/python" ]; then
@@ -136,25 +147,40 @@ other_pass() {
   local PYTEST_ARGS=(-m "not slow" "${PYTEST_ARGS[@]}")
   run "sqlite (${combination})" "$venv/bin/python" DATABASE_URL= CELERY_BROKER_URL=
 }
-# Python 3.13 with Django 5.2 (.venv-alt), then Python 3.12 with Django 6.0 (.venv-dj60).
-other_passes() {
-  local rc=0
-  other_pass .venv-alt || rc=1
-  other_pass .venv-dj60 || rc=1
-  return "$rc"
+# Python 3.13 with Django 5.2 (.venv-alt), and Python 3.12 with Django 6.0 (.venv-dj60).
+job_sqlite_alt() { other_pass .venv-alt; }
+job_sqlite_dj60() { other_pass .venv-dj60; }
+
+# -- the pool -------------------------------------------------------------------
+# Longest first, so that the short jobs fill the slots at the end.
+queue=(postgresql mariadb sqlite sqlite_alt sqlite_dj60 checks django_tasks_suite sqlite_slow_agnostic)
+declare -A running=()
+# finish PID: print the ended job's output and count its status.
+finish() {
+  local pid="$1" rc="$2" name="${running[$1]}"
+  unset "running[$pid]"
+  cat "$logs/$name"
+  echo "=== job ${name} ended (exit ${rc}); $(( ${#running[@]} )) still running ==="
+  [ "$rc" -eq 0 ] || status=1
 }
 PYTEST_ARGS=("$@")
-beside agnostic agnostic_side
-sqlite_pass() {
-  local PYTEST_ARGS=(-m "not (vendor_agnostic and slow)" "${PYTEST_ARGS[@]}")
-  run sqlite .venv/bin/python DATABASE_URL= CELERY_BROKER_URL="${DS_REDIS_URL:-}"
-}
-sqlite_pass || status=1
-collect agnostic
-run postgresql .venv/bin/python DATABASE_URL="${DS_PG_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}" || status=1
-beside alt other_passes
-run mariadb .venv/bin/python DATABASE_URL="${DS_MYSQL_URL:?}" CELERY_BROKER_URL="${DS_REDIS_URL:?}" || status=1
-collect alt
+for name in "${queue[@]}"; do
+  if [ "$jobs_at_once" -le 1 ]; then
+    "job_$name" || status=1
+    continue
+  fi
+  while [ "${#running[@]}" -ge "$jobs_at_once" ]; do
+    wait -n -p ended "${!running[@]}"
+    finish "$ended" "$?"
+  done
+  "job_$name" > "$logs/$name" 2>&1 &
+  running[$!]=$name
+done
+while [ "${#running[@]}" -gt 0 ]; do
+  wait -n -p ended "${!running[@]}"
+  finish "$ended" "$?"
+done
+
 # The chaos soak of #12 (soak/, docs/reliability.rst): its own servers, two groups of real
 # Celery workers, three ticks and random faults for 165 s on each database, then the
 # independent checker; at least 3,000 runs each. DS_SOAK=0 skips it (e.g. with -k).
@@ -176,9 +202,16 @@ soak() {
   return "$rc"
 }
 if [ "${DS_SOAK:-1}" != 0 ]; then
-  beside soak-mariadb soak mariadb
-  soak postgresql || status=1
-  collect soak-mariadb
+  if [ "$jobs_at_once" -le 1 ]; then
+    soak mariadb || status=1
+    soak postgresql || status=1
+  else
+    soak mariadb > "$logs/soak-mariadb" 2>&1 &
+    soak_pid=$!
+    soak postgresql || status=1
+    wait "$soak_pid" || status=1
+    cat "$logs/soak-mariadb"
+  fi
 fi
 # The verdict, last: the harness reads the closing "total: N passed, N failed, N skipped".
 .venv/bin/python tools/summary.py "$results" || status=1
