@@ -7,8 +7,10 @@ and creates no environment of its own:
 * ``lint``: ``ruff check`` and ``ruff format --check`` (what CI checks);
 * ``format``: ``ruff format`` and ``ruff check --fix`` (rewrites files);
 * ``quick``: the quick tier, SQLite and the memory store, no external
-  service: every test not marked ``slow`` or ``celery``, in a few minutes
-  (arguments after ``--`` go to pytest, e.g. ``-- tests/test_tick.py -x``);
+  service: every test not marked ``slow`` or ``celery``, on one pytest-xdist
+  worker per core (at most 4; each has its own SQLite file), in a few
+  minutes (arguments after ``--`` go to pytest, e.g. ``-- tests/test_tick.py
+  -x``, or ``-- -n 0`` for one process);
 * ``typecheck``: ``mypy --strict`` (setup.cfg); ``docs``: ``sphinx -W -n``;
 * ``full``: the README's ``bash tools/test`` (every database, every tested
   Python and Django, the soaks, the checks; its verdict last).
@@ -56,6 +58,10 @@ def quick(session: nox.Session) -> None:
         "-q",
         "-m",
         QUICK,
+        "-n",
+        "auto",
+        "--maxprocesses",
+        "4",
         *session.posargs,
         env={"DATABASE_URL": "", "CELERY_BROKER_URL": ""},
     )
