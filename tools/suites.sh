@@ -20,13 +20,14 @@
 # waits on servers, worker processes and polls, so three keep the 2-core
 # machine busy without starving the tests' bounds), longest first:
 #   postgresql, mariadb, sqlite        the three database passes (.venv)
+#   sqlite-slow-agnostic               -m "vendor_agnostic and slow" (the
+#                                      spin model checks take minutes)
 #   sqlite-alt, sqlite-dj60            .venv-alt and .venv-dj60, -m "not slow"
 #   checks                             ruff check, ruff format --check, mypy
 #                                      --strict, sphinx -W -n
 #   django-tasks-suite                 python -m tests.django_suite.run: the
 #                                      installed Django's tests/tasks suite
 #                                      against the django.tasks backend
-#   sqlite-slow-agnostic               -m "vendor_agnostic and slow"
 # Each pytest pass gets its own Redis database (DS_REDIS_URL's /1, /2, ...:
 # Celery's keys and its fanout channels are per database), its own test
 # database (PostgreSQL and MariaDB: one server each; SQLite: a file per
@@ -153,7 +154,7 @@ job_sqlite_dj60() { other_pass .venv-dj60; }
 
 # -- the pool -------------------------------------------------------------------
 # Longest first, so that the short jobs fill the slots at the end.
-queue=(postgresql mariadb sqlite sqlite_alt sqlite_dj60 checks django_tasks_suite sqlite_slow_agnostic)
+queue=(postgresql mariadb sqlite sqlite_slow_agnostic sqlite_alt sqlite_dj60 checks django_tasks_suite)
 declare -A running=()
 # finish PID: print the ended job's output and count its status.
 finish() {
@@ -175,6 +176,7 @@ for name in "${queue[@]}"; do
   done
   "job_$name" > "$logs/$name" 2>&1 &
   running[$!]=$name
+  echo "=== job ${name} started; its output follows when it ends ==="
 done
 while [ "${#running[@]}" -gt 0 ]; do
   wait -n -p ended "${!running[@]}"
