@@ -40,7 +40,7 @@ DATABASE_FIXTURES = frozenset(
         "durable_store",
     }
 )
-AGNOSTIC_WHERE = "the SQLite passes of tools/suites.sh (Python 3.12 / Django 6.1, and .venv-alt)"
+AGNOSTIC_WHERE = "the SQLite passes of tools/suites.sh (.venv, .venv-alt and .venv-dj60)"
 
 
 def is_vendor_agnostic(item: pytest.Item) -> bool:
