@@ -81,6 +81,7 @@ __all__ = [
     "queue_ttl_words",
     "quota_key_queue",
     "quota_places",
+    "quota_slot_cause",
     "quota_table",
     "quota_waiter_cause",
     "quota_workflows",
@@ -829,10 +830,18 @@ def run_cause(
 def quota_waiter_cause(run: Run, position: int, free_slots: int) -> Cause:
     """Return why a quota key's waiter at ``position`` (1-based, :data:`QUOTA_ORDER`) waits,
     the key having ``free_slots``: behind the quota's holders (X3d), else, among the
-    first ``free_slots``, for a slot of its own singleton key (S5) or for a worker."""
+    first ``free_slots``, for a slot of its own singleton key (S5) or for a worker
+    (:func:`quota_slot_cause` on the run's ``singleton_slot``)."""
+    return quota_slot_cause(run.singleton_slot, position, free_slots)
+
+
+def quota_slot_cause(singleton_slot: str | None, position: int, free_slots: int) -> Cause:
+    """The rule of :func:`quota_waiter_cause` on a waiter's ``singleton_slot`` alone (X3d, S5):
+    past the ``free_slots`` it waits for the quota, within them for its own key while it is
+    that key's waiter (``singleton_slot`` is ``waiter``), else for a worker."""
     if position > free_slots:
         return Cause.NEEDS_QUOTA
-    return Cause.NEEDS_KEY if run.singleton_slot == SlotState.WAITER else Cause.NEEDS_WORKER
+    return Cause.NEEDS_KEY if singleton_slot == SlotState.WAITER else Cause.NEEDS_WORKER
 
 
 def iter_rows(page: QueuePage, now: datetime) -> Iterable[dict[str, Any]]:

@@ -53,7 +53,7 @@ def _pages() -> dict[str, tuple[str, list[str]]]:
             reverse("admin:durable_singleton_run_lanes") + "?workflow=sync-inventory-wide&",
             ["minutes", "refresh", "key", "fragment"],
         ),
-        "lanes-names": (reverse("admin:durable_singleton_run_lanes") + "?", ["workflow", "key"]),
+        "lanes-names": (reverse("admin:durable_singleton_run_lanes") + "?", ["workflow", "key", "quota"]),
         "quota": (reverse("admin:durable_singleton_run_quota_key") + "?quota=billing&key=acme&", ["p", "refresh"]),
         "quota-names": (reverse("admin:durable_singleton_run_quota_key") + "?", ["quota", "key"]),
         "runs": (

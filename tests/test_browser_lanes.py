@@ -11,12 +11,17 @@ from urllib.parse import urlencode
 
 import pytest
 
+from durable_singleton import Singleton
+from durable_singleton.definitions import Registry
+from durable_singleton.definitions import registry as declared
 from durable_singleton.engine import Engine
-from durable_singleton.models import Run
+from durable_singleton.models import QuotaMembership, Run
 from durable_singleton.runtime import get_engine
+from durable_singleton.testing import make_engine
 
-from .helpers import settle
+from .helpers import drain, holding_body, settle
 from .test_admin import CAPPED, start_queue
+from .test_admin_quotas import SHARED
 from .test_browser_admin import ARTIFACTS, CHROMIUM, Browser, browser, chromium, thread_workers, wait_until
 
 __all__ = ["browser", "chromium", "thread_workers"]  # fixtures, imported for this module's tests
@@ -154,6 +159,7 @@ BOXES = r"""() => {
   const box = (e) => { const r = e.getBoundingClientRect(); return {x: r.x, y: r.y, r: r.right, b: r.bottom}; };
   const name = (e) => (e.getAttribute('class') || e.tagName) + ' "' + (e.textContent || '').trim().slice(0, 30) + '"';
   return {
+    svg: box(svg),
     texts: [...svg.querySelectorAll('text')].filter(t => t.getBBox().width > 0).map(t => ({name: name(t), ...box(t)})),
     lanes: [...svg.querySelectorAll('.ds-lane')].map(l => ({
       key: l.dataset.key,
@@ -179,8 +185,6 @@ def test_no_two_texts_of_the_drawing_overlap_and_no_mark_covers_a_label(
     ``now`` did in the 10-minute window, ``-30 s`` and ``now`` in the 5-minute one), no
     admission mark or handoff line covers its lane's label, and the legend names the amber
     bar of a holder whose lease was not renewed (K3)."""
-    from durable_singleton.admin.lanes import MINUTE_CHOICES
-
     settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
     engine = get_engine()
     engine.dispatcher.queue.clear()
@@ -196,7 +200,19 @@ def test_no_two_texts_of_the_drawing_overlap_and_no_mark_covers_a_label(
     Run.objects.filter(pk="T-2").update(created_at=ago(57))
     base = f"/admin/durable_singleton/run/queues/lanes/?workflow={CAPPED}&refresh=0"
     _log_in(browser, django_user_model, base, width)
+    problems, seen = _overlaps(browser, base, 2)
+    assert problems == [], problems
+    assert "lease not renewed" in seen["legend"], seen["legend"]
+
+
+def _overlaps(browser: Browser, base: str, lanes: int) -> tuple[list[str], dict[str, Any]]:
+    """Read the drawing of ``base`` in every window offered, with ``lanes`` lanes drawn and a
+    mark in one at least; return what overlaps (two texts, a mark over a lane's label, a
+    label past the drawing's right edge) and the last window's boxes."""
+    from durable_singleton.admin.lanes import MINUTE_CHOICES
+
     problems = []
+    seen: dict[str, Any] = {}
     for minutes in MINUTE_CHOICES:
 
         def read(page: Any, minutes: int = minutes) -> dict[str, Any]:
@@ -206,7 +222,7 @@ def test_no_two_texts_of_the_drawing_overlap_and_no_mark_covers_a_label(
 
         seen = browser.do(read)
         texts = seen["texts"]
-        assert any("now" in t["name"] for t in texts) and len(seen["lanes"]) == 2, seen
+        assert any("now" in t["name"] for t in texts) and len(seen["lanes"]) == lanes, seen
         problems += [
             f"{minutes} min: {a['name']} and {b['name']} overlap"
             for i, a in enumerate(texts)
@@ -219,6 +235,65 @@ def test_no_two_texts_of_the_drawing_overlap_and_no_mark_covers_a_label(
             for mark in lane["marks"]
             if _meet(mark, lane["label"])
         ]
+        problems += [
+            f"{minutes} min: the label of {lane['key']} runs past the drawing"
+            for lane in seen["lanes"]
+            if lane["label"]["r"] > seen["svg"]["r"] + 0.5
+        ]
         assert any(lane["marks"] for lane in seen["lanes"]), seen
+    return problems, seen
+
+
+@pytest.mark.parametrize("width", [1280, 1400])
+def test_a_quota_lanes_texts_do_not_overlap(
+    browser: Browser,
+    django_user_model: Any,
+    registry: Registry,
+    monkeypatch: pytest.MonkeyPatch,
+    width: int,
+) -> None:
+    """Issue #34 item 6 (X3, X3d, section 6): the lane of quota billing's key acme, labelled
+    with its limit, counts and causes ("limit 1 · 1 holding · 3 waiting: 2 for a slot of the
+    quota, 1 not due yet"), after the handoff from H (plain) to W1 (keyed), drawn alone
+    (``?quota=billing``) and after the keyed workflow's own key: at 1,280 and 1,400 px and in
+    every window, no two text boxes overlap, no mark covers a label, and every label ends
+    inside the drawing."""
+    engine = make_engine("django", registry=registry)
+    registry.add("plain", "1", holding_body([]), quotas=[SHARED])
+    registry.add(
+        "keyed",
+        "1",
+        holding_body([]),
+        singleton=Singleton(key=lambda i: f"store:{i['store']}"),
+        quotas=[SHARED],
+    )
+    for name, definition in registry.latest.items():  # the admin reads the process's registry
+        monkeypatch.setitem(declared.latest, name, definition)
+    monkeypatch.setitem(declared.quotas, "billing", SHARED)
+    engine.start("plain", {"account": "acme", "hold": True}, run_id="H")
+    drain(engine)
+    engine.start("keyed", {"account": "acme", "store": "S1", "hold": True}, run_id="W1")
+    engine.start("plain", {"account": "acme"}, run_id="W2")
+    engine.start("plain", {"account": "acme"}, run_id="W3")
+    engine.start("plain", {"account": "acme"}, run_id="D", not_before=3600.0)
+    drain(engine)
+    engine.signal("H", "go")
+    drain(engine)
+    assert Run.objects.get(pk="W1").quota_slot == "holder"
+    # Stamped about 50 s ago, as test_no_two_texts_of_the_drawing_overlap... does: the admission
+    # and the handoff are drawn left, under the lane's label line, in every window.
+    now = engine.store.now()
+    ago = lambda seconds: now - timedelta(seconds=seconds)  # noqa: E731
+    Run.objects.filter(pk="H").update(created_at=ago(58), admitted_at=ago(57), finished_at=ago(50))
+    Run.objects.filter(pk="W1").update(created_at=ago(57.5), admitted_at=ago(50))
+    QuotaMembership.objects.filter(run_id="H").update(created_at=ago(58))
+    QuotaMembership.objects.filter(run_id="W1").update(created_at=ago(57.5))
+    base = "/admin/durable_singleton/run/queues/lanes/?quota=billing&refresh=0"
+    _log_in(browser, django_user_model, base, width)
+    problems, seen = _overlaps(browser, base, 1)
+    label = [t["name"] for t in seen["texts"] if "ds-lane-label" in t["name"]]
+    assert label and "quota billing · acme" in label[0], seen["texts"]
+    summary = browser.do(lambda page: page.locator(".ds-lane-quota .ds-lane-summary").text_content())
+    assert summary == "limit 1 · 1 holding · 3 waiting: 2 for a slot of the quota, 1 not due yet", summary
+    problems += _overlaps(browser, "/admin/durable_singleton/run/queues/lanes/?workflow=keyed&refresh=0", 2)[0]
     assert problems == [], problems
-    assert "lease not renewed" in seen["legend"], seen["legend"]

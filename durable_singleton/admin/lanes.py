@@ -5,8 +5,12 @@ Each lane is a key: its holders' time in their slots as bars over time (a
 bar still open at *now* holds its slot), a mark at each admission, a line
 at each handoff (a release that admitted a waiter, S7), and its waiters as a
 queue of numbered boxes in admission order (S5 step 3), position 1 first.
-The data is :func:`durable_singleton.lanes.workflow_lanes`; this module only
-turns it into coordinates. The page hangs off the run admin (``get_urls`` +
+A shared quota's key is a lane too (X3): its holders and waiters are every
+workflow's that carries the quota, its label links the quota key's page, and
+each waiter's tooltip says why it waits (X3d). ``?quota=NAME`` narrows the
+page to that quota's keys. The data is :func:`durable_singleton.lanes.workflow_lanes`
+or :func:`durable_singleton.lanes.quota_lanes`; this module only turns it into
+coordinates. The page hangs off the run admin (``get_urls`` +
 ``admin_site.admin_view`` + ``each_context``) with an overridable template
 name, as the queue pages do; ``?fragment=1`` returns only the drawing, which
 the page's small script fetches every ``refresh`` seconds.
@@ -28,10 +32,11 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from ..admission import KEY_MAX_LENGTH
+from ..admission import KEY_MAX_LENGTH, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH
+from ..definitions import registry
 from ..explain import lease_words
-from ..lanes import DEFAULT_MINUTES, MAX_MINUTES, Lane, Lanes, workflow_lanes
-from ..queues import format_age, singleton_options
+from ..lanes import DEFAULT_MINUTES, MAX_MINUTES, Lane, Lanes, Member, quota_lanes, workflow_lanes
+from ..queues import Cause, format_age, quota_workflows, singleton_options
 from ..runtime import get_engine
 from ..statuses import RunStatus, Verdict
 from .params import flag_param, int_param, refresh_param, text_param
@@ -113,11 +118,53 @@ def _bar_class(status: str, holding: bool) -> str:
     return str(status)
 
 
+#: A quota lane's waiters counted by cause, in words (X3d).
+_CAUSE_COUNTS = (
+    (Cause.NEEDS_QUOTA, "%(count)s for a slot of the quota"),
+    (Cause.NEEDS_KEY, "%(count)s for their own key"),
+    (Cause.NEEDS_WORKER, "%(count)s for a worker"),
+)
+
+
+def _whose(run_id: str, member: Member | None) -> str:
+    """Say a run of a quota lane with its workflow and own key: ``R (W · K)``; the run id alone
+    on a singleton key's lane (``member`` None)."""
+    if member is None:
+        return run_id
+    own = f" · {member.singleton_key}" if member.singleton_key else ""
+    return f"{run_id} ({member.workflow}{own})"
+
+
+def _summary(lane: Lane) -> str:
+    """Return a lane's label text after its key: the limit in force (K2), the counts and, on a
+    quota key's lane, why its waiters wait (X3d); on a singleton key's, those a free slot
+    would admit but for a shared quota."""
+    text = _("limit %(limit)s · %(holders)s holding · %(waiting)s waiting") % {
+        "limit": lane.limit,
+        "holders": lane.holders,
+        "waiting": lane.waiting,
+    }
+    if lane.quota is None:
+        if lane.waiting_for_quota:
+            text += " " + _("(%(count)s for a shared quota: see the queue page)") % {"count": lane.waiting_for_quota}
+        return text
+    parts = [_(words) % {"count": lane.causes[cause]} for cause, words in _CAUSE_COUNTS if lane.causes.get(cause)]
+    if lane.not_due:
+        parts.append(_("%(count)s not due yet") % {"count": lane.not_due})
+    return text + (": " + ", ".join(parts) if parts else "")
+
+
 def _lane(
-    lane: Lane, lanes: Lanes, y: float, x_of: Callable[[datetime], float], run_url: Callable[[str], str]
+    lane: Lane,
+    lanes: Lanes,
+    y: float,
+    x_of: Callable[[datetime], float],
+    run_url: Callable[[str], str],
+    quota_url: Callable[[str, str], str] | None = None,
 ) -> dict[str, Any]:
     """Return one lane's shapes, its top at ``y``."""
     rows_top = y + LABEL_H
+    shared = lane.quota is not None
 
     def row_y(slot: int) -> float:
         return rows_top + slot * ROW_STEP
@@ -141,7 +188,7 @@ def _lane(
                 "unrenewed": hold.unrenewed is not None,
                 "title": _("%(run)s: %(state)s, held from %(start)s to %(end)s (%(age)s)")
                 % {
-                    "run": hold.run_id,
+                    "run": _whose(hold.run_id, lane.members.get(hold.run_id) if shared else None),
                     "state": hold.status,
                     "start": _clock(hold.start),
                     "end": _("now") if holding else _clock(hold.end or lanes.now),
@@ -184,39 +231,44 @@ def _lane(
                 },
             }
         )
-    waiters = [
-        {
-            "run_id": run_id,
-            "url": run_url(run_id),
-            "position": n + 1,
-            "x": _f(QUEUE_X + n * BOX_STEP),
-            "y": _f(rows_top),
-            "tx": _f(QUEUE_X + n * BOX_STEP + BOX / 2),
-            "ty": _f(rows_top + BOX / 2 + 3.5),
-            "title": _("position %(n)s: %(run)s") % {"n": n + 1, "run": run_id},
-        }
-        for n, run_id in enumerate(lane.waiters[:QUEUE_BOXES])
-    ]
-    more = lane.waiting - len(waiters)
-    label = lane.key if len(lane.key) <= 90 else lane.key[:89] + "…"
+    waiters = []
+    for n, run_id in enumerate(lane.waiters[:QUEUE_BOXES]):
+        member = lane.members.get(run_id) if shared else None
+        cause = member.cause if member is not None else None
+        waiters.append(
+            {
+                "run_id": run_id,
+                "url": run_url(run_id),
+                "position": n + 1,
+                "cause": cause.name.lower() if cause is not None else "",
+                "x": _f(QUEUE_X + n * BOX_STEP),
+                "y": _f(rows_top),
+                "tx": _f(QUEUE_X + n * BOX_STEP + BOX / 2),
+                "ty": _f(rows_top + BOX / 2 + 3.5),
+                "title": _("position %(n)s: %(run)s") % {"n": n + 1, "run": _whose(run_id, member)}
+                + (", " + _(cause.value) if cause is not None else ""),
+            }
+        )
+    # Boxes and "+N" count the waiters in line (a quota lane's delayed starts not due yet are not, X5).
+    more = lane.due - len(waiters)
+    name = _("quota %(quota)s · %(key)s") % {"quota": lane.quota, "key": lane.key} if shared else lane.key
+    label = name if len(name) <= 90 else name[:89] + "…"
     return {
         "key": lane.key,
+        "quota": lane.quota,
         "label": label,
+        "name": name,
+        "label_url": quota_url(lane.quota, lane.key) if quota_url is not None and lane.quota is not None else "",
         "label_y": _f(y + LABEL_BASELINE),
-        "summary": _("limit %(limit)s · %(holders)s holding · %(waiting)s waiting")
-        % {"limit": lane.limit, "holders": lane.holders, "waiting": lane.waiting}
-        + (
-            " " + _("(%(count)s for a shared quota: see the queue page)") % {"count": lane.waiting_for_quota}
-            if lane.waiting_for_quota
-            else ""
-        ),
+        "summary": _summary(lane),
         "paused": lane.paused,
         "slots": [{"y": _f(row_y(i)), "h": ROW_H} for i in range(lane.slots)],
         "bars": bars,
         "admissions": admissions,
         "handoffs": handoffs,
         "waiters": waiters,
-        "waiting": lane.waiting,
+        # The waiters in line now: boxes or "+N", else "no waiter" (X5: not those not due yet).
+        "waiting": lane.due,
         "more": more,
         "more_x": _f(QUEUE_X + len(waiters) * BOX_STEP + 2),
         "more_y": _f(rows_top + BOX / 2 + 4),
@@ -224,10 +276,13 @@ def _lane(
     }
 
 
-def draw(lanes: Lanes, run_url: Callable[[str], str]) -> dict[str, Any]:
+def draw(
+    lanes: Lanes, run_url: Callable[[str], str], quota_url: Callable[[str, str], str] | None = None
+) -> dict[str, Any]:
     """Return the SVG's shapes for ``lanes``: the time axis (``AXIS_X0`` at the window's start,
     ``AXIS_X1`` at now), then per lane its label, slot rows, bars, admissions, handoffs and
-    waiters' boxes; ``run_url(run_id)`` links each bar and box to its run's page."""
+    waiters' boxes; ``run_url(run_id)`` links each bar and box to its run's page, and
+    ``quota_url(quota, key)`` a quota key's label to that key's page (X3)."""
     seconds = max((lanes.now - lanes.start).total_seconds(), 1.0)
 
     def x_of(moment: datetime) -> float:
@@ -237,7 +292,7 @@ def draw(lanes: Lanes, run_url: Callable[[str], str]) -> dict[str, Any]:
     drawn = []
     y = float(TOP)
     for lane in lanes.lanes:
-        shapes = _lane(lane, lanes, y, x_of, run_url)
+        shapes = _lane(lane, lanes, y, x_of, run_url, quota_url)
         drawn.append(shapes)
         y += shapes["height"]
     height = y + 4
@@ -286,12 +341,18 @@ class LanePagesMixin:
     def _admin_url(self, name: str, *args: str) -> str:
         return reverse(f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_{name}", args=args)
 
+    def _quota_key_url(self, quota: str, key: str) -> str:
+        return self._admin_url("quota_key") + "?" + urlencode({"quota": quota, "key": key})
+
     def lanes_view(self, request: HttpRequest) -> HttpResponse:
-        """Draw one workflow's busy keys over the last ``?minutes=`` (1 to 60, default 10)."""
+        """Draw one workflow's busy keys (``?workflow=``), its singleton keys then the keys of
+        the shared quotas it carries, or one shared quota's keys (``?quota=``, X3), over the
+        last ``?minutes=`` (1 to 60, default 10); ``?key=`` draws that key first."""
         if not self.has_view_or_change_permission(request):
             raise PermissionDenied
         workflow = text_param(request, "workflow")
-        key = text_param(request, "key", KEY_MAX_LENGTH) or None
+        quota = text_param(request, "quota", QUOTA_NAME_MAX_LENGTH)
+        key = text_param(request, "key", QUOTA_KEY_MAX_LENGTH if quota else KEY_MAX_LENGTH) or None
         minutes = int_param(request, "minutes", DEFAULT_MINUTES, 1, MAX_MINUTES)
         refresh = refresh_param(request, self.lanes_refresh_seconds)
         query = {k: v for k, v in request.GET.items() if k != "fragment"}
@@ -299,13 +360,21 @@ class LanePagesMixin:
         def link(**changes: str) -> str:
             return "?" + urlencode({**query, **changes})
 
+        carried = quota_workflows()
+        if quota:
+            title = _("Lanes of the shared quota %(quota)s") % {"quota": quota}
+        elif workflow:
+            title = _("Lanes of %(workflow)s") % {"workflow": workflow}
+        else:
+            title = _("Lanes")
         context: dict[str, Any] = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
-            "title": _("Lanes of %(workflow)s") % {"workflow": workflow} if workflow else _("Lanes"),
+            "title": title,
             "subtitle": None,
             "has_view_permission": True,
             "workflow": workflow,
+            "quota": quota,
             "key": key,
             "minutes": minutes,
             "max_minutes": MAX_MINUTES,
@@ -318,24 +387,40 @@ class LanePagesMixin:
             ],
             "pause_url": link(refresh="0"),
             "resume_url": "?" + urlencode({k: v for k, v in query.items() if k != "refresh"}),
+            # Every workflow with a singleton key or shared quotas: a quota-only one has lanes (X3).
             "workflows": [
-                {"name": name, "url": "?" + urlencode({"workflow": name})} for name in sorted(singleton_options())
+                {"name": name, "url": "?" + urlencode({"workflow": name})}
+                for name in sorted({*singleton_options(), *carried})
+            ],
+            "quotas": [
+                {"name": name, "url": "?" + urlencode({"quota": name})} for name in sorted(list(registry.quotas))
+            ],
+            # The shared quotas of the chosen workflow, each a link to its keys' lanes alone.
+            "carried": [
+                {"name": name, "url": "?" + urlencode({"workflow": workflow, "quota": name})}
+                for name in carried.get(workflow, ())
             ],
         }
-        if workflow:
+        if workflow or quota:
             engine = get_engine()
             # The database's clock: spans end "now" on it, and leases are judged on it (R5, K3).
-            lanes = workflow_lanes(
-                workflow,
-                now=engine.store.now(),
-                minutes=minutes,
-                first_key=key,
-                max_keys=self.lanes_max_keys,
-                settings=engine.settings,
-            )
+            bounds: dict[str, Any] = {
+                "now": engine.store.now(),
+                "minutes": minutes,
+                "first_key": key,
+                "max_keys": self.lanes_max_keys,
+                "settings": engine.settings,
+            }
+            lanes = quota_lanes(quota, **bounds) if quota else workflow_lanes(workflow, **bounds)
+            drawing = draw(lanes, lambda run_id: self._admin_url("change", quote(run_id)), self._quota_key_url)
+            for lane in drawing["lanes"]:
+                lane["focus"] = lane["key"] == key and lane["quota"] == (quota or None)
             context["lanes"] = lanes
-            context["drawing"] = draw(lanes, lambda run_id: self._admin_url("change", quote(run_id)))
-            context["queue_url"] = self._admin_url("queues") + "?" + urlencode({"workflow": workflow})
+            context["drawing"] = drawing
+            context["quota_lanes"] = any(lane.quota is not None for lane in lanes.lanes)
+            context["queue_url"] = (
+                self._admin_url("queues") + "?" + urlencode({"workflow": workflow} if workflow else {})
+            )
         request.current_app = self.admin_site.name
         if flag_param(request, "fragment"):
             return TemplateResponse(

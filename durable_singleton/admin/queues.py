@@ -209,6 +209,7 @@ class QueuePagesMixin:
             {
                 "row": q,
                 "url": self._quota_url(q.quota, q.key),
+                "lanes_url": f"{self._url('lanes')}?{urlencode({'quota': q.quota, 'key': q.key})}",
                 "age": format_age(None if q.oldest_waiter_at is None else (now - q.oldest_waiter_at).total_seconds()),
             }
             for q in queues.quota_table(
@@ -449,6 +450,8 @@ class QueuePagesMixin:
             "now": now,
             "refresh": self._refresh(request),
             "queues_url": self._url("queues"),
+            # This quota's keys as lanes over time, this key first (X3).
+            "lanes_url": f"{self._url('lanes')}?{urlencode({'quota': quota, 'key': key})}",
             **self._paging(page, page_url),
         }
         request.current_app = self.admin_site.name
