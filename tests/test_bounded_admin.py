@@ -63,6 +63,7 @@ def _pages() -> dict[str, tuple[str, list[str]]]:
         "changes": (reverse("admin:durable_singleton_keycontrolchange_changelist"), ["p", "q", "workflow_name"]),
         "schedules": (reverse("admin:durable_singleton_schedulestate_changelist"), ["p", "q", "workflow_name"]),
         "firings": (reverse("admin:durable_singleton_schedulefiring_changelist"), ["p", "q", "workflow_name"]),
+        "workers": (reverse("admin:durable_singleton_workerprocess_changelist"), ["p", "q", "host", "mode", "o"]),
     }
 
 
