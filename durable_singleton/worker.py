@@ -126,15 +126,16 @@ def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
     if db is None or not run_ids:
         return 0
     from .models import Run
+    from .querysets import DbNow
 
     prefix = f"{socket.gethostname()}:{os.getpid()}:"
-    # The engine's clock, not the database's: the claim compares the stored
-    # expiry exactly, and SQLite's CURRENT_TIMESTAMP is stored in another format.
-    now = engine.now()
+    # The database's clock at the write (R5, R8), never this process's: a
+    # process clock stepped ahead since its last correction wrote an expiry
+    # (and a wake_at) in the future and left the run stranded that long.
     return int(
         Run.objects.using(db)
         .filter(pk__in=run_ids, status=RunStatus.RUNNING, lease_owner__startswith=prefix)
-        .update(lease_expires_at=now, wake_at=now)
+        .update(lease_expires_at=DbNow(), wake_at=DbNow())
     )
 
 

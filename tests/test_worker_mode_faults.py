@@ -1,0 +1,218 @@
+"""Adversarial: ``DISPATCH = "worker"`` and worker liveness (O1, O1a, O1b, O6, O6a, O7).
+
+Faults found and fixed, each with the test that failed before its fix:
+
+* a stopping ``durable_worker`` handed its turns back with an expiry and a
+  ``wake_at`` from its own clock: stepped an hour ahead since its last
+  correction, the runs stayed stranded an hour (R5, R8, O1);
+* the worker's periods had no upper bound: a ``WORKER_POLL_SECONDS``,
+  ``WORKER_HEARTBEAT_SECONDS`` or ``WORKER_DEAD_SECONDS`` the checks passed
+  killed the fetch, heartbeat or tick thread at its first use (section 7).
+
+The other tests are attacks that held; they guard the behaviour. Each runs
+in-process on the test database (SQLite, PostgreSQL or MariaDB).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+from django.test import override_settings
+
+from durable_singleton.checks import check_settings
+from durable_singleton.conf import Settings
+from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine
+from durable_singleton.models import Run, TurnNotice, WorkerProcess
+from durable_singleton.runtime import build_engine
+from durable_singleton.stores.turns import (
+    add_notices,
+    hold_tick_lease,
+    register_worker,
+    release_dead_workers,
+    take_notices,
+)
+from durable_singleton.testing import make_engine
+from durable_singleton.worker import expire_own_leases
+from testproject.inventory.models import BodyAudit
+
+from .test_clock_steps import step_clock
+
+WORKFLOW = "fault-hold"
+STEP = timedelta(hours=1)
+
+
+def _running(run_id: str, owner: str, expires_in: float, engine: Engine) -> None:
+    now = engine.store.now()
+    Run.objects.create(
+        run_id=run_id,
+        workflow_name=WORKFLOW,
+        workflow_version="1",
+        status="running",
+        created_at=now,
+        updated_at=now,
+        lease_owner=owner,
+        lease_expires_at=now + timedelta(seconds=expires_in),
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hand_back_on_a_process_stepped_ahead_ends_the_lease_now() -> None:
+    """R5, R8, O1: a durable_worker that stops with a turn still in hand hands
+    it back: the lease ends now and the run is due now, so the next worker
+    re-drives it at once. The process's clock stepped an hour ahead since its
+    last correction (NTP, a resumed VM); the hand-back must still write the
+    database's now, not a time an hour ahead that strands the run (its
+    registry row is gone at a clean stop, so no dead-worker take-back
+    rescues it)."""
+    engine = make_engine("django", registry=Registry())
+    step_clock(engine, STEP)
+    _running("hb-1", f"{socket.gethostname()}:{os.getpid()}:abc", 300, engine)
+    assert expire_own_leases(engine, ["hb-1"]) == 1
+    run = Run.objects.get(pk="hb-1")
+    after = engine.store.now()
+    assert run.lease_expires_at is not None and run.wake_at is not None
+    assert run.lease_expires_at <= after, run.lease_expires_at - after
+    assert run.wake_at <= after, run.wake_at - after
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"WORKER_POLL_SECONDS": 1e10},
+        {"WORKER_HEARTBEAT_SECONDS": 1e10, "WORKER_DEAD_SECONDS": 3e10},
+        {"WORKER_DEAD_SECONDS": 1e12},
+    ],
+    ids=["poll", "heartbeat", "dead"],
+)
+def test_a_worker_period_it_cannot_use_is_reported_by_the_checks(value: dict[str, float]) -> None:
+    """Section 7, O1, O6: a WORKER_POLL_SECONDS, WORKER_HEARTBEAT_SECONDS or
+    WORKER_DEAD_SECONDS the worker cannot use (a wait past threading's
+    TIMEOUT_MAX, a silence that overflows the database's clock) passed the
+    checks and killed the fetch, heartbeat or tick thread at its first use:
+    such a worker never took a notice or never ticked. The checks report it
+    (E001) and the settings refuse it."""
+    from durable_singleton.exceptions import ConfigurationError
+
+    with override_settings(DURABLE_SINGLETON=value):
+        errors = [e for e in check_settings() if e.id == "durable_singleton.E001"]
+        assert errors and all("<=" in e.msg for e in errors), [e.msg for e in errors]
+    with pytest.raises(ConfigurationError):
+        Settings.from_mapping(value)
+
+
+def test_the_largest_worker_periods_are_usable() -> None:
+    """Section 7, O6: the bounds are usable values: a worker waits them and
+    the tick subtracts WORKER_DEAD_SECONDS from the database's clock."""
+    settings = Settings.from_mapping(
+        {"WORKER_POLL_SECONDS": 60.0, "WORKER_HEARTBEAT_SECONDS": 3600.0, "WORKER_DEAD_SECONDS": 86400.0}
+    )
+    event = threading.Event()
+    for seconds in (settings.WORKER_POLL_SECONDS, settings.WORKER_HEARTBEAT_SECONDS):
+        assert not event.wait(0) and seconds <= threading.TIMEOUT_MAX
+    from django.utils import timezone
+
+    assert timezone.now() - timedelta(seconds=settings.WORKER_DEAD_SECONDS) < timezone.now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_many_fetchers_take_each_notice_once() -> None:
+    """O1a, S5: eight threads fetch the same 60 notices at once (SKIP LOCKED
+    on PostgreSQL and MariaDB, SQLite's write lock): each notice is taken by
+    exactly one fetcher and none is left."""
+    add_notices("default", [f"n-{i}" for i in range(60)], None)
+    taken: list[str] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(8)
+
+    def fetch() -> None:
+        try:
+            barrier.wait(30)
+            while True:
+                got = take_notices("default", 3)
+                if not got:
+                    return
+                with lock:
+                    taken.extend(got)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=fetch) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    locked = [e for e in errors if "locked" in str(e)]
+    assert not [e for e in errors if e not in locked], errors
+    if locked:  # SQLite may refuse a fetcher its write lock; the others take every notice
+        taken.extend(take_notices("default", 100))
+    assert sorted(taken) == sorted(f"n-{i}" for i in range(60))
+    assert not TurnNotice.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_notice_of_a_finished_or_cancelled_run_runs_no_body() -> None:
+    """O1a, R2, R6: a notice names a run id, the claim decides: the notices of
+    a run that completed and of one cancelled meanwhile are taken and run no
+    body, and the runs keep their terminal status."""
+    engine = build_engine(Settings.from_mapping({"DISPATCH": "worker", "REDELIVERY_SECONDS": 600.0}))
+    done = engine.start(WORKFLOW, {"store_id": "fin", "seconds": 0}, run_id="fin-1")
+    (run_id, _queue) = next(iter(take_notices("default", 10).items()))
+    assert run_id == done.run_id
+    engine.execute_chain(run_id)
+    assert Run.objects.get(pk=run_id).status == "completed"
+    cancelled = engine.start(WORKFLOW, {"store_id": "can", "seconds": 0}, run_id="can-1")
+    engine.cancel(cancelled.run_id)
+    add_notices("default", [run_id], None)  # a second notice of the completed run (a signal, a wake)
+    before = BodyAudit.objects.count()
+    for taken in take_notices("default", 10):
+        engine.execute_chain(taken)
+    assert BodyAudit.objects.count() == before
+    assert Run.objects.get(pk="fin-1").status == "completed"
+    assert Run.objects.get(pk="can-1").status == "cancelled"
+    assert not TurnNotice.objects.exists()
+    engine.close_thread_resources()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_seen_again_keeps_its_row_and_its_runs() -> None:
+    """O6a, R5a: a worker whose row was refreshed (it was only slow) is not
+    taken for dead: its row and its runs' leases are kept."""
+    engine = make_engine("django", registry=Registry())
+    now = engine.store.now()
+    WorkerProcess.objects.create(
+        name="slow:9", host="slow", pid=9, mode="worker", threads=1, started_at=now, last_seen_at=now
+    )
+    register_worker("default", name="slow:9", host="slow", pid=9, mode="worker", threads=1, queues="")
+    _running("slow-run", "slow:9:lease", 300, engine)
+    assert release_dead_workers("default", 10.0, alive="me:1") == []
+    assert WorkerProcess.objects.filter(name="slow:9").exists()
+    assert Run.objects.get(pk="slow-run").lease_expires_at > engine.store.now()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tick_lease_is_held_on_the_databases_clock() -> None:
+    """O1b, R5: the tick's lease ends on the database's clock: a lease
+    written to end in the past by the database's clock is taken over at once
+    whatever a process's clock says, and one that ends in the future is never
+    taken by another owner."""
+    from durable_singleton.models import Heartbeat
+    from durable_singleton.stores.turns import TICK_LEASE
+
+    engine = make_engine("django", registry=Registry())
+    step_clock(engine, -STEP)  # the process believes it is an hour earlier
+    db_now = engine.store.now()
+    Heartbeat.objects.create(name=TICK_LEASE, at=db_now - timedelta(seconds=1), owner="old:1")
+    assert hold_tick_lease("default", "new:2", 3.0)
+    assert not hold_tick_lease("default", "old:1", 3.0)
+    lease = Heartbeat.objects.get(name=TICK_LEASE)
+    assert lease.owner == "new:2"
+    assert timedelta(0) < lease.at - db_now < timedelta(seconds=60), lease.at - db_now
