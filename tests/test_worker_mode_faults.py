@@ -7,7 +7,10 @@ Faults found and fixed, each with the test that failed before its fix:
   correction, the runs stayed stranded an hour (R5, R8, O1);
 * the worker's periods had no upper bound: a ``WORKER_POLL_SECONDS``,
   ``WORKER_HEARTBEAT_SECONDS`` or ``WORKER_DEAD_SECONDS`` the checks passed
-  killed the fetch, heartbeat or tick thread at its first use (section 7).
+  killed the fetch, heartbeat or tick thread at its first use (section 7);
+* two tick holders at once (a slow tick outliving its lease) both took the
+  same dead worker's runs back and logged each twice: the second read the
+  lease the first had just ended as alive, its ``now`` being older (O6a, R5a).
 
 The other tests are attacks that held; they guard the behaviour. Each runs
 in-process on the test database (SQLite, PostgreSQL or MariaDB).
@@ -19,6 +22,7 @@ import os
 import socket
 import threading
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import connections
@@ -180,6 +184,54 @@ def test_a_notice_of_a_finished_or_cancelled_run_runs_no_body() -> None:
     assert Run.objects.get(pk="can-1").status == "cancelled"
     assert not TurnNotice.objects.exists()
     engine.close_thread_resources()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_recoverers_of_one_dead_worker_take_each_run_back_once(caplog: pytest.LogCaptureFixture) -> None:
+    """O6a, R5a: two tick holders (a slow tick outliving its lease and the
+    next holder) take back the same dead worker's runs at once: each run's
+    lease is ended once and logged once, and a run the dead worker's owner
+    name matches but that another process took meanwhile is left alone."""
+    engine = make_engine("django", registry=Registry())
+    now = engine.store.now()
+    WorkerProcess.objects.create(
+        name="gone:7",
+        host="gone",
+        pid=7,
+        mode="worker",
+        threads=2,
+        started_at=now,
+        last_seen_at=now - timedelta(seconds=60),
+    )
+    for n in range(4):
+        _running(f"dead-{n}", f"gone:7:lease{n}", 300, engine)
+    _running("taken", "alive:8:lease", 300, engine)
+    results: list[Any] = []
+    barrier = threading.Barrier(2)
+
+    def recover() -> None:
+        try:
+            barrier.wait(30)
+            results.append(release_dead_workers("default", 10.0, alive="me:1"))
+        except Exception as exc:
+            results.append(exc)
+        finally:
+            connections.close_all()
+
+    with caplog.at_level("WARNING", logger="durable_singleton.worker"):
+        threads = [threading.Thread(target=recover) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    outcomes = [r for r in results if not isinstance(r, Exception)]
+    assert outcomes, results
+    released = sorted(run for found in outcomes for dead in found for run in dead.runs)
+    assert released == [f"dead-{n}" for n in range(4)], results
+    lines = [r.getMessage() for r in caplog.records if "dead worker gone:7" in r.getMessage()]
+    assert len(lines) == 4, lines
+    assert Run.objects.get(pk="taken").lease_expires_at > engine.store.now()
+    assert not WorkerProcess.objects.filter(name="gone:7").exists()
 
 
 @pytest.mark.django_db(transaction=True)
