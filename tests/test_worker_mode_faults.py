@@ -19,13 +19,16 @@ in-process on the test database (SQLite, PostgreSQL or MariaDB).
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connection, connections
 from django.test import override_settings
 
 from durable_singleton.checks import check_settings
@@ -46,6 +49,7 @@ from durable_singleton.worker import expire_own_leases
 from testproject.inventory.models import BodyAudit
 
 from .test_clock_steps import step_clock
+from .worker_processes import DurableWorkers, wait_for
 
 WORKFLOW = "fault-hold"
 STEP = timedelta(hours=1)
@@ -268,3 +272,123 @@ def test_the_tick_lease_is_held_on_the_databases_clock() -> None:
     lease = Heartbeat.objects.get(name=TICK_LEASE)
     assert lease.owner == "new:2"
     assert timedelta(0) < lease.at - db_now < timedelta(seconds=60), lease.at - db_now
+
+
+# -- real durable_worker processes ------------------------------------------------
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
+    procs = DurableWorkers(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop()
+
+
+def _env(workers: DurableWorkers, **overrides: str) -> dict[str, str]:
+    return workers.env(
+        DURABLE_DISPATCH="worker",
+        DURABLE_REDELIVERY_SECONDS="600",
+        DURABLE_WORKER_HEARTBEAT_SECONDS="0.5",
+        DURABLE_WORKER_DEAD_SECONDS="2",
+        **overrides,
+    )
+
+
+@pytest.fixture
+def web() -> Engine:
+    return build_engine(Settings.from_mapping({"DISPATCH": "worker", "REDELIVERY_SECONDS": 600.0}))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_runs_written_while_no_worker_runs_complete_once_one_starts(workers: DurableWorkers, web: Engine) -> None:
+    """O1 (a rolling deploy): a web process writes runs while no worker runs
+    (their notices wait in the table, the redelivery is 10 minutes away); a
+    worker started later runs every one of them and leaves no notice."""
+    ids = [web.start(WORKFLOW, {"store_id": f"rd{n}", "seconds": 0}, run_id=f"rd-{n}").run_id for n in range(5)]
+    assert TurnNotice.objects.count() == 5
+    workers.start(env=_env(workers))
+    wait_for(lambda: Run.objects.filter(pk__in=ids, status="completed").count() == 5, 60, "every run", workers.logs)
+    assert not TurnNotice.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("dispatch", ["worker", "thread"])
+def test_a_worker_stopped_and_continued_still_obeys_sigterm(workers: DurableWorkers, dispatch: str) -> None:
+    """O1, R7: a durable_worker stopped (SIGSTOP: a paused container, a
+    debugger) and continued (SIGCONT) stops cleanly at SIGTERM and exits 0.
+    Its main thread waited for the stop without a bound; the kernel delivered
+    the SIGTERM to another thread, Python's handler never ran, and the worker
+    ignored every SIGTERM until it was killed."""
+    env = {**_env(workers), "DURABLE_DISPATCH": dispatch}
+    worker = workers.start(threads=1, env=env)
+    worker.kill(signal.SIGSTOP)
+    try:
+        threading.Event().wait(3.0)  # stopped for a while, as a paused container is
+    finally:
+        worker.kill(signal.SIGCONT)
+    worker.kill(signal.SIGTERM)
+    assert worker.proc.wait(60) == 0, workers.logs()
+    assert "received SIGTERM: stopping" in worker.log(), worker.log()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_stopped_worker_whose_run_was_taken_back_is_fenced(workers: DurableWorkers, web: Engine) -> None:
+    """O6, R5, R5a: a worker holding a run (lease 300 s) is stopped with
+    SIGSTOP; another worker takes the run back once the stopped one is silent
+    past WORKER_DEAD_SECONDS and runs the body again. When the stopped worker
+    continues (SIGCONT), its body's writes are refused by the lease: the run
+    completes once, by the second worker, and the first never settles it."""
+    env = _env(workers, DURABLE_LEASE_SECONDS="300", DURABLE_LEASE_RENEW_SECONDS="0.5")
+    first = workers.start(threads=1, env=env, args=("--grace=0.5",))
+    web.start(WORKFLOW, {"store_id": "stop", "seconds": 4, "seconds_after_recovery": 0}, run_id="stop-1")
+    wait_for(lambda: BodyAudit.objects.count() == 1, 60, "the body entered", workers.logs)
+    first.kill(signal.SIGSTOP)
+    try:
+        second = workers.start(threads=1, env=env, args=("--grace=0.5",))
+        wait_for(lambda: Run.objects.get(pk="stop-1").status == "completed", 60, "the run taken back", workers.logs)
+        assert f":{first.pid}" in "".join(line for line in second.log().splitlines() if "dead worker" in line), (
+            second.log()
+        )
+    finally:
+        first.kill(signal.SIGCONT)
+    run = Run.objects.get(pk="stop-1")
+    # The resumed worker's body ends its hold and tries to write; then it stops
+    # (SIGTERM): every write it would make is made or refused by now.
+    first.kill(signal.SIGTERM)
+    assert first.proc.wait(60) == 0, workers.logs()
+    after = Run.objects.get(pk="stop-1")
+    assert after.status == "completed" and after.finished_at == run.finished_at, workers.logs()
+    assert after.output == run.output and after.output["pid"] == second.pid, after.output
+    assert sorted(BodyAudit.objects.values_list("pid", flat=True)) == sorted([first.pid, second.pid]), (
+        list(BodyAudit.objects.values_list("run_id", "pid", "entered_at", "exited_at")),
+        workers.logs(),
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_listen_connection_killed_by_the_server_is_reopened(workers: DurableWorkers, web: Engine) -> None:
+    """O1: a dropped database connection is reopened, never fatal. On
+    PostgreSQL every connection of a running worker, its LISTEN connection
+    included, is ended by pg_terminate_backend; the worker says LISTEN was
+    lost and is back, and a run started afterwards is completed through its
+    notice (the redelivery is 10 minutes away)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("LISTEN/NOTIFY is PostgreSQL's")
+    worker = workers.start(env=_env(workers))
+    web.start(WORKFLOW, {"store_id": "pre", "seconds": 0}, run_id="pre-1")
+    wait_for(lambda: Run.objects.get(pk="pre-1").status == "completed", 60, "the first run", workers.logs)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    wait_for(lambda: "LISTEN connection back" in worker.log(), 60, "LISTEN back", workers.logs)
+    web.start(WORKFLOW, {"store_id": "post", "seconds": 0}, run_id="post-1")
+    wait_for(lambda: Run.objects.get(pk="post-1").status == "completed", 60, "the run after", workers.logs)
+    assert worker.alive()
