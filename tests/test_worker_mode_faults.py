@@ -392,3 +392,31 @@ def test_a_listen_connection_killed_by_the_server_is_reopened(workers: DurableWo
     web.start(WORKFLOW, {"store_id": "post", "seconds": 0}, run_id="post-1")
     wait_for(lambda: Run.objects.get(pk="post-1").status == "completed", 60, "the run after", workers.logs)
     assert worker.alive()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--threads=0"], "--threads"),
+        (["--threads=-3"], "--threads"),
+        (["--poll-seconds=-1"], "--poll-seconds"),
+        (["--poll-seconds=inf"], "--poll-seconds"),
+        (["--tick-seconds=-1"], "--tick-seconds"),
+        (["--queues=a,,b"], "--queues must be comma-separated queue names"),
+        (["--queues=bad\x07name"], "--queues must be comma-separated queue names"),
+    ],
+)
+@pytest.mark.django_db(transaction=True)
+def test_bad_worker_options_are_refused_and_nothing_registers(args: list[str], message: str, settings: Any) -> None:
+    """Section 7, O1, O6: durable_worker refuses a thread count of 0 or
+    below, a negative or infinite poll or tick, an empty or unprintable
+    queue name, with a message naming the option, before any thread starts
+    or any registry row is written."""
+    import re
+
+    from django.core.management import CommandError, call_command
+
+    settings.DURABLE_SINGLETON = {"DISPATCH": "worker"}
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("durable_worker", *args)
+    assert not WorkerProcess.objects.exists()
