@@ -112,6 +112,15 @@ _MINIMUM: dict[str, tuple[float, bool]] = {
     "MAX_RESULT_BYTES": (0, True),
     "MAX_TAGS": (0, False),
 }
+#: Upper bounds (inclusive) of the worker's periods, in seconds: a period the
+#: worker cannot wait (``threading`` refuses a timeout past ``TIMEOUT_MAX``) or
+#: subtract from the database's clock (a date before year 1) killed its fetch,
+#: heartbeat or tick thread at the first use (O1, O6, section 7).
+_MAXIMUM: dict[str, float] = {
+    "WORKER_POLL_SECONDS": 60.0,
+    "WORKER_HEARTBEAT_SECONDS": 3600.0,
+    "WORKER_DEAD_SECONDS": 86400.0,
+}
 _NULLABLE = frozenset({"DATABASE", "RETENTION_SECONDS", "MAX_INPUT_BYTES", "MAX_RESULT_BYTES"})
 
 
@@ -152,11 +161,16 @@ def problems(overrides: Any) -> list[tuple[str, str]]:
         if minimum is not None:
             low, strict = minimum
             what += f" {'>' if strict else '>='} {low:g}"
+        maximum = _MAXIMUM.get(name)
+        if maximum is not None:
+            what += f" and <= {maximum:g}"
         if name in _NULLABLE:
             what += " or None"
         ok = accepts(value)
         if ok and minimum is not None:
             ok = value > minimum[0] if minimum[1] else value >= minimum[0]
+        if ok and maximum is not None:
+            ok = value <= maximum
         if not ok:
             found.append(
                 (

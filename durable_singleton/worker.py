@@ -41,6 +41,9 @@ logger = logging.getLogger("durable_singleton.worker")
 #: waits longer (a row lock, a database that does not answer) is abandoned:
 #: those runs' leases expire by themselves within ``LEASE_SECONDS`` (R5).
 HAND_BACK_SECONDS = 10.0
+#: How often the foreground worker's main thread wakes to run a pending stop
+#: signal's handler, in seconds (:meth:`ForegroundWorker.run`).
+STOP_POLL_SECONDS = 0.5
 
 
 def _in_test_environment() -> bool:
@@ -126,15 +129,16 @@ def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
     if db is None or not run_ids:
         return 0
     from .models import Run
+    from .querysets import DbNow
 
     prefix = f"{socket.gethostname()}:{os.getpid()}:"
-    # The engine's clock, not the database's: the claim compares the stored
-    # expiry exactly, and SQLite's CURRENT_TIMESTAMP is stored in another format.
-    now = engine.now()
+    # The database's clock at the write (R5, R8), never this process's: a
+    # process clock stepped ahead since its last correction wrote an expiry
+    # (and a wake_at) in the future and left the run stranded that long.
     return int(
         Run.objects.using(db)
         .filter(pk__in=run_ids, status=RunStatus.RUNNING, lease_owner__startswith=prefix)
-        .update(lease_expires_at=now, wake_at=now)
+        .update(lease_expires_at=DbNow(), wake_at=DbNow())
     )
 
 
@@ -222,7 +226,12 @@ class ForegroundWorker:
         self.start()
         assert self._started_at is not None
         started = self._started_at
-        self.stopping.wait()
+        # A bounded wait: Python runs the SIGTERM handler on the main thread
+        # only when it executes bytecode, and a signal the kernel delivers to
+        # another thread (as it does after a SIGSTOP and SIGCONT) never wakes
+        # an unbounded wait: the worker ignored SIGTERM and was SIGKILLed.
+        while not self.stopping.wait(STOP_POLL_SECONDS):
+            pass
         requested = self._stop_requested_at or time.monotonic()
         left = self.dispatcher.stop(timeout=self.grace_seconds, hurry=self.hurry)
         self.handed_back = hand_back(self.engine, left) if left else 0

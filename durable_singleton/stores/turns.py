@@ -229,9 +229,12 @@ def release_dead_workers(db: str, dead_seconds: float, *, alive: str = "") -> li
     Each running run whose lease owner is that process (``name:...``) gets
     its lease ended now, by a compare-and-set on the owner and the lease's
     end as read (R5, R5a: a run renewed or taken meanwhile is left alone), so
-    the tick's recovery re-drives it as an expired lease (D4). One log line
-    per run names the dead owner; then the row is deleted. All on the
-    database's clock. ``alive`` names the calling process, never taken for
+    the tick's recovery re-drives it as an expired lease (D4). The row is
+    deleted first, by a compare-and-set on its ``last_seen_at`` as read, in
+    the same transaction: of several callers that read one silent row (two
+    tick holders at once), one takes its runs back, and a worker that came
+    back meanwhile keeps its row and its runs. One log line per run names
+    the dead owner. All on the database's clock. ``alive`` names the calling process, never taken for
     dead (its own heartbeat may be late while it ticks).
     """
     from ..models import Run, WorkerProcess
@@ -243,30 +246,38 @@ def release_dead_workers(db: str, dead_seconds: float, *, alive: str = "") -> li
         .exclude(name=alive)
     )
     found = []
+    workers = WorkerProcess.objects.using(db)
     for worker in list(stale):
         silent = (now - worker.last_seen_at).total_seconds()
-        held = Run.objects.using(db).filter(
-            status=RunStatus.RUNNING, lease_owner__startswith=f"{worker.name}:", lease_expires_at__gt=now
-        )
         taken = []
-        for run_id, owner, expires_at in held.values_list("run_id", "lease_owner", "lease_expires_at"):
-            if (
-                Run.objects.using(db)
-                .filter(pk=run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at=expires_at)
-                .update(lease_expires_at=now, wake_at=now)
-            ):
-                taken.append(run_id)
-                logger.warning(
-                    "run %s: taking it back from dead worker %s (host %s, pid %d, not seen for %.0f s; lease %s)",
-                    run_id,
-                    worker.name,
-                    worker.host,
-                    worker.pid,
-                    silent,
-                    owner,
-                    extra={"run_id": run_id, "dead_owner": worker.name},
-                )
-        # Deleted only if still as stale as read: a worker that came back meanwhile keeps its row.
-        WorkerProcess.objects.using(db).filter(name=worker.name, last_seen_at=worker.last_seen_at).delete()
-        found.append(DeadWorker(worker.name, silent, tuple(taken)))
+        with transaction.atomic(using=db):
+            # One recoverer per dead worker: the one whose delete of its row,
+            # still as stale as read, succeeds. Another tick holder that read
+            # the same row (a slow tick outliving its lease) deletes nothing
+            # and leaves the runs alone; so does everyone if the worker came
+            # back meanwhile (its refresh changed last_seen_at).
+            if not workers.filter(name=worker.name, last_seen_at=worker.last_seen_at).delete()[0]:
+                continue
+            held = Run.objects.using(db).filter(
+                status=RunStatus.RUNNING, lease_owner__startswith=f"{worker.name}:", lease_expires_at__gt=now
+            )
+            for run_id, owner, expires_at in held.values_list("run_id", "lease_owner", "lease_expires_at"):
+                if (
+                    Run.objects.using(db)
+                    .filter(pk=run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at=expires_at)
+                    .update(lease_expires_at=now, wake_at=now)
+                ):
+                    taken.append((run_id, owner))
+        for run_id, owner in taken:  # said once committed
+            logger.warning(
+                "run %s: taking it back from dead worker %s (host %s, pid %d, not seen for %.0f s; lease %s)",
+                run_id,
+                worker.name,
+                worker.host,
+                worker.pid,
+                silent,
+                owner,
+                extra={"run_id": run_id, "dead_owner": worker.name},
+            )
+        found.append(DeadWorker(worker.name, silent, tuple(run_id for run_id, _ in taken)))
     return found
