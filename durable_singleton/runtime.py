@@ -11,7 +11,7 @@ from .dispatcher import Dispatcher
 from .engine import Engine
 from .exceptions import ConfigurationError
 from .pull import PullDispatcher
-from .stores.base import BaseStore, RetryPolicy
+from .stores.base import BaseStore
 from .stores.loading import STORE_ALIASES, store_class
 
 __all__ = ["build_engine", "build_store", "get_engine"]
@@ -29,9 +29,6 @@ def build_store(settings: Settings) -> BaseStore:
     """
     cls = store_class(settings.STORE)
     path = STORE_ALIASES.get(settings.STORE, settings.STORE)
-    retry = RetryPolicy(
-        settings.ADMISSION_RETRY_SECONDS, settings.ADMISSION_RETRY_JITTER_SECONDS, settings.BACKLOG_RETRY_SECONDS
-    )
     # The two stores of this package take their options from settings (the
     # class is imported again by name so its constructor is typed); a store
     # named by another dotted path is built without arguments.
@@ -41,13 +38,12 @@ def build_store(settings: Settings) -> BaseStore:
         return DjangoStore(
             settings.DATABASE,
             claim_retries=settings.CLAIM_RETRIES,
-            retry=retry,
             redelivery_seconds=settings.REDELIVERY_SECONDS,
         )
     if path == STORE_ALIASES["memory"]:
         from .stores.memory import MemoryStore
 
-        return MemoryStore(retry=retry, redelivery_seconds=settings.REDELIVERY_SECONDS)
+        return MemoryStore(redelivery_seconds=settings.REDELIVERY_SECONDS)
     return cls()
 
 

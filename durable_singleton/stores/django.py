@@ -223,7 +223,6 @@ class DjangoStore(BaseStore):
 
     ``using``: the database alias; None asks the router (``db_for_write``).
     ``claim_retries``: bounded retries of a transaction on transient errors.
-    ``retry``: the denied waiters' retry delays (S5, S8a).
     ``redelivery_seconds``: how long a sent turn is left to arrive before the
     tick sends it again (S7a, F4).
     ``raw_sql``: send the hot transactions (the turn's read and claim, the
@@ -245,7 +244,6 @@ class DjangoStore(BaseStore):
         using: str | None = None,
         *,
         claim_retries: int = 5,
-        retry: RetryPolicy | None = None,
         redelivery_seconds: float = 5.0,
         raw_sql: bool | None = None,
     ) -> None:
@@ -253,7 +251,6 @@ class DjangoStore(BaseStore):
         self.raw_sql = raw_sql
         self._fast_paths: dict[str, pg.FastPath | None] = {}
         self.claim_retries = claim_retries
-        self.retry = retry or RetryPolicy()
         self.redelivery_seconds = redelivery_seconds
         self._schedule_states: dict[Codec | None, DjangoScheduleStore] = {}
         self._schedule_states_lock = threading.Lock()
