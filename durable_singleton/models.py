@@ -100,8 +100,9 @@ class Run(models.Model):
     quota_slot = models.CharField(_("quota slot"), max_length=6, choices=SlotState.choices, null=True, blank=True)
     #: The quota keys the run carries, as ``[[quota name, key], ...]``, written once at its start
     #: beside its memberships (X3b); empty for a run without quotas and for every run an older
-    #: release created. Never read from ``tags``: a caller's tag is only ever a tag.
-    quota_keys = models.JSONField(_("quota keys"), default=list, blank=True)
+    #: release created. Never read from ``tags``: a caller's tag is only ever a tag. NULL (no
+    #: quotas) for a row an older release's process inserts during a rolling upgrade.
+    quota_keys = models.JSONField(_("quota keys"), default=list, blank=True, null=True)
 
     objects = RunQuerySet.as_manager()
 

@@ -29,7 +29,8 @@ OLD_TAGS = ["quota:billing:acme", "mine"]
 def _old_release_runs() -> None:
     """Insert, on the schema of the release before quotas, a waiter of key K and
     a run without a key, each with the caller's tag ``quota:billing:acme``, as
-    that release stored them; then migrate to this release."""
+    that release stored them; then migrate to this release, and insert one more
+    as a process of that release still running would."""
     executor = MigrationExecutor(connection)
     executor.migrate(BEFORE_QUOTAS)
     old_run = executor.loader.project_state(BEFORE_QUOTAS).apps.get_model("durable_singleton", "Run")
@@ -48,19 +49,23 @@ def _old_release_runs() -> None:
     )
     old_run.objects.create(run_id="plain", workflow_name="plain", created_at=now, updated_at=now, **common)
     MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes("durable_singleton"))
+    # A process of the older release still running during the rolling upgrade inserts
+    # its runs without the columns it does not know.
+    old_run.objects.create(run_id="late", workflow_name="plain", created_at=now, updated_at=now, **common)
 
 
 def test_an_older_release_caller_tag_spelled_as_a_quota_key_is_never_read_as_one() -> None:
     """R1, X3b: after migrating, a run whose caller tag reads ``quota:billing:acme``
     carries no quota: the tag stays among its user tags, explain (K3) names no
     quota before or after its claim, the claim takes its singleton slot alone
-    and creates no lock row ``quota:billing``, and its settle leaves none."""
+    and creates no lock row ``quota:billing``, and its settle leaves none; a run
+    such a process inserts after the migration (no ``quota_keys``) is the same."""
     _old_release_runs()
     registry = Registry()
     registry.add("keyed", "1", lambda ctx, i: None, singleton={"key": lambda i: "K"})
     registry.add("plain", "1", lambda ctx, i: None)
     engine = make_engine("django", registry=registry)
-    for run_id in ("keyed", "plain"):
+    for run_id in ("keyed", "plain", "late"):
         run = engine.get(run_id)
         assert run.user_tags == tuple(OLD_TAGS) and run.quota_keys == ()
         assert "quota" not in engine.explain(run_id).sentence
@@ -73,7 +78,7 @@ def test_an_older_release_caller_tag_spelled_as_a_quota_key_is_never_read_as_one
         assert settle(engine, run_id, "completed")
     assert not SingletonKey.objects.filter(workflow_name__startswith="quota:").exists()
     assert not QuotaMembership.objects.exists()
-    assert sorted(Run.objects.values_list("status", flat=True)) == ["completed", "completed"]
+    assert sorted(Run.objects.values_list("status", flat=True)) == ["completed"] * 3
 
 
 def test_migration_0015_moves_the_quota_tags_a_start_recorded_and_keeps_every_caller_tag() -> None:

@@ -3,7 +3,9 @@
 The release before quotas stored a caller's tags as given, so a tag spelled
 ``quota:<name>:<key>`` was read as a quota key after an upgrade. The keys a
 start recorded are those with a membership: each such tag moves to the new
-column; every other tag, whatever its spelling, stays a caller's tag."""
+column; every other tag, whatever its spelling, stays a caller's tag. The column
+is nullable: an older release's process, which does not know it, still inserts
+runs during a rolling upgrade (NULL: no quota keys)."""
 
 from django.db import migrations, models
 
@@ -49,7 +51,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='run',
             name='quota_keys',
-            field=models.JSONField(blank=True, default=list, verbose_name='quota keys'),
+            field=models.JSONField(blank=True, default=list, null=True, verbose_name='quota keys'),
         ),
         migrations.RunPython(move_quota_tags, restore_quota_tags, elidable=True),
     ]
