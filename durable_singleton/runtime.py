@@ -14,7 +14,7 @@ from .pull import PullDispatcher
 from .stores.base import BaseStore
 from .stores.loading import STORE_ALIASES, store_class
 
-__all__ = ["build_engine", "build_store", "get_engine"]
+__all__ = ["build_engine", "build_store", "get_engine", "stop_threads"]
 
 _engines: dict[Settings, Engine] = {}
 _engines_lock = threading.Lock()
@@ -77,3 +77,25 @@ def get_engine() -> Engine:
         if engine is None:
             engine = _engines[settings] = build_engine(settings)
         return engine
+
+
+def stop_threads(timeout: float = 10.0) -> None:
+    """Stop the threads this package started in this process, each closing its
+    Django connections as it ends (O1): the embedded worker (worker and tick
+    threads, :meth:`ThreadDispatcher.stop <durable_singleton.dispatch.ThreadDispatcher.stop>`)
+    of every engine :func:`get_engine` built, then the lease renewer
+    (:func:`~durable_singleton.leases.stop_renewer`). Waits at most about
+    ``timeout`` seconds for each; a turn still in hand keeps its lease, which
+    expires (R5). The package's pytest plugin calls it before pytest-django
+    drops the test database, which fails on PostgreSQL while a connection is open.
+    """
+    from .dispatch import ThreadDispatcher
+    from .leases import stop_renewer
+
+    with _engines_lock:
+        engines = list(_engines.values())
+    for engine in engines:
+        dispatcher = engine.dispatcher
+        if isinstance(dispatcher, ThreadDispatcher) and dispatcher.running:
+            dispatcher.stop(timeout)
+    stop_renewer(timeout)
