@@ -24,6 +24,8 @@ from testproject.settings import *  # noqa: F403
 # Persistent connections, as many projects have them: a thread's connection
 # outlives its unit of work unless the thread closes it.
 DATABASES["default"]["CONN_MAX_AGE"] = 60  # noqa: F405
+# Its own test database: never the one of the session that runs this file.
+DATABASES["default"]["TEST"] = {"NAME": "test_durable_user_session"}  # noqa: F405
 DURABLE_SINGLETON = {
     **DURABLE_SINGLETON,  # noqa: F405
     "DISPATCH": "thread",
