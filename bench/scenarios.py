@@ -86,7 +86,7 @@ def handoff_stages(events: Sequence[audit.Event], stages: dict[str, dict[str, li
     """Split each handoff into traced stages (``--trace``): where the time between two bodies goes.
 
     exit -> fin (settle), fin -> sent (push: wake + publish), sent -> recv
-    (broker to a worker), recv -> admit (claim_run + try_admit_singleton),
+    (broker to a worker), recv -> admit (the claim: the store's ``begin_turn``),
     admit -> entry (load steps, lease keeper, body start); fin -> admit when
     the successor ran inline in the releasing worker (no publish).
     """

@@ -1,11 +1,11 @@
 """durable_singleton: durable Django workflows that never overlap for one key.
 
-Public names only; see README.rst.
+Public names only; see README.rst. Importing the package imports the engine,
+its context and the runtime (Django's modules with them) but reads no settings:
+it works before Django is configured (tests/test_checks.py).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from .admission import (
     ADMITTED_TAG,
@@ -14,16 +14,14 @@ from .admission import (
     singleton_admission_tags,
     without_singleton_markers,
 )
+from .context import WorkflowCtx
 from .definitions import Quota, Singleton, WorkflowOptions, step
+from .engine import Engine
 from .exceptions import QuotaQueueFullError, SingletonBusyError, SingletonQueueFullError
+from .runtime import get_engine
 from .schedules import Schedule
 from .statuses import OnBusy
 from .workflows import BaseWorkflow, workflow
-
-if TYPE_CHECKING:
-    from .context import WorkflowCtx
-    from .engine import Engine
-    from .runtime import get_engine
 
 __all__ = [
     "ADMITTED_TAG",
@@ -46,21 +44,3 @@ __all__ = [
     "without_singleton_markers",
     "workflow",
 ]
-
-
-def __getattr__(name: str) -> Any:
-    # Engine and context import Django lazily; keep the package importable
-    # without configured settings.
-    if name == "Engine":
-        from .engine import Engine
-
-        return Engine
-    if name == "get_engine":
-        from .runtime import get_engine
-
-        return get_engine
-    if name == "WorkflowCtx":
-        from .context import WorkflowCtx
-
-        return WorkflowCtx
-    raise AttributeError(f"module 'durable_singleton' has no attribute {name!r}")

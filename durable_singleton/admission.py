@@ -90,6 +90,7 @@ __all__ = [
     "queue_ttl_expired_sql_text",
     "queue_ttl_expires_at",
     "quota_front_reaches",
+    "quota_keys_of",
     "quota_lock_name",
     "quota_tag",
     "quota_waiter_q",
@@ -98,7 +99,6 @@ __all__ = [
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
-    "split_quota_tags",
     "superseded",
     "turn_on_its_way",
     "turn_on_its_way_q",
@@ -491,7 +491,7 @@ def turn_on_its_way_q(now: Any) -> Q:
 
 
 # -- shared quotas (X3) ---------------------------------------------------------------------
-#: Prefix of a quota's name in the key table and of a run's quota tags (X3b).
+#: Prefix of a quota's name in the key table (X3b), and of a quota key in :attr:`RunRecord.tags`.
 QUOTA_PREFIX = "quota:"
 #: Longest quota name accepted (characters, X3a).
 QUOTA_NAME_MAX_LENGTH = 64
@@ -509,23 +509,18 @@ def quota_lock_name(name: str) -> str:
 
 
 def quota_tag(name: str, key: str) -> str:
-    """Return the run tag ``quota:<name>:<key>`` of one quota key a run carries (X3b)."""
+    """Return ``quota:<name>:<key>``, how :attr:`RunRecord.tags` spells one quota key a run
+    carries (X3b); never stored as a tag (the keys are the run's ``quota_keys``)."""
     return f"{QUOTA_PREFIX}{name}:{key}"
 
 
-def split_quota_tags(tags: Iterable[str]) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
-    """Split stored tags into (the caller's tags, the run's quota keys as (name, key) pairs) (X3b).
+def quota_keys_of(stored: Iterable[Sequence[str]] | None) -> tuple[tuple[str, str], ...]:
+    """Return a run's quota keys as (name, key) pairs from its ``quota_keys`` column,
+    ``[[name, key], ...]`` (X3b): the keys its start recorded beside its memberships.
 
-    A quota name has no ``:``, so ``quota:<name>:<key>`` splits at its first two."""
-    user: list[str] = []
-    quotas: list[tuple[str, str]] = []
-    for tag in tags:
-        if tag.startswith(QUOTA_PREFIX) and tag.count(":") >= 2:
-            _, name, key = tag.split(":", 2)
-            quotas.append((name, key))
-        else:
-            user.append(tag)
-    return tuple(user), tuple(quotas)
+    The only source of a run's quota keys: a caller's tag is never read as one,
+    whatever its spelling (an older release stored ``quota:...`` tags as given, R1)."""
+    return tuple((str(name), str(key)) for name, key in stored or ())
 
 
 def compute_quota_key(workflow: str, quota: str, key_fn: Callable[[Any], object], input: Any, what: str = "key") -> str:

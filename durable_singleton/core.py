@@ -1431,7 +1431,9 @@ class Core:
     def _tick_catch_up(self, report: TickReport) -> None:
         granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH, ttls=self.queue_ttls())
         report.caught_up.extend(r.run_id for r in granted)
-        self.hand_off(granted)  # as every grant: run_admitted, then the turns (S7, O4)
+        # As a settle's or a release's grants: run_admitted for each run admitted, then the
+        # turns (S7, O4). A claim that runs its body sends its grants' turns without the signal.
+        self.hand_off(granted)
 
     def _tick_due(self, report: TickReport) -> None:
         due = self.store.due_runs(redelivery_seconds=self.settings.REDELIVERY_SECONDS, batch=self.settings.TICK_BATCH)

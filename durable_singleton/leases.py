@@ -33,7 +33,7 @@ from typing import Any
 
 from .stores.base import RenewalBusy
 
-__all__ = ["RENEWER_THREAD", "Lease", "LeaseRenewer", "renewer"]
+__all__ = ["RENEWER_THREAD", "Lease", "LeaseRenewer", "renewer", "stop_renewer"]
 
 logger = logging.getLogger("durable_singleton")
 
@@ -132,21 +132,42 @@ class LeaseRenewer:
             if self._leases.pop(id(lease), None) is not None and not self._leases and self._opened:
                 self._wake.notify()  # idle: the thread closes the connections it opened
 
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop the renewer thread: it closes the connections its renewals opened
+        and exits (O1); the leases it held are renewed no more (R5: they expire
+        unless released first). Waits at most ``timeout`` seconds for the thread;
+        returns whether it ended. The next :meth:`hold` starts a new thread."""
+        with self._wake:
+            thread, self._thread = self._thread, None
+            self._wake.notify_all()
+        if thread is None:
+            return True
+        thread.join(timeout)
+        return not thread.is_alive()
+
     def _loop(self) -> None:
+        me = threading.current_thread()
         while True:
             try:
-                for lease in self._next_due():
+                due = self._next_due(me)
+                if due is None:
+                    return  # stopped: its connections are closed
+                for lease in due:
                     self._renew(lease)
             except Exception:  # pragma: no cover - the loop must outlive anything
                 logger.exception("lease renewer: unexpected error; renewing on")
                 time.sleep(0.1)
 
-    def _next_due(self) -> list[Lease]:
+    def _next_due(self, me: threading.Thread) -> list[Lease] | None:
         """Wait until a lease is due; return the leases due now, and those due
         within half their interval (renewed early, so the leases of a busy
-        process are renewed in few rounds)."""
+        process are renewed in few rounds). None once :meth:`stop` replaced
+        thread ``me``: its connections are closed then."""
         with self._wake:
             while True:
+                if self._thread is not me:
+                    self._close_idle()
+                    return None
                 if not self._leases:
                     self._close_idle()
                     self._waiting_until = float("inf")
@@ -215,6 +236,14 @@ class LeaseRenewer:
 
 _renewer: LeaseRenewer | None = None
 _renewer_lock = threading.Lock()
+
+
+def stop_renewer(timeout: float = 10.0) -> bool:
+    """Stop this process's renewer thread if it runs (:meth:`LeaseRenewer.stop`);
+    return whether no renewer thread is left."""
+    with _renewer_lock:
+        current = _renewer
+    return current is None or current.stop(timeout)
 
 
 def renewer() -> LeaseRenewer:

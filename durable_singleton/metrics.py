@@ -5,8 +5,11 @@ never by key: keys are unbounded. A shared quota (X3) is labelled as the
 workflow ``quota:<name>``, as the key controls and the audit name it: its
 holders, waiters and oldest wait are over all its keys.
 
-Read from the database at each scrape (one grouped query each, so they are
-the same whichever process is scraped):
+Read from the database at each scrape, so they are the same whichever process
+is scraped: the holders, waiters and oldest wait in one grouped query over the
+runs and one over the quota memberships, the unrenewed leases in one (after a
+read of the database's clock), the audit's findings in the several queries of
+a full slot audit (:func:`~durable_singleton.audit.audit_slots`, K4):
 
 * ``durable_singleton_holders{workflow}``: active runs holding a slot;
 * ``durable_singleton_waiters{workflow}``: active runs waiting for a slot;

@@ -56,9 +56,10 @@ ACTIVE_Q = models.Q(status__in=ACTIVE_STATUSES)
 class Run(models.Model):
     """One run of a workflow (R1).
 
-    ``tags`` holds the caller's tags; the key tag and the reserved markers are
-    the columns ``singleton_key``, ``singleton_tracked`` and ``singleton_slot``
-    (``holder`` is the admitted marker), which the queue indexes serve (S5, S12).
+    ``tags`` holds the caller's tags and nothing else; the key tag and the
+    reserved markers are the columns ``singleton_key``, ``singleton_tracked``
+    and ``singleton_slot`` (``holder`` is the admitted marker), which the queue
+    indexes serve (S5, S12); the quota keys are ``quota_keys`` (X3b).
     """
 
     run_id = ExactCharField(_("run id"), max_length=191, primary_key=True)
@@ -97,6 +98,11 @@ class Run(models.Model):
     #: The quota marker (X3c): ``holder`` once admitted in every limit the run carries, ``waiter``
     #: before, NULL without quotas or once terminal; each membership mirrors it in the same write.
     quota_slot = models.CharField(_("quota slot"), max_length=6, choices=SlotState.choices, null=True, blank=True)
+    #: The quota keys the run carries, as ``[[quota name, key], ...]``, written once at its start
+    #: beside its memberships (X3b); empty for a run without quotas and for every run an older
+    #: release created. Never read from ``tags``: a caller's tag is only ever a tag. NULL (no
+    #: quotas) for a row an older release's process inserts during a rolling upgrade.
+    quota_keys = models.JSONField(_("quota keys"), default=list, blank=True, null=True)
 
     objects = RunQuerySet.as_manager()
 

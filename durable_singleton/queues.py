@@ -1,8 +1,9 @@
 """Read-only views of the per-key queues, for the admin and ``manage.py durable_queues``.
 
 Every figure comes from a bounded number of queries, whatever the number of
-keys and runs: the queue table is one grouped query (plus one for its totals
-and one for the runtime controls of the page's keys, K2), a key's page four.
+keys and runs: the queue table is one grouped query (its totals computed by
+window functions in the same query) and one for the runtime controls of the
+page's keys (K2), a key's page four.
 The order of a key's waiters is the claim's order,
 ``Run.objects.for_key(...).waiting()`` by (``created_at``, ``run_id``) (S5),
 and its holders are ``holders()``: admitted runs and untracked runs of an

@@ -21,9 +21,9 @@ def _lock_key_of_deleted_run(sender: Any, instance: Any, using: str, **kwargs: A
     claim of the key, which locks the key then updates its runs, could deadlock
     with the admin's delete (#16). Runs inside the deleting transaction.
     """
-    from .admission import split_quota_tags
+    from .admission import quota_keys_of
 
-    quota_keys = split_quota_tags(instance.tags or ())[1]
+    quota_keys = quota_keys_of(instance.quota_keys)
     if (instance.singleton_key is None and not quota_keys) or instance.status not in ACTIVE_STATUSES:
         return
     from .stores.django import DjangoStore

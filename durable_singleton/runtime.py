@@ -11,10 +11,10 @@ from .dispatcher import Dispatcher
 from .engine import Engine
 from .exceptions import ConfigurationError
 from .pull import PullDispatcher
-from .stores.base import BaseStore, RetryPolicy
+from .stores.base import BaseStore
 from .stores.loading import STORE_ALIASES, store_class
 
-__all__ = ["build_engine", "build_store", "get_engine"]
+__all__ = ["build_engine", "build_store", "get_engine", "stop_threads"]
 
 _engines: dict[Settings, Engine] = {}
 _engines_lock = threading.Lock()
@@ -29,9 +29,6 @@ def build_store(settings: Settings) -> BaseStore:
     """
     cls = store_class(settings.STORE)
     path = STORE_ALIASES.get(settings.STORE, settings.STORE)
-    retry = RetryPolicy(
-        settings.ADMISSION_RETRY_SECONDS, settings.ADMISSION_RETRY_JITTER_SECONDS, settings.BACKLOG_RETRY_SECONDS
-    )
     # The two stores of this package take their options from settings (the
     # class is imported again by name so its constructor is typed); a store
     # named by another dotted path is built without arguments.
@@ -41,13 +38,12 @@ def build_store(settings: Settings) -> BaseStore:
         return DjangoStore(
             settings.DATABASE,
             claim_retries=settings.CLAIM_RETRIES,
-            retry=retry,
             redelivery_seconds=settings.REDELIVERY_SECONDS,
         )
     if path == STORE_ALIASES["memory"]:
         from .stores.memory import MemoryStore
 
-        return MemoryStore(retry=retry, redelivery_seconds=settings.REDELIVERY_SECONDS)
+        return MemoryStore(redelivery_seconds=settings.REDELIVERY_SECONDS)
     return cls()
 
 
@@ -81,3 +77,25 @@ def get_engine() -> Engine:
         if engine is None:
             engine = _engines[settings] = build_engine(settings)
         return engine
+
+
+def stop_threads(timeout: float = 10.0) -> None:
+    """Stop the threads this package started in this process, each closing its
+    Django connections as it ends (O1): the embedded worker (worker and tick
+    threads, :meth:`ThreadDispatcher.stop <durable_singleton.dispatch.ThreadDispatcher.stop>`)
+    of every engine :func:`get_engine` built, then the lease renewer
+    (:func:`~durable_singleton.leases.stop_renewer`). Waits at most about
+    ``timeout`` seconds for each; a turn still in hand keeps its lease, which
+    expires (R5). The package's pytest plugin calls it before pytest-django
+    drops the test database, which fails on PostgreSQL while a connection is open.
+    """
+    from .dispatch import ThreadDispatcher
+    from .leases import stop_renewer
+
+    with _engines_lock:
+        engines = list(_engines.values())
+    for engine in engines:
+        dispatcher = engine.dispatcher
+        if isinstance(dispatcher, ThreadDispatcher) and dispatcher.running:
+            dispatcher.stop(timeout)
+    stop_renewer(timeout)

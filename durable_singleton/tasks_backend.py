@@ -139,9 +139,9 @@ class DurableSingletonBackend(BaseTaskBackend):
         try:
             input: dict[str, Any] = {"args": normalize_json(list(args)), "kwargs": normalize_json(dict(kwargs))}
         except TypeError as exc:
-            raise InvalidInputTypeError(f"task arguments are not JSON: {exc}") from None
+            raise InvalidInputTypeError(f"task arguments are not JSON serializable: {exc}") from None
         except ValueError as exc:
-            raise InvalidInputError(f"task arguments are not JSON: {exc}") from None
+            raise InvalidInputError(f"task arguments are not JSON serializable: {exc}") from None
         if task.queue_name != DEFAULT_TASK_QUEUE_NAME:
             input["queue_name"] = task.queue_name
         engine = get_engine()
@@ -342,8 +342,12 @@ class _TaskBody:
             value = task.call(TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        # As Django's own backends do: a value JSON cannot hold fails the task with TypeError.
-        return normalize_json(value)
+        # As Django's own backends do: a value JSON cannot hold fails the task with
+        # TypeError, in the words of json's own ("... is not JSON serializable").
+        try:
+            return normalize_json(value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"the return value of task {self.path} is not JSON serializable: {exc}") from None
 
 
 def _task_finished(sender: Any, run: RunRecord, **kwargs: Any) -> None:

@@ -95,6 +95,10 @@ DURABLE_SINGLETON = {
     "WORKER_HEARTBEAT_SECONDS": float(os.environ.get("DURABLE_WORKER_HEARTBEAT_SECONDS", "2")),
     "WORKER_DEAD_SECONDS": float(os.environ.get("DURABLE_WORKER_DEAD_SECONDS", "10")),
 }
+# remote-sync's body runs in another service, which only Celery reaches
+# (system check E005): declared only where turns go through Celery.
+if DURABLE_SINGLETON["DISPATCH"] == "celery":
+    INSTALLED_APPS.append("testproject.remote_client")
 
 # django.tasks (Django 6.0+; ignored by 5.2): tasks run as durable runs,
 # sync_store one per store at a time (docs/django_tasks.rst).

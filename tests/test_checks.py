@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -165,6 +166,28 @@ def test_manage_py_check_reports_a_string_lease_without_a_traceback() -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     assert "durable_singleton.E001" in done.stderr and "Traceback" not in done.stderr, done.stderr
     assert "HINT" in done.stderr
+
+
+def test_manage_py_check_of_the_test_project_with_a_bad_setting_prints_e001_not_a_traceback(tmp_path: Path) -> None:
+    """Section 7 (#34 item 4): with ``DURABLE_SINGLETON = {"LEASE_SECONDS": "30"}``
+    in the settings module itself, ``manage.py check`` of the test project
+    prints E001 and exits 1: no module of the project or the package reads the
+    settings at import (the test project is what users copy)."""
+    (tmp_path / "bad_lease_settings.py").write_text(
+        "from testproject.settings import *  # noqa: F403\n"
+        "DURABLE_SINGLETON = {**DURABLE_SINGLETON, 'LEASE_SECONDS': '30'}  # noqa: F405\n"
+    )
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "bad_lease_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "durable_singleton.E001" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_pickle_in_accept_content_is_e020(settings: Any) -> None:

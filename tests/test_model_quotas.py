@@ -18,6 +18,16 @@ Invariants after every step:
   and a start it refuses raised QuotaQueueFullError with the key full and
   wrote nothing (S15, X3j);
 * at the end, once the holders finish, every run ends (X3g, S7, S8).
+
+Every admission is recorded with its tokens where it happens: a claim's (and
+the waiters its claim grants), a settle's handoff, and those of the tick and of
+a cancel (the ``run_admitted`` signal of every grant they hand off). The
+interleaving does not depend on wall-clock time: on the Django store, whose
+clock is the database's, the retries, the redelivery window and the leases are
+an hour away, so only the machine's rules (a crash's expired lease, the
+teardown's wake) make anything due, and a seed replays the same run (#34 item 11:
+a catch-up grant that a retry made due under load went unrecorded, and the
+claim that confirmed it later read as a token out of order).
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from durable_singleton import Quota
+from durable_singleton import Quota, signals
 from durable_singleton.definitions import Registry
 from durable_singleton.exceptions import QuotaQueueFullError
 from durable_singleton.stores.base import TurnState
@@ -45,6 +55,9 @@ WORKFLOWS = ("plain", "keyed", "fair", "capped")
 QUOTA_LIMIT = 2
 #: The capped quota's limit + max_queue_depth (S15, X3j).
 CAP = 1 + 2
+#: Seconds to a waiter's retry, a turn's redelivery and a lease's end: never reached by
+#: the wall clock during a run of the machine (the memory store's clock is the machine's).
+FAR = 3600.0
 
 
 class QuotaProtocol(RuleBasedStateMachine):
@@ -65,7 +78,12 @@ class QuotaProtocol(RuleBasedStateMachine):
         capped = Quota("pool-capped", key=lambda i: i["q"], limit=1, max_queue_depth=CAP - 1)
         registry.add("capped", "1", lambda ctx, i: None, quotas=[capped, pool])
         self.engine = make_engine(
-            self.store, registry=registry, clock=self.clock if isinstance(self.store, MemoryStore) else None
+            self.store,
+            registry=registry,
+            clock=self.clock if isinstance(self.store, MemoryStore) else None,
+            ADMISSION_RETRY_SECONDS=FAR,
+            ADMISSION_RETRY_JITTER_SECONDS=0.0,
+            REDELIVERY_SECONDS=FAR,
         )
         self.created: list[str] = []
         self.owner: dict[str, str] = {}
@@ -73,6 +91,22 @@ class QuotaProtocol(RuleBasedStateMachine):
         self.admitted_with: dict[str, tuple[tuple[str, int], ...]] = {}
         self.cancelled_seen: set[str] = set()
         self.n = 0
+        #: The runs the engine's grants admitted (run_admitted), not yet recorded.
+        self.signalled: list[str] = []
+        signals.run_admitted.connect(self._admitted, weak=False)
+
+    def _admitted(self, sender: Any, run: Any, **kwargs: Any) -> None:
+        self.signalled.append(run.run_id)
+
+    def _record_signalled(self) -> None:
+        """Record the admissions the engine's grants made (a tick's, a cancel's release)."""
+        ids, self.signalled = list(dict.fromkeys(self.signalled)), []
+        self._record_granted(ids)
+
+    def _record_granted(self, run_ids: Any) -> None:
+        """Record the runs of ``run_ids`` that a grant admitted (quota holders), with their tokens."""
+        runs = [self._run(run_id) for run_id in run_ids]
+        self._record_tokens(*((r, self.store.quota_tokens(r.run_id)) for r in runs if r.quota_slot == "holder"))
 
     def _run(self, run_id: str) -> Any:
         return self.store.get_run(run_id)
@@ -126,7 +160,7 @@ class QuotaProtocol(RuleBasedStateMachine):
         turn = self.store.begin_turn(
             run_id,
             owner,
-            lease_seconds=30,
+            lease_seconds=FAR,
             limits=self.engine.limits(),
             max_recoveries=3,
             retry=self.engine._retry_policy(),
@@ -136,6 +170,7 @@ class QuotaProtocol(RuleBasedStateMachine):
             assert turn.run.quota_slot == "holder"
             self._record_tokens((turn.run, turn.run.quota_tokens))
             self.owner[run_id] = owner
+        self._record_granted(g.run_id for g in turn.granted)  # the waiters its claim admitted (S7)
 
     @precondition(lambda self: self.owner)
     @rule(data=st.data())
@@ -158,6 +193,7 @@ class QuotaProtocol(RuleBasedStateMachine):
         if run.is_terminal or run.status == "running":
             return
         self.engine.cancel(run_id)
+        self._record_signalled()
         if self._run(run_id).status == "cancelled":
             self.cancelled_seen.add(run_id)
             self.owner.pop(run_id, None)
@@ -180,6 +216,7 @@ class QuotaProtocol(RuleBasedStateMachine):
     @rule()
     def tick(self) -> None:
         self.engine.tick()
+        self._record_signalled()
         self.engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # turns are the machine's to run
 
     @invariant()
@@ -208,6 +245,7 @@ class QuotaProtocol(RuleBasedStateMachine):
     def teardown(self) -> None:
         """Liveness (X3g, S7, S8): the holders finish, crashed leases expire, wake
         times come, the tick and the turns run; every run ends."""
+        signals.run_admitted.disconnect(self._admitted)
         deadline = time.monotonic() + 30
         for run_id in list(self.owner):
             self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())

@@ -11,6 +11,7 @@ in-memory store and the DATABASE_URL database (SQLite, PostgreSQL, MariaDB).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -36,12 +37,15 @@ def _drain(engine: Engine) -> None:
 
 
 def test_a_keyed_waiter_blocked_by_its_quota_is_not_sent_a_turn_by_every_tick(
-    engine: Engine, registry: Registry
+    make: Callable[..., Engine], registry: Registry
 ) -> None:
     """S8b, X3h, S6: C (quota only) holds quota key t; R1..R3 (a singleton key
     each, free, and the same quota key) wait for the quota. Ten ticks send them
     no turn (their attempts do not move) and the catch-up grants nothing; when
-    C settles, the quota's handoff admits R1 and the others follow, each once."""
+    C settles, the quota's handoff admits R1 and the others follow, each once.
+    The waiters' own retries are an hour away: the ten ticks may take any time
+    on a loaded machine without a retry coming due (#34 item 9)."""
+    engine = make(ADMISSION_RETRY_SECONDS=3600.0)
     registry.add("charge", "1", _body, quotas=[ERP])
     registry.add("refund", "1", _body, singleton={"key": lambda i: i["order"]}, quotas=[ERP])
     engine.start("charge", {"tenant": "t", "hold": True}, run_id="C")

@@ -287,6 +287,19 @@ def test_a_return_value_that_is_not_json_fails_the_task_and_task_finished_says_f
     assert finished == ["FAILED"]
 
 
+def test_a_return_value_that_is_not_json_says_it_is_not_json_serializable(manual: Engine) -> None:
+    """The error of a task whose return value JSON cannot hold says, in the
+    words of Django's own TypeError, that it "is not JSON serializable", and
+    names the type (R2; #34 item 10: django-tasks-db's suite expects them)."""
+    result = jobs.returns_set.enqueue(3)
+    manual.dispatcher.drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is TypeError
+    assert "is not JSON serializable" in result.errors[0].traceback
+    assert "set" in result.errors[0].traceback
+
+
 def test_arguments_that_are_not_json_raise_a_type_error_and_write_nothing(manual: Engine) -> None:
     """Django's task API raises TypeError for arguments JSON cannot hold; the
     backend's error is that TypeError and an InvalidInputError at once

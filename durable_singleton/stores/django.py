@@ -65,11 +65,11 @@ from ..admission import (
     limit_in_force_sql,
     queue_ttl_expired_q,
     quota_front_reaches,
+    quota_keys_of,
     quota_lock_name,
     quota_waiter_q,
     quota_waiting_q,
     retry_delay,
-    split_quota_tags,
     superseded,
     turn_on_its_way_q,
 )
@@ -131,7 +131,6 @@ def is_transient_error(exc: BaseException) -> bool:
 
 def record_of(row: Run) -> RunRecord:
     """Return the :class:`RunRecord` of a model row."""
-    user_tags, quota_keys = split_quota_tags(row.tags or ())
     return RunRecord(
         run_id=row.run_id,
         workflow_name=row.workflow_name,
@@ -143,7 +142,7 @@ def record_of(row: Run) -> RunRecord:
         updated_at=row.updated_at,
         output=row.output,
         error=row.error,
-        user_tags=user_tags,
+        user_tags=tuple(row.tags or ()),
         singleton_key=row.singleton_key,
         singleton_limit=row.singleton_limit,
         admitted=row.singleton_slot == SlotState.HOLDER,
@@ -163,7 +162,7 @@ def record_of(row: Run) -> RunRecord:
         fencing_token=row.fencing_token,
         step_count=row.step_count,
         not_before=row.not_before,
-        quota_keys=quota_keys,
+        quota_keys=quota_keys_of(row.quota_keys),
         quota_slot=row.quota_slot,
         trace_parent=row.trace_parent,
     )
@@ -224,7 +223,6 @@ class DjangoStore(BaseStore):
 
     ``using``: the database alias; None asks the router (``db_for_write``).
     ``claim_retries``: bounded retries of a transaction on transient errors.
-    ``retry``: the denied waiters' retry delays (S5, S8a).
     ``redelivery_seconds``: how long a sent turn is left to arrive before the
     tick sends it again (S7a, F4).
     ``raw_sql``: send the hot transactions (the turn's read and claim, the
@@ -246,7 +244,6 @@ class DjangoStore(BaseStore):
         using: str | None = None,
         *,
         claim_retries: int = 5,
-        retry: RetryPolicy | None = None,
         redelivery_seconds: float = 5.0,
         raw_sql: bool | None = None,
     ) -> None:
@@ -254,7 +251,6 @@ class DjangoStore(BaseStore):
         self.raw_sql = raw_sql
         self._fast_paths: dict[str, pg.FastPath | None] = {}
         self.claim_retries = claim_retries
-        self.retry = retry or RetryPolicy()
         self.redelivery_seconds = redelivery_seconds
         self._schedule_states: dict[Codec | None, DjangoScheduleStore] = {}
         self._schedule_states_lock = threading.Lock()
@@ -679,8 +675,8 @@ class DjangoStore(BaseStore):
         workflow_name, key = run.workflow_name, run.singleton_key
         locking = set(run.quota_keys)
         if run.quota_keys:  # a workflow with quotas: its other runs carry quota keys too
-            tags = self._runs().for_key(workflow_name, key).active().values_list("tags", flat=True)
-            locking.update(q for t in tags for q in split_quota_tags(t or ())[1])
+            carried = self._runs().for_key(workflow_name, key).active().values_list("quota_keys", flat=True)
+            locking.update(q for keys in carried for q in quota_keys_of(keys))
 
         def start() -> Superseding:
             runs = self._runs()
@@ -698,7 +694,7 @@ class DjangoStore(BaseStore):
                 free = free_slots(limit, len(holders), paused=bool(key_row["paused"]))
                 to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
                 ending = [*to_replace, *(r for r in stop if r.status != RunStatus.RUNNING)]
-                unlocked = {q for r in ending for q in split_quota_tags(r.tags or ())[1]} - locking
+                unlocked = {q for r in ending for q in quota_keys_of(r.quota_keys)} - locking
                 if unlocked:
                     raise _UnlockedQuotaKeysError(unlocked)  # nothing written yet: lock them too and start again
                 # The runs this start ends at once leave the quota keys' count (S15, X3j).
@@ -789,7 +785,8 @@ class DjangoStore(BaseStore):
             namespace=run.namespace,
             status=run.status,
             input=run.input,
-            tags=pg.stored_tags(run),
+            tags=list(run.user_tags),
+            quota_keys=[list(q) for q in run.quota_keys],
             singleton_key=run.singleton_key,
             singleton_limit=run.singleton_limit,
             singleton_slot=SlotState.WAITER if run.singleton_key is not None and run.tracked else None,
@@ -856,12 +853,12 @@ class DjangoStore(BaseStore):
         (the release of the run's slot, F12, locks it too), then the run's row
         (X3e); its memberships go with it, which frees its quota slots (X3g).
         """
-        seen = self._runs().filter(pk=run_id).values_list("workflow_name", "singleton_key", "tags").first()
+        seen = self._runs().filter(pk=run_id).values_list("workflow_name", "singleton_key", "quota_keys").first()
         if seen is None:
             return None
         with transaction.atomic(using=self.db):
-            workflow_name, key, tags = seen
-            self._lock_quota_keys(split_quota_tags(tags or ())[1])  # the lock order (X3e)
+            workflow_name, key, carried = seen
+            self._lock_quota_keys(quota_keys_of(carried))  # the lock order (X3e)
             if key is not None:
                 self.lock_key(workflow_name, key)
             row = self._runs().select_for_update().filter(pk=run_id).first()

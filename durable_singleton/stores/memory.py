@@ -75,7 +75,6 @@ class MemoryStore(BaseStore):
     def __init__(
         self,
         *,
-        retry: RetryPolicy | None = None,
         redelivery_seconds: float = 5.0,
         clock: Callable[[], datetime] | None = None,
     ) -> None:
@@ -90,7 +89,6 @@ class MemoryStore(BaseStore):
         self._quota_tags: dict[tuple[str, str], int] = {}  # (run id, quota name) -> fair tag (X4)
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
         self._control_records: list[ControlChangeRecord] = []
-        self.retry = retry or RetryPolicy()
         self.redelivery_seconds = redelivery_seconds
         self.clock = clock or timezone.now
 

@@ -74,10 +74,9 @@ from ..admission import (
     legacy_holder_sql_text,
     limit_in_force_sql_text,
     queue_ttl_expired_sql_text,
+    quota_keys_of,
     quota_lock_name,
-    quota_tag,
     quota_waiter_sql_text,
-    split_quota_tags,
 )
 from ..models import QuotaMembership, Run, SingletonKey
 from ..querysets import PG_NOW_SQL, RunQuerySet
@@ -143,6 +142,7 @@ COLUMNS = (
     "not_before",
     "quota_slot",
     "trace_parent",
+    "quota_keys",
 )
 
 
@@ -189,8 +189,8 @@ def record(row: Sequence[Any]) -> RunRecord:
         not_before,
         quota_slot,
         trace_parent,
+        quota_keys,
     ) = row[: len(COLUMNS)]
-    user_tags, quota_keys = split_quota_tags(_json(tags) or ())
     return RunRecord(
         run_id=run_id,
         workflow_name=workflow_name,
@@ -202,7 +202,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         updated_at=updated_at,
         output=_json(output),
         error=_json(error),
-        user_tags=user_tags,
+        user_tags=tuple(_json(tags) or ()),
         singleton_key=singleton_key,
         singleton_limit=singleton_limit,
         admitted=singleton_slot == SlotState.HOLDER,
@@ -222,16 +222,10 @@ def record(row: Sequence[Any]) -> RunRecord:
         fencing_token=fencing_token,
         step_count=step_count,
         not_before=not_before,
-        quota_keys=quota_keys,
+        quota_keys=quota_keys_of(_json(quota_keys)),
         quota_slot=quota_slot,
         trace_parent=trace_parent,
     )
-
-
-def stored_tags(run: RunRecord) -> list[str]:
-    """The ``tags`` column of ``run``: the caller's tags, then its quota keys'
-    ``quota:<name>:<key>`` tags (X3b); the key tag and markers are columns."""
-    return [*run.user_tags, *(quota_tag(name, key) for name, key in run.quota_keys)]
 
 
 def usable(store: Store) -> bool:
@@ -467,7 +461,7 @@ CLAIM_ADMIT = _admit(
 #: update finds it (no key, so no lock and no admission: S4, S6, R5a, R6).
 CLAIM_TAKE = sql.statement("claim_take")
 
-_JSON_COLUMNS = {"input", "output", "error", "tags"}
+_JSON_COLUMNS = {"input", "output", "error", "tags", "quota_keys"}
 #: The limit in force on a started run's key: the key's runtime override, else the declared
 #: ``deep_limit`` (K2).
 _DEEP_LIMIT = limit_in_force_sql_text(
@@ -1062,7 +1056,7 @@ class FastPath:
             "updated_at": run.updated_at,
             "output": _json_param(run.output),
             "error": _json_param(run.error),
-            "tags": _json_param(stored_tags(run)),
+            "tags": _json_param(list(run.user_tags)),
             "singleton_key": run.singleton_key,
             "singleton_limit": run.singleton_limit,
             "singleton_slot": SlotState.WAITER.value if run.singleton_key is not None and run.tracked else None,
@@ -1085,6 +1079,7 @@ class FastPath:
             "not_before": run.not_before,
             "quota_slot": run.quota_slot,
             "trace_parent": run.trace_parent,
+            "quota_keys": _json_param([list(q) for q in run.quota_keys]),
         }
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)

@@ -31,11 +31,17 @@ runs on that store with no code::
     pytest --pyargs durable_singleton.testing.test_store_conformance --durable-store=myapp.stores.MyStore
 
 Every fixture imports Django lazily, so the plugin loads in any project.
+
+Before pytest-django drops the test database at the end of the session, the
+plugin stops the threads the package started in the process (the embedded
+worker's workers and tick, the lease renewer), each closing its connections
+(:func:`~durable_singleton.runtime.stop_threads`): on PostgreSQL a connection
+left open makes the drop fail ("being accessed by other users").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -44,7 +50,14 @@ if TYPE_CHECKING:
     from ..engine import Engine
     from ..stores.base import BaseStore
 
-__all__ = ["durable_drain", "durable_engine", "durable_store", "pytest_addoption", "pytest_collection_modifyitems"]
+__all__ = [
+    "durable_drain",
+    "durable_engine",
+    "durable_store",
+    "pytest_addoption",
+    "pytest_collection_modifyitems",
+    "pytest_fixture_setup",
+]
 
 #: Ticks ``durable_drain`` runs at most after its first drain.
 MAX_TICK_ROUNDS = 100
@@ -92,6 +105,25 @@ def durable_drain(durable_engine: Engine) -> Callable[..., int]:
         return turns
 
     return drain
+
+
+def _stop_threads() -> None:
+    from ..runtime import stop_threads
+
+    stop_threads()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(
+    fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+) -> Generator[None, object, object]:
+    """Once pytest-django's ``django_db_setup`` is set up, add a finalizer to it that
+    stops the package's threads: finalizers run last added first, so before the
+    fixture's own teardown drops the test database (O1)."""
+    result = yield
+    if fixturedef.argname == "django_db_setup":
+        fixturedef.addfinalizer(_stop_threads)
+    return result
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

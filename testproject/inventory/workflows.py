@@ -22,8 +22,6 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from durable_singleton import BaseWorkflow, Schedule, Singleton, WorkflowCtx, step, workflow
-from durable_singleton.conf import get_settings
-from durable_singleton.definitions import registry
 
 from . import crash_hooks
 from .models import BodyAudit
@@ -276,22 +274,8 @@ def handoff_kill(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     return {"store_id": input["store_id"], "pid": result["pid"], "token": ctx.fencing_token}
 
 
-#: A workflow whose body runs in another service (testproject.remote_service):
-#: this project declares it with register_remote's options, starts it and
-#: gates it; the other service's workers on the "remote" queue run the body.
-#: Declared only where turns go through Celery, the only dispatcher that
-#: reaches the other service (system check E005).
-REMOTE_QUEUE = "remote"
-if get_settings().DISPATCH == "celery":
-    registry.add(
-        "remote-sync",
-        "1",
-        None,
-        queue=REMOTE_QUEUE,
-        singleton=Singleton(key=store_key, limit=1),
-        remote=True,
-        origin=f"remote:{REMOTE_QUEUE}",
-    )
+#: ``remote-sync``, whose body runs in another service, is declared by the app
+#: testproject.remote_client, installed where turns go through Celery (E005).
 
 
 @workflow(name="remote-parent", version="1")
