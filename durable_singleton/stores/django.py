@@ -26,7 +26,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -167,6 +167,15 @@ def record_of(row: Run) -> RunRecord:
         quota_slot=row.quota_slot,
         trace_parent=row.trace_parent,
     )
+
+
+def _aware(value: Any) -> datetime:
+    """A time the database returned, as an aware UTC datetime (MySQL's is naive UTC)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value  # type: ignore[no-any-return]
 
 
 def _terminal_fields(status: str, output: Any, error: Any, finished_at: datetime | None = None) -> dict[str, Any]:
@@ -360,26 +369,30 @@ class DjangoStore(BaseStore):
         sql = "SELECT STATEMENT_TIMESTAMP()" if self._vendor == "postgresql" else "SELECT UTC_TIMESTAMP(6)"
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql)
-            value = cursor.fetchone()[0]
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return value  # type: ignore[no-any-return]
+            return _aware(cursor.fetchone()[0])
 
     # -- keys ------------------------------------------------------------------
-    def lock_key(self, workflow_name: str, key: str) -> dict[str, Any]:
+    def lock_key(self, workflow_name: str, key: str, *, existing: bool = False) -> dict[str, Any]:
         """Lock the key's row, creating it if missing; return its fields.
 
         Must run inside a transaction. SQLite has no row locks: an UPDATE of
-        the row takes the database write lock before anything is read. On
+        the row takes the database write lock before anything is read (one
+        upsert that returns the row, where SQLite returns rows). On
         MySQL/MariaDB an upsert takes the row's exclusive lock (creating the
         row if missing) without the gap lock a ``SELECT ... FOR UPDATE`` of a
         missing row takes at REPEATABLE READ, which made first claims of a new
-        key deadlock with each other (S13a).
+        key deadlock with each other (S13a); ``existing`` (a settle: the key's
+        row was created by its run's claim) tries the ``SELECT ... FOR UPDATE``
+        first, one statement instead of two when the row is there.
         """
         keys = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
         fields = ("pk", "last_token", "paused", "limit_override")
+        if self._vendor == "mysql" and existing:
+            found: dict[str, Any] | None = keys.select_for_update().values(*fields).first()
+            if found is not None:
+                return found
+        if self._vendor == "sqlite" and connections[self.db].features.can_return_columns_from_insert:
+            return self._upsert_key(workflow_name, key)
         if self._vendor == "mysql":
             connection = connections[self.db]
             table = connection.ops.quote_name(SingletonKey._meta.db_table)
@@ -410,6 +423,25 @@ class DjangoStore(BaseStore):
                 [SingletonKey(workflow_name=workflow_name, key=key)], ignore_conflicts=True
             )
         raise OperationalError("database is locked: the key row vanished while being locked")
+
+    def _upsert_key(self, workflow_name: str, key: str) -> dict[str, Any]:
+        """SQLite's key lock: one ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``, which
+        takes the database write lock, creates the row if missing and returns it (S13a)."""
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        table = quote(SingletonKey._meta.db_table)
+        columns = ", ".join(quote(c) for c in ("created", "modified", "workflow_name", "key", "last_token", "paused"))
+        token = quote("last_token")
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 0, 0) "
+                f"ON CONFLICT ({quote('workflow_name')}, {quote('key')}) DO UPDATE SET {token} = {token} "
+                f"RETURNING {quote('id')}, {token}, {quote('paused')}, {quote('limit_override')}",
+                [now, now, workflow_name, key],
+            )
+            pk, last_token, paused, override = cursor.fetchone()
+        return {"pk": pk, "last_token": last_token, "paused": bool(paused), "limit_override": override}
 
     def _locking(self, queryset: Any) -> Any:
         """Read the latest commits after the key's lock, whatever the isolation level (S13a).
@@ -604,8 +636,13 @@ class DjangoStore(BaseStore):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
                 if started is not None:
                     return started
+        probed = run.singleton_key is not None and deep_limit is not None
+        if not stamp and not probed:
+            return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
+        # The database's clock, the key's runtime override and the depth of its queue in one read.
+        now, deep = self._start_probe(run, deep_limit if probed else None)
         if stamp:
-            shift = self.now() - run.created_at
+            shift = now - run.created_at
             run = run.evolve(
                 created_at=run.created_at + shift,
                 updated_at=run.updated_at + shift,
@@ -613,14 +650,47 @@ class DjangoStore(BaseStore):
                 deadline_at=run.deadline_at + shift if run.deadline_at is not None else None,
             )
             backlog_wake_at = backlog_wake_at + shift if backlog_wake_at is not None else None
-        return super().start_run(
-            run, cap=cap, cap_namespace=cap_namespace, deep_limit=deep_limit, backlog_wake_at=backlog_wake_at
+        if deep:
+            run = run.evolve(wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
+        return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
+
+    def _start_probe(self, run: RunRecord, deep_limit: int | None) -> tuple[datetime, bool]:
+        """Read, in one statement, the database's clock (R8) and, with ``deep_limit`` (the
+        declared limit), whether ``run``'s key already has as many holders and waiters as its
+        limit in force (:meth:`queue_is_deep`, with the key's runtime override, S8a, K2).
+
+        The queue's first ``2 * deep_limit`` rows are counted with the override; an override
+        that changes the limit in force has the queue read again with it (a second read).
+        """
+        db_now = {"mysql": "UTC_TIMESTAMP(6)", "postgresql": "STATEMENT_TIMESTAMP()"}.get(self._vendor, "NULL")
+        if deep_limit is None or run.singleton_key is None:
+            return self.now(), False
+        connection = connections[self.db]
+        key_row = SingletonKey.objects.using(self.db).filter(workflow_name=run.workflow_name, key=run.singleton_key)
+        override_sql, override_params = key_row.values("limit_override")[:1].query.get_compiler(self.db).as_sql()
+        front = self._runs().for_key(run.workflow_name, run.singleton_key).queue_front()
+        front_sql, front_params = front.values("singleton_slot")[: 2 * deep_limit].query.get_compiler(self.db).as_sql()
+        slot = connection.ops.quote_name("singleton_slot")
+        sql = (
+            f"SELECT {db_now} AS database_now, ({override_sql}) AS limit_override, "
+            f"COUNT(CASE WHEN queue_front.{slot} = %s THEN 1 END) AS holders, "
+            f"COUNT(CASE WHEN queue_front.{slot} = %s THEN 1 END) AS waiters "
+            f"FROM ({front_sql}) queue_front"
         )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*override_params, SlotState.HOLDER.value, SlotState.WAITER.value, *front_params])
+            value, override, holders, waiters = cursor.fetchone()
+        now = self.now() if value is None else _aware(value)
+        limit = limit_in_force(deep_limit, override)
+        if limit != deep_limit:
+            return now, self.queue_is_deep(run.workflow_name, run.singleton_key, limit)
+        return now, holders >= limit and waiters >= limit
 
     @property
     def stamps_starts(self) -> bool:  # type: ignore[override]
-        """True on PostgreSQL's fast path: :meth:`start_run` stamps ``created_at`` with the database's clock (R8)."""
-        return self._fast() is not None
+        """True: :meth:`start_run` stamps ``created_at`` with the database's clock, read in the
+        statement that reads the key's queue (or by the fast path's insert on PostgreSQL, R8)."""
+        return True
 
     def create_runs(
         self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
@@ -913,6 +983,25 @@ class DjangoStore(BaseStore):
             turn = self._fast_turn(fast, run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
             if turn is not None:
                 return turn
+        turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
+        if turn.state == TurnState.RUN and turn.run is not None and turn.run.step_count == 0 and not turn.recovered:
+            # Claimed from a parked run (a claim of a running one is a recovery): its step count as
+            # read is the one its compare-and-set met, and no step is stored without a lease (R4).
+            turn = replace(turn, steps={})
+        return turn
+
+    def _orm_turn(
+        self,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        max_recoveries: int,
+        retry: RetryPolicy,
+        known: RunRecord | None,
+        ttls: QueueTtls | None,
+    ) -> Turn:
+        """:meth:`begin_turn` on the ORM path."""
         if known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked:
             row: Run | None = self._row(known)
             assert row is not None
@@ -1574,7 +1663,9 @@ class DjangoStore(BaseStore):
             with transaction.atomic(using=self.db):
                 # The lock order of every path: the quota keys sorted, then the singleton key (X3e).
                 quota_rows = self._lock_quota_keys(run.quota_keys)
-                key_row = self.lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
+                key_row = (
+                    self.lock_key(run.workflow_name, run.singleton_key, existing=True) if run.singleton_key else None
+                )
                 if not self._runs().filter(cas).update(**fields):
                     return Finish(None)
                 granted: list[RunRecord] = []
