@@ -19,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
-from durable_singleton.models import SingletonKey
+from durable_singleton.models import Run, SingletonKey
 from durable_singleton.statuses import ParkReason, RunStatus
 from durable_singleton.stores.base import TurnState
 from durable_singleton.stores.django import DjangoStore
@@ -122,3 +122,159 @@ def test_a_settle_locks_its_key_with_one_statement(engine: Engine) -> None:
     assert taken is not None and turn.state == TurnState.RUN
     sent = _statements(lambda: store.finish(taken, "tester", RunStatus.COMPLETED, limits={"short-keyed": 1}))
     assert sum(_KEY_TABLE in s for s in sent) == 1, sent
+
+
+mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="the MySQL/MariaDB room's stored procedures")
+
+
+@pytest.fixture
+def room_engine() -> Engine:
+    registry = Registry()
+
+    def keyed(ctx: Any, i: dict[str, Any]) -> None:
+        if i.get("park"):
+            ctx.wait_for_signal("go")
+
+    registry.add("room-keyed", "1", keyed, singleton={"key": lambda i: i["k"]})
+    registry.add("room-plain", "1", lambda ctx, i: None)
+    return make_engine("django", registry=registry)
+
+
+@mysql_only
+def test_a_holders_confirmation_is_one_call_on_mysql(room_engine: Engine) -> None:
+    """S6, R5a: on MySQL/MariaDB the confirmation of a waiter a handoff admitted is one
+    CALL of ``ds_take_lease`` (its row lock and its compare-and-set in the procedure's
+    own transaction), not SET autocommit, the lock, the update, COMMIT, SET autocommit."""
+    engine = room_engine
+    holder = engine.start("room-keyed", {"k": "call", "park": True}).run_id
+    _drain(engine)
+    waiter = engine.start("room-keyed", {"k": "call"}).run_id
+    _drain(engine)
+    # The parked holder ends (as a cancel ends it) and hands its slot to the waiter (S7).
+    done = engine.store.finish(engine.get(holder), None, RunStatus.CANCELLED, limits={"room-keyed": 1})
+    assert [g.run_id for g in done.granted] == [waiter]
+    granted = engine.get(waiter)
+    assert granted.admitted and granted.status == RunStatus.SUSPENDED, granted
+    store = engine.store
+    assert store._mysql_room() is not None  # type: ignore[attr-defined]  # looked up once per database
+    turn: list[Any] = []
+    sent = _statements(
+        lambda: turn.append(
+            store.begin_turn(
+                waiter,
+                "tester",
+                lease_seconds=30,
+                limits={"room-keyed": 1},
+                max_recoveries=3,
+                retry=store.retry,  # type: ignore[attr-defined]
+                known=granted,
+            )
+        )
+    )
+    assert [s.split("(")[0] for s in sent] == ["CALL ds_take_lease"], sent
+    assert turn[0].state == TurnState.RUN and turn[0].run.lease_owner == "tester"
+    stored = engine.get(waiter)
+    assert (stored.status, stored.lease_owner, stored.admitted) == (RunStatus.RUNNING, "tester", True)
+    assert stored.attempts == granted.attempts + 1
+
+
+@mysql_only
+def test_a_confirmation_of_a_run_changed_under_the_turn_writes_nothing_on_mysql(room_engine: Engine) -> None:
+    """R5a, R6: the procedure's compare is the run as the turn read it, its cancel flag
+    included: a run whose cancel was requested after the read is not taken."""
+    engine = room_engine
+    run = engine.start("room-plain", {})
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    as_read = Run(**_fields(run.run_id))  # the turn's read, before the cancel lands
+    Run.objects.filter(pk=run.run_id).update(cancel_requested=True)
+    taken = engine.store._take_lease(as_read, {"recoveries": 0}, "tester", 30)  # type: ignore[attr-defined]
+    assert taken == 0
+    stored = engine.get(run.run_id)
+    assert (stored.status, stored.lease_owner, stored.attempts) == (RunStatus.PENDING, None, 0)
+
+
+def _fields(run_id: str) -> dict[str, Any]:
+    row = Run.objects.get(pk=run_id)
+    return {f.attname: getattr(row, f.attname) for f in Run._meta.concrete_fields}
+
+
+@mysql_only
+def test_without_the_procedures_the_claim_takes_the_orm_path(room_engine: Engine) -> None:
+    """The fallback (docs/operations.rst): a database where the procedures could not be
+    created serves every claim on the ORM path, with the same decisions (S6, S7)."""
+    from durable_singleton.stores import mysql
+
+    mysql.uninstall(connection)
+    try:
+        engine = make_engine(DjangoStore(), registry=room_engine.registry)
+        holder = engine.start("room-keyed", {"k": "fallback", "park": True}).run_id
+        _drain(engine)
+        waiter = engine.start("room-keyed", {"k": "fallback"}).run_id
+        _drain(engine)
+        engine.signal(holder, "go")
+        sent = _statements(lambda: _drain(engine))
+        assert not any(s.startswith("CALL") for s in sent), sent
+        assert {engine.get(r).status for r in (holder, waiter)} == {RunStatus.COMPLETED}
+    finally:
+        mysql.install(connection)
+
+
+@mysql_only
+def test_the_procedures_lease_counts_from_after_the_wait_for_the_run_lock(room_engine: Engine) -> None:
+    """R5, R8: a confirmation that waits for the run's row lock counts its lease on the
+    database's clock from after the wait: the lease ends at least ``lease_seconds``
+    after the moment the other transaction released the row, never short by the wait."""
+    import threading
+
+    from django.db import connections, transaction
+
+    engine = room_engine
+    run = engine.start("room-plain", {})
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    as_read = Run(**_fields(run.run_id))
+    released: list[Any] = []
+    locked = threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(Run.objects.select_for_update().filter(pk=run.run_id).values_list("pk", flat=True))
+                locked.set()
+                with connection.cursor() as cursor:
+                    for _ in range(600):  # until the claim waits for the row (a generous bound)
+                        cursor.execute(
+                            "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = %s", ["LOCK WAIT"]
+                        )
+                        if cursor.fetchone()[0]:
+                            break
+                        threading.Event().wait(0.05)
+                    cursor.execute("SELECT UTC_TIMESTAMP(6)")
+                    released.append(cursor.fetchone()[0])
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert locked.wait(60)
+    taken = engine.store._take_lease(as_read, {"recoveries": 0}, "tester", 30)  # type: ignore[attr-defined]
+    holder.join(60)
+    assert taken == 1
+    stored = Run.objects.get(pk=run.run_id)
+    assert stored.lease_expires_at is not None
+    from datetime import UTC, timedelta
+
+    assert stored.lease_expires_at >= released[0].replace(tzinfo=UTC) + timedelta(seconds=30), (stored, released)
+
+
+def test_each_procedure_of_the_mysql_room_is_a_named_block() -> None:
+    """#32: the room's SQL lives in named files, one ``-- name:`` block per statement,
+    loaded by name: every procedure the migration creates has its block, headed by
+    its comment, and the block creates that procedure."""
+    from durable_singleton.stores import mysql
+
+    blocks = mysql.statements()
+    assert set(mysql.PROCEDURES) <= set(blocks)
+    for name in mysql.PROCEDURES:
+        lines = blocks[name].splitlines()
+        assert lines[0] == f"-- name: {name}" and lines[1].startswith("-- "), lines[:2]
+        assert f"CREATE PROCEDURE {name}(" in blocks[name]

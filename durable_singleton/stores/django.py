@@ -78,7 +78,7 @@ from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..models import QuotaMembership, Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
-from . import key_controls, pg
+from . import key_controls, mysql, pg
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -239,7 +239,9 @@ class DjangoStore(BaseStore):
     ``raw_sql``: send the hot transactions (the turn's read and claim, the
     handoff) as raw SQL, one round trip each (:mod:`durable_singleton.stores.pg`);
     None (the default): on PostgreSQL through psycopg 3 with client-side
-    binding; False: always the ORM path.
+    binding, on MySQL/MariaDB the claims the room's stored procedures carry
+    (:mod:`durable_singleton.stores.mysql`) where they are installed; False:
+    always the ORM path.
     """
 
     supports_atomic_admission = True
@@ -262,6 +264,7 @@ class DjangoStore(BaseStore):
         self.using = using
         self.raw_sql = raw_sql
         self._fast_paths: dict[str, pg.FastPath | None] = {}
+        self._rooms: dict[str, mysql.Room | None] = {}
         self.claim_retries = claim_retries
         self.retry = retry or RetryPolicy()
         self.redelivery_seconds = redelivery_seconds
@@ -314,6 +317,16 @@ class DjangoStore(BaseStore):
             fast = pg.FastPath(self) if self.raw_sql is not False and pg.usable(self) else None
             self._fast_paths[db] = fast
             return fast
+
+    def _mysql_room(self) -> mysql.Room | None:
+        """Return the MySQL/MariaDB room of this store's database (its stored procedures), or
+        None: another database, ``raw_sql=False``, or the procedures missing or refused (the ORM path)."""
+        db = self.db
+        try:
+            room = self._rooms[db]
+        except KeyError:
+            room = self._rooms[db] = mysql.room_of(db) if self.raw_sql is not False else None
+        return room if room is not None and room.usable else None
 
     def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.db)
@@ -1068,7 +1081,7 @@ class DjangoStore(BaseStore):
                 take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
                 if recovered:
                     return self._retrying(lambda: self._take_over(row, record, taken, take))
-            if not self._retrying(lambda: self._take_lease(row, take)):
+            if not self._retrying(lambda: self._take_lease(row, take, owner, lease_seconds)):
                 return Turn(TurnState.SKIPPED, record)
             return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
         return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry, ttls))
@@ -1158,9 +1171,26 @@ class DjangoStore(BaseStore):
         if connections[self.db].features.has_select_for_update:
             list(self._runs().select_for_update().filter(pk=run_id).values_list("pk", flat=True))
 
-    def _take_lease(self, row: Run, take: dict[str, Any]) -> int:
+    def _take_lease(self, row: Run, take: dict[str, Any], owner: str, lease_seconds: float) -> int:
         """Take the lease of a run without a key or of a holder: one
-        compare-and-set on the row as read, after its row lock (R5, R5a, S6)."""
+        compare-and-set on the row as read, after its row lock (R5, R5a, S6).
+        On MySQL/MariaDB with the room's procedures, one CALL of ``ds_take_lease``
+        (:mod:`durable_singleton.stores.mysql`), the same lock and compare."""
+        room = self._mysql_room()
+        if room is not None and not connections[self.db].in_atomic_block:
+            taken = room.take_lease(
+                run_id=row.run_id,
+                status=row.status,
+                attempts=row.attempts,
+                cancel_requested=row.cancel_requested,
+                lease_owner=row.lease_owner,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                recoveries=take["recoveries"],
+                takes_slot="singleton_slot" in take,
+            )
+            if taken is not None:
+                return int(taken)
         with transaction.atomic(using=self.db):
             self._lock_run(row.run_id)
             return self._runs().filter(self._as_read(row)).update(**take)
