@@ -61,6 +61,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "migrations.*",
         "stores.django",
         "stores.pg",
+        "stores.mysql",
         "stores.memory",
         "stores.codec",
         "stores.loading",

@@ -26,7 +26,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
@@ -78,7 +78,7 @@ from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..models import QuotaMembership, Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
-from . import key_controls, pg
+from . import key_controls, mysql, pg
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -168,6 +168,15 @@ def record_of(row: Run) -> RunRecord:
     )
 
 
+def _aware(value: Any) -> datetime:
+    """A time the database returned, as an aware UTC datetime (MySQL's is naive UTC)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value  # type: ignore[no-any-return]
+
+
 def _terminal_fields(status: str, output: Any, error: Any, finished_at: datetime | None = None) -> dict[str, Any]:
     # One write sets the terminal status and drops the markers (S12).
     return {
@@ -228,7 +237,9 @@ class DjangoStore(BaseStore):
     ``raw_sql``: send the hot transactions (the turn's read and claim, the
     handoff) as raw SQL, one round trip each (:mod:`durable_singleton.stores.pg`);
     None (the default): on PostgreSQL through psycopg 3 with client-side
-    binding; False: always the ORM path.
+    binding, on MySQL/MariaDB the claims the room's stored procedures carry
+    (:mod:`durable_singleton.stores.mysql`) where they are installed; False:
+    always the ORM path.
     """
 
     supports_atomic_admission = True
@@ -250,6 +261,7 @@ class DjangoStore(BaseStore):
         self.using = using
         self.raw_sql = raw_sql
         self._fast_paths: dict[str, pg.FastPath | None] = {}
+        self._rooms: dict[str, mysql.Room | None] = {}
         self.claim_retries = claim_retries
         self.redelivery_seconds = redelivery_seconds
         self._schedule_states: dict[Codec | None, DjangoScheduleStore] = {}
@@ -301,6 +313,16 @@ class DjangoStore(BaseStore):
             fast = pg.FastPath(self) if self.raw_sql is not False and pg.usable(self) else None
             self._fast_paths[db] = fast
             return fast
+
+    def _mysql_room(self) -> mysql.Room | None:
+        """Return the MySQL/MariaDB room of this store's database (its stored procedures), or
+        None: another database, ``raw_sql=False``, or the procedures missing or refused (the ORM path)."""
+        db = self.db
+        try:
+            room = self._rooms[db]
+        except KeyError:
+            room = self._rooms[db] = mysql.room_of(db) if self.raw_sql is not False else None
+        return room if room is not None and room.usable else None
 
     def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.db)
@@ -356,26 +378,30 @@ class DjangoStore(BaseStore):
         sql = "SELECT STATEMENT_TIMESTAMP()" if self._vendor == "postgresql" else "SELECT UTC_TIMESTAMP(6)"
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql)
-            value = cursor.fetchone()[0]
-        if isinstance(value, str):
-            value = datetime.fromisoformat(value)
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return value  # type: ignore[no-any-return]
+            return _aware(cursor.fetchone()[0])
 
     # -- keys ------------------------------------------------------------------
-    def lock_key(self, workflow_name: str, key: str) -> dict[str, Any]:
+    def lock_key(self, workflow_name: str, key: str, *, existing: bool = False) -> dict[str, Any]:
         """Lock the key's row, creating it if missing; return its fields.
 
         Must run inside a transaction. SQLite has no row locks: an UPDATE of
-        the row takes the database write lock before anything is read. On
+        the row takes the database write lock before anything is read (one
+        upsert that returns the row, where SQLite returns rows). On
         MySQL/MariaDB an upsert takes the row's exclusive lock (creating the
         row if missing) without the gap lock a ``SELECT ... FOR UPDATE`` of a
         missing row takes at REPEATABLE READ, which made first claims of a new
-        key deadlock with each other (S13a).
+        key deadlock with each other (S13a); ``existing`` (a settle: the key's
+        row was created by its run's claim) tries the ``SELECT ... FOR UPDATE``
+        first, one statement instead of two when the row is there.
         """
         keys = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
         fields = ("pk", "last_token", "paused", "limit_override")
+        if self._vendor == "mysql" and existing:
+            found: dict[str, Any] | None = keys.select_for_update().values(*fields).first()
+            if found is not None:
+                return found
+        if self._vendor == "sqlite" and connections[self.db].features.can_return_columns_from_insert:
+            return self._upsert_key(workflow_name, key)
         if self._vendor == "mysql":
             connection = connections[self.db]
             table = connection.ops.quote_name(SingletonKey._meta.db_table)
@@ -406,6 +432,25 @@ class DjangoStore(BaseStore):
                 [SingletonKey(workflow_name=workflow_name, key=key)], ignore_conflicts=True
             )
         raise OperationalError("database is locked: the key row vanished while being locked")
+
+    def _upsert_key(self, workflow_name: str, key: str) -> dict[str, Any]:
+        """SQLite's key lock: one ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``, which
+        takes the database write lock, creates the row if missing and returns it (S13a)."""
+        connection = connections[self.db]
+        quote = connection.ops.quote_name
+        table = quote(SingletonKey._meta.db_table)
+        columns = ", ".join(quote(c) for c in ("created", "modified", "workflow_name", "key", "last_token", "paused"))
+        token = quote("last_token")
+        now = connection.ops.adapt_datetimefield_value(timezone.now())
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 0, 0) "
+                f"ON CONFLICT ({quote('workflow_name')}, {quote('key')}) DO UPDATE SET {token} = {token} "
+                f"RETURNING {quote('id')}, {token}, {quote('paused')}, {quote('limit_override')}",
+                [now, now, workflow_name, key],
+            )
+            pk, last_token, paused, override = cursor.fetchone()
+        return {"pk": pk, "last_token": last_token, "paused": bool(paused), "limit_override": override}
 
     def _locking(self, queryset: Any) -> Any:
         """Read the latest commits after the key's lock, whatever the isolation level (S13a).
@@ -600,8 +645,13 @@ class DjangoStore(BaseStore):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
                 if started is not None:
                     return started
+        probed = run.singleton_key is not None and deep_limit is not None
+        if not stamp and not probed:
+            return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
+        # The database's clock, the key's runtime override and the depth of its queue in one read.
+        now, deep = self._start_probe(run, deep_limit if probed else None)
         if stamp:
-            shift = self.now() - run.created_at
+            shift = now - run.created_at
             run = run.evolve(
                 created_at=run.created_at + shift,
                 updated_at=run.updated_at + shift,
@@ -609,14 +659,47 @@ class DjangoStore(BaseStore):
                 deadline_at=run.deadline_at + shift if run.deadline_at is not None else None,
             )
             backlog_wake_at = backlog_wake_at + shift if backlog_wake_at is not None else None
-        return super().start_run(
-            run, cap=cap, cap_namespace=cap_namespace, deep_limit=deep_limit, backlog_wake_at=backlog_wake_at
+        if deep:
+            run = run.evolve(wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
+        return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
+
+    def _start_probe(self, run: RunRecord, deep_limit: int | None) -> tuple[datetime, bool]:
+        """Read, in one statement, the database's clock (R8) and, with ``deep_limit`` (the
+        declared limit), whether ``run``'s key already has as many holders and waiters as its
+        limit in force (:meth:`queue_is_deep`, with the key's runtime override, S8a, K2).
+
+        The queue's first ``2 * deep_limit`` rows are counted with the override; an override
+        that changes the limit in force has the queue read again with it (a second read).
+        """
+        db_now = {"mysql": "UTC_TIMESTAMP(6)", "postgresql": "STATEMENT_TIMESTAMP()"}.get(self._vendor, "NULL")
+        if deep_limit is None or run.singleton_key is None:
+            return self.now(), False
+        connection = connections[self.db]
+        key_row = SingletonKey.objects.using(self.db).filter(workflow_name=run.workflow_name, key=run.singleton_key)
+        override_sql, override_params = key_row.values("limit_override")[:1].query.get_compiler(self.db).as_sql()
+        front = self._runs().for_key(run.workflow_name, run.singleton_key).queue_front()
+        front_sql, front_params = front.values("singleton_slot")[: 2 * deep_limit].query.get_compiler(self.db).as_sql()
+        slot = connection.ops.quote_name("singleton_slot")
+        sql = (
+            f"SELECT {db_now} AS database_now, ({override_sql}) AS limit_override, "
+            f"COUNT(CASE WHEN queue_front.{slot} = %s THEN 1 END) AS holders, "
+            f"COUNT(CASE WHEN queue_front.{slot} = %s THEN 1 END) AS waiters "
+            f"FROM ({front_sql}) queue_front"
         )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*override_params, SlotState.HOLDER.value, SlotState.WAITER.value, *front_params])
+            value, override, holders, waiters = cursor.fetchone()
+        now = self.now() if value is None else _aware(value)
+        limit = limit_in_force(deep_limit, override)
+        if limit != deep_limit:
+            return now, self.queue_is_deep(run.workflow_name, run.singleton_key, limit)
+        return now, holders >= limit and waiters >= limit
 
     @property
     def stamps_starts(self) -> bool:  # type: ignore[override]
-        """True on PostgreSQL's fast path: :meth:`start_run` stamps ``created_at`` with the database's clock (R8)."""
-        return self._fast() is not None
+        """True: :meth:`start_run` stamps ``created_at`` with the database's clock, read in the
+        statement that reads the key's queue (or by the fast path's insert on PostgreSQL, R8)."""
+        return True
 
     def create_runs(
         self, runs: Sequence[RunRecord], *, caps: Mapping[str, int | None], cap_namespace: str | None = None
@@ -910,6 +993,25 @@ class DjangoStore(BaseStore):
             turn = self._fast_turn(fast, run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
             if turn is not None:
                 return turn
+        turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
+        if turn.state == TurnState.RUN and turn.run is not None and turn.run.step_count == 0 and not turn.recovered:
+            # Claimed from a parked run (a claim of a running one is a recovery): its step count as
+            # read is the one its compare-and-set met, and no step is stored without a lease (R4).
+            turn = replace(turn, steps={})
+        return turn
+
+    def _orm_turn(
+        self,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        max_recoveries: int,
+        retry: RetryPolicy,
+        known: RunRecord | None,
+        ttls: QueueTtls | None,
+    ) -> Turn:
+        """:meth:`begin_turn` on the ORM path."""
         if known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked:
             row: Run | None = self._row(known)
             assert row is not None
@@ -976,7 +1078,7 @@ class DjangoStore(BaseStore):
                 take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
                 if recovered:
                     return self._retrying(lambda: self._take_over(row, record, taken, take))
-            if not self._retrying(lambda: self._take_lease(row, take)):
+            if not self._retrying(lambda: self._take_lease(row, take, owner, lease_seconds)):
                 return Turn(TurnState.SKIPPED, record)
             return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
         return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry, ttls))
@@ -1066,9 +1168,26 @@ class DjangoStore(BaseStore):
         if connections[self.db].features.has_select_for_update:
             list(self._runs().select_for_update().filter(pk=run_id).values_list("pk", flat=True))
 
-    def _take_lease(self, row: Run, take: dict[str, Any]) -> int:
+    def _take_lease(self, row: Run, take: dict[str, Any], owner: str, lease_seconds: float) -> int:
         """Take the lease of a run without a key or of a holder: one
-        compare-and-set on the row as read, after its row lock (R5, R5a, S6)."""
+        compare-and-set on the row as read, after its row lock (R5, R5a, S6).
+        On MySQL/MariaDB with the room's procedures, one CALL of ``ds_take_lease``
+        (:mod:`durable_singleton.stores.mysql`), the same lock and compare."""
+        room = self._mysql_room()
+        if room is not None and not connections[self.db].in_atomic_block:
+            taken = room.take_lease(
+                run_id=row.run_id,
+                status=row.status,
+                attempts=row.attempts,
+                cancel_requested=row.cancel_requested,
+                lease_owner=row.lease_owner,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                recoveries=take["recoveries"],
+                takes_slot="singleton_slot" in take,
+            )
+            if taken is not None:
+                return int(taken)
         with transaction.atomic(using=self.db):
             self._lock_run(row.run_id)
             return self._runs().filter(self._as_read(row)).update(**take)
@@ -1571,7 +1690,9 @@ class DjangoStore(BaseStore):
             with transaction.atomic(using=self.db):
                 # The lock order of every path: the quota keys sorted, then the singleton key (X3e).
                 quota_rows = self._lock_quota_keys(run.quota_keys)
-                key_row = self.lock_key(run.workflow_name, run.singleton_key) if run.singleton_key else None
+                key_row = (
+                    self.lock_key(run.workflow_name, run.singleton_key, existing=True) if run.singleton_key else None
+                )
                 if not self._runs().filter(cas).update(**fields):
                     return Finish(None)
                 granted: list[RunRecord] = []
