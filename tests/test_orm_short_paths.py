@@ -116,7 +116,7 @@ def test_a_settle_locks_its_key_with_one_statement(engine: Engine) -> None:
         lease_seconds=30,
         limits={"short-keyed": 1},
         max_recoveries=3,
-        retry=store.retry,  # type: ignore[attr-defined]
+        retry=engine._retry_policy(),
     )
     taken = turn.run
     assert taken is not None and turn.state == TurnState.RUN
@@ -166,7 +166,7 @@ def test_a_holders_confirmation_is_one_call_on_mysql(room_engine: Engine) -> Non
                 lease_seconds=30,
                 limits={"room-keyed": 1},
                 max_recoveries=3,
-                retry=store.retry,  # type: ignore[attr-defined]
+                retry=engine._retry_policy(),
                 known=granted,
             )
         )
