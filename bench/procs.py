@@ -116,49 +116,45 @@ def celery_worker_argv(name: str, concurrency: int, pool: str) -> list[str]:
     ]
 
 
-def celery_tick_argv() -> list[str]:
-    """Return the command line of the tick's own Celery worker (queue
-    ``durable_tick``, O5), at log level INFO: its log has one line per tick
-    (read by :func:`tick_times`)."""
-    return [
-        str(VENV_BIN / "celery"),
-        "-A",
-        "bench.celery_app:app",
-        "worker",
-        "-Q",
-        "durable_tick",
-        "-P",
-        "solo",
-        "-c",
-        "1",
-        "-n",
-        "benchtick@%h",
-        "--without-gossip",
-        "--without-mingle",
-        "--without-heartbeat",
-        "-l",
-        "INFO",
-    ]
-
-
 TICK_LINE = re.compile(
-    r"^\[(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/\w+\] "
-    r"Task durable_singleton\.tick\[[0-9a-f-]+\] succeeded in [0-9.e-]+s: (?P<result>-?\d+)$",
+    r"^\[(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}): \w+/[\w-]+\] (?:"
+    r"Task durable_singleton\.tick\[[0-9a-f-]+\] succeeded in (?P<took>[0-9.e-]+)s: (?P<result>-?\d+)"
+    r"|durable tick by (?P<owner>\S+): \d+ turns dispatched in (?P<seconds>[0-9.]+) s)$",
     re.MULTILINE,
 )
 
 
-def tick_times(log: str) -> list[float]:
-    """Return the end times (seconds since the epoch, from the local time
-    Celery logs) of the ticks a tick worker's INFO ``log`` reports, leaving
-    out the messages it dropped (result -1: queued behind the previous tick, O5)."""
+@dataclass(frozen=True)
+class TickLine:
+    """One tick a Celery worker's log reports: when it ended (seconds since
+    the epoch, from the local time logged), how long it took (seconds), and
+    who ran it (the tick thread's lease owner, ``celery:<host>:<pid>``, or
+    ``"task"`` for beat's tick task)."""
+
+    ended: float
+    seconds: float
+    owner: str
+
+
+def tick_lines(log: str) -> list[TickLine]:
+    """Return the ticks that ran in a Celery worker's ``log``: the lines of
+    the tick thread of its main process (logger ``durable_singleton.tick`` at
+    INFO) and of beat's tick task (worker at INFO), leaving out the tick
+    tasks that did nothing because the tick's lease was held (result -1, O5)."""
     from datetime import datetime
 
-    return [
-        datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
-        for m in TICK_LINE.finditer(log)
-        if int(m["result"]) >= 0
-    ]
+    found = []
+    for m in TICK_LINE.finditer(log):
+        if m["result"] is not None and int(m["result"]) < 0:
+            continue
+        ended = datetime.strptime(m["at"], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        found.append(TickLine(ended, float(m["took"] or m["seconds"]), m["owner"] or "task"))
+    return found
+
+
+def tick_times(*logs: str) -> list[float]:
+    """Return the sorted end times of the ticks that ran in ``logs`` (see :func:`tick_lines`)."""
+    return sorted(t.ended for log in logs for t in tick_lines(log))
 
 
 def celery_beat_argv(schedule_file: Path) -> list[str]:

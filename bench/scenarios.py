@@ -367,11 +367,14 @@ class LaneProbe:
         return {**summary_ms(delays), "concurrency": concurrency_report(self.tag, 1)}
 
 
-def tick_under_load(engine: Engine, slots: int, window: float, tick_log: Any, tick_seconds: float) -> dict[str, Any]:
+def tick_under_load(
+    engine: Engine, slots: int, window: float, worker_logs: list[Any], tick_seconds: float
+) -> dict[str, Any]:
     """O5: the tick's period while bodies hold all ``slots`` worker slots
     (workers x concurrency) for ``window`` seconds; the periods are the gaps
-    between the ticks the tick's worker logged (``tick_log``, a Path), the
-    p99 also as a ratio to ``tick_seconds`` (target: at most 2)."""
+    between the ticks the Celery workers logged (``worker_logs``, Paths: the
+    tick threads of their main processes, one at a time by the tick's lease),
+    the p99 also as a ratio to ``tick_seconds`` (target: at most 2)."""
     tag = new_tag("tick")
     for n in range(slots):
         start(engine, tag, f"{tag}-k{n}", hold=True)
@@ -382,7 +385,8 @@ def tick_under_load(engine: Engine, slots: int, window: float, tick_log: Any, ti
     time.sleep(window)
     ended = time.time()
     audit.release(tag)
-    times = [t for t in tick_times(tick_log.read_text(errors="replace")) if began <= t <= ended]
+    logs = [path.read_text(errors="replace") for path in worker_logs]
+    times = [t for t in tick_times(*logs) if began <= t <= ended]
     gaps = [b - a for a, b in itertools.pairwise(times)]
     p99 = pct(gaps, 0.99) if gaps else math.nan
     return {

@@ -17,9 +17,10 @@ class DurableSingletonConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, receivers, signals
+        from . import celery_tick, checks, receivers, signals
 
         checks.register()
+        celery_tick.connect()  # the tick thread of each Celery worker's main process (O5)
         signals.connect_log_receivers()
         receivers.connect()
         autodiscover_modules("workflows")

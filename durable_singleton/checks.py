@@ -194,8 +194,9 @@ def _tick_queue(app: Any, entry: dict[str, Any]) -> str:
 
 
 def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """W001: the tick is missing from the beat schedule; W003: the tick shares
-    a queue with turns (O5); E020: non-JSON serializer."""
+    """W001: the tick is missing from the beat schedule; W003: the workers'
+    tick threads are off and beat's tick shares a queue with turns (O5);
+    E020: non-JSON serializer."""
     settings = _settings_or_none()
     if settings is None or settings.DISPATCH != "celery":
         return []
@@ -222,16 +223,17 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         )
     shared = sorted({_tick_queue(current_app, e) for e in ticks} & _turn_queues(current_app))
-    if shared:
+    if shared and not settings.CELERY_WORKER_TICK:
         messages.append(
             checks.Warning(
-                f"The durable_singleton tick is sent to Celery queue {shared[0]!r}, which also carries turns: "
-                "bodies that hold every worker slot of that queue hold up the tick, and with it timers, "
-                "recoveries and the catch-up (O5).",
+                f"CELERY_WORKER_TICK is False and the durable_singleton tick is sent to Celery queue "
+                f"{shared[0]!r}, which also carries turns: bodies that hold every worker slot of that queue "
+                "hold up the tick, and with it timers, recoveries and the catch-up (O5).",
                 hint=(
-                    "Use durable_singleton.tasks.beat_schedule() unchanged (it sends the tick to queue "
-                    "'durable_tick') and run one worker for it: "
-                    "celery -A yourproject worker -Q durable_tick -P solo -c 1 (docs/operations.rst)."
+                    "Leave CELERY_WORKER_TICK True (each worker's main process ticks under the tick's lease), "
+                    "or send the tick to a queue of its own, beat_schedule(queue='durable_tick'), and run a "
+                    "worker for it: celery -A yourproject worker -Q durable_tick -P solo -c 1 "
+                    "(docs/operations.rst)."
                 ),
                 id="durable_singleton.W003",
             )

@@ -41,8 +41,13 @@ DEFAULTS: dict[str, Any] = {
     "MAX_RECOVERIES": 5,
     # Bounded retries of a claim on transient database errors (section 7).
     "CLAIM_RETRIES": 5,
-    # Period of the Celery beat tick, in seconds (S8).
+    # Period of the tick, in seconds (S8).
     "TICK_SECONDS": 1.0,
+    # DISPATCH "celery": each Celery worker's main process runs a tick thread
+    # that ticks every TICK_SECONDS while it holds the tick's lease (one
+    # process at a time, O5, O1b); beat's tick is then the fallback. False:
+    # only beat's tick task ticks.
+    "CELERY_WORKER_TICK": True,
     # Largest number of due runs one tick dispatches.
     "TICK_BATCH": 500,
     # Most runs one Celery message carries (the execute_runs task): start_many
@@ -199,6 +204,7 @@ class Settings:
     MAX_RECOVERIES: int
     CLAIM_RETRIES: int
     TICK_SECONDS: float
+    CELERY_WORKER_TICK: bool
     TICK_BATCH: int
     DISPATCH_BATCH: int
     DISPATCH_COALESCE_SECONDS: float

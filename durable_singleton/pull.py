@@ -44,6 +44,7 @@ from .stores.turns import (
     release_dead_workers,
     release_tick_lease,
     take_notices,
+    tick_lease_seconds,
     unregister_worker,
 )
 
@@ -296,7 +297,7 @@ class PullDispatcher(ThreadDispatcher):
     def _tick(self) -> None:
         assert self.engine is not None
         db = self._db()
-        lease = max(3 * self.tick_seconds, 3.0)
+        lease = tick_lease_seconds(self.tick_seconds)
         try:
             while not self._stop.is_set():
                 try:

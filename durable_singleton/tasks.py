@@ -3,15 +3,18 @@
 ``execute_run`` runs one turn of a run and is safe to deliver twice (R6);
 ``execute_runs`` runs the turns of many, one after the other (a batched or
 coalesced send);
-``tick`` is the periodic beat task (S8), sent to a queue of its own,
-:data:`TICK_QUEUE`, that a worker of its own consumes, so bodies that hold
-every other worker's slots never hold it up (O5).
+``tick`` is the periodic beat task (S8), on the default queue: the fallback
+of the tick thread each Celery worker's main process runs
+(:mod:`durable_singleton.celery_tick`). Both take the tick's lease on the
+database's clock, so one tick runs at a time and a tick that could not run
+does not run back to back with another (O5, O1b).
 """
 
 from __future__ import annotations
 
-import threading
-import time
+import os
+import socket
+import uuid
 
 from celery import shared_task
 from django.db import close_old_connections
@@ -19,11 +22,12 @@ from django.db import close_old_connections
 from .conf import get_settings
 from .dispatch import EXECUTE_MANY_TASK, EXECUTE_TASK, TICK_TASK
 from .runtime import get_engine
+from .stores.turns import hold_tick_lease, tick_lease_seconds
 
 __all__ = [
     "EXECUTE_MANY_TASK",
     "EXECUTE_TASK",
-    "TICK_QUEUE",
+    "TICK_MIN_GAP",
     "TICK_TASK",
     "beat_schedule",
     "execute_run",
@@ -31,21 +35,11 @@ __all__ = [
     "tick",
 ]
 
-#: The Celery queue of the tick (O5). Only the tick's own worker consumes it
-#: (``celery -A yourproject worker -Q durable_tick -P solo -c 1``): a tick on
-#: the bodies' queue waits for a free pool process, and long bodies hold all
-#: of them.
-TICK_QUEUE = "durable_tick"
-
-#: A tick message that arrives less than this share of ``TICK_SECONDS`` after
-#: the end of this process's previous tick is dropped: it waited in the queue
-#: behind that tick (its worker was down or a tick ran long), and running it
-#: now would run ticks back to back (O5).
+#: After a beat tick ends, the tick's lease is kept for this share of
+#: ``TICK_SECONDS``: a tick message that queued up behind it (its worker was
+#: down or busy, or a tick ran long) finds the lease held and does nothing,
+#: so ticks do not run back to back (O5).
 TICK_MIN_GAP = 0.5
-
-_last_tick_lock = threading.Lock()
-#: When this process's previous tick ended (``time.monotonic()``); empty before the first.
-_last_tick_end: list[float] = []
 
 
 @shared_task(name=EXECUTE_TASK, ignore_result=True)
@@ -75,37 +69,43 @@ def execute_runs(run_ids: list[str], queue: str | None = None) -> list[str]:
 
 @shared_task(name=TICK_TASK, ignore_result=True)
 def tick() -> int:
-    """Run one engine tick; return how many turns it dispatched, or -1 when
-    this message was dropped because it arrived less than
-    :data:`TICK_MIN_GAP` x ``TICK_SECONDS`` after this process's previous tick
-    ended (it had queued up behind it; O5)."""
-    gap = TICK_MIN_GAP * get_settings().TICK_SECONDS
-    with _last_tick_lock:
-        if _last_tick_end and time.monotonic() - _last_tick_end[0] < gap:
-            return -1
+    """Run one engine tick if the tick's lease is free; return how many turns
+    it dispatched, or -1 when another holds the lease: a Celery worker's tick
+    thread, a ``durable_worker``, or the previous beat tick for
+    :data:`TICK_MIN_GAP` x ``TICK_SECONDS`` after it ended (this message had
+    queued up behind it). The lease is on the database's clock (O5, O1b); a
+    store without a Django database has none and always ticks."""
     close_old_connections()
     try:
-        return len(get_engine().tick().dispatched)
+        engine = get_engine()
+        db = engine.store.database
+        if db is None:
+            return len(engine.tick().dispatched)
+        period = get_settings().TICK_SECONDS
+        owner = f"beat:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+        if not hold_tick_lease(db, owner, tick_lease_seconds(period)):
+            return -1
+        try:
+            return len(engine.tick().dispatched)
+        finally:
+            hold_tick_lease(db, owner, TICK_MIN_GAP * period)
     finally:
         close_old_connections()
-        with _last_tick_lock:
-            _last_tick_end[:] = [time.monotonic()]
 
 
-def beat_schedule(seconds: float | None = None, queue: str = TICK_QUEUE) -> dict[str, dict[str, object]]:
+def beat_schedule(seconds: float | None = None, queue: str | None = None) -> dict[str, dict[str, object]]:
     """Return the beat entry for the tick, every ``seconds`` (default:
-    ``TICK_SECONDS``), sent to Celery queue ``queue`` (default
-    :data:`TICK_QUEUE`, ``"durable_tick"``), which one worker of its own
-    consumes (O5). A message not taken within two periods (at least 5 s)
+    ``TICK_SECONDS``), sent to Celery queue ``queue`` (default None: the
+    default queue, which every ``celery worker`` consumes). It is the
+    fallback of the tick thread in each worker's main process
+    (:mod:`durable_singleton.celery_tick`), and a no-op while one holds the
+    tick's lease (O5). A message not taken within two periods (at least 5 s)
     expires: ticks that could not run do not pile up.
 
     Add it to your Celery app: ``app.conf.beat_schedule.update(beat_schedule())``.
     """
     period = seconds if seconds is not None else get_settings().TICK_SECONDS
-    return {
-        "durable-singleton-tick": {
-            "task": TICK_TASK,
-            "schedule": period,
-            "options": {"queue": queue, "expires": max(5.0, 2 * period)},
-        }
-    }
+    options: dict[str, object] = {"expires": max(5.0, 2 * period)}
+    if queue:
+        options["queue"] = queue
+    return {"durable-singleton-tick": {"task": TICK_TASK, "schedule": period, "options": options}}

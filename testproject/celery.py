@@ -1,12 +1,13 @@
 """The test project's Celery app, with the durable_singleton tick in its beat schedule.
 
-The tick goes to queue ``durable_tick`` (O5); run it as the README says::
+Run it as the README says::
 
     celery -A testproject worker --prefetch-multiplier 1 -O fair
-    celery -A testproject worker -Q durable_tick -P solo -c 1 -n tick@%h
     celery -A testproject beat
 
-(``tests/test_tick_queue.py`` starts these three against the test database.)
+Each worker's main process ticks while it holds the tick's lease, and
+beat's tick (on the default queue) is the fallback (O5;
+``tests/test_tick_queue.py`` starts these two against the test database).
 """
 
 from __future__ import annotations

@@ -94,6 +94,7 @@ DURABLE_SINGLETON = {
     "REDELIVERY_SECONDS": float(os.environ.get("DURABLE_REDELIVERY_SECONDS", "5")),
     "WORKER_HEARTBEAT_SECONDS": float(os.environ.get("DURABLE_WORKER_HEARTBEAT_SECONDS", "2")),
     "WORKER_DEAD_SECONDS": float(os.environ.get("DURABLE_WORKER_DEAD_SECONDS", "10")),
+    "CELERY_WORKER_TICK": os.environ.get("DURABLE_CELERY_WORKER_TICK", "1") == "1",
 }
 # remote-sync's body runs in another service, which only Celery reaches
 # (system check E005): declared only where turns go through Celery.

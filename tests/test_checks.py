@@ -70,22 +70,47 @@ def test_missing_tick_and_non_json_serializer_are_reported(settings: Any) -> Non
     assert checks.check_celery() == []
 
 
-def test_a_tick_on_the_turns_queue_is_a_warning(settings: Any) -> None:
-    """O5: a beat entry that sends the tick to a queue turns also go to (the
-    default queue, by the entry's options or by ``task_routes``) lets bodies
-    that hold every worker slot hold up the tick: W003. The entry of
-    ``beat_schedule()`` (queue ``durable_tick``) passes."""
+def test_the_default_beat_schedule_passes_while_worker_ticks_run(settings: Any) -> None:
+    """O5: ``beat_schedule()`` sends the tick to the default queue (no extra
+    worker needed): while each Celery worker's main process ticks
+    (``CELERY_WORKER_TICK``, the default) that is no warning."""
     from celery import current_app
 
-    from durable_singleton.tasks import TICK_QUEUE, TICK_TASK, beat_schedule
+    from durable_singleton.tasks import beat_schedule
 
+    conf = current_app.conf
+    saved = conf.beat_schedule
+    try:
+        conf.beat_schedule = beat_schedule()
+        assert "queue" not in conf.beat_schedule["durable-singleton-tick"]["options"]  # type: ignore[operator]
+        assert checks.check_celery() == []
+        conf.beat_schedule = beat_schedule(queue="durable_tick")
+        assert conf.beat_schedule["durable-singleton-tick"]["options"]["queue"] == "durable_tick"  # type: ignore[index]
+        assert checks.check_celery() == []
+    finally:
+        conf.beat_schedule = saved
+
+
+def test_a_tick_on_the_turns_queue_without_worker_ticks_is_a_warning(settings: Any) -> None:
+    """O5: with the workers' tick threads off (``CELERY_WORKER_TICK`` False),
+    a beat entry that sends the tick to a queue turns also go to (the
+    default queue, by the entry's options or by ``task_routes``) lets bodies
+    that hold every worker slot hold up the tick: W003. A queue of its own
+    passes, and so does any queue while the tick threads run."""
+    from celery import current_app
+
+    from durable_singleton.tasks import TICK_TASK, beat_schedule
+
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "CELERY_WORKER_TICK": False}
     conf = current_app.conf
     saved = (conf.beat_schedule, conf.task_routes)
     try:
         conf.beat_schedule = {"tick": {"task": TICK_TASK, "schedule": 1.0}}
         messages = checks.check_celery()
         assert [m.id for m in messages] == ["durable_singleton.W003"]
-        assert "'celery'" in messages[0].msg and "-Q durable_tick" in str(messages[0].hint)
+        assert "'celery'" in messages[0].msg and "CELERY_WORKER_TICK" in str(messages[0].hint)
+        conf.beat_schedule = beat_schedule()
+        assert [m.id for m in checks.check_celery()] == ["durable_singleton.W003"]
         conf.beat_schedule = {"tick": {"task": TICK_TASK, "schedule": 1.0, "options": {"queue": "celery"}}}
         assert [m.id for m in checks.check_celery()] == ["durable_singleton.W003"]
         conf.beat_schedule = {"tick": {"task": TICK_TASK, "schedule": 1.0}}
@@ -94,8 +119,10 @@ def test_a_tick_on_the_turns_queue_is_a_warning(settings: Any) -> None:
         assert checks.check_celery() == []
         conf.task_routes = None
         current_app.amqp.flush_routes()
-        conf.beat_schedule = beat_schedule()
-        assert conf.beat_schedule["durable-singleton-tick"]["options"]["queue"] == TICK_QUEUE  # type: ignore[index]
+        conf.beat_schedule = beat_schedule(queue="durable_tick")
+        assert checks.check_celery() == []
+        settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "CELERY_WORKER_TICK": True}
+        conf.beat_schedule = {"tick": {"task": TICK_TASK, "schedule": 1.0}}
         assert checks.check_celery() == []
     finally:
         conf.beat_schedule, conf.task_routes = saved

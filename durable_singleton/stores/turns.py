@@ -35,6 +35,7 @@ __all__ = [
     "register_worker",
     "release_dead_workers",
     "take_notices",
+    "tick_lease_seconds",
     "unregister_worker",
 ]
 
@@ -150,6 +151,13 @@ class Listener:
         """Close the connection (idempotent)."""
         with contextlib.suppress(Exception):  # a broken connection
             self.connection.close()
+
+
+def tick_lease_seconds(tick_seconds: float) -> float:
+    """How long a tick thread takes the tick's lease for, in seconds: three
+    periods of ``tick_seconds`` (at least 3 s), renewed every period, so one
+    late tick does not hand it to another process (O1b)."""
+    return max(3 * tick_seconds, 3.0)
 
 
 def hold_tick_lease(db: str, owner: str, seconds: float) -> bool:
