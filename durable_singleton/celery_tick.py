@@ -50,11 +50,14 @@ class WorkerTicker:
     pool process forked meanwhile shares none). A failed round is logged and
     the next one runs a period after it began (at least half a period
     after it ended). Each tick it runs is logged at INFO on
-    ``durable_singleton.tick``.
+    ``durable_singleton.tick``. ``app``: the worker's Celery app, made the
+    thread's current app, so the turns a tick sends go through it (None: the
+    default app).
     """
 
-    def __init__(self, engine: Any, db: str, tick_seconds: float) -> None:
+    def __init__(self, engine: Any, db: str, tick_seconds: float, app: Any = None) -> None:
         self.engine = engine
+        self.app = app
         self.db = db
         self.tick_seconds = tick_seconds
         self.owner = f"celery:{socket.gethostname()}:{os.getpid()}"
@@ -89,6 +92,8 @@ class WorkerTicker:
         from django.db import close_old_connections, connections
 
         lease = tick_lease_seconds(self.tick_seconds)
+        if self.app is not None:
+            self.app.set_current()
         try:
             while not self._stop.is_set():
                 round_began = time.monotonic()
@@ -140,7 +145,7 @@ def _on_worker_ready(**kwargs: Any) -> None:
     with _lock:
         if _ticker and _ticker[0].alive:
             return
-        ticker = WorkerTicker(engine, db, settings.TICK_SECONDS)
+        ticker = WorkerTicker(engine, db, settings.TICK_SECONDS, getattr(kwargs.get("sender"), "app", None))
         _ticker[:] = [ticker]
     ticker.start()
 

@@ -26,7 +26,7 @@ from django.test import override_settings
 
 from bench.procs import tick_lines, tick_times
 from durable_singleton import celery_tick, tasks
-from durable_singleton.dispatch import CeleryDispatcher
+from durable_singleton.dispatch import CeleryDispatcher, ManualDispatcher
 from durable_singleton.engine import Engine
 from durable_singleton.health import check_health
 from durable_singleton.heartbeat import HEARTBEAT_EVERY_SECONDS
@@ -128,10 +128,12 @@ def test_the_tick_keeps_its_period_while_bodies_hold_every_slot(celery_workers: 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_one_worker_ticks_at_a_time_and_another_takes_over_when_it_dies(celery_workers: CeleryWorkers) -> None:
-    """O1b, O5, O6: with two workers running, one tick thread at a time
+    """O1b, O5, O6, S8: with two workers running, one tick thread at a time
     holds the tick's lease (every thread tick comes from one worker, and no
     two ticks overlap); after a SIGKILL of that worker's main process, the
-    other worker's thread takes the lease once it ended and ticks."""
+    other worker's thread takes the lease once it ended and ticks, and a
+    turn only a tick sends (a start whose own send was never made, S8's
+    redelivery) goes through the broker to a body that finishes the run."""
     if reason := celery_stack_missing(VENDORS):
         pytest.skip(reason)
     first, second = celery_workers.start(2, concurrency=1, env=_env())
@@ -156,6 +158,12 @@ def test_one_worker_ticks_at_a_time_and_another_takes_over_when_it_dies(celery_w
         logs,
     )
     assert Heartbeat.objects.get(name=TICK_LEASE).owner.endswith(f":{other.pid}")
+    store = DjangoStore()
+    engine = Engine(store, ManualDispatcher(store))  # the start sends nothing: the tick re-sends its turn
+    engine.dispatcher.bind(engine)
+    run_id = f"redeliver-{uuid.uuid4().hex[:8]}"
+    engine.start("fault-hold", {"store_id": run_id, "seconds": 0}, run_id=run_id)
+    _wait("the run sent by the tick finished", lambda: Run.objects.get(pk=run_id).status == "completed", SLACK, logs)
 
 
 @pytest.mark.celery
