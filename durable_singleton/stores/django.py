@@ -30,7 +30,15 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
-from django.db import IntegrityError, InterfaceError, OperationalError, connections, router, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
 from django.db.models import (
     BooleanField,
     Case,
@@ -162,10 +170,22 @@ def record_of(row: Run) -> RunRecord:
         fencing_token=row.fencing_token,
         step_count=row.step_count,
         not_before=row.not_before,
-        quota_keys=quota_keys_of(row.quota_keys),
+        quota_keys=_quota_keys_of_row(row),
         quota_slot=row.quota_slot,
         trace_parent=row.trace_parent,
     )
+
+
+def _quota_keys_of_row(row: Run) -> tuple[tuple[str, str], ...]:
+    """The quota keys of a row (X3b): its ``quota_keys`` column; for a run that carries
+    quotas (``quota_slot`` set) with the column NULL, its memberships. A process of the
+    release before migration 0015, still running during a rolling upgrade, inserts its
+    quota carriers without the column; their memberships are the keys its start
+    recorded, the ones 0015 moves to the column (one read, such rows only)."""
+    if row.quota_keys is None and row.quota_slot is not None:
+        members = QuotaMembership.objects.using(row._state.db or DEFAULT_DB_ALIAS).filter(run_id=row.run_id)
+        return tuple((str(q), str(k)) for q, k in members.order_by("id").values_list("quota", "key"))
+    return quota_keys_of(row.quota_keys)
 
 
 def _aware(value: Any) -> datetime:
@@ -1122,6 +1142,10 @@ class DjangoStore(BaseStore):
             return None
         if not due and not recovered and not run.holds_slot:
             return None  # a delayed start before its time (X5): the ORM path moves its wake_at
+        if run.quota_slot is not None and not run.quota_keys:
+            return (
+                None  # a carrier an older release inserted without quota_keys: the ORM path reads its memberships (X3b)
+            )
         if run.quota_slot == SlotState.HOLDER and not recovered:
             # A quota holder's confirmation: one compare-and-set that returns its quota tokens (X3f).
             holder = run.singleton_key is not None
@@ -1644,6 +1668,11 @@ class DjangoStore(BaseStore):
         fast = self._fast() if owner is not None else None
         # A run that carries quotas settles on the fast path when its record names them (X3g).
         quotas_known = run.quota_slot is None or bool(run.quota_keys)
+        if not quotas_known:
+            # A carrier an older release inserted without the quota_keys column (NULL, a
+            # rolling upgrade): its memberships name its keys, released with the settle (X3b).
+            members = QuotaMembership.objects.using(self.db).filter(run_id=run.run_id).order_by("id")
+            run = run.evolve(quota_keys=tuple((str(q), str(k)) for q, k in members.values_list("quota", "key")))
         if (
             fast is not None
             and owner is not None

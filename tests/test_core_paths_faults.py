@@ -1,0 +1,160 @@
+"""Attacks on the core paths merged last (tester ``breakcore``): the ORM path's
+short cuts (f7cfc61), the MariaDB room's ``ds_take_lease`` (a80a945), the quota
+keys column (84a2f90, e97cf53) and the rolling upgrade it must survive.
+
+Real databases only: the DATABASE_URL database (SQLite, PostgreSQL, MariaDB),
+real threads. Each test names the SPEC rule it attacks.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from durable_singleton import Quota
+from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine
+from durable_singleton.models import QuotaMembership, Run
+from durable_singleton.statuses import RunStatus
+from durable_singleton.stores.django import DjangoStore
+from durable_singleton.testing import make_engine
+
+from .helpers import claim
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ERP = Quota("erp-api", key=lambda i: i["tenant"], limit=1)
+mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="the MySQL/MariaDB room's stored procedures")
+
+
+def _hold(ctx: Any, input: dict[str, Any]) -> str:
+    if input.get("hold"):
+        ctx.wait_for_signal("go")
+    return str(ctx.run_id)
+
+
+def _drain(engine: Engine) -> None:
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def quota_engine() -> Engine:
+    registry = Registry()
+    registry.add("charge", "1", _hold, quotas=[ERP])
+    return make_engine("django", registry=registry)
+
+
+def test_a_quota_carrier_an_older_release_inserted_without_quota_keys_keeps_its_quota(
+    quota_engine: Engine,
+) -> None:
+    """X3, X3b, R1 (rolling upgrade, e97cf53): a process of the release before 0015
+    still running inserts a run that carries quota ``erp-api`` the old way: its
+    membership, its ``quota_slot`` and its ``quota:`` tag, and no ``quota_keys``
+    (NULL). Its quota is recorded (the membership 0015 reads), so while another run
+    holds the quota's only slot it must not run: quota limit 1 is never exceeded."""
+    engine = quota_engine
+    holder = engine.start("charge", {"tenant": "t", "hold": True}).run_id
+    _drain(engine)
+    assert engine.get(holder).status == RunStatus.SUSPENDED
+    old = engine.start("charge", {"tenant": "t"}).run_id
+    engine.dispatcher.sent.clear()  # type: ignore[attr-defined]
+    # What the older release wrote: the same rows, the quota keys as a tag, no column.
+    Run.objects.filter(pk=old).update(quota_keys=None, tags=["quota:erp-api:t"])
+    assert QuotaMembership.objects.filter(run_id=old).exists()
+    claim(engine, old)
+    stored = Run.objects.get(pk=old)
+    holders = QuotaMembership.objects.filter(quota="erp-api", key="t", slot="holder").count()
+    assert stored.status != RunStatus.RUNNING, (stored.status, stored.quota_slot, holders)
+    assert "erp-api" in engine.explain(old).sentence  # K3: explain names the quota it waits for
+    # The holder ends: the old run is admitted, runs and gives the slot back (no leak, X3f).
+    engine.signal(holder, "go")
+    _drain(engine)
+    for _ in range(5):
+        engine.tick()
+        _drain(engine)
+    assert engine.get(old).status == RunStatus.COMPLETED, engine.get(old)
+    last = engine.start("charge", {"tenant": "t"}).run_id
+    _drain(engine)
+    assert engine.get(last).status == RunStatus.COMPLETED, engine.get(last)
+    leaked = list(
+        QuotaMembership.objects.filter(quota="erp-api", key="t", slot="holder").values_list("run_id", flat=True)
+    )
+    assert not leaked, ([old, holder, last], leaked)
+
+
+@mysql_only
+def test_the_procedure_dropped_while_a_worker_runs_falls_back_to_the_orm_path_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """S6, R5a (a80a945; docs/operations.rst): a store that found ``ds_take_lease``
+    keeps using it; when the procedure is dropped under it (``migrate`` backwards,
+    an operator), the next claim is refused by the server, logged once, and served
+    on the ORM path: the run completes, nothing is left half-claimed. ``migrate``
+    forwards creates it again."""
+    from django.core.management import call_command
+
+    from durable_singleton.stores import mysql
+
+    registry = Registry()
+    registry.add("room-plain", "1", lambda ctx, i: None)
+    engine = make_engine(DjangoStore(), registry=registry)
+    first = engine.start("room-plain", {}).run_id
+    _drain(engine)
+    assert engine.get(first).status == RunStatus.COMPLETED
+    assert engine.store._mysql_room() is not None  # type: ignore[attr-defined]
+    try:
+        call_command("migrate", "durable_singleton", "0015", verbosity=0)
+        assert not mysql.installed(connection.alias)
+        second = engine.start("room-plain", {}).run_id
+        with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
+            _drain(engine)
+        assert engine.get(second).status == RunStatus.COMPLETED, engine.get(second)
+        assert any("room off" in r.getMessage() for r in caplog.records), caplog.records
+    finally:
+        call_command("migrate", "durable_singleton", verbosity=0)
+    assert mysql.installed(connection.alias)
+    fresh = make_engine(DjangoStore(), registry=registry)
+    third = fresh.start("room-plain", {}).run_id
+    _drain(fresh)
+    assert fresh.get(third).status == RunStatus.COMPLETED
+
+
+@mysql_only
+def test_a_cancel_racing_the_call_is_never_run_over() -> None:
+    """D6, R6, R5a: cancels land on a plain run's row from another thread while
+    ``ds_take_lease`` claims it; whichever commits first wins and the other sees it:
+    a run claimed keeps no ignored cancel flag it read as False, and a cancelled run
+    is never leased."""
+    registry = Registry()
+    registry.add("room-plain", "1", lambda ctx, i: None)
+    engine = make_engine(DjangoStore(), registry=registry)
+    ids = [engine.start("room-plain", {}).run_id for _ in range(20)]
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    rows = {r.run_id: r for r in Run.objects.filter(pk__in=ids)}  # the turns' reads, before the cancels
+    go = threading.Barrier(2)
+
+    def cancel() -> None:
+        try:
+            go.wait(30)
+            for run_id in ids:
+                Run.objects.filter(pk=run_id, status=RunStatus.PENDING).update(cancel_requested=True)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=cancel)
+    thread.start()
+    go.wait(30)
+    taken = {
+        run_id: engine.store._take_lease(rows[run_id], {"recoveries": 0}, "tester", 30)  # type: ignore[attr-defined]
+        for run_id in ids
+    }
+    thread.join(60)
+    for run_id in ids:
+        stored = Run.objects.get(pk=run_id)
+        if taken[run_id]:
+            assert stored.status == RunStatus.RUNNING and stored.lease_owner == "tester"
+        else:
+            assert stored.cancel_requested and stored.status == RunStatus.PENDING, stored
