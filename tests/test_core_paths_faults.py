@@ -158,3 +158,41 @@ def test_a_cancel_racing_the_call_is_never_run_over() -> None:
             assert stored.status == RunStatus.RUNNING and stored.lease_owner == "tester"
         else:
             assert stored.cancel_requested and stored.status == RunStatus.PENDING, stored
+
+
+def test_racing_starts_under_a_raised_override_never_pass_limit_plus_the_cap() -> None:
+    """S15, K2, S8a (f7cfc61's one-statement start): six threads start runs of one key
+    (declared limit 1, max_queue_depth 1) while its runtime override is 2: the runs
+    not refused are never more than the limit in force plus the cap (3), and each
+    refusal is SingletonQueueFullError."""
+    from durable_singleton.definitions import Singleton
+    from durable_singleton.exceptions import SingletonQueueFullError
+    from durable_singleton.models import SingletonKey
+
+    registry = Registry()
+    registry.add("capped", "1", _hold, singleton=Singleton(key=lambda i: "K", limit=1, max_queue_depth=1))
+    engine = make_engine("django", registry=registry)
+    engine.start("capped", {"hold": True})
+    SingletonKey.objects.filter(workflow_name="capped", key="K").update(limit_override=2)
+    go = threading.Barrier(6)
+    outcomes: list[str] = []
+
+    def start() -> None:
+        try:
+            go.wait(30)
+            try:
+                engine.start("capped", {"hold": True})
+                outcomes.append("started")
+            except SingletonQueueFullError:
+                outcomes.append("refused")
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(outcomes) == 6, outcomes
+    active = Run.objects.filter(workflow_name="capped").exclude(status__in=["completed", "cancelled"]).count()
+    assert active <= 3, (active, outcomes)
