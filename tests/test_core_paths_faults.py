@@ -196,3 +196,34 @@ def test_racing_starts_under_a_raised_override_never_pass_limit_plus_the_cap() -
     assert len(outcomes) == 6, outcomes
     active = Run.objects.filter(workflow_name="capped").exclude(status__in=["completed", "cancelled"]).count()
     assert active <= 3, (active, outcomes)
+
+
+@mysql_only
+def test_a_procedure_whose_definer_was_dropped_turns_the_room_off(caplog: pytest.LogCaptureFixture) -> None:
+    """S6, R5a (docs/operations.rst: "a definer that is dropped later makes every
+    CALL fail, which the store takes as 'not installed'"): ``ds_take_lease`` created
+    by a user the DBA dropped since (error 1449 at every CALL). The claim must take
+    the ORM path, logged, and the run complete; it must not fail every turn."""
+    from durable_singleton.stores import mysql
+
+    registry = Registry()
+    registry.add("room-plain", "1", lambda ctx, i: None)
+    text = mysql.statements()["ds_take_lease"].replace(
+        "CREATE PROCEDURE", "CREATE DEFINER = 'ds_gone_definer'@'%' PROCEDURE", 1
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("DROP USER IF EXISTS 'ds_gone_definer'@'%'")
+        cursor.execute("CREATE USER 'ds_gone_definer'@'%'")
+        cursor.execute("GRANT ALL PRIVILEGES ON *.* TO 'ds_gone_definer'@'%'")
+        cursor.execute("DROP PROCEDURE IF EXISTS ds_take_lease")
+        cursor.execute(text)
+        cursor.execute("DROP USER 'ds_gone_definer'@'%'")
+    try:
+        engine = make_engine(DjangoStore(), registry=registry)
+        run_id = engine.start("room-plain", {}).run_id
+        with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
+            _drain(engine)
+        assert engine.get(run_id).status == RunStatus.COMPLETED, engine.get(run_id)
+        assert any("room off" in r.getMessage() for r in caplog.records), caplog.records
+    finally:
+        mysql.install(connection)

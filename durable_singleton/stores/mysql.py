@@ -31,11 +31,13 @@ logger = logging.getLogger(__name__)
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql" / "mysql"
 
-#: The procedures this room calls, in the order migration 0014 creates them.
+#: The procedures this room calls, in the order migration 0016 creates them.
 PROCEDURES = ("ds_take_lease",)
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$", re.M)
-_MISSING = {1305, 1370, 1044, 1142}  # no such procedure; no EXECUTE; access denied (database, table)
+# The server's refusals of a CALL that mean "not installed" (docs/operations.rst): no such
+# procedure; no EXECUTE; access denied (database, table); its definer no longer exists.
+_MISSING = {1305, 1370, 1044, 1142, 1449}
 
 
 @cache
@@ -53,7 +55,7 @@ def statements() -> dict[str, str]:
 
 
 def install(connection: Any) -> None:
-    """Create (or replace) the room's procedures on ``connection`` (migration 0014).
+    """Create (or replace) the room's procedures on ``connection`` (migration 0016).
 
     MySQL/MariaDB only; each procedure is dropped first, so a later migration that
     changes one runs this again. Needs the ``CREATE ROUTINE`` and ``ALTER ROUTINE``
@@ -65,7 +67,7 @@ def install(connection: Any) -> None:
 
 
 def uninstall(connection: Any) -> None:
-    """Drop the room's procedures (migration 0014 reversed): the store takes the ORM path."""
+    """Drop the room's procedures (migration 0016 reversed): the store takes the ORM path."""
     with connection.cursor() as cursor:
         for name in PROCEDURES:
             cursor.execute(f"DROP PROCEDURE IF EXISTS {name}")

@@ -41,7 +41,7 @@ __all__ = [
 
 logger = logging.getLogger("durable_singleton.worker")
 
-#: The PostgreSQL channel the trigger of migration 0014 NOTIFYs.
+#: The PostgreSQL channel the trigger of migration 0012 NOTIFYs.
 CHANNEL = "durable_singleton_turn"
 #: The queue of a notice for a workflow declared without one.
 DEFAULT_QUEUE = "default"

@@ -1,5 +1,5 @@
 -- The MariaDB/MySQL room's stored procedures (durable_singleton.stores.mysql).
--- Shipped by migration 0014_mysql_procedures, only on MySQL/MariaDB; one
+-- Shipped by migration 0016_mysql_procedures, only on MySQL/MariaDB; one
 -- ``-- name:`` block per statement, loaded by name. A CALL is one round trip,
 -- whatever the procedure runs inside; the slow-query log and
 -- performance_schema show its statements under the procedure's name.
