@@ -311,3 +311,52 @@ def test_a_connection_lost_during_execute_is_never_sent_again() -> None:
     holder = Run.objects.get(pk="lost-holder")
     assert (holder.status, holder.lease_owner) == (RunStatus.RUNNING, "lost-owner"), holder
     assert SingletonKey.objects.get(workflow_name="lost-keyed", key="lost").last_token == before
+
+
+@mysql_only
+def test_migration_0016_by_a_user_without_routine_grants_warns_and_the_store_serves(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """S6 (docs/operations.rst: "a user without CREATE ROUTINE: the migration logs a
+    warning and creates nothing"): a database user with only SELECT, INSERT, UPDATE
+    and DELETE runs migration 0016 forwards and backwards. MariaDB refuses such a user
+    even ``DROP PROCEDURE IF EXISTS`` of a missing procedure (error 1370), which
+    failed ``migrate``; each direction must warn and go on, and that user's store sees
+    no room (the procedures are invisible to it) and serves on the ORM path."""
+    import importlib
+
+    from durable_singleton.stores import mysql
+
+    migration = importlib.import_module("durable_singleton.migrations.0016_mysql_procedures")
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute("DROP USER IF EXISTS 'ds_no_routines'@'%'")
+        cursor.execute("CREATE USER 'ds_no_routines'@'%' IDENTIFIED BY 'ds-no-routines'")
+        cursor.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{name}`.* TO 'ds_no_routines'@'%'")
+    limited = type(connections[connection.alias])(
+        {**connection.settings_dict, "USER": "ds_no_routines", "PASSWORD": "ds-no-routines"}, alias="ds_no_routines"
+    )
+    try:
+        mysql.uninstall(connection)
+        with caplog.at_level("WARNING", logger="durable_singleton.migrations"):
+            with limited.schema_editor() as editor:
+                migration.create(None, editor)
+            with limited.schema_editor() as editor:
+                migration.drop(None, editor)
+        assert [r.getMessage()[:48] for r in caplog.records] == [
+            "durable_singleton: stored procedures not created",
+            "durable_singleton: stored procedures not dropped",
+        ], caplog.records
+        assert not mysql.installed(connection.alias)
+        mysql.install(connection)  # a DBA created them; the limited user may not EXECUTE them
+        with limited.cursor() as cursor:
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE()"
+                " AND ROUTINE_NAME = 'ds_take_lease'"
+            )
+            assert cursor.fetchone()[0] == 0  # invisible to it: room_of finds none, the ORM path serves
+    finally:
+        limited.close()
+        mysql.install(connection)
+        with connection.cursor() as cursor:
+            cursor.execute("DROP USER IF EXISTS 'ds_no_routines'@'%'")

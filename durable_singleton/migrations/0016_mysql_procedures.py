@@ -19,9 +19,8 @@ def create(apps, schema_editor):
     try:
         mysql.install(schema_editor.connection)
     except DatabaseError as exc:
-        # 1044/1142/1227: the user may not create routines; the ORM path serves (S14-style fallback).
-        code = getattr(exc.__cause__, "args", None) or exc.args
-        if not code or code[0] not in (1044, 1142, 1227, 1419):
+        # The user may not create (or drop) routines; the ORM path serves (S14-style fallback).
+        if not mysql.not_allowed(exc):
             raise
         logger.warning("durable_singleton: stored procedures not created (%s); the ORM path serves MySQL", exc)
 
@@ -31,11 +30,17 @@ def drop(apps, schema_editor):
         return
     from durable_singleton.stores import mysql
 
-    mysql.uninstall(schema_editor.connection)
+    try:
+        mysql.uninstall(schema_editor.connection)
+    except DatabaseError as exc:
+        # A user without ALTER ROUTINE (MariaDB refuses it even DROP PROCEDURE IF EXISTS): any
+        # procedure a DBA created stays; it writes only columns this migration's predecessors made.
+        if not mysql.not_allowed(exc):
+            raise
+        logger.warning("durable_singleton: stored procedures not dropped (%s)", exc)
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("durable_singleton", "0015_quota_keys"),
     ]

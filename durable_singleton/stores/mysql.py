@@ -25,7 +25,17 @@ from typing import Any
 
 from django.db import OperationalError, connections
 
-__all__ = ["PROCEDURES", "Room", "install", "installed", "room_of", "statements", "uninstall"]
+__all__ = [
+    "NOT_ALLOWED",
+    "PROCEDURES",
+    "Room",
+    "install",
+    "installed",
+    "not_allowed",
+    "room_of",
+    "statements",
+    "uninstall",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +48,18 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$", re.M)
 # The server's refusals of a CALL that mean "not installed" (docs/operations.rst): no such
 # procedure; no EXECUTE; access denied (database, table); its definer no longer exists.
 _MISSING = {1305, 1370, 1044, 1142, 1449}
+#: The server's refusals of ``CREATE PROCEDURE`` and ``DROP PROCEDURE [IF EXISTS]`` to a user
+#: without the grants (docs/operations.rst): access denied (database, table), no SUPER, no
+#: ALTER ROUTINE (MariaDB refuses even ``DROP PROCEDURE IF EXISTS`` of a missing procedure
+#: so), binary logging without SUPER.
+NOT_ALLOWED = frozenset({1044, 1142, 1227, 1370, 1419})
+
+
+def not_allowed(exc: BaseException) -> bool:
+    """Tell whether ``exc`` (a database error of :func:`install` or :func:`uninstall`) is the
+    server's refusal to a user without ``CREATE ROUTINE`` or ``ALTER ROUTINE``."""
+    code: tuple[Any, ...] = getattr(exc.__cause__, "args", None) or exc.args
+    return bool(code) and code[0] in NOT_ALLOWED
 
 
 @cache
