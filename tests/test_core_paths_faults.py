@@ -360,3 +360,27 @@ def test_migration_0016_by_a_user_without_routine_grants_warns_and_the_store_ser
         mysql.install(connection)
         with connection.cursor() as cursor:
             cursor.execute("DROP USER IF EXISTS 'ds_no_routines'@'%'")
+
+
+@mysql_only
+def test_a_store_that_finds_no_procedure_says_it_takes_the_orm_path(caplog: pytest.LogCaptureFixture) -> None:
+    """S6 (docs/operations.rst, the fallback): a process whose database has no
+    ``ds_take_lease`` it may call (never created, or invisible to a user without
+    ``EXECUTE``) serves on the ORM path and says so once, as it does when a CALL is
+    refused; it used to fall back without a word."""
+    from durable_singleton.stores import mysql
+
+    registry = Registry()
+    registry.add("room-plain", "1", lambda ctx, i: None)
+    mysql.uninstall(connection)
+    try:
+        engine = make_engine(DjangoStore(), registry=registry)
+        run_id = engine.start("room-plain", {}).run_id
+        with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
+            _drain(engine)
+            _drain(engine)
+        assert engine.get(run_id).status == RunStatus.COMPLETED
+        said = [r.getMessage() for r in caplog.records if "room off" in r.getMessage()]
+        assert len(said) == 1, caplog.records
+    finally:
+        mysql.install(connection)

@@ -177,7 +177,13 @@ class Room:
 
 
 def room_of(using: str) -> Room | None:
-    """Return the room of MySQL/MariaDB database ``using`` if its procedures are installed, else None."""
+    """Return the room of MySQL/MariaDB database ``using`` if its procedures are installed, else None
+    (logged as a warning: the ORM path serves)."""
     if connections[using].vendor != "mysql":
         return None
-    return Room(using) if installed(using) else None
+    if installed(using):
+        return Room(using)
+    # Missing (migration 0016 could not create them) or invisible to this user (no EXECUTE):
+    # said once per database and store, as a refused CALL is (docs/operations.rst).
+    logger.warning("MySQL room off for database %r (no procedures this user may call): the ORM path", using)
+    return None
