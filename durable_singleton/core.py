@@ -16,8 +16,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import traceback
@@ -54,6 +52,7 @@ from .exceptions import (
     UnsupportedByStoreError,
     ValidationError,
 )
+from .identity import process_name
 from .leases import renewer
 from .statuses import OnBusy, Outcome, ParkReason, RunStatus, SlotState, Verdict
 from .stores.base import (
@@ -116,10 +115,6 @@ def _delayed(run: RunRecord) -> bool:
     """Tell whether a new run's start is delayed past its creation (X5): no turn
     is sent for it; its ``wake_at`` is its ``not_before``, when the tick sends it."""
     return run.not_before is not None and run.not_before > run.created_at
-
-
-def _owner_prefix() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 #: A step back this much beyond the last round trip is a clock step, not a
@@ -222,7 +217,6 @@ class Core:
         self._store_clock = self.now if isinstance(self.now, StoreClock) else None
         self._warned_fallback = False
         self._warned_queue_ttl = False
-        self._owner_prefix = _owner_prefix()
         self._local = threading.local()
 
     def corrected_now(self) -> datetime:
@@ -730,7 +724,7 @@ class Core:
             return outcome
 
     def _execute(self, run_id: str, known: RunRecord | None, span: Any) -> str:
-        owner = f"{self._owner_prefix}:{uuid.uuid4().hex[:12]}"
+        owner = f"{process_name()}:{uuid.uuid4().hex[:12]}"  # "host:pid:token:turn" (O6)
         settings = self.settings
         self.store.discard_broken_connection()  # a turn after a failed one reconnects (F7)
         if not self.store.supports_atomic_admission and not self._warned_fallback:

@@ -5,8 +5,6 @@ durable_health`` can report a stale tick."""
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import weakref
 from datetime import datetime
 from typing import Any
@@ -14,6 +12,7 @@ from typing import Any
 from django.db import DatabaseError
 
 from . import signals
+from .identity import process_name
 
 __all__ = ["HEARTBEAT_EVERY_SECONDS", "last_tick", "record_tick"]
 
@@ -43,7 +42,7 @@ def record_tick(engine: Any, now: datetime, seconds: float = 0.0) -> bool:
         return False
     from .models import Heartbeat  # the models need the app registry: imported at the call
 
-    owner = f"{socket.gethostname()}:{os.getpid()}"
+    owner = process_name()
     rows = Heartbeat.objects.using(db)
     try:
         if not rows.filter(name=TICK).update(at=now, owner=owner):

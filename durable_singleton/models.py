@@ -410,7 +410,8 @@ class WorkerProcess(models.Model):
     """One live ``durable_worker`` process (O6): where it runs, how, and when
     it was last seen, on the database's clock.
 
-    ``name`` is the prefix of its lease owners (``host:pid``). The row is
+    ``name`` is the prefix of its lease owners (``host:pid:token``,
+    :func:`~durable_singleton.identity.process_name`). The row is
     refreshed every ``WORKER_HEARTBEAT_SECONDS`` and deleted on a clean stop;
     a row older than ``WORKER_DEAD_SECONDS`` belongs to a dead process, whose
     runs the tick takes back

@@ -33,6 +33,7 @@ import time
 from collections.abc import Sequence
 
 from .dispatch import TICK_THREAD, ThreadDispatcher, announce
+from .identity import process_name
 from .stores.base import BaseStore
 from .stores.turns import (
     Listener,
@@ -84,7 +85,8 @@ class PullDispatcher(ThreadDispatcher):
         self.heartbeat_seconds = heartbeat_seconds
         self.dead_seconds = dead_seconds
         self.queues: tuple[str, ...] = tuple(queues)
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        #: The registry row's name and the prefix of this process's lease owners (O6).
+        self.name = process_name()
         self.listening = False
         self._wake = threading.Event()
         self._slots = threading.Semaphore(threads)

@@ -61,7 +61,7 @@ logger = logging.getLogger("durable_singleton")
 #: Workflows of django.tasks tasks are named ``task:<module path of the task>``.
 TASK_WORKFLOW_PREFIX = "task:"
 TASK_WORKFLOW_VERSION = "1"
-#: The step each execution of a task records first: ``{"worker": "<host>:<pid>",
+#: The step each execution of a task records first: ``{"worker": "<host>:<pid>:<token>",
 #: "turn": "<lease owner>"}``, so ``TaskResult.worker_ids`` names every attempt's worker.
 WORKER_STEP = "django.tasks:worker"
 
@@ -310,7 +310,7 @@ def _attempt_records(steps: Mapping[int, StepRecord] | list[StepRecord]) -> list
 def _record_attempt(ctx: Any) -> list[StepRecord]:
     """Record this execution's worker as the next attempt step (R4: earlier
     attempts replay as stored); return every attempt record, this one last."""
-    worker = ctx.owner.rpartition(":")[0] or ctx.owner  # "<host>:<pid>" of "<host>:<pid>:<turn>"
+    worker = ctx.owner.rpartition(":")[0] or ctx.owner  # the process's name of "<host>:<pid>:<token>:<turn>"
     while True:
         record = ctx.step(WORKER_STEP, {"worker": worker, "turn": ctx.owner})
         if isinstance(record, dict) and record.get("turn") == ctx.owner:

@@ -10,7 +10,7 @@ without a key has none) and ``durable.run_id``:
   current at its start (this span's) in ``Run.trace_parent``;
 * ``durable.turn <workflow>`` (kind CONSUMER) for each turn, from the moment
   the worker called :meth:`Engine.execute` to the turn's outcome
-  (``durable.outcome``), with ``durable.worker`` (``host:pid``). It is a
+  (``durable.outcome``), with ``durable.worker`` (``host:pid:token``). It is a
   child of the context stored at the start, so a run's turns continue the
   trace of the request that started it, in whichever process they run; the
   context current in the worker (a Celery task's span, say) is a link;
@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
-import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+from .identity import process_name
 from .records import RunRecord
 
 __all__ = ["connect", "enabled", "handoff", "started", "step", "traceparent", "turn", "waited"]
@@ -152,7 +151,7 @@ class _Turn:
         if here.is_valid:
             links.append(api.trace.Link(here))
         attributes = _attributes(run) if run is not None else {"durable.run_id": self.run_id}
-        attributes["durable.worker"] = f"{socket.gethostname()}:{os.getpid()}"
+        attributes["durable.worker"] = process_name()
         self.span = api.tracer.start_span(
             f"durable.turn {run.workflow_name if run is not None else ''}".rstrip(),
             context=_parent(api, run),

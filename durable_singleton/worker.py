@@ -21,14 +21,13 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 from typing import Any
 
 from .dispatch import ThreadDispatcher
+from .identity import process_name
 from .pull import PullDispatcher
 from .statuses import RunStatus
 
@@ -120,7 +119,9 @@ def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
     their leases now, so the next tick re-drives them (R5, D4) instead of
     waiting ``LEASE_SECONDS``. Returns the number of runs handed back.
 
-    Only runs leased by this process (owner ``host:pid:...``) are touched;
+    Only runs leased by this process (owner ``host:pid:token:turn``, see
+    :func:`~durable_singleton.identity.process_name`) are touched, never
+    those of another process that shares its host name and pid;
     a body still running here is fenced from then on (its later step writes
     are refused because its lease expired). Only the Django store has
     leases outside the process; other stores return 0.
@@ -131,7 +132,7 @@ def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
     from .models import Run
     from .querysets import DbNow
 
-    prefix = f"{socket.gethostname()}:{os.getpid()}:"
+    prefix = f"{process_name()}:"
     # The database's clock at the write (R5, R8), never this process's: a
     # process clock stepped ahead since its last correction wrote an expiry
     # (and a wake_at) in the future and left the run stranded that long.

@@ -179,7 +179,8 @@ def test_health_names_a_missing_worker_and_the_registry_drops_a_clean_stop(
     assert no_worker() == []
     out = __import__("io").StringIO()
     call_command("durable_workers", stdout=out)
-    assert re.search(rf":{worker.pid}\s+mode worker, 4 threads, queues all, .*: alive", out.getvalue()), out.getvalue()
+    listed = rf":{worker.pid}:[0-9a-f]{{8}}\s+mode worker, 4 threads, queues all, .*: alive"
+    assert re.search(listed, out.getvalue()), out.getvalue()
     worker.kill(signal.SIGTERM)
     assert worker.proc.wait(120) == 0, workers.logs()
     assert not WorkerProcess.objects.exists()

@@ -9,8 +9,6 @@ embedded worker's threads, against the DATABASE_URL database.
 
 from __future__ import annotations
 
-import os
-import socket
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -30,6 +28,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.dispatch import ThreadDispatcher
 from durable_singleton.engine import Engine, StoreClock
 from durable_singleton.exceptions import InvalidInputError, SingletonKeyError, UnknownWorkflowError
+from durable_singleton.identity import process_name
 from durable_singleton.models import Run
 from durable_singleton.runtime import get_engine
 from durable_singleton.tasks_backend import (
@@ -313,12 +312,13 @@ def test_arguments_that_are_not_json_raise_a_type_error_and_write_nothing(manual
 
 def test_worker_ids_name_the_worker_of_each_attempt(manual: Engine) -> None:
     """TaskResult.worker_ids has one entry per execution of the task, each the
-    worker (host:pid) that ran it; attempts counts them (Django's contract)."""
+    worker (its process's name, host:pid:token) that ran it; attempts counts
+    them (Django's contract)."""
     result = jobs.double.enqueue(4)
     assert result.worker_ids == [] and result.attempts == 0
     manual.dispatcher.drain()
     result.refresh()
-    assert result.worker_ids == [f"{socket.gethostname()}:{os.getpid()}"]
+    assert result.worker_ids == [process_name()]
     assert result.attempts == 1
 
 

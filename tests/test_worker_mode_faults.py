@@ -18,9 +18,7 @@ in-process on the test database (SQLite, PostgreSQL or MariaDB).
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -35,6 +33,7 @@ from durable_singleton.checks import check_settings
 from durable_singleton.conf import Settings
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
+from durable_singleton.identity import process_name
 from durable_singleton.models import Run, TurnNotice, WorkerProcess
 from durable_singleton.runtime import build_engine
 from durable_singleton.stores.turns import (
@@ -80,7 +79,7 @@ def test_a_hand_back_on_a_process_stepped_ahead_ends_the_lease_now() -> None:
     rescues it)."""
     engine = make_engine("django", registry=Registry())
     step_clock(engine, STEP)
-    _running("hb-1", f"{socket.gethostname()}:{os.getpid()}:abc", 300, engine)
+    _running("hb-1", f"{process_name()}:abc", 300, engine)
     assert expire_own_leases(engine, ["hb-1"]) == 1
     run = Run.objects.get(pk="hb-1")
     after = engine.store.now()

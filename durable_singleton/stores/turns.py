@@ -20,6 +20,7 @@ from typing import Any
 from django.db import connections, transaction
 from django.db.models import Q
 
+from ..identity import owns
 from ..statuses import RunStatus
 
 __all__ = [
@@ -234,7 +235,10 @@ class DeadWorker:
 def release_dead_workers(db: str, dead_seconds: float, *, alive: str = "") -> list[DeadWorker]:
     """Take back the runs of every worker process not seen for ``dead_seconds`` (O6).
 
-    Each running run whose lease owner is that process (``name:...``) gets
+    Each running run whose lease owner is a turn of that process
+    (``name:turn``, :func:`~durable_singleton.identity.owns`: a row of the
+    previous release, ``host:pid``, never matches the turns of a current
+    process ``host:pid:token`` of the same host and pid) gets
     its lease ended now, by a compare-and-set on the owner and the lease's
     end as read (R5, R5a: a run renewed or taken meanwhile is left alone), so
     the tick's recovery re-drives it as an expired lease (D4). The row is
@@ -270,6 +274,8 @@ def release_dead_workers(db: str, dead_seconds: float, *, alive: str = "") -> li
                 status=RunStatus.RUNNING, lease_owner__startswith=f"{worker.name}:", lease_expires_at__gt=now
             )
             for run_id, owner, expires_at in held.values_list("run_id", "lease_owner", "lease_expires_at"):
+                if not owns(worker.name, owner or ""):  # a newer process of the same host:pid (a rolling deploy)
+                    continue
                 if (
                     Run.objects.using(db)
                     .filter(pk=run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at=expires_at)
