@@ -17,13 +17,12 @@ lease and is the fallback.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from typing import Any
 
 from .conf import get_settings
+from .identity import process_name
 from .stores.turns import hold_tick_lease, release_tick_lease, tick_lease_seconds
 
 __all__ = ["TICKER_THREAD", "WorkerTicker", "connect", "running_ticker"]
@@ -44,7 +43,8 @@ class WorkerTicker:
 
     ``engine``: an engine whose store is in Django database ``db`` (an
     alias); ``tick_seconds``: the period, in seconds. ``owner`` names this
-    process in the lease row (``celery:<host>:<pid>``). Each round takes or
+    process in the lease row (``celery:<host>:<pid>:<token>``, see
+    :func:`~durable_singleton.identity.process_name`). Each round takes or
     keeps the lease for :func:`~durable_singleton.stores.turns.tick_lease_seconds`
     and ticks only if it holds it, then closes the thread's connections (a
     pool process forked meanwhile shares none). A failed round is logged and
@@ -60,7 +60,7 @@ class WorkerTicker:
         self.app = app
         self.db = db
         self.tick_seconds = tick_seconds
-        self.owner = f"celery:{socket.gethostname()}:{os.getpid()}"
+        self.owner = f"celery:{process_name()}"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -41,6 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "signals",
         "codecs",
         "values",
+        "identity",
     ),
     "rules": (
         "admission",
@@ -48,6 +49,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "definitions",
         "schedule_specs",
         "records",
+        "sql",
     ),
     "seams": (
         "stores",
@@ -101,6 +103,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "receivers",
         "workflows",
         "tasks",
+        "celery_tick",
         "worker",
         "tasks_backend",
         "metrics",
