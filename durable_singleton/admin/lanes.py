@@ -173,6 +173,9 @@ def _lane(
     for hold in lane.holds:
         x = x_of(max(hold.start, lanes.start))
         x2 = x_of(min(hold.end or lanes.now, lanes.now))
+        # A bar is at least 2 units wide, and ends at its end (never past the now line):
+        # a span shorter than that grows to the left.
+        x = min(x, x2 - 2.0)
         holding = hold.end is None
         state = _bar_class(hold.status, holding)
         bars.append(
@@ -181,7 +184,7 @@ def _lane(
                 "url": run_url(hold.run_id),
                 "x": _f(x),
                 "y": _f(row_y(hold.slot)),
-                "w": _f(max(x2 - x, 2.0)),
+                "w": _f(x2 - x),
                 "h": ROW_H,
                 "state": state,
                 "holding": holding,
