@@ -99,9 +99,11 @@ __all__ = [
     "retry_delay",
     "singleton_admission_denial_patch",
     "singleton_admission_tags",
+    "stored_tags",
     "superseded",
     "turn_on_its_way",
     "turn_on_its_way_q",
+    "user_tags_of",
     "waiter_expired",
     "without_singleton_markers",
 ]
@@ -510,8 +512,32 @@ def quota_lock_name(name: str) -> str:
 
 def quota_tag(name: str, key: str) -> str:
     """Return ``quota:<name>:<key>``, how :attr:`RunRecord.tags` spells one quota key a run
-    carries (X3b); never stored as a tag (the keys are the run's ``quota_keys``)."""
+    carries (X3b); stored in the ``tags`` column beside the caller's tags for an older
+    release's processes (:func:`stored_tags`), never read back as a key (the keys are the
+    run's ``quota_keys``)."""
     return f"{QUOTA_PREFIX}{name}:{key}"
+
+
+def stored_tags(user_tags: Iterable[str], quota_keys: Iterable[tuple[str, str]]) -> list[str]:
+    """Return the ``tags`` column of a run: the caller's tags, then one
+    :func:`quota_tag` per quota key it carries (X3b, R1). The keys' source is the
+    ``quota_keys`` column; their tags are written too so that a process of the release
+    before migration 0015, still running during a rolling upgrade, which reads a run's
+    quota keys from its tags, sees the quotas of the runs this release starts (a start
+    drops a caller's tag spelled ``quota:...``, so every such tag of a new run is one of
+    its keys)."""
+    tags = list(user_tags)
+    tags.extend(quota_tag(name, key) for name, key in quota_keys)
+    return tags
+
+
+def user_tags_of(stored: Iterable[str] | None, quota_keys: Iterable[tuple[str, str]]) -> tuple[str, ...]:
+    """Return a run's caller tags from its ``tags`` column: every tag but the
+    :func:`stored_tags` spelling of the keys in ``quota_keys`` (X3b, R1). A tag that
+    only looks like a quota key (an older release's caller tag ``quota:billing:acme`` on
+    a run without that key) stays the caller's."""
+    spelled = {quota_tag(name, key) for name, key in quota_keys}
+    return tuple(tag for tag in stored or () if tag not in spelled)
 
 
 def quota_keys_of(stored: Iterable[Sequence[str]] | None) -> tuple[tuple[str, str], ...]:

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from durable_singleton.definitions import Registry
 from durable_singleton.models import QuotaMembership, Run, SingletonKey
+from durable_singleton.stores.django import record_of
 from durable_singleton.testing import make_engine
 
 from .helpers import claim, settle
@@ -81,7 +82,7 @@ def test_an_older_release_caller_tag_spelled_as_a_quota_key_is_never_read_as_one
     assert sorted(Run.objects.values_list("status", flat=True)) == ["completed"] * 3
 
 
-def test_migration_0015_moves_the_quota_tags_a_start_recorded_and_keeps_every_caller_tag() -> None:
+def test_migration_0015_copies_the_quota_keys_a_start_recorded_and_keeps_every_caller_tag() -> None:
     """X3b, R1: a run stored by the release that wrote its quota keys as tags
     ``quota:<name>:<key>`` keeps them as its quota keys (each has a membership),
     and a tag of that spelling without a membership stays the caller's."""
@@ -106,4 +107,31 @@ def test_migration_0015_moves_the_quota_tags_a_start_recorded_and_keeps_every_ca
     old_member.objects.create(run=run, quota="api", key="k1", slot="waiter", created_at=now)
     MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes("durable_singleton"))
     row = Run.objects.get(pk="carrier")
-    assert row.tags == ["mine", "quota:billing:acme"] and row.quota_keys == [["api", "k1"]]
+    # The tags stay as stored (an older release's process reads its quotas from them);
+    # the keys are the column's, and the user tags are every tag but those keys' spelling.
+    assert row.tags == ["mine", "quota:billing:acme", "quota:api:k1"] and row.quota_keys == [["api", "k1"]]
+    record = record_of(row)
+    assert record.quota_keys == (("api", "k1"),) and record.user_tags == ("mine", "quota:billing:acme")
+
+
+def test_a_run_this_release_starts_spells_its_quota_keys_in_its_tags_for_the_release_before() -> None:
+    """R1, X3b, rolling upgrade: the release before 0015 reads a run's quota keys from
+    its tags (``quota:<name>:<key>``, its ``admission.split_quota_tags``). A run this
+    release starts keeps its keys in ``quota_keys`` and spells them in its tags too, so a
+    process of that release still running sees the quotas of the runs this one starts and
+    admits no run over a quota's limit; this release reads the column only, and the caller's
+    tags come back without the keys' spelling (a caller's own ``quota:...`` tag is dropped
+    at start, S12)."""
+    from durable_singleton import Quota
+
+    registry = Registry()
+    registry.add("charge", "1", lambda ctx, i: None, quotas=[Quota("billing", key=lambda i: i["account"], limit=1)])
+    engine = make_engine("django", registry=registry)
+    run = engine.start("charge", {"account": "acme"}, tags=["mine", "quota:forged:x"])
+    row = Run.objects.get(pk=run.run_id)
+    assert row.quota_keys == [["billing", "acme"]]
+    assert row.tags == ["mine", "quota:billing:acme"]
+    # What the release before read from the tags (its split_quota_tags): the same keys.
+    old_reading = [tuple(tag.split(":", 2)[1:]) for tag in row.tags if tag.startswith("quota:") and tag.count(":") >= 2]
+    assert old_reading == [("billing", "acme")]
+    assert engine.get(run.run_id).user_tags == ("mine",) and engine.get(run.run_id).quota_keys == (("billing", "acme"),)

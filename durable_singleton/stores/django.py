@@ -78,8 +78,10 @@ from ..admission import (
     quota_waiter_q,
     quota_waiting_q,
     retry_delay,
+    stored_tags,
     superseded,
     turn_on_its_way_q,
+    user_tags_of,
 )
 from ..codecs import Codec
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
@@ -139,6 +141,7 @@ def is_transient_error(exc: BaseException) -> bool:
 
 def record_of(row: Run) -> RunRecord:
     """Return the :class:`RunRecord` of a model row."""
+    quota_keys = _quota_keys_of_row(row)
     return RunRecord(
         run_id=row.run_id,
         workflow_name=row.workflow_name,
@@ -150,7 +153,7 @@ def record_of(row: Run) -> RunRecord:
         updated_at=row.updated_at,
         output=row.output,
         error=row.error,
-        user_tags=tuple(row.tags or ()),
+        user_tags=user_tags_of(row.tags, quota_keys),
         singleton_key=row.singleton_key,
         singleton_limit=row.singleton_limit,
         admitted=row.singleton_slot == SlotState.HOLDER,
@@ -170,7 +173,7 @@ def record_of(row: Run) -> RunRecord:
         fencing_token=row.fencing_token,
         step_count=row.step_count,
         not_before=row.not_before,
-        quota_keys=_quota_keys_of_row(row),
+        quota_keys=quota_keys,
         quota_slot=row.quota_slot,
         trace_parent=row.trace_parent,
     )
@@ -888,7 +891,7 @@ class DjangoStore(BaseStore):
             namespace=run.namespace,
             status=run.status,
             input=run.input,
-            tags=list(run.user_tags),
+            tags=stored_tags(run.user_tags, run.quota_keys),
             quota_keys=[list(q) for q in run.quota_keys],
             singleton_key=run.singleton_key,
             singleton_limit=run.singleton_limit,

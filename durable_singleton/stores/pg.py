@@ -77,6 +77,8 @@ from ..admission import (
     quota_keys_of,
     quota_lock_name,
     quota_waiter_sql_text,
+    stored_tags,
+    user_tags_of,
 )
 from ..models import QuotaMembership, Run, SingletonKey
 from ..querysets import PG_NOW_SQL, RunQuerySet
@@ -202,7 +204,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         updated_at=updated_at,
         output=_json(output),
         error=_json(error),
-        user_tags=tuple(_json(tags) or ()),
+        user_tags=user_tags_of(_json(tags), quota_keys_of(_json(quota_keys))),
         singleton_key=singleton_key,
         singleton_limit=singleton_limit,
         admitted=singleton_slot == SlotState.HOLDER,
@@ -1056,7 +1058,7 @@ class FastPath:
             "updated_at": run.updated_at,
             "output": _json_param(run.output),
             "error": _json_param(run.error),
-            "tags": _json_param(list(run.user_tags)),
+            "tags": _json_param(stored_tags(run.user_tags, run.quota_keys)),
             "singleton_key": run.singleton_key,
             "singleton_limit": run.singleton_limit,
             "singleton_slot": SlotState.WAITER.value if run.singleton_key is not None and run.tracked else None,
