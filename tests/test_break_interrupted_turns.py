@@ -183,7 +183,10 @@ def test_a_settle_that_meets_an_unreachable_store_hands_the_run_back(store_kind:
     statement). The turn ends interrupted like a failed store call inside the
     body: the run is handed back with its slot, not left running until its
     lease expires and counted as a recovery; resumed, it replays its stored
-    step and completes."""
+    step and completes. On PostgreSQL's fast path the connection is lost before
+    any statement of the settle's message ran, so the store reopens it and sends
+    the message again once (O1: a dropped connection is reopened, never fatal;
+    72c7067): the turn then completes at once, its step run once, no recovery."""
     if store_kind == "django" and connection.vendor == "sqlite":
         pytest.skip("SQLite has no server to kill a connection; the memory variant runs the engine's path")
     store: Any = FailNextFinishMemoryStore() if store_kind == "memory" else "django"
@@ -202,8 +205,14 @@ def test_a_settle_that_meets_an_unreachable_store_hands_the_run_back(store_kind:
 
     engine.registry.add("settle", "1", body, singleton={"key": lambda i: "k"})
     run = engine.start("settle", None, run_id="settle-1")
-    assert engine.execute(run.run_id) == Outcome.INTERRUPTED
+    outcome = engine.execute(run.run_id)
     connection.execute_wrappers.clear()
+    if outcome == Outcome.COMPLETED and store_kind == "django" and connection.vendor == "postgresql":
+        done = engine.get(run.run_id)
+        assert (done.status, done.output, done.recoveries, done.attempts) == ("completed", 5, 0, 1)
+        assert executions == [5]
+        return
+    assert outcome == Outcome.INTERRUPTED
     handed_back = engine.get(run.run_id)
     assert (handed_back.status, handed_back.admitted) == ("pending", True)
     threading.Event().wait(0.1)
