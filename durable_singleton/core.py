@@ -492,26 +492,43 @@ class Core:
         # waits for the handoff or the tick's catch-up instead of a turn that
         # could only park (S8a). Keeps bursts off the broker queue. A delayed
         # start is parked until its not_before (X5).
+        # A dispatcher that writes its turn in the database (DISPATCH "worker") writes
+        # it in the start's own transaction: the run and its notice commit together,
+        # and a rolled-back start leaves neither (O1a, O7).
+        in_start = self.dispatcher.dispatches_in_transaction and not supersedes
+
+        def insert() -> tuple[RunRecord, bool]:
+            started, was_created = self.store.start_run(
+                record,
+                cap=cap,
+                cap_namespace=self.namespace if self.scope_reads else None,
+                deep_limit=definition.singleton.limit if definition.singleton is not None and not delayed else None,
+                backlog_wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
+                stamp=stamp,
+            )
+            if in_start and was_created and self._first_turn_due(started):
+                self.dispatcher.dispatch_soon(started.run_id, definition.queue)
+            return started, was_created
+
         if supersedes:
             run, created = self._start_superseding(record, definition)
         else:
             try:
-                run, created = self.store.start_run(
-                    record,
-                    cap=cap,
-                    cap_namespace=self.namespace if self.scope_reads else None,
-                    deep_limit=definition.singleton.limit if definition.singleton is not None and not delayed else None,
-                    backlog_wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
-                    stamp=stamp,
-                )
+                run, created = self.store.in_transaction(insert) if in_start else insert()
             except SingletonQueueFullError as exc:
                 raise self._refused(definition, exc) from None
         if not created:  # a racing start of the same id created it first (R3)
             return self._found(run, namespace)
         self.dispatcher.on_commit(lambda: signals.run_created.send_robust(sender=self.signal_sender, run=run))
-        if not delayed and not ParkReason.SINGLETON.matches(run.park_reason):
+        if not in_start and self._first_turn_due(run):
             self.dispatcher.dispatch_soon(run.run_id, definition.queue)
         return run
+
+    @staticmethod
+    def _first_turn_due(run: RunRecord) -> bool:
+        """Tell whether a run just created gets its first turn now: not when
+        delayed (X5) nor when created parked behind a deep queue (S8a)."""
+        return not _delayed(run) and not ParkReason.SINGLETON.matches(run.park_reason)
 
     @staticmethod
     def _refused(definition: WorkflowDefinition, exc: SingletonQueueFullError) -> SingletonQueueFullError:
@@ -619,7 +636,10 @@ class Core:
             caps[definition.name] = cap
             records.append(record)
         results: list[tuple[RunRecord, bool] | BaseException]
-        if definition.singleton is not None and definition.singleton.supersedes:
+        supersedes = definition.singleton is not None and definition.singleton.supersedes
+        # With DISPATCH "worker" the notices go in the batch's own transaction (O1a, O7).
+        in_start = self.dispatcher.dispatches_in_transaction and not supersedes
+        if supersedes:
             results = []
             for record in records:
                 try:
@@ -627,9 +647,17 @@ class Core:
                 except QuotaQueueFullError as exc:  # a capped quota refused it, in its place (X3j, S15)
                     results.append(exc)
         else:
-            results = self.store.create_runs(
-                records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None
-            )
+
+            def insert() -> list[tuple[RunRecord, bool] | BaseException]:
+                inserted = self.store.create_runs(
+                    records, caps=caps, cap_namespace=self.namespace if self.scope_reads else None
+                )
+                if in_start:
+                    due = [r[0].run_id for r in inserted if isinstance(r, tuple) and r[1] and not _delayed(r[0])]
+                    self.dispatcher.dispatch_many(due, self.queue_of(name))
+                return inserted
+
+            results = self.store.in_transaction(insert) if in_start else insert()
         out: list[RunRecord | SingletonQueueFullError | RunIdInUseError] = []
         created: list[RunRecord] = []
         for result in results:
@@ -648,7 +676,8 @@ class Core:
         queue = self.queue_of(name)
         for run in created:
             self.dispatcher.on_commit(functools.partial(signals.run_created.send, sender=self.signal_sender, run=run))
-        self.dispatcher.dispatch_many([r.run_id for r in created if not _delayed(r)], queue)
+        if not in_start:
+            self.dispatcher.dispatch_many([r.run_id for r in created if not _delayed(r)], queue)
         return out
 
     def _correct_clock(self) -> None:

@@ -39,6 +39,11 @@ class Dispatcher(ABC):
     """
 
     runner: TurnRunner | None = None
+    #: True when :meth:`dispatch` writes the turn in the caller's database
+    #: transaction (a turn notice, ``DISPATCH = "worker"``): the engine then
+    #: dispatches a start's first turn inside the start's own transaction, so
+    #: the run and its turn commit together (O1a, O7).
+    dispatches_in_transaction: bool = False
 
     @abstractmethod
     def dispatch(self, run_id: str, queue: str | None = None) -> None:

@@ -66,8 +66,11 @@ class PullDispatcher(ThreadDispatcher):
     ``heartbeat_seconds`` and ``dead_seconds``: the registry's refresh and
     the silence after which a worker is dead (O6); all in seconds. ``queues``:
     the queues whose notices this process takes (empty: all). Nothing runs
-    until :meth:`start`; a dispatch only writes a notice.
+    until :meth:`start`; a dispatch only writes a notice, and a start writes
+    its notice in its own transaction (:attr:`dispatches_in_transaction`, O1a).
     """
+
+    dispatches_in_transaction = True
 
     def __init__(
         self,

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from ..admission import queue_ttl_expired
 from ..codecs import Codec
@@ -40,6 +40,8 @@ from ..exceptions import UnsupportedByStoreError
 from ..records import RunRecord, SignalRecord, StepRecord
 from ..schedule_specs import Schedule
 from ..statuses import TERMINAL_STATUSES, ParkReason, RunStatus, Verdict
+
+T = TypeVar("T")
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -490,6 +492,17 @@ class BaseStore(ABC):
         unusable, so the next call opens a new one. The default does nothing
         (a store without connections)."""
         return None
+
+    def in_transaction(self, fn: Callable[[], T]) -> T:
+        """Call ``fn`` in one transaction of the store's database and return its
+        result: the writes of ``fn`` (a start and its turn notice, O1a, O7)
+        commit together or not at all. Outside a caller's transaction a named
+        transient error rolls ``fn`` back whole and it is called again, a
+        bounded number of times; inside one, ``fn`` joins it (a savepoint) and
+        its error is raised (the caller's transaction is what retries). The
+        default calls ``fn`` (a store outside Django's databases has no
+        transaction)."""
+        return fn()
 
     # -- starting ------------------------------------------------------------
     @abstractmethod

@@ -25,10 +25,10 @@ To use it, name a subclass that builds it in ``DURABLE_SINGLETON["STORE"]``::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from ..codecs import Codec
 from .base import (
@@ -49,6 +49,8 @@ from .base import (
 )
 
 __all__ = ["CodecStore"]
+
+T = TypeVar("T")
 
 
 class CodecStore(BaseStore):
@@ -109,6 +111,9 @@ class CodecStore(BaseStore):
 
     def transaction_depth(self) -> int:
         return self.inner.transaction_depth()
+
+    def in_transaction(self, fn: Callable[[], T]) -> T:
+        return self.inner.in_transaction(fn)
 
     def is_unreachable(self, exc: BaseException) -> bool:
         return self.inner.is_unreachable(exc)

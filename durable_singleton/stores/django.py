@@ -365,6 +365,19 @@ class DjangoStore(BaseStore):
                 time.sleep(min(0.2, 0.005 * 2**attempt) * (0.5 + random.random()))
         raise AssertionError("unreachable")
 
+    def in_transaction(self, fn: Callable[[], T]) -> T:
+        """:meth:`BaseStore.in_transaction`: ``fn`` in ``transaction.atomic`` on
+        the store's database, retried whole on a named transient error when the
+        caller holds no transaction (:meth:`_retrying`); inside a caller's
+        ``atomic`` block (``ATOMIC_REQUESTS``) it is a savepoint of that
+        transaction and commits or rolls back with it (O1a)."""
+
+        def once() -> T:
+            with transaction.atomic(using=self.db):
+                return fn()
+
+        return self._retrying(once)
+
     # -- the clock -----------------------------------------------------------
     def is_unreachable(self, exc: BaseException) -> bool:
         """Also Django's ``OperationalError`` and ``InterfaceError``: the
