@@ -11,7 +11,9 @@ import os
 from testproject.settings import *  # noqa: F403
 from testproject.settings import DATABASES, DURABLE_SINGLETON, INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "bench", "dj_queue", "procrastinate.contrib.django"]
+# The peers run on PostgreSQL only; bench.scale (BENCH_PEERS=0) also runs on MariaDB.
+PEERS = ["dj_queue", "procrastinate.contrib.django"] if os.environ.get("BENCH_PEERS", "1") == "1" else []
+INSTALLED_APPS = [*INSTALLED_APPS, "bench", *PEERS]
 
 # Workers keep their database connection between tasks, as a production
 # deployment does (the test project closes it after every task).
@@ -30,28 +32,30 @@ DURABLE_SINGLETON = {
 }
 
 # dj-queue: a Django Tasks backend. Worker slots match the Celery side (see bench/peers.py).
-TASKS = {
-    "default": {
-        "BACKEND": "dj_queue.backend.DjQueueBackend",
-        "QUEUES": [],
-        "OPTIONS": {
-            "mode": "fork",
-            "workers": [
-                {
-                    "queues": "*",
-                    "processes": int(os.environ.get("BENCH_DJQ_PROCESSES", "2")),
-                    "threads": int(os.environ.get("BENCH_DJQ_THREADS", "2")),
-                    "polling_interval": float(os.environ.get("BENCH_DJQ_POLL", "0.1")),
-                }
-            ],
-            "dispatchers": [{"polling_interval": 1, "batch_size": 500}],
-            "preserve_finished_jobs": True,
-            "listen_notify": True,
-            "use_skip_locked": True,
-            "process_heartbeat_interval": 60,
-        },
+# Without the peers (bench.scale), the test project's TASKS.
+if PEERS:
+    TASKS = {
+        "default": {
+            "BACKEND": "dj_queue.backend.DjQueueBackend",
+            "QUEUES": [],
+            "OPTIONS": {
+                "mode": "fork",
+                "workers": [
+                    {
+                        "queues": "*",
+                        "processes": int(os.environ.get("BENCH_DJQ_PROCESSES", "2")),
+                        "threads": int(os.environ.get("BENCH_DJQ_THREADS", "2")),
+                        "polling_interval": float(os.environ.get("BENCH_DJQ_POLL", "0.1")),
+                    }
+                ],
+                "dispatchers": [{"polling_interval": 1, "batch_size": 500}],
+                "preserve_finished_jobs": True,
+                "listen_notify": True,
+                "use_skip_locked": True,
+                "process_heartbeat_interval": 60,
+            },
+        }
     }
-}
 
 # procrastinate: tasks live in bench/peer_tasks.py.
 PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "peer_tasks"
