@@ -117,3 +117,19 @@ def test_a_transient_error_on_the_notice_retries_the_start_whole(web: Engine) ->
     assert run.run_id == "tr"
     assert Run.objects.filter(pk="tr").count() == 1
     assert list(TurnNotice.objects.values_list("run_id", flat=True)) == ["tr"]
+
+
+def test_a_django_tasks_enqueue_commits_its_run_and_its_notice_together(settings: Any) -> None:
+    """O1a, O7: the django.tasks backend's ``enqueue`` starts a run through
+    the engine, so under DISPATCH "worker" it too is one commit holding the
+    run and its notice."""
+    pytest.importorskip("django.tasks", reason="Django 5.2 has no django.tasks (added in Django 6.0)")
+    from durable_singleton.runtime import get_engine
+    from testproject.inventory import jobs
+
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "worker", "REDELIVERY_SECONDS": 600.0}
+    assert get_engine().dispatcher.dispatches_in_transaction
+    with commits() as seen:
+        result = jobs.fail.enqueue("queued")
+    assert seen == ["commit"], seen
+    assert list(TurnNotice.objects.values_list("run_id", flat=True)) == [result.id]
