@@ -497,15 +497,19 @@ class Core:
         # and a rolled-back start leaves neither (O1a, O7).
         in_start = self.dispatcher.dispatches_in_transaction and not supersedes
 
+        starting: dict[str, Any] = {
+            "cap": cap,
+            "cap_namespace": self.namespace if self.scope_reads else None,
+            "deep_limit": definition.singleton.limit if definition.singleton is not None and not delayed else None,
+            "backlog_wake_at": record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
+            "stamp": stamp,
+        }
+
         def insert() -> tuple[RunRecord, bool]:
-            started, was_created = self.store.start_run(
-                record,
-                cap=cap,
-                cap_namespace=self.namespace if self.scope_reads else None,
-                deep_limit=definition.singleton.limit if definition.singleton is not None and not delayed else None,
-                backlog_wake_at=record.created_at + timedelta(seconds=self.settings.BACKLOG_RETRY_SECONDS),
-                stamp=stamp,
-            )
+            if in_start and not delayed and self.store.writes_turn_notices:
+                # The store writes the notice with the run (one statement on PostgreSQL).
+                return self.store.start_run_with_notice(record, queue=definition.queue, **starting)
+            started, was_created = self.store.start_run(record, **starting)
             if in_start and was_created and self._first_turn_due(started):
                 self.dispatcher.dispatch_soon(started.run_id, definition.queue)
             return started, was_created
@@ -514,7 +518,8 @@ class Core:
             run, created = self._start_superseding(record, definition)
         else:
             try:
-                run, created = self.store.in_transaction(insert) if in_start else insert()
+                notices_in_store = in_start and not delayed and self.store.writes_turn_notices
+                run, created = self.store.in_transaction(insert) if in_start and not notices_in_store else insert()
             except SingletonQueueFullError as exc:
                 raise self._refused(definition, exc) from None
         if not created:  # a racing start of the same id created it first (R3)

@@ -493,6 +493,30 @@ class BaseStore(ABC):
         (a store without connections)."""
         return None
 
+    #: True when :meth:`start_run_with_notice` writes a run and its turn notice together.
+    writes_turn_notices: bool = False
+
+    def start_run_with_notice(
+        self,
+        run: RunRecord,
+        *,
+        queue: str | None,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        deep_limit: int | None = None,
+        backlog_wake_at: datetime | None = None,
+        stamp: bool = False,
+    ) -> tuple[RunRecord, bool]:
+        """:meth:`start_run`, and in the same transaction, if it created ``run``
+        and did not park it behind a deep queue (S8a), the run's turn notice
+        for ``queue`` (None: the default queue) (``DISPATCH = "worker"``, O1a,
+        O7). Outside a caller's transaction a named transient error retries
+        both together; inside one they commit or roll back with it. Raises
+        what :meth:`start_run` raises, and
+        :class:`~durable_singleton.exceptions.UnsupportedByStoreError` on a
+        store without ``writes_turn_notices`` (the default)."""
+        raise UnsupportedByStoreError(f"store {type(self).__name__} writes no turn notices")
+
     def in_transaction(self, fn: Callable[[], T]) -> T:
         """Call ``fn`` in one transaction of the store's database and return its
         result: the writes of ``fn`` (a start and its turn notice, O1a, O7)

@@ -68,6 +68,7 @@ class CodecStore(BaseStore):
         self.supports_queue_ttl = inner.supports_queue_ttl
         self.supports_on_busy = inner.supports_on_busy
         self.supports_quotas = inner.supports_quotas
+        self.writes_turn_notices = inner.writes_turn_notices
 
     # -- encoding ------------------------------------------------------------------
     def _in(self, run: RunRecord) -> RunRecord:
@@ -167,6 +168,28 @@ class CodecStore(BaseStore):
     ) -> tuple[RunRecord, bool]:
         stored, created = self.inner.start_run(
             self._in(run),
+            cap=cap,
+            cap_namespace=cap_namespace,
+            deep_limit=deep_limit,
+            backlog_wake_at=backlog_wake_at,
+            stamp=stamp,
+        )
+        return self._out(stored), created
+
+    def start_run_with_notice(
+        self,
+        run: RunRecord,
+        *,
+        queue: str | None,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        deep_limit: int | None = None,
+        backlog_wake_at: datetime | None = None,
+        stamp: bool = False,
+    ) -> tuple[RunRecord, bool]:
+        stored, created = self.inner.start_run_with_notice(
+            self._in(run),
+            queue=queue,
             cap=cap,
             cap_namespace=cap_namespace,
             deep_limit=deep_limit,

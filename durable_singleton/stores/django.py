@@ -111,6 +111,7 @@ from .base import (
     handed_off,
 )
 from .schedule_state import DjangoScheduleStore
+from .turns import DEFAULT_QUEUE, add_notices
 
 __all__ = ["DjangoStore", "is_transient_error", "record_of"]
 
@@ -698,6 +699,48 @@ class DjangoStore(BaseStore):
         if deep:
             run = run.evolve(wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
         return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
+
+    writes_turn_notices = True
+
+    def start_run_with_notice(
+        self,
+        run: RunRecord,
+        *,
+        queue: str | None,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        deep_limit: int | None = None,
+        backlog_wake_at: datetime | None = None,
+        stamp: bool = False,
+    ) -> tuple[RunRecord, bool]:
+        """:meth:`BaseStore.start_run_with_notice`. On PostgreSQL's fast path (a run
+        without a queue cap or quotas) one statement inserts the run and its notice
+        (:func:`pg._with_notice`): one round trip, one commit. Elsewhere
+        :meth:`start_run` and :func:`~.turns.add_notices` in :meth:`in_transaction`."""
+        fast = self._fast()
+        notice_queue = queue or DEFAULT_QUEUE
+        if fast is not None and (cap is None or run.singleton_key is None) and not run.quota_keys:
+            for _ in range(self.claim_retries + 1):
+                started = self._retrying(
+                    lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp, notice_queue=notice_queue)
+                )
+                if started is not None:
+                    return started
+
+        def both() -> tuple[RunRecord, bool]:
+            stored, created = self.start_run(
+                run,
+                cap=cap,
+                cap_namespace=cap_namespace,
+                deep_limit=deep_limit,
+                backlog_wake_at=backlog_wake_at,
+                stamp=stamp,
+            )
+            if created and not ParkReason.SINGLETON.matches(stored.park_reason or ""):
+                add_notices(self.db, [stored.run_id], notice_queue)
+            return stored, created
+
+        return self.in_transaction(both)
 
     def _start_probe(self, run: RunRecord, deep_limit: int | None) -> tuple[datetime, bool]:
         """Read, in one statement, the database's clock (R8) and, with ``deep_limit`` (the

@@ -80,7 +80,7 @@ from ..admission import (
     stored_tags,
     user_tags_of,
 )
-from ..models import QuotaMembership, Run, SingletonKey
+from ..models import QuotaMembership, Run, SingletonKey, TurnNotice
 from ..querysets import PG_NOW_SQL, RunQuerySet
 from ..records import RunRecord, StepRecord
 from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState
@@ -104,6 +104,7 @@ __all__ = ["FastPath", "Store", "usable"]
 RUN = Run._meta.db_table
 KEY = SingletonKey._meta.db_table
 MEMBER = QuotaMembership._meta.db_table
+NOTICE = TurnNotice._meta.db_table
 NOW = PG_NOW_SQL
 #: The database's clock when a row is compared or written (after the locks, unlike :data:`NOW`,
 #: the message's arrival): a lease's end judged by a compare-and-set (R5a), the start of a lease,
@@ -527,6 +528,23 @@ def _with_members(insert: str) -> str:
 
 START_KEYED_QUOTAS = _with_members(START_KEYED)
 START_QUOTAS = _with_members(START)
+
+
+def _with_notice(insert: str) -> str:
+    """A start under ``DISPATCH = "worker"``: the run's INSERT and, if it inserted the row and
+    did not create it parked behind a deep queue (S8a), its turn notice for queue
+    ``%(notice_queue)s``, in the same statement: one commit, and the notice's trigger NOTIFYs
+    at it (O1a, O7)."""
+    return (
+        f"WITH ins AS ({insert}), notice AS (INSERT INTO {NOTICE} (run_id, queue)"
+        " SELECT ins.run_id, %(notice_queue)s FROM ins"
+        f" WHERE ins.park_reason IS DISTINCT FROM '{ParkReason.SINGLETON.value}')"
+        f" SELECT {', '.join(COLUMNS)} FROM ins"
+    )
+
+
+START_KEYED_NOTICE = _with_notice(START_KEYED)
+START_NOTICE = _with_notice(START)
 #: The run as stored.
 GET = sql.statement("get")
 
@@ -844,6 +862,8 @@ START_KEYED_MESSAGE = Message(Statement("start_keyed", START_KEYED))
 START_MESSAGE = Message(Statement("start", START))
 START_KEYED_QUOTAS_MESSAGE = Message(Statement("start_keyed_quotas", START_KEYED_QUOTAS))
 START_QUOTAS_MESSAGE = Message(Statement("start_quotas", START_QUOTAS))
+START_KEYED_NOTICE_MESSAGE = Message(Statement("start_keyed_notice", START_KEYED_NOTICE))
+START_NOTICE_MESSAGE = Message(Statement("start_notice", START_NOTICE))
 _QUOTA_LOCKS = (
     Statement("create_quota_keys", CREATE_QUOTA_KEYS),
     Statement("lock_quota_keys", LOCK_QUOTA_KEYS),
@@ -1040,12 +1060,20 @@ class FastPath:
 
     # -- a start ---------------------------------------------------------------------------------
     def start(
-        self, run: RunRecord, deep_limit: int | None, backlog_wake_at: Any, *, stamp: bool = False
+        self,
+        run: RunRecord,
+        deep_limit: int | None,
+        backlog_wake_at: Any,
+        *,
+        stamp: bool = False,
+        notice_queue: str | None = None,
     ) -> tuple[RunRecord, bool] | None:
         """Insert ``run`` in one statement, parked at creation behind a deep queue
         (S8a); return (the run as stored, whether this statement inserted it)
         (R3, S16). With ``stamp``, ``created_at`` is the database's now and the
-        run's other times keep their distance to it (R8). None: the id's row was
+        run's other times keep their distance to it (R8). With ``notice_queue``
+        (a run without quotas), the same statement writes the run's turn notice
+        for that queue if it inserted the run unparked (O1a). None: the id's row was
         deleted between the conflict and its read; the caller starts again."""
         params: dict[str, Any] = {
             "run_id": run.run_id,
@@ -1097,6 +1125,9 @@ class FastPath:
             assert not run.quota_shares, "a fair quota's tag is read first: the ORM path"
             params.update(mquota=[name for name, _ in run.quota_keys], mkey=[key for _, key in run.quota_keys])
             message = START_KEYED_QUOTAS_MESSAGE if keyed else START_QUOTAS_MESSAGE
+        elif notice_queue is not None:
+            params.update(notice_queue=notice_queue)
+            message = START_KEYED_NOTICE_MESSAGE if keyed else START_NOTICE_MESSAGE
         else:
             message = START_KEYED_MESSAGE if keyed else START_MESSAGE
         with self._cursor() as cursor:
