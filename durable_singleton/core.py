@@ -508,7 +508,10 @@ class Core:
         def insert() -> tuple[RunRecord, bool]:
             if in_start and not delayed and self.store.writes_turn_notices:
                 # The store writes the notice with the run (one statement on PostgreSQL).
-                return self.store.start_run_with_notice(record, queue=definition.queue, **starting)
+                started, was_created = self.store.start_run_with_notice(record, queue=definition.queue, **starting)
+                if was_created and self._first_turn_due(started):
+                    self.dispatcher.notice_written()
+                return started, was_created
             started, was_created = self.store.start_run(record, **starting)
             if in_start and was_created and self._first_turn_due(started):
                 self.dispatcher.dispatch_soon(started.run_id, definition.queue)

@@ -45,6 +45,12 @@ class Dispatcher(ABC):
     #: the run and its turn commit together (O1a, O7).
     dispatches_in_transaction: bool = False
 
+    def notice_written(self) -> None:
+        """Called after the store wrote a start's turn notice itself
+        (:meth:`~durable_singleton.stores.base.BaseStore.start_run_with_notice`,
+        O1a); the default does nothing."""
+        return None
+
     @abstractmethod
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
         """Send one turn of ``run_id`` to ``queue`` (None: the default) after commit;

@@ -114,7 +114,11 @@ class PullDispatcher(ThreadDispatcher):
         # The tick's redelivery of a run still waiting for a free thread adds no second notice (S8).
         tick = threading.current_thread().name == TICK_THREAD
         add_notices(self._db(), list(run_ids), queue, unless_pending=tick)
-        if self.running:  # this worker's own fetcher looks at once after the commit
+        self.notice_written()
+
+    def notice_written(self) -> None:
+        """In a durable_worker, have its own fetcher look at once after the commit."""
+        if self.running:
             self.on_commit(self._wake.set)
 
     # -- a durable_worker ------------------------------------------------------
