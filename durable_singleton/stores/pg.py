@@ -461,70 +461,14 @@ CLAIM_ADMIT = _admit(
 #: update finds it (no key, so no lock and no admission: S4, S6, R5a, R6).
 CLAIM_TAKE = sql.statement("claim_take")
 
-_JSON_COLUMNS = {"input", "output", "error", "tags", "quota_keys"}
-#: The limit in force on a started run's key: the key's runtime override, else the declared
-#: ``deep_limit`` (K2).
-_DEEP_LIMIT = limit_in_force_sql_text(
-    "%(deep_limit)s::integer",
-    f"(SELECT d0.limit_override FROM {KEY} d0"
-    " WHERE d0.workflow_name = %(workflow_name)s::varchar AND d0.key = %(singleton_key)s::varchar)",
-)
-#: Is the key's queue deep (``queue_is_deep``: ``limit`` holders and ``limit`` waiters in the
-#: first ``2 * limit`` rows of the queue, ``limit`` the limit in force, S8a, K2)? FALSE for a run
-#: without a key.
-_DEEP = (
-    f"SELECT count(*) FILTER (WHERE f.singleton_slot = '{SlotState.HOLDER.value}') >= {_DEEP_LIMIT}"
-    f" AND count(*) FILTER (WHERE f.singleton_slot = '{SlotState.WAITER.value}') >= {_DEEP_LIMIT}"
-    # The casts: the INSERT types these parameters as its columns (varchar) when prepared.
-    f" FROM (SELECT q0.singleton_slot FROM {RUN} q0 WHERE q0.workflow_name = %(workflow_name)s::varchar"
-    f" AND q0.singleton_key = %(singleton_key)s::varchar AND {FRONT_WHERE} ORDER BY {FRONT_ORDER}"
-    f" LIMIT 2 * {_DEEP_LIMIT}::bigint) f"  # in bigint: a limit up to MAX_LIMIT (int4) doubles past it
-)
-
-
-def _stamped(name: str) -> str:
-    """A time of a start: as given, or (stamped, the given one NULL) the
-    database's now plus ``<name>_in`` seconds (R8)."""
-    return f"COALESCE(%({name})s, {NOW} + make_interval(secs => %({name}_in)s::float8))"
-
-
-def _insert(deep: str) -> str:
-    inserted = {
-        "created_at": _stamped("created_at"),
-        "updated_at": _stamped("updated_at"),
-        "deadline_at": _stamped("deadline_at"),
-        "wake_at": f"CASE WHEN ({deep}) THEN {_stamped('backlog_wake_at')} ELSE {_stamped('wake_at')} END",
-        "park_reason": f"CASE WHEN ({deep}) THEN '{ParkReason.SINGLETON.value}' ELSE %(park_reason)s END",
-    }
-    values = ", ".join(inserted.get(c, f"%({c})s::jsonb" if c in _JSON_COLUMNS else f"%({c})s") for c in COLUMNS)
-    return (
-        f"INSERT INTO {RUN} ({', '.join(COLUMNS)}) VALUES ({values})"
-        f" ON CONFLICT (run_id) DO NOTHING RETURNING {', '.join(COLUMNS)}"
-    )
-
-
 #: A start: one INSERT of the run that ignores an existing ``run_id`` (R3, S16) and, for a run
-#: with a key, creates it parked when its key's queue is deep (S8a).
-START_KEYED = _insert(_DEEP)
-START = _insert("FALSE")
-
-
-def _with_members(insert: str) -> str:
-    """A start of a run that carries quotas: the run's INSERT and, if it inserted the row,
-    one membership per quota key (the ``mquota`` and ``mkey`` arrays), a waiter in the
-    order of its quota's creation time, in the same statement (X3b); a fair quota's tag needs
-    reads first, so such a run takes the ORM path."""
-    return (
-        f"WITH ins AS ({insert}), mem AS (INSERT INTO {MEMBER}"
-        " (run_id, quota, key, slot, fencing_token, created_at, sub_key, weight, tag)"
-        f" SELECT ins.run_id, mq.quota, mq.key, '{SlotState.WAITER.value}', NULL, ins.created_at, '', 1, 0"
-        " FROM ins, unnest(%(mquota)s::text[], %(mkey)s::text[]) mq(quota, key))"
-        f" SELECT {', '.join(COLUMNS)} FROM ins"
-    )
-
-
-START_KEYED_QUOTAS = _with_members(START_KEYED)
-START_QUOTAS = _with_members(START)
+#: with a key, creates it parked when its key's queue is deep (S8a, K2); with quotas, the same
+#: statement inserts one membership per quota key, a waiter (X3b). Named blocks of
+#: ``sql/postgresql/start.sql``; a fair quota's tag needs reads first, so such a run takes the ORM path.
+START_KEYED = sql.statement("start_keyed")
+START = sql.statement("start")
+START_KEYED_QUOTAS = sql.statement("start_keyed_quotas")
+START_QUOTAS = sql.statement("start_quotas")
 #: The run as stored.
 GET = sql.statement("get")
 
