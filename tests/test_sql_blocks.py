@@ -48,6 +48,8 @@ def test_each_statement_starts_with_its_name_for_the_query_log() -> None:
         "start_keyed",
         "start_quotas",
         "start_keyed_quotas",
+        "admit",
+        "claim_admit",
     } <= set(found)
     for name, text in found.items():
         assert text.startswith(f"/* durable_singleton:{name} */\n"), name
@@ -172,3 +174,57 @@ def test_each_start_writes_every_record_column_from_its_own_parameter() -> None:
     for name in ("start_quotas", "start_keyed_quotas"):
         assert "ON CONFLICT (run_id) DO NOTHING" in sql.statement(name)
         assert _words(sql.statement(name)).endswith(f"SELECT {_words(sql.fragment('run_columns'))} FROM inserted r")
+
+
+def test_the_admission_fragments_are_the_python_rules() -> None:
+    """S5, S12, K2, X2: the admission blocks' rule fragments are the SQL text of
+    :mod:`durable_singleton.admission` (which the conformance suite checks against the
+    Python rule and the ORM twin), for any arguments."""
+    from durable_singleton import admission
+
+    assert _words(sql.fragment("limit_in_force", declared="D", override="O")) == (
+        admission.limit_in_force_sql_text("D", "O")
+    )
+    assert _words(sql.fragment("free_slots", lim="L", holders="H", paused="P")) == (
+        admission.free_slots_sql_text("L", "H", "P")
+    )
+    assert _words(sql.fragment("holds_slot", run="q0")) == admission.holds_slot_sql_text("q0")
+    assert _words(sql.fragment("legacy_holder", run="l0")) == admission.legacy_holder_sql_text("l0")
+    assert _words(sql.fragment("queue_ttl_expired", run="q0", ttl="T")) == (
+        admission.queue_ttl_expired_sql_text("q0", "T::float8", pg.WRITTEN)
+    )
+
+
+def test_the_fast_path_statements_are_the_blocks_not_python_strings() -> None:
+    """Issue 32 item 4: every moved statement pg.py sends is its named block's text, and
+    each block's name is in its text's leading comment."""
+    moved = {
+        "START": "start",
+        "START_KEYED": "start_keyed",
+        "START_QUOTAS": "start_quotas",
+        "START_KEYED_QUOTAS": "start_keyed_quotas",
+        "ADMIT": "admit",
+        "CLAIM_ADMIT": "claim_admit",
+    }
+    for attribute, name in moved.items():
+        text = getattr(pg, attribute)
+        assert text == sql.statement(name), attribute
+        assert text.splitlines()[0] == f"/* durable_singleton:{name} */", attribute
+
+
+def test_a_splice_with_arguments_puts_each_argument_in_and_nests() -> None:
+    """The loader's fragment arguments: ``{{name: arg = SQL; ...}}`` binds each argument
+    (an empty one puts nothing), an argument may splice, and a splice without ``=`` is refused."""
+    text = (
+        "-- fragment: pair\n-- Two.\n({{a}}, {{b}})\n"
+        "-- fragment: one\n-- One.\n{{x}}\n"
+        "-- name: both\n-- Both.\nSELECT {{pair: a = %(p)s; b = {{one: x = 2}}}}\n"
+    )
+    assert sql.parse(text)["both"] == ("name", "SELECT {{pair: a = %(p)s; b = {{one: x = 2}}}}")
+    assert sql._splice("SELECT {{limit_in_force: declared = 3; override = }}", "postgresql") == (
+        "SELECT (CASE WHEN COALESCE(, 3, 1) < 1 THEN 1 ELSE COALESCE(, 3, 1) END)"
+    )
+    with pytest.raises(ValueError):
+        sql._splice("SELECT {{limit_in_force: declared}}", "postgresql")
+    with pytest.raises(KeyError):
+        sql._splice("SELECT {{limit_in_force}}", "postgresql")

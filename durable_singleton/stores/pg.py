@@ -70,10 +70,7 @@ from ..admission import (
     QUOTA_PREFIX,
     free_slots_sql_text,
     holds_quota_slot_sql_text,
-    holds_slot_sql_text,
-    legacy_holder_sql_text,
     limit_in_force_sql_text,
-    queue_ttl_expired_sql_text,
     quota_keys_of,
     quota_lock_name,
     quota_waiter_sql_text,
@@ -281,78 +278,54 @@ def _param(name: str) -> str:
 
 
 def _claimed(name: str) -> str:
-    """A value of a statement read from the claimant's own row (the ``me`` CTE of :data:`CLAIM_ADMIT`)."""
-    return f"(SELECT me.{name} FROM me)"
+    """A value of a statement read from the claimant's own row (the ``claimant`` CTE of
+    :data:`CLAIM_QUOTA_ADMIT`)."""
+    return f"(SELECT claimant.{name} FROM claimant)"
 
 
 def _queue(exclude: str, value: Any = _param) -> str:
-    """The CTEs every grant reads, under the key's lock: the key (``k``, with
-    the limit in force), the untracked holders of an older release (``lg``),
-    the holders and the front of the queue (``q``: at most twice the limit
-    rows, one read of ``ds_run_queue_idx``), the free slots (``c``) and the
-    waiters in admission order (``w``) (S5, S12, K2). A waiter past the
+    """The CTEs every grant reads, under the key's lock (admission.sql's ``key_queue``):
+    the key (``key_row``, with the limit in force), the untracked holders of an older
+    release (``legacy_holders``), the holders and the front of the queue (``front``: at
+    most twice the limit rows, one read of ``ds_run_queue_idx``), the free slots
+    (``key_slots``) and the waiters in admission order (``waiters``) (S5, S12, K2). A waiter past the
     workflow's ``queue_ttl`` (the ``ttl`` parameter, seconds, NULL when none is
     declared) by the database's clock as the row is read, after the key's
-    lock, is left out of ``q``, so of ``w``: no grant reaches it and it takes
+    lock, is left out of ``front``, so of ``waiters``: no grant reaches it and it takes
     no row of the front's ``LIMIT`` (X2). ``exclude``: a run id parameter left
     out of the reads (the run this statement settles), or ''. ``value``: the
     SQL of the workflow (``wf``), the key (``key``), the declared limit
     (``declared``) and the TTL (``ttl``) by name (:func:`_param`: parameters;
     :func:`_claimed`: the claimant's row)."""
-    wf, key = value("wf"), value("key")
-    skip = f" AND q0.run_id <> %({exclude})s" if exclude else ""
-    expired = queue_ttl_expired_sql_text("q0", f"{value('ttl')}::float8", WRITTEN)
-    fresh = f" AND (q0.singleton_slot <> '{SlotState.WAITER.value}' OR NOT {expired})"
-    skip_lg = f" AND l0.run_id <> %({exclude})s" if exclude else ""
-    limit = limit_in_force_sql_text(value("declared"), "k0.limit_override")
-    holders = "(SELECT count(*) FROM q WHERE q.holds) + (SELECT lg.n FROM lg)"
-    return (
-        f"k AS (SELECT k0.id, k0.last_token, k0.paused, {limit} AS lim FROM {KEY} k0"
-        f" WHERE k0.workflow_name = {wf} AND k0.key = {key}),"
-        f" lg AS (SELECT count(*) AS n FROM {RUN} l0 WHERE l0.workflow_name = {wf} AND l0.singleton_key = {key}"
-        f" AND {legacy_holder_sql_text('l0')}{skip_lg}),"
-        f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at,"
-        f" {holds_slot_sql_text('q0')} AS holds"
-        f" FROM {RUN} q0 WHERE q0.workflow_name = {wf} AND q0.singleton_key = {key} AND {FRONT_WHERE}{skip}{fresh}"
-        f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim::bigint FROM k)),"
-        f" c AS (SELECT k.id, k.last_token, k.lim, {free_slots_sql_text('k.lim', holders, 'k.paused')} AS free FROM k),"
-        " w AS (SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
-        f" FROM q WHERE q.singleton_slot = '{SlotState.WAITER.value}')"
+    return sql.fragment(
+        "key_queue",
+        wf=value("wf"),
+        key=value("key"),
+        declared=value("declared"),
+        ttl=value("ttl"),
+        skip_legacy=f"AND l0.run_id <> %({exclude})s" if exclude else "",
+        skip_front=f"AND q0.run_id <> %({exclude})s" if exclude else "",
     )
 
 
-_GRANT_SET = (
-    f"singleton_slot = '{SlotState.HOLDER.value}', singleton_tracked = TRUE, fencing_token = g.token,"
-    f" admitted_at = {WRITTEN}"
-)
+#: A grant's write (S5, K1, R8): admission.sql's ``grant_set``.
+_GRANT_SET = sql.fragment("grant_set")
 #: Each grant is a compare-and-set on the waiter as read (S7, K1).
-#: A waiter that carries quotas keeps its place and gets no slot here (no ``g`` row of
+#: A waiter that carries quotas keeps its place and gets no slot here (no ``grants`` row of
 #: :func:`_singleton_grants` is one): it is sent a turn, and its own claim decides under the
 #: locks of all its limits (X3h).
-_GRANT_CAS = (
-    f"r.run_id = g.run_id AND r.status = g.status AND r.singleton_slot = '{SlotState.WAITER.value}'"
-    " AND NOT r.cancel_requested AND r.quota_slot IS NULL"
-)
+_GRANT_CAS = sql.fragment("grant_cas")
 #: The key's token counter moves past every token the grants handed out (K1).
-_BUMP = (
-    f"t AS (UPDATE {KEY} k1 SET last_token = c.last_token + (SELECT count(*) FROM g) FROM c"
-    " WHERE k1.id = c.id AND EXISTS (SELECT 1 FROM g))"
-)
-
-#: The waiters sent a turn as they are (the ``tr`` CTE: run id and its place), each once at
-#: its first place, the ones granted a slot (``g``) left out: the rest of a select list, its
-#: place as two columns (the singleton key's front first, then each quota key's in lock order).
-_TURN_ORDER = (
-    f"t1.o1, t1.o2 FROM {RUN} r JOIN (SELECT DISTINCT ON (tr.run_id) tr.run_id, tr.o1, tr.o2 FROM tr"
-    " ORDER BY tr.run_id, tr.o1, tr.o2) t1 ON t1.run_id = r.run_id"
-    " WHERE r.run_id NOT IN (SELECT g.run_id FROM g)"
-)
+_BUMP = sql.fragment("key_tokens")
+#: The waiters sent a turn as they are (the ``turns`` CTE), the ones granted a slot left out:
+#: the rest of a select list (admission.sql's ``turn_order``).
+_TURN_ORDER = sql.fragment("turn_order")
 #: :data:`_TURN_ORDER` less the waiters that carry quotas a handoff admitted (``qa``, X3h).
 _HANDOFF_TURN_ORDER = f"{_TURN_ORDER} AND r.run_id NOT IN (SELECT qa.run_id FROM qa)"
 
 
-#: The singleton grants of a statement: the waiters within the
-#: key's free slots (``sg``, ``w`` and ``c`` of :func:`_queue`, when ``when`` holds); a slot
+#: The singleton grants of a statement (admission.sql's ``singleton_grants``): the waiters within
+#: the key's free slots (``within_slots``, of :func:`_queue`'s, when ``when`` holds); a slot
 #: and the next token go to each that carries no quota (and to ``claimant``, a parameter, or
 #: ''), the ones that carry quotas keep their place and are sent a turn (X3h, K1).
 def _singleton_grants(when: str, claimant: str, carriers: str = "") -> str:
@@ -361,11 +334,8 @@ def _singleton_grants(when: str, claimant: str, carriers: str = "") -> str:
     ``sg`` take a slot and a token here too (X3h)."""
     mine = f"sg.run_id = %({claimant})s OR " if claimant else ""
     admitted = " OR sg.run_id IN (SELECT qa.run_id FROM qa)" if carriers else ""
-    return (
-        f"sg AS (SELECT w.run_id, w.status, w.quota_slot, w.pos FROM w, c WHERE w.pos <= c.free AND {when}),"
-        f"{carriers}"
-        " g AS (SELECT sg.run_id, sg.status, c.last_token + row_number() OVER (ORDER BY sg.pos) AS token"
-        f" FROM sg, c WHERE {mine}sg.quota_slot IS NULL{admitted})"
+    return sql.fragment(
+        "singleton_grants", when=when, carriers=carriers, takes=f"{mine}sg.quota_slot IS NULL{admitted}"
     )
 
 
@@ -377,49 +347,15 @@ FINISH_OWNED = sql.fragment("finish_owned")
 SETTLE = sql.statement("settle")
 
 
-def _admit(me: str, value: Any) -> str:
-    """The admission statement with the claimant's CTE ``me`` and its values
-    (``status``, ``attempts`` and :func:`_queue`'s) from ``value``."""
-    status, attempts = value("status"), value("attempts")
-    return (
-        f"WITH me AS ({me}),"
-        f" {_queue('', value)},"
-        f" {_singleton_grants('EXISTS (SELECT 1 FROM me)', 'run_id')},"
-        f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, {_GRANT_SET} FROM g"
-        f" WHERE g.run_id = %(run_id)s AND {_GRANT_CAS} AND r.attempts = {attempts} RETURNING {_cols('r')}),"
-        f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-        f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
-        f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
-        f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN EXISTS"
-        " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
-        " THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
-        " lease_owner = NULL, lease_expires_at = NULL,"
-        f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
-        f" WHERE r.run_id = %(run_id)s AND r.status = {status} AND r.attempts = {attempts}"
-        " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me)"
-        " AND NOT EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)"
-        f" RETURNING {_cols('r')}),"
-        f" {_BUMP},"
-        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL)"
-        f" SELECT 0, {_cols('mine')}, 0, 0 FROM mine UNION ALL SELECT 1, {_cols('others')}, 0, 0 FROM others"
-        f" UNION ALL SELECT 2, {_cols('park')}, 0, 0 FROM park UNION ALL SELECT 3, {_cols('r')}, {_TURN_ORDER}"
-    )
-
-
 _PARKED = ", ".join(f"'{st}'" for st in PARKED_STATUSES)
-_WAITER = f"r.singleton_slot = '{SlotState.WAITER.value}' AND r.singleton_tracked"
 
-#: The admission of a waiter (S5): under the key's lock, the claimant as read (``me``: still a
-#: tracked waiter with the status, attempts and cancel flag this turn read; if not, nothing
-#: is written and the ORM path decides), the free slots go to the oldest waiters, each with
-#: the next token; the claimant takes its lease as a holder if it is among them, else it is
-#: parked with its retry ``wake_at`` (the front delay if it is among the first ``limit``
-#: waiters, else the backlog's, S5 step 5, S8a).
-ADMIT = _admit(
-    f"SELECT r.run_id FROM {RUN} r WHERE r.run_id = %(run_id)s AND r.status = %(status)s"
-    f" AND r.attempts = %(attempts)s AND NOT r.cancel_requested AND {_WAITER}",
-    _param,
-)
+#: The admission of a waiter (S5), admission.sql's ``admit``: under the key's lock, the
+#: claimant as read (``claimant``: still a tracked waiter with the status, attempts and
+#: cancel flag this turn read; if not, nothing is written and the ORM path decides), the
+#: free slots go to the oldest waiters, each with the next token; the claimant takes its
+#: lease as a holder if it is among them, else it is parked with its retry ``wake_at`` (the
+#: front delay if it is among the first ``limit`` waiters, else the backlog's, S5 step 5, S8a).
+ADMIT = sql.statement("admit")
 
 #: A claim's first turn of a waiter without a read before it (:meth:`FastPath.claim`): the
 #: run is a candidate when it is a tracked waiter without quotas (X3i), parked (not running, not
@@ -445,15 +381,7 @@ CLAIM_LOCK_KEY = sql.statement("claim_lock_key")
 #: The admission of a candidate whose key row this transaction locked (above), its values
 #: read from its row after the lock (the compare-and-set of each write is on that read,
 #: R5a); :data:`ADMIT`'s text otherwise.
-CLAIM_ADMIT = _admit(
-    "SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,"
-    " (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,"
-    f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_CANDIDATE}"
-    f" AND EXISTS (SELECT 1 FROM {KEY} k WHERE k.id = NULLIF(split_part({_RECORDED}, ':', 1), '')::bigint"
-    " AND k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
-    f" AND split_part({_RECORDED}, ':', 2) = pg_current_xact_id()::text)",
-    _claimed,
-)
+CLAIM_ADMIT = sql.statement("claim_admit")
 
 
 #: A claim's first turn of a run without a key and without quotas (X3i), parked (not running,
@@ -530,7 +458,7 @@ def _quota_as_read(value: Any) -> str:
 
 def _quota_admit(me: str, value: Any, keys: str) -> str:
     """The admission of a quota waiter (X3c, X3d, X3f, S5, K1), under the locks of all its
-    limits, with the claimant's CTE ``me``, its values from ``value`` and its quota keys
+    limits, with the claimant's CTE ``claimant`` (``me``), its values from ``value`` and its quota keys
     from ``keys`` (as :func:`_quota_fronts`): it is admitted when it is within the free
     slots of each of its quota keys (``qr``) and, with a singleton key, the key's grant
     reaches it (``g``); then it takes its lease, a slot and the next token in each limit.
@@ -542,18 +470,18 @@ def _quota_admit(me: str, value: Any, keys: str) -> str:
     waiters sent a turn as they are (X3h)."""
     key, as_read = value("key"), _quota_as_read(value)
     return (
-        f"WITH me AS ({me}),"
+        f"WITH claimant AS ({me}),"
         f" {_quota_fronts('', keys)},"
         " qr AS (SELECT count(*) FILTER (WHERE qf.pos <= qf.free) = (SELECT count(*) FROM qk) AS reaches,"
         " count(*) = (SELECT count(*) FROM qk) AS at_front FROM qf WHERE qf.run_id = %(run_id)s),"
         f" {_queue('', value)},"
-        f" {_singleton_grants('(SELECT qr.reaches FROM qr) AND EXISTS (SELECT 1 FROM me)', 'run_id')},"
-        " ad AS (SELECT EXISTS (SELECT 1 FROM me) AND (SELECT qr.reaches FROM qr)"
-        f" AND ({key} IS NULL OR EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)) AS yes),"
+        f" {_singleton_grants('(SELECT qr.reaches FROM qr) AND EXISTS (SELECT 1 FROM claimant)', 'run_id')},"
+        " ad AS (SELECT EXISTS (SELECT 1 FROM claimant) AND (SELECT qr.reaches FROM qr)"
+        f" AND ({key} IS NULL OR EXISTS (SELECT 1 FROM grants g WHERE g.run_id = %(run_id)s)) AS yes),"
         f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, quota_slot = '{HOLDER}', admitted_at = {WRITTEN},"
         f" singleton_slot = CASE WHEN r.singleton_key IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
         " singleton_tracked = r.singleton_tracked OR r.singleton_key IS NOT NULL,"
-        " fencing_token = COALESCE((SELECT g.token FROM g WHERE g.run_id = %(run_id)s), r.fencing_token)"
+        " fencing_token = COALESCE((SELECT g.token FROM grants g WHERE g.run_id = %(run_id)s), r.fencing_token)"
         f" WHERE {as_read} AND (SELECT ad.yes FROM ad) RETURNING {_cols('r')}),"
         f" mt AS (UPDATE {MEMBER} m SET slot = '{HOLDER}', fencing_token = qk.last_token + 1 FROM qk"
         " WHERE m.run_id = %(run_id)s AND m.quota = qk.quota AND m.key = qk.key AND EXISTS (SELECT 1 FROM mine)"
@@ -561,19 +489,19 @@ def _quota_admit(me: str, value: Any, keys: str) -> str:
         f" qt AS (UPDATE {KEY} k2 SET last_token = qk.last_token + 1 FROM qk"
         " WHERE k2.id = qk.id AND EXISTS (SELECT 1 FROM mine)),"
         f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW}"
-        f" FROM g WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
+        f" FROM grants g WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
         f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
         f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN"
         f" CASE WHEN (SELECT qr.reaches FROM qr) AND {key} IS NOT NULL"
-        " THEN EXISTS (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
+        " THEN EXISTS (SELECT 1 FROM waiters w, key_slots c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
         " ELSE (SELECT qr.at_front FROM qr) END THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
         " lease_owner = NULL, lease_expires_at = NULL,"
         f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
         f" WHERE r.run_id = %(run_id)s AND r.status = {value('status')} AND r.attempts = {value('attempts')}"
-        " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me) AND NOT (SELECT ad.yes FROM ad)"
+        " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM claimant) AND NOT (SELECT ad.yes FROM ad)"
         f" RETURNING {_cols('r')}),"
         f" {_BUMP},"
-        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
+        " turns AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM within_slots sg WHERE sg.quota_slot IS NOT NULL"
         " AND sg.run_id <> %(run_id)s UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf"
         " WHERE (SELECT ad.yes FROM ad) AND qf.pos <= qf.free AND qf.run_id <> %(run_id)s)"
         f" SELECT 0, {_cols('mine')}, (SELECT json_object_agg(mt.quota, mt.fencing_token) FROM mt), 0, 0"
@@ -631,7 +559,7 @@ _HANDOFF_CARRIERS = (
     f" qa AS (SELECT r.run_id, r.status, r.singleton_key IS NOT NULL AS keyed FROM qc JOIN {RUN} r"
     f" ON r.run_id = qc.run_id WHERE r.status IN ({_PARKED}) AND NOT r.cancel_requested"
     f" AND r.quota_slot = '{WAITER}'"
-    " AND (r.singleton_key IS NULL OR EXISTS (SELECT 1 FROM sg WHERE sg.run_id = r.run_id))),"
+    " AND (r.singleton_key IS NULL OR EXISTS (SELECT 1 FROM within_slots sg WHERE sg.run_id = r.run_id))),"
 )
 #: The grants of a quota handoff (X3h, S7, K1): the singleton grants ``g`` and the admitted
 #: carriers without a singleton key, each a compare-and-set on the waiter as read; a carrier
@@ -639,7 +567,7 @@ _HANDOFF_CARRIERS = (
 #: next token of each of its quota keys, in its place's order there (``qt0``, ``um``), and each
 #: quota key's counter moves past them (``qb``).
 _HANDOFF_GRANTS = (
-    " ga AS (SELECT g.run_id, g.status, g.token FROM g"
+    " ga AS (SELECT g.run_id, g.status, g.token FROM grants g"
     " UNION ALL SELECT qa.run_id, qa.status, NULL::bigint FROM qa WHERE NOT qa.keyed),"
     f" u AS (UPDATE {RUN} r SET"
     f" singleton_slot = CASE WHEN ga.token IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
@@ -680,8 +608,8 @@ def _handoff(quotas: bool) -> str:
         _HANDOFF_GRANTS
         if quotas
         else (
-            f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-            f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
+            f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW}"
+            f" FROM grants g WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
         )
     )
     return (
@@ -692,7 +620,7 @@ def _handoff(quotas: bool) -> str:
         f" {_singleton_grants('EXISTS (SELECT 1 FROM s)', '', _HANDOFF_CARRIERS if quotas else '')},"
         f"{grants}"
         f" {_BUMP},"
-        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
+        " turns AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM within_slots sg WHERE sg.quota_slot IS NOT NULL"
         f"{turns if quotas else ''})"
         f" SELECT 0, {_cols('s')}, 0, 0 FROM s UNION ALL SELECT 1, {_cols('u')}, 0, 0 FROM u"
         f" UNION ALL SELECT 2, {_cols('r')}, {_HANDOFF_TURN_ORDER if quotas else _TURN_ORDER}"
