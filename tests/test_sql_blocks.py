@@ -50,6 +50,9 @@ def test_each_statement_starts_with_its_name_for_the_query_log() -> None:
         "start_keyed_quotas",
         "admit",
         "claim_admit",
+        "claim_quota_admit",
+        "finish",
+        "quota_finish",
     } <= set(found)
     for name, text in found.items():
         assert text.startswith(f"/* durable_singleton:{name} */\n"), name
@@ -205,6 +208,9 @@ def test_the_fast_path_statements_are_the_blocks_not_python_strings() -> None:
         "START_KEYED_QUOTAS": "start_keyed_quotas",
         "ADMIT": "admit",
         "CLAIM_ADMIT": "claim_admit",
+        "CLAIM_QUOTA_ADMIT": "claim_quota_admit",
+        "FINISH": "finish",
+        "QUOTA_FINISH": "quota_finish",
     }
     for attribute, name in moved.items():
         text = getattr(pg, attribute)
@@ -228,3 +234,30 @@ def test_a_splice_with_arguments_puts_each_argument_in_and_nests() -> None:
         sql._splice("SELECT {{limit_in_force: declared}}", "postgresql")
     with pytest.raises(KeyError):
         sql._splice("SELECT {{limit_in_force}}", "postgresql")
+
+
+def test_the_quota_fragments_are_the_python_rules() -> None:
+    """X3b, X3c, X3d, X3g, X2, X5: the quota blocks' rule fragments are the SQL text and
+    the order of :mod:`durable_singleton.admission`."""
+    from durable_singleton import admission
+
+    assert _words(sql.fragment("holds_quota_slot")) == admission.holds_quota_slot_sql_text("m", "mr")
+    assert _words(sql.fragment("quota_waiter")) == (
+        admission.quota_waiter_sql_text("m", "mr", pg.NOW, "%(ttls)s::jsonb")
+    )
+    assert _words(sql.fragment("quota_order")) == ", ".join(f"m.{c}" for c in admission.QUOTA_ORDER)
+    assert _words(sql.fragment("quota_name")) == f"substr(k0.workflow_name, {len(admission.QUOTA_PREFIX) + 1})"
+
+
+def test_no_statement_is_assembled_in_pg_py() -> None:
+    """Issue 32 item 4: stores/pg.py builds no SQL text: every statement it sends is
+    a named block, so no f-string there writes a clause of one."""
+    import inspect
+
+    source = inspect.getsource(pg)
+    assert not re.search(r"f\"[^\"]*\b(SELECT|UPDATE|INSERT|WITH|WHERE|FROM)\b", source)
+    messages = [getattr(pg, n) for n in dir(pg) if n.endswith("_MESSAGE")]
+    names = set(sql.statements())
+    for message in messages:
+        for statement in message.statements:
+            assert statement.name.rsplit("_", 1)[0].removeprefix("ds_") in names, statement.name
