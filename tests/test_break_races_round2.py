@@ -43,7 +43,7 @@ def test_the_largest_accepted_singleton_limit_works_on_every_start_path(
     accepted by the declaration (values.MAX_LIMIT), and K2's override takes
     the same range; a start and a claim on such a key must work (two runs
     admitted side by side), never a database error. Failing on PostgreSQL:
-    the fast path's start (pg.py ``_DEEP``: ``LIMIT 2 * %(deep_limit)s::integer``,
+    the fast path's start (start.sql's ``queue_is_deep``: ``LIMIT 2 * %(deep_limit)s::integer``,
     or ``2 *`` the integer override) overflows int4 and every start raises
     DataError "integer out of range"."""
     log: list[str] = []

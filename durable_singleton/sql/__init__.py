@@ -6,7 +6,11 @@ line ``-- name: <name>`` (a statement) or ``-- fragment: <name>`` (a piece that
 several statements share), then a line that says what it does, then the SQL,
 multi-line, with comments beside its clauses. A statement writes
 ``{{<name>}}`` where a fragment goes; the fragment's text is put there when the
-file is loaded. Each statement comes back with a leading
+file is loaded. A fragment that takes arguments is spliced as
+``{{<name>: <arg> = <SQL>; <arg> = <SQL>}}`` and writes ``{{<arg>}}`` where each
+goes (an argument shadows a fragment of the same name; an empty ``<SQL>`` puts
+nothing there), so one fragment serves statements that read the same rule from
+parameters or from a row. Each statement comes back with a leading
 ``/* durable_singleton:<name> */`` comment, so a statement found in
 ``pg_stat_statements``, ``auto_explain`` or a slow-query log leads to its block.
 
@@ -23,7 +27,8 @@ from importlib import resources
 __all__ = ["fragment", "parse", "statement", "statements"]
 
 _HEAD = re.compile(r"^-- (name|fragment): ([a-z][a-z0-9_]*)[ \t]*$", re.MULTILINE)
-_SPLICE = re.compile(r"\{\{([a-z][a-z0-9_]*)\}\}")
+_SPLICE = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*(?::(.*))?$", re.DOTALL)
+_ARGUMENT = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*=(.*)$", re.DOTALL)
 _PERCENT = re.compile(r"%(?!\(\w+\)s)")
 
 
@@ -64,10 +69,12 @@ def _blocks(vendor: str) -> tuple[dict[str, str], dict[str, str]]:
     return found["name"], found["fragment"]
 
 
-def fragment(name: str, vendor: str = "postgresql") -> str:
+def fragment(name: str, vendor: str = "postgresql", **arguments: str) -> str:
     """The text of the fragment ``name`` of ``vendor``'s files, its own fragments put
-    in. Raises ``KeyError`` for an unknown name."""
-    return _splice(_blocks(vendor)[1][name], vendor)
+    in, each ``{{<arg>}}`` of ``arguments`` replaced by its SQL text. Raises
+    ``KeyError`` for an unknown name and for an argument the fragment uses and was
+    not given."""
+    return _splice(_blocks(vendor)[1][name], vendor, arguments)
 
 
 def statement(name: str, vendor: str = "postgresql") -> str:
@@ -82,5 +89,56 @@ def statements(vendor: str = "postgresql") -> dict[str, str]:
     return {name: statement(name, vendor) for name in _blocks(vendor)[0]}
 
 
-def _splice(text: str, vendor: str) -> str:
-    return _SPLICE.sub(lambda m: fragment(m[1], vendor), text)
+def _splice(text: str, vendor: str, arguments: dict[str, str] | None = None) -> str:
+    """``text`` with each ``{{...}}`` replaced: an argument of ``arguments`` by its
+    text, else a fragment (with the arguments its splice gives, each spliced here
+    first). Splices nest: an argument's SQL may itself splice."""
+    scope = arguments or {}
+    out: list[str] = []
+    at = 0
+    while (start := text.find("{{", at)) >= 0:
+        depth, end = 1, start + 2
+        while depth:
+            opening, closing = text.find("{{", end), text.find("}}", end)
+            if closing < 0:
+                raise ValueError(f"a splice is not closed: {text[start : start + 60]!r}")
+            if 0 <= opening < closing:
+                depth, end = depth + 1, opening + 2
+            else:
+                depth, end = depth - 1, closing + 2
+        out.append(text[at:start])
+        out.append(_put(text[start + 2 : end - 2], vendor, scope))
+        at = end
+    out.append(text[at:])
+    return "".join(out)
+
+
+def _put(inside: str, vendor: str, scope: dict[str, str]) -> str:
+    """The text of one splice, ``inside`` its braces: ``<name>`` or ``<name>: <arguments>``."""
+    head = _SPLICE.match(inside)
+    if head is None:
+        raise ValueError(f"not a splice: {{{{{inside}}}}}")
+    name, given = head[1], head[2]
+    if given is None and name in scope:
+        return scope[name]
+    bound: dict[str, str] = {}
+    for part in _arguments(given) if given is not None else ():
+        found = _ARGUMENT.match(part)
+        if found is None:
+            raise ValueError(f"the splice of {name!r} has an argument without '=': {part.strip()!r}")
+        bound[found[1]] = _splice(found[2].strip(), vendor, scope)
+    return fragment(name, vendor, **bound)
+
+
+def _arguments(given: str) -> list[str]:
+    """``given`` split at its ``;`` outside nested splices."""
+    parts, depth, at = [], 0, 0
+    for index, char in enumerate(given):
+        if given.startswith("{{", index):
+            depth += 1
+        elif given.startswith("}}", index):
+            depth -= 1
+        elif char == ";" and depth == 0:
+            parts.append(given[at:index])
+            at = index + 1
+    return [*parts, given[at:]]

@@ -30,14 +30,17 @@ cases named below. Each is one round trip:
   own, then one statement that decides and writes) and its handoff
   (:data:`QUOTA_FINISH`), one message each.
 
-The rules are not restated: who holds a slot, the limit in force and the free
-slots are :mod:`durable_singleton.admission`'s SQL text
-(:func:`~durable_singleton.admission.holds_slot_sql_text`,
+Every statement is a named block of ``durable_singleton/sql/postgresql/*.sql``
+(:mod:`durable_singleton.sql`). The rules are written once there, as fragments
+the statements splice: who holds a slot, the limit in force and the free
+slots (``tests/test_sql_blocks.py`` checks each against its twin in
+:mod:`durable_singleton.admission`:
+:func:`~durable_singleton.admission.holds_slot_sql_text`,
 :func:`~durable_singleton.admission.limit_in_force_sql_text`,
 :func:`~durable_singleton.admission.free_slots_sql_text`), the queue order
-:meth:`RunQuerySet.queue_front_sql_text
-<durable_singleton.querysets.RunQuerySet.queue_front_sql_text>`, the clock
-:data:`~durable_singleton.querysets.PG_NOW_SQL`. Lock order: the key row,
+(:meth:`RunQuerySet.queue_front_sql_text
+<durable_singleton.querysets.RunQuerySet.queue_front_sql_text>`), the clock
+(:data:`~durable_singleton.querysets.PG_NOW_SQL`). Lock order: the key row,
 then run rows (S13). Every write is a compare-and-set on what was read (R5a).
 
 The clock: ``STATEMENT_TIMESTAMP()`` (:data:`NOW`) is the time the message
@@ -66,24 +69,15 @@ from django.db import connections
 
 from .. import sql
 from ..admission import (
-    QUOTA_ORDER,
-    QUOTA_PREFIX,
-    free_slots_sql_text,
-    holds_quota_slot_sql_text,
-    holds_slot_sql_text,
-    legacy_holder_sql_text,
-    limit_in_force_sql_text,
-    queue_ttl_expired_sql_text,
     quota_keys_of,
     quota_lock_name,
-    quota_waiter_sql_text,
     stored_tags,
     user_tags_of,
 )
-from ..models import QuotaMembership, Run, SingletonKey, TurnNotice
-from ..querysets import PG_NOW_SQL, RunQuerySet
+from ..models import QuotaMembership, Run, SingletonKey
+from ..querysets import PG_NOW_SQL
 from ..records import RunRecord, StepRecord
-from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState
+from ..statuses import SlotState
 from .base import Finish, Limits, Turn, TurnState, handed_off
 
 
@@ -104,7 +98,6 @@ __all__ = ["FastPath", "Store", "usable"]
 RUN = Run._meta.db_table
 KEY = SingletonKey._meta.db_table
 MEMBER = QuotaMembership._meta.db_table
-NOTICE = TurnNotice._meta.db_table
 NOW = PG_NOW_SQL
 #: The database's clock when a row is compared or written (after the locks, unlike :data:`NOW`,
 #: the message's arrival): a lease's end judged by a compare-and-set (R5a), the start of a lease,
@@ -147,10 +140,6 @@ COLUMNS = (
     "trace_parent",
     "quota_keys",
 )
-
-
-def _cols(table: str) -> str:
-    return ", ".join(f"{table}.{c}" for c in COLUMNS)
 
 
 def _json(value: Any) -> Any:
@@ -250,21 +239,12 @@ def usable(store: Store) -> bool:
     return str(encoding or "").upper() in ("UTF8", "UTF-8")
 
 
-def _seconds(name: str) -> str:
-    """The database's clock as the row is written plus the ``name`` parameter's seconds (R5, R8)."""
-    return f"{WRITTEN} + make_interval(secs => %({name})s::float8)"
-
-
 # -- the statements ------------------------------------------------------------------------------
-FRONT_WHERE, FRONT_ORDER = RunQuerySet.queue_front_sql_text("q0")
-
-#: The statements on one run and one key row, and the fragments the statements
-#: built here share, are named blocks of ``sql/postgresql/runs.sql`` (issue 32 item 4).
+#: Every statement below is a named block of ``sql/postgresql/*.sql`` (issue 32 item 4):
+#: runs.sql, locks.sql, start.sql, admission.sql, quota.sql and handoff.sql.
 #: One read of a run for its turn, with whether its lease expired and whether it is due
 #: (X5) by the database's clock (R5).
 READ = sql.statement("read")
-#: A claim's lease (R5, R6), shared with the admissions built below.
-_TAKE_SET = sql.fragment("take_set")
 #: The confirmation claim of a run without a key (``holder`` false) or of a holder (S6).
 TAKE = sql.statement("take")
 #: The confirmation claim of a quota holder (X3c, X3f), returning its quota tokens.
@@ -278,151 +258,17 @@ LOCK_KEY = sql.statement("lock_key")
 LOCK_RUN = sql.statement("lock_run")
 
 
-def _param(name: str) -> str:
-    """A value of a statement given as the parameter ``name``."""
-    return f"%({name})s"
-
-
-def _claimed(name: str) -> str:
-    """A value of a statement read from the claimant's own row (the ``me`` CTE of :data:`CLAIM_ADMIT`)."""
-    return f"(SELECT me.{name} FROM me)"
-
-
-def _queue(exclude: str, value: Any = _param) -> str:
-    """The CTEs every grant reads, under the key's lock: the key (``k``, with
-    the limit in force), the untracked holders of an older release (``lg``),
-    the holders and the front of the queue (``q``: at most twice the limit
-    rows, one read of ``ds_run_queue_idx``), the free slots (``c``) and the
-    waiters in admission order (``w``) (S5, S12, K2). A waiter past the
-    workflow's ``queue_ttl`` (the ``ttl`` parameter, seconds, NULL when none is
-    declared) by the database's clock as the row is read, after the key's
-    lock, is left out of ``q``, so of ``w``: no grant reaches it and it takes
-    no row of the front's ``LIMIT`` (X2). ``exclude``: a run id parameter left
-    out of the reads (the run this statement settles), or ''. ``value``: the
-    SQL of the workflow (``wf``), the key (``key``), the declared limit
-    (``declared``) and the TTL (``ttl``) by name (:func:`_param`: parameters;
-    :func:`_claimed`: the claimant's row)."""
-    wf, key = value("wf"), value("key")
-    skip = f" AND q0.run_id <> %({exclude})s" if exclude else ""
-    expired = queue_ttl_expired_sql_text("q0", f"{value('ttl')}::float8", WRITTEN)
-    fresh = f" AND (q0.singleton_slot <> '{SlotState.WAITER.value}' OR NOT {expired})"
-    skip_lg = f" AND l0.run_id <> %({exclude})s" if exclude else ""
-    limit = limit_in_force_sql_text(value("declared"), "k0.limit_override")
-    holders = "(SELECT count(*) FROM q WHERE q.holds) + (SELECT lg.n FROM lg)"
-    return (
-        f"k AS (SELECT k0.id, k0.last_token, k0.paused, {limit} AS lim FROM {KEY} k0"
-        f" WHERE k0.workflow_name = {wf} AND k0.key = {key}),"
-        f" lg AS (SELECT count(*) AS n FROM {RUN} l0 WHERE l0.workflow_name = {wf} AND l0.singleton_key = {key}"
-        f" AND {legacy_holder_sql_text('l0')}{skip_lg}),"
-        f" q AS (SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at,"
-        f" {holds_slot_sql_text('q0')} AS holds"
-        f" FROM {RUN} q0 WHERE q0.workflow_name = {wf} AND q0.singleton_key = {key} AND {FRONT_WHERE}{skip}{fresh}"
-        f" ORDER BY {FRONT_ORDER} LIMIT (SELECT 2 * k.lim::bigint FROM k)),"
-        f" c AS (SELECT k.id, k.last_token, k.lim, {free_slots_sql_text('k.lim', holders, 'k.paused')} AS free FROM k),"
-        " w AS (SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos"
-        f" FROM q WHERE q.singleton_slot = '{SlotState.WAITER.value}')"
-    )
-
-
-_GRANT_SET = (
-    f"singleton_slot = '{SlotState.HOLDER.value}', singleton_tracked = TRUE, fencing_token = g.token,"
-    f" admitted_at = {WRITTEN}"
-)
-#: Each grant is a compare-and-set on the waiter as read (S7, K1).
-#: A waiter that carries quotas keeps its place and gets no slot here (no ``g`` row of
-#: :func:`_singleton_grants` is one): it is sent a turn, and its own claim decides under the
-#: locks of all its limits (X3h).
-_GRANT_CAS = (
-    f"r.run_id = g.run_id AND r.status = g.status AND r.singleton_slot = '{SlotState.WAITER.value}'"
-    " AND NOT r.cancel_requested AND r.quota_slot IS NULL"
-)
-#: The key's token counter moves past every token the grants handed out (K1).
-_BUMP = (
-    f"t AS (UPDATE {KEY} k1 SET last_token = c.last_token + (SELECT count(*) FROM g) FROM c"
-    " WHERE k1.id = c.id AND EXISTS (SELECT 1 FROM g))"
-)
-
-#: The waiters sent a turn as they are (the ``tr`` CTE: run id and its place), each once at
-#: its first place, the ones granted a slot (``g``) left out: the rest of a select list, its
-#: place as two columns (the singleton key's front first, then each quota key's in lock order).
-_TURN_ORDER = (
-    f"t1.o1, t1.o2 FROM {RUN} r JOIN (SELECT DISTINCT ON (tr.run_id) tr.run_id, tr.o1, tr.o2 FROM tr"
-    " ORDER BY tr.run_id, tr.o1, tr.o2) t1 ON t1.run_id = r.run_id"
-    " WHERE r.run_id NOT IN (SELECT g.run_id FROM g)"
-)
-#: :data:`_TURN_ORDER` less the waiters that carry quotas a handoff admitted (``qa``, X3h).
-_HANDOFF_TURN_ORDER = f"{_TURN_ORDER} AND r.run_id NOT IN (SELECT qa.run_id FROM qa)"
-
-
-#: The singleton grants of a statement: the waiters within the
-#: key's free slots (``sg``, ``w`` and ``c`` of :func:`_queue`, when ``when`` holds); a slot
-#: and the next token go to each that carries no quota (and to ``claimant``, a parameter, or
-#: ''), the ones that carry quotas keep their place and are sent a turn (X3h, K1).
-def _singleton_grants(when: str, claimant: str, carriers: str = "") -> str:
-    """``carriers``: the CTEs of a handoff that admits the waiters that carry quotas whose
-    every limit it holds (:data:`_HANDOFF_CARRIERS`, ``qa``), read after ``sg``: those of
-    ``sg`` take a slot and a token here too (X3h)."""
-    mine = f"sg.run_id = %({claimant})s OR " if claimant else ""
-    admitted = " OR sg.run_id IN (SELECT qa.run_id FROM qa)" if carriers else ""
-    return (
-        f"sg AS (SELECT w.run_id, w.status, w.quota_slot, w.pos FROM w, c WHERE w.pos <= c.free AND {when}),"
-        f"{carriers}"
-        " g AS (SELECT sg.run_id, sg.status, c.last_token + row_number() OVER (ORDER BY sg.pos) AS token"
-        f" FROM sg, c WHERE {mine}sg.quota_slot IS NULL{admitted})"
-    )
-
-
-#: A settle's write: the end, its output and error, every marker dropped (S7, X3g).
-_SETTLE_SET = sql.fragment("settle_set")
-#: The owner's compare-and-set of a settle (R5a), its lease judged after the locks (:data:`WRITTEN`).
-FINISH_OWNED = sql.fragment("finish_owned")
 #: A settle without a key: the compare-and-set alone (R5a).
 SETTLE = sql.statement("settle")
 
 
-def _admit(me: str, value: Any) -> str:
-    """The admission statement with the claimant's CTE ``me`` and its values
-    (``status``, ``attempts`` and :func:`_queue`'s) from ``value``."""
-    status, attempts = value("status"), value("attempts")
-    return (
-        f"WITH me AS ({me}),"
-        f" {_queue('', value)},"
-        f" {_singleton_grants('EXISTS (SELECT 1 FROM me)', 'run_id')},"
-        f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, {_GRANT_SET} FROM g"
-        f" WHERE g.run_id = %(run_id)s AND {_GRANT_CAS} AND r.attempts = {attempts} RETURNING {_cols('r')}),"
-        f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-        f" WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
-        f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
-        f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN EXISTS"
-        " (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
-        " THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
-        " lease_owner = NULL, lease_expires_at = NULL,"
-        f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
-        f" WHERE r.run_id = %(run_id)s AND r.status = {status} AND r.attempts = {attempts}"
-        " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me)"
-        " AND NOT EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)"
-        f" RETURNING {_cols('r')}),"
-        f" {_BUMP},"
-        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL)"
-        f" SELECT 0, {_cols('mine')}, 0, 0 FROM mine UNION ALL SELECT 1, {_cols('others')}, 0, 0 FROM others"
-        f" UNION ALL SELECT 2, {_cols('park')}, 0, 0 FROM park UNION ALL SELECT 3, {_cols('r')}, {_TURN_ORDER}"
-    )
-
-
-_PARKED = ", ".join(f"'{st}'" for st in PARKED_STATUSES)
-_WAITER = f"r.singleton_slot = '{SlotState.WAITER.value}' AND r.singleton_tracked"
-
-#: The admission of a waiter (S5): under the key's lock, the claimant as read (``me``: still a
-#: tracked waiter with the status, attempts and cancel flag this turn read; if not, nothing
-#: is written and the ORM path decides), the free slots go to the oldest waiters, each with
-#: the next token; the claimant takes its lease as a holder if it is among them, else it is
-#: parked with its retry ``wake_at`` (the front delay if it is among the first ``limit``
-#: waiters, else the backlog's, S5 step 5, S8a).
-ADMIT = _admit(
-    f"SELECT r.run_id FROM {RUN} r WHERE r.run_id = %(run_id)s AND r.status = %(status)s"
-    f" AND r.attempts = %(attempts)s AND NOT r.cancel_requested AND {_WAITER}",
-    _param,
-)
+#: The admission of a waiter (S5), admission.sql's ``admit``: under the key's lock, the
+#: claimant as read (``claimant``: still a tracked waiter with the status, attempts and
+#: cancel flag this turn read; if not, nothing is written and the ORM path decides), the
+#: free slots go to the oldest waiters, each with the next token; the claimant takes its
+#: lease as a holder if it is among them, else it is parked with its retry ``wake_at`` (the
+#: front delay if it is among the first ``limit`` waiters, else the backlog's, S5 step 5, S8a).
+ADMIT = sql.statement("admit")
 
 #: A claim's first turn of a waiter without a read before it (:meth:`FastPath.claim`): the
 #: run is a candidate when it is a tracked waiter without quotas (X3i), parked (not running, not
@@ -431,14 +277,11 @@ ADMIT = _admit(
 #: its own row. Read without a lock: a run's workflow and key never change.
 #: The key row's creation and lock below also take a keyed quota waiter's singleton key, after
 #: its quota keys (:data:`CLAIM_LOCK_QUOTA_KEYS`, X3e); its admission is :data:`CLAIM_QUOTA_ADMIT`.
-_KEYED_CANDIDATE = sql.fragment("keyed_candidate")
-_CANDIDATE = f"{_KEYED_CANDIDATE} AND r.quota_slot IS NULL"
 CLAIM_CREATE_KEY = sql.statement("claim_create_key")
 #: The session setting in which :data:`CLAIM_LOCK_KEY` records the key row it locked, with
 #: the transaction that holds the lock.
 CLAIM_LOCKED = "durable_singleton.claim_locked"
-#: What :data:`CLAIM_LOCK_KEY` recorded (NULL: nothing): its key row's id, ``:``, its transaction's id.
-_RECORDED = f"current_setting('{CLAIM_LOCKED}', true)"
+#: What :data:`CLAIM_LOCK_KEY` records there: its key row's id, ``:``, its transaction's id.
 #: Lock the candidate's key row and record that this transaction holds it: each statement
 #: of the message takes its own snapshot, so a run that became a candidate after this
 #: statement (a retry reset, a row that appeared) is no proof of the lock; the admission
@@ -448,15 +291,7 @@ CLAIM_LOCK_KEY = sql.statement("claim_lock_key")
 #: The admission of a candidate whose key row this transaction locked (above), its values
 #: read from its row after the lock (the compare-and-set of each write is on that read,
 #: R5a); :data:`ADMIT`'s text otherwise.
-CLAIM_ADMIT = _admit(
-    "SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,"
-    " (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,"
-    f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_CANDIDATE}"
-    f" AND EXISTS (SELECT 1 FROM {KEY} k WHERE k.id = NULLIF(split_part({_RECORDED}, ':', 1), '')::bigint"
-    " AND k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
-    f" AND split_part({_RECORDED}, ':', 2) = pg_current_xact_id()::text)",
-    _claimed,
-)
+CLAIM_ADMIT = sql.statement("claim_admit")
 
 
 #: A claim's first turn of a run without a key and without quotas (X3i), parked (not running,
@@ -464,87 +299,19 @@ CLAIM_ADMIT = _admit(
 #: update finds it (no key, so no lock and no admission: S4, S6, R5a, R6).
 CLAIM_TAKE = sql.statement("claim_take")
 
-_JSON_COLUMNS = {"input", "output", "error", "tags", "quota_keys"}
-#: The limit in force on a started run's key: the key's runtime override, else the declared
-#: ``deep_limit`` (K2).
-_DEEP_LIMIT = limit_in_force_sql_text(
-    "%(deep_limit)s::integer",
-    f"(SELECT d0.limit_override FROM {KEY} d0"
-    " WHERE d0.workflow_name = %(workflow_name)s::varchar AND d0.key = %(singleton_key)s::varchar)",
-)
-#: Is the key's queue deep (``queue_is_deep``: ``limit`` holders and ``limit`` waiters in the
-#: first ``2 * limit`` rows of the queue, ``limit`` the limit in force, S8a, K2)? FALSE for a run
-#: without a key.
-_DEEP = (
-    f"SELECT count(*) FILTER (WHERE f.singleton_slot = '{SlotState.HOLDER.value}') >= {_DEEP_LIMIT}"
-    f" AND count(*) FILTER (WHERE f.singleton_slot = '{SlotState.WAITER.value}') >= {_DEEP_LIMIT}"
-    # The casts: the INSERT types these parameters as its columns (varchar) when prepared.
-    f" FROM (SELECT q0.singleton_slot FROM {RUN} q0 WHERE q0.workflow_name = %(workflow_name)s::varchar"
-    f" AND q0.singleton_key = %(singleton_key)s::varchar AND {FRONT_WHERE} ORDER BY {FRONT_ORDER}"
-    f" LIMIT 2 * {_DEEP_LIMIT}::bigint) f"  # in bigint: a limit up to MAX_LIMIT (int4) doubles past it
-)
-
-
-def _stamped(name: str) -> str:
-    """A time of a start: as given, or (stamped, the given one NULL) the
-    database's now plus ``<name>_in`` seconds (R8)."""
-    return f"COALESCE(%({name})s, {NOW} + make_interval(secs => %({name}_in)s::float8))"
-
-
-def _insert(deep: str) -> str:
-    inserted = {
-        "created_at": _stamped("created_at"),
-        "updated_at": _stamped("updated_at"),
-        "deadline_at": _stamped("deadline_at"),
-        "wake_at": f"CASE WHEN ({deep}) THEN {_stamped('backlog_wake_at')} ELSE {_stamped('wake_at')} END",
-        "park_reason": f"CASE WHEN ({deep}) THEN '{ParkReason.SINGLETON.value}' ELSE %(park_reason)s END",
-    }
-    values = ", ".join(inserted.get(c, f"%({c})s::jsonb" if c in _JSON_COLUMNS else f"%({c})s") for c in COLUMNS)
-    return (
-        f"INSERT INTO {RUN} ({', '.join(COLUMNS)}) VALUES ({values})"
-        f" ON CONFLICT (run_id) DO NOTHING RETURNING {', '.join(COLUMNS)}"
-    )
-
-
 #: A start: one INSERT of the run that ignores an existing ``run_id`` (R3, S16) and, for a run
-#: with a key, creates it parked when its key's queue is deep (S8a).
-START_KEYED = _insert(_DEEP)
-START = _insert("FALSE")
-
-
-def _with_members(insert: str) -> str:
-    """A start of a run that carries quotas: the run's INSERT and, if it inserted the row,
-    one membership per quota key (the ``mquota`` and ``mkey`` arrays), a waiter in the
-    order of its quota's creation time, in the same statement (X3b); a fair quota's tag needs
-    reads first, so such a run takes the ORM path."""
-    return (
-        f"WITH ins AS ({insert}), mem AS (INSERT INTO {MEMBER}"
-        " (run_id, quota, key, slot, fencing_token, created_at, sub_key, weight, tag)"
-        f" SELECT ins.run_id, mq.quota, mq.key, '{SlotState.WAITER.value}', NULL, ins.created_at, '', 1, 0"
-        " FROM ins, unnest(%(mquota)s::text[], %(mkey)s::text[]) mq(quota, key))"
-        f" SELECT {', '.join(COLUMNS)} FROM ins"
-    )
-
-
-START_KEYED_QUOTAS = _with_members(START_KEYED)
-START_QUOTAS = _with_members(START)
-
-
-def _with_notice(insert: str) -> str:
-    """A start under ``DISPATCH = "worker"``: the run's INSERT and, if it inserted the row and
-    did not create it parked behind a deep queue (S8a), its turn notice for queue
-    ``%(notice_queue)s``, in the same statement: one commit, and the notice's trigger NOTIFYs
-    at it (O1a, O7)."""
-    return (
-        f"WITH ins AS ({insert}), notice AS (INSERT INTO {NOTICE} (run_id, queue)"
-        " SELECT ins.run_id, %(notice_queue)s FROM ins"
-        f" WHERE ins.park_reason IS DISTINCT FROM '{ParkReason.SINGLETON.value}')"
-        f" SELECT {', '.join(COLUMNS)} FROM ins"
-    )
-
-
-START_KEYED_NOTICE = _with_notice(START_KEYED)
-START_NOTICE = _with_notice(START)
+#: with a key, creates it parked when its key's queue is deep (S8a, K2); with quotas, the same
+#: statement inserts one membership per quota key, a waiter (X3b). Named blocks of
+#: ``sql/postgresql/start.sql``; a fair quota's tag needs reads first, so such a run takes the ORM path.
+START_KEYED = sql.statement("start_keyed")
+START = sql.statement("start")
+START_KEYED_QUOTAS = sql.statement("start_keyed_quotas")
+START_QUOTAS = sql.statement("start_quotas")
+#: A start under ``DISPATCH = "worker"``: the run's INSERT and, if it inserted the row and did
+#: not create it parked behind a deep queue (S8a), its turn notice, in the same statement: one
+#: commit, and the notice's trigger NOTIFYs at it (O1a, O7).
+START_KEYED_NOTICE = sql.statement("start_keyed_notice")
+START_NOTICE = sql.statement("start_notice")
 #: The run as stored.
 GET = sql.statement("get")
 
@@ -556,107 +323,12 @@ GET = sql.statement("get")
 # ``_lock_quota_keys`` sorts them: the one global lock order, every quota key before the
 # singleton key, then the run's row (X3e, S13).
 HOLDER, WAITER = SlotState.HOLDER.value, SlotState.WAITER.value
-_QUOTA_KEYS = sql.fragment("quota_keys")
 #: Create the run's missing quota key rows, in the lock order.
 CREATE_QUOTA_KEYS = sql.statement("create_quota_keys")
 #: Lock the run's quota key rows one by one in the lock order (the sort, then the locks, X3e).
 LOCK_QUOTA_KEYS = sql.statement("lock_quota_keys")
 #: The singleton key's row of a run that has one (the ``key`` parameter NULL: none).
 CREATE_KEY_IF = sql.statement("create_key_if")
-_QUOTA_NAME = f"substr(k0.workflow_name, {len(QUOTA_PREFIX) + 1})"
-_QUOTA_ORDER = ", ".join(f"m.{column}" for column in QUOTA_ORDER)
-
-
-def _quota_fronts(exclude: str, keys: str = _QUOTA_KEYS) -> str:
-    """The CTEs of the run's locked quota keys: ``qk``, each key with its limit in
-    force (the declared one in the ``limits`` parameter under ``quota:<name>``, 1
-    if absent, or the key's override, K2) and its free slots (none while paused);
-    ``qf``, each key's first due waiters, as many as its limit, with their
-    position in admission order (X3c, X3d, X4, X5), none past its workflow's
-    ``queue_ttl`` in the ``ttls`` parameter (X2). ``exclude``: a run id
-    parameter whose membership counts as no holder (the run this statement
-    settles, X3g), or ''. ``keys``: the source of the quota keys, a ``qu`` of
-    (``wf``, ``key``, ``n``), ``n`` the lock order (:data:`_QUOTA_KEYS`: the
-    parameters; :data:`_MEMBER_KEYS`: the claimant's memberships)."""
-    skip = f" AND m.run_id <> %({exclude})s" if exclude else ""
-    limit = limit_in_force_sql_text("(%(limits)s::jsonb ->> k0.workflow_name)::integer", "k0.limit_override")
-    holders = (
-        f"(SELECT count(*) FROM {MEMBER} m JOIN {RUN} mr ON mr.run_id = m.run_id"
-        f" WHERE m.quota = {_QUOTA_NAME} AND m.key = k0.key AND {holds_quota_slot_sql_text('m', 'mr')}{skip})"
-    )
-    return (
-        f"qk AS (SELECT k0.id, qu.n, k0.last_token, {_QUOTA_NAME} AS quota, k0.key, {limit} AS lim,"
-        f" {free_slots_sql_text(limit, holders, 'k0.paused')} AS free"
-        f" FROM {KEY} k0 JOIN {keys} ON k0.workflow_name = qu.wf AND k0.key = qu.key),"
-        " qf AS (SELECT qk.id, qk.n, f.run_id, f.pos, qk.free FROM qk CROSS JOIN LATERAL"
-        f" (SELECT m.run_id, row_number() OVER (ORDER BY {_QUOTA_ORDER}) AS pos FROM {MEMBER} m"
-        f" JOIN {RUN} mr ON mr.run_id = m.run_id WHERE m.quota = qk.quota AND m.key = qk.key"
-        f" AND {quota_waiter_sql_text('m', 'mr', NOW, '%(ttls)s::jsonb')} ORDER BY {_QUOTA_ORDER} LIMIT qk.lim) f)"
-    )
-
-
-def _quota_as_read(value: Any) -> str:
-    """The claimant as its turn read it: still a quota waiter with the status and
-    attempts of ``value`` (:func:`_param` or :func:`_claimed`), not cancelled (R5a, S9)."""
-    return (
-        f"r.run_id = %(run_id)s AND r.status = {value('status')} AND r.attempts = {value('attempts')}"
-        f" AND NOT r.cancel_requested AND r.quota_slot = '{WAITER}'"
-    )
-
-
-def _quota_admit(me: str, value: Any, keys: str) -> str:
-    """The admission of a quota waiter (X3c, X3d, X3f, S5, K1), under the locks of all its
-    limits, with the claimant's CTE ``me``, its values from ``value`` and its quota keys
-    from ``keys`` (as :func:`_quota_fronts`): it is admitted when it is within the free
-    slots of each of its quota keys (``qr``) and, with a singleton key, the key's grant
-    reaches it (``g``); then it takes its lease, a slot and the next token in each limit.
-    Else it is parked with its retry ``wake_at``: the front delay if it is among the first
-    ``limit`` waiters (of its singleton key once its quotas admit it, else of each quota
-    key), the backlog's if not (S5 step 5). The singleton grants are written whenever its
-    quotas admit it, as the ORM path's ``_quota_turn``. The rows: 0 the claimant's lease
-    (with its quota tokens as JSON), 1 the other grants, 2 the claimant parked, 3 the
-    waiters sent a turn as they are (X3h)."""
-    key, as_read = value("key"), _quota_as_read(value)
-    return (
-        f"WITH me AS ({me}),"
-        f" {_quota_fronts('', keys)},"
-        " qr AS (SELECT count(*) FILTER (WHERE qf.pos <= qf.free) = (SELECT count(*) FROM qk) AS reaches,"
-        " count(*) = (SELECT count(*) FROM qk) AS at_front FROM qf WHERE qf.run_id = %(run_id)s),"
-        f" {_queue('', value)},"
-        f" {_singleton_grants('(SELECT qr.reaches FROM qr) AND EXISTS (SELECT 1 FROM me)', 'run_id')},"
-        " ad AS (SELECT EXISTS (SELECT 1 FROM me) AND (SELECT qr.reaches FROM qr)"
-        f" AND ({key} IS NULL OR EXISTS (SELECT 1 FROM g WHERE g.run_id = %(run_id)s)) AS yes),"
-        f" mine AS (UPDATE {RUN} r SET {_TAKE_SET}, quota_slot = '{HOLDER}', admitted_at = {WRITTEN},"
-        f" singleton_slot = CASE WHEN r.singleton_key IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
-        " singleton_tracked = r.singleton_tracked OR r.singleton_key IS NOT NULL,"
-        " fencing_token = COALESCE((SELECT g.token FROM g WHERE g.run_id = %(run_id)s), r.fencing_token)"
-        f" WHERE {as_read} AND (SELECT ad.yes FROM ad) RETURNING {_cols('r')}),"
-        f" mt AS (UPDATE {MEMBER} m SET slot = '{HOLDER}', fencing_token = qk.last_token + 1 FROM qk"
-        " WHERE m.run_id = %(run_id)s AND m.quota = qk.quota AND m.key = qk.key AND EXISTS (SELECT 1 FROM mine)"
-        " RETURNING m.quota, m.fencing_token),"
-        f" qt AS (UPDATE {KEY} k2 SET last_token = qk.last_token + 1 FROM qk"
-        " WHERE k2.id = qk.id AND EXISTS (SELECT 1 FROM mine)),"
-        f" others AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW}"
-        f" FROM g WHERE g.run_id <> %(run_id)s AND {_GRANT_CAS} RETURNING {_cols('r')}),"
-        f" park AS (UPDATE {RUN} r SET status = '{RunStatus.SUSPENDED.value}', attempts = r.attempts + 1,"
-        f" wake_at = {WRITTEN} + make_interval(secs => CASE WHEN"
-        f" CASE WHEN (SELECT qr.reaches FROM qr) AND {key} IS NOT NULL"
-        " THEN EXISTS (SELECT 1 FROM w, c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)"
-        " ELSE (SELECT qr.at_front FROM qr) END THEN %(front)s::float8 ELSE %(backlog)s::float8 END),"
-        " lease_owner = NULL, lease_expires_at = NULL,"
-        f" park_reason = '{ParkReason.SINGLETON.value}', updated_at = {NOW}"
-        f" WHERE r.run_id = %(run_id)s AND r.status = {value('status')} AND r.attempts = {value('attempts')}"
-        " AND NOT r.cancel_requested AND EXISTS (SELECT 1 FROM me) AND NOT (SELECT ad.yes FROM ad)"
-        f" RETURNING {_cols('r')}),"
-        f" {_BUMP},"
-        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
-        " AND sg.run_id <> %(run_id)s UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf"
-        " WHERE (SELECT ad.yes FROM ad) AND qf.pos <= qf.free AND qf.run_id <> %(run_id)s)"
-        f" SELECT 0, {_cols('mine')}, (SELECT json_object_agg(mt.quota, mt.fencing_token) FROM mt), 0, 0"
-        f" FROM mine UNION ALL SELECT 1, {_cols('others')}, NULL, 0, 0 FROM others"
-        f" UNION ALL SELECT 2, {_cols('park')}, NULL, 0, 0 FROM park"
-        f" UNION ALL SELECT 3, {_cols('r')}, NULL, {_TURN_ORDER}"
-    )
 
 
 #: A claim's first turn of a quota waiter without a read before it (:meth:`FastPath.claim`):
@@ -665,13 +337,11 @@ def _quota_admit(me: str, value: Any, keys: str) -> str:
 #: ``limits`` parameter. Its quota keys are its memberships' (``qu``), numbered in the lock order:
 #: by (name, key) in code-point order, as Python sorts them on the ORM path (X3e; a UTF-8
 #: database's ``COLLATE "C"`` order is code-point order).
-_QUOTA_CANDIDATE = sql.fragment("quota_candidate")
 _MEMBER_KEYS = sql.fragment("member_quota_keys")
 CLAIM_CREATE_QUOTA_KEYS = sql.statement("claim_create_quota_keys")
 #: The session setting in which :data:`CLAIM_LOCK_QUOTA_KEYS` records the quota key rows it
 #: locked (their ids in the lock order, ``,``-separated), ``:``, the transaction that holds them.
 CLAIM_QUOTA_LOCKED = "durable_singleton.claim_quota_locked"
-_QUOTA_RECORDED = f"current_setting('{CLAIM_QUOTA_LOCKED}', true)"
 #: Lock the candidate's quota key rows in the lock order and record them (as
 #: :data:`CLAIM_LOCK_KEY` records its key row): the admission below writes only when the
 #: record names every quota key of the claimant, locked by this transaction (X3e, S13).
@@ -679,105 +349,13 @@ CLAIM_LOCK_QUOTA_KEYS = sql.statement("claim_lock_quota_keys")
 #: The admission of a candidate quota waiter whose quota keys (and singleton key, if it has
 #: one) this transaction locked and recorded above, its values read from its row after the
 #: locks; if it is none, nothing is written and the ORM path decides (X3i).
-CLAIM_QUOTA_ADMIT = _quota_admit(
-    "SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,"
-    " (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,"
-    f" (%(ttls)s::jsonb ->> r.workflow_name)::float8 AS ttl FROM {RUN} r WHERE {_QUOTA_CANDIDATE}"
-    f" AND split_part({_QUOTA_RECORDED}, ':', 2) = pg_current_xact_id()::text"
-    f" AND split_part({_QUOTA_RECORDED}, ':', 1) = (SELECT string_agg(k.id::text, ',' ORDER BY qu.n)"
-    f" FROM {KEY} k JOIN {_MEMBER_KEYS} ON k.workflow_name = qu.wf AND k.key = qu.key)"
-    f" AND (r.singleton_key IS NULL OR EXISTS (SELECT 1 FROM {KEY} k"
-    f" WHERE k.id = NULLIF(split_part({_RECORDED}, ':', 1), '')::bigint"
-    " AND k.workflow_name = r.workflow_name AND k.key = r.singleton_key"
-    f" AND split_part({_RECORDED}, ':', 2) = pg_current_xact_id()::text))",
-    _claimed,
-    _MEMBER_KEYS,
-)
+CLAIM_QUOTA_ADMIT = sql.statement("claim_quota_admit")
 
 
-#: The waiters that carry quotas a quota handoff admits (X3h, X3d): ``qc``, those within the
-#: free slots of every quota key they carry, all of them keys this handoff locked (their
-#: memberships are as many as their places within the free slots of ``qf``); ``qa``, those
-#: of them parked and not cancelled whose singleton key, if any, is the handoff's own and
-#: grants them a slot (in ``sg``). Each is decided as its own claim would decide it under the
-#: same locks; ``keyed``: it also takes a singleton slot (in ``g``).
-_HANDOFF_CARRIERS = (
-    " qc AS (SELECT qf.run_id FROM qf WHERE qf.pos <= qf.free AND EXISTS (SELECT 1 FROM s) GROUP BY qf.run_id"
-    f" HAVING count(*) = (SELECT count(*) FROM {MEMBER} m1 WHERE m1.run_id = qf.run_id)),"
-    f" qa AS (SELECT r.run_id, r.status, r.singleton_key IS NOT NULL AS keyed FROM qc JOIN {RUN} r"
-    f" ON r.run_id = qc.run_id WHERE r.status IN ({_PARKED}) AND NOT r.cancel_requested"
-    f" AND r.quota_slot = '{WAITER}'"
-    " AND (r.singleton_key IS NULL OR EXISTS (SELECT 1 FROM sg WHERE sg.run_id = r.run_id))),"
-)
-#: The grants of a quota handoff (X3h, S7, K1): the singleton grants ``g`` and the admitted
-#: carriers without a singleton key, each a compare-and-set on the waiter as read; a carrier
-#: takes its quota slot with them (``quota_slot``), then each one admitted takes a slot and the
-#: next token of each of its quota keys, in its place's order there (``qt0``, ``um``), and each
-#: quota key's counter moves past them (``qb``).
-_HANDOFF_GRANTS = (
-    " ga AS (SELECT g.run_id, g.status, g.token FROM g"
-    " UNION ALL SELECT qa.run_id, qa.status, NULL::bigint FROM qa WHERE NOT qa.keyed),"
-    f" u AS (UPDATE {RUN} r SET"
-    f" singleton_slot = CASE WHEN ga.token IS NULL THEN r.singleton_slot ELSE '{HOLDER}' END,"
-    " singleton_tracked = r.singleton_tracked OR ga.token IS NOT NULL,"
-    " fencing_token = COALESCE(ga.token, r.fencing_token),"
-    f" quota_slot = CASE WHEN r.quota_slot IS NULL THEN NULL ELSE '{HOLDER}' END,"
-    f" admitted_at = {WRITTEN}, wake_at = {_seconds('redelivery')}, updated_at = {NOW}"
-    " FROM ga WHERE r.run_id = ga.run_id AND r.status = ga.status AND NOT r.cancel_requested"
-    f" AND (ga.token IS NULL OR r.singleton_slot = '{SlotState.WAITER.value}')"
-    f" AND (r.quota_slot IS NULL OR (r.quota_slot = '{WAITER}' AND r.run_id IN (SELECT qa.run_id FROM qa)))"
-    f" RETURNING {_cols('r')}),"
-    " qt0 AS (SELECT qf.id, qf.run_id, row_number() OVER (PARTITION BY qf.id ORDER BY qf.pos) AS rk FROM qf"
-    " WHERE qf.run_id IN (SELECT qa.run_id FROM qa) AND qf.run_id IN (SELECT u.run_id FROM u)),"
-    f" um AS (UPDATE {MEMBER} m SET slot = '{HOLDER}', fencing_token = qk.last_token + qt0.rk"
-    " FROM qt0 JOIN qk ON qk.id = qt0.id WHERE m.run_id = qt0.run_id AND m.quota = qk.quota AND m.key = qk.key),"
-    f" qb AS (UPDATE {KEY} k2 SET last_token = qk.last_token + x.n FROM qk"
-    " JOIN (SELECT qt0.id, count(*) AS n FROM qt0 GROUP BY qt0.id) x ON x.id = qk.id WHERE k2.id = qk.id),"
-)
-
-
-def _handoff(quotas: bool) -> str:
-    """The handoff (S7, S12, R5a, K1): settle the run by compare-and-set on its owner's
-    unexpired lease, dropping its markers in the same write, then grant its singleton key's
-    freed slots to the oldest waiters (:func:`_singleton_grants`). With ``quotas`` (a run
-    that carries them, X3g): free its slot in every limit in the same transaction, read
-    each of its quota keys' waiters within the free slots, and admit those whose every
-    limit this message locked (:data:`_HANDOFF_CARRIERS`, X3h). The rows: 0 the run
-    settled, 1 the grants, 2 the waiters sent a turn as they are (their own claims decide,
-    X3h)."""
-    fronts = (
-        f" sm AS (UPDATE {MEMBER} m SET slot = NULL WHERE m.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM s)),"
-        f" {_quota_fronts('run_id')},"
-        if quotas
-        else ""
-    )
-    turns = " UNION ALL SELECT qf.run_id, qf.n, qf.pos FROM qf WHERE qf.pos <= qf.free AND EXISTS (SELECT 1 FROM s)"
-    grants = (
-        _HANDOFF_GRANTS
-        if quotas
-        else (
-            f" u AS (UPDATE {RUN} r SET {_GRANT_SET}, wake_at = {_seconds('redelivery')}, updated_at = {NOW} FROM g"
-            f" WHERE {_GRANT_CAS} RETURNING {_cols('r')}),"
-        )
-    )
-    return (
-        f"WITH s AS (UPDATE {RUN} r SET {_SETTLE_SET} WHERE r.run_id = %(run_id)s AND {FINISH_OWNED}"
-        f" RETURNING {_cols('r')}),"
-        f"{fronts}"
-        f" {_queue('run_id')},"
-        f" {_singleton_grants('EXISTS (SELECT 1 FROM s)', '', _HANDOFF_CARRIERS if quotas else '')},"
-        f"{grants}"
-        f" {_BUMP},"
-        " tr AS (SELECT sg.run_id, 0 AS o1, sg.pos AS o2 FROM sg WHERE sg.quota_slot IS NOT NULL"
-        f"{turns if quotas else ''})"
-        f" SELECT 0, {_cols('s')}, 0, 0 FROM s UNION ALL SELECT 1, {_cols('u')}, 0, 0 FROM u"
-        f" UNION ALL SELECT 2, {_cols('r')}, {_HANDOFF_TURN_ORDER if quotas else _TURN_ORDER}"
-    )
-
-
-#: The handoff of a run without quotas, and of one that carries them (:func:`_handoff`).
-FINISH = _handoff(quotas=False)
-QUOTA_FINISH = _handoff(quotas=True)
+#: The handoff of a run without quotas, and of one that carries them (S7, S12, R5a, K1, X3g,
+#: X3h): named blocks of ``sql/postgresql/handoff.sql``.
+FINISH = sql.statement("finish")
+QUOTA_FINISH = sql.statement("quota_finish")
 
 
 _PARAM = re.compile(r"%\((\w+)\)s")
