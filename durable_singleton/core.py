@@ -472,10 +472,11 @@ class Core:
         # On the default clock a store that stamps starts writes created_at by its
         # own clock (R8): no read of that clock before the insert, unless the start
         # is delayed: its not_before, and the wake and deadline counted from it, are
-        # the engine's times, so on a clock corrected first (R8, X5). A superseding
-        # start takes the ORM path, which does not stamp (X1).
-        stamp = self._store_clock is not None and self.store.stamps_starts and not supersedes
-        if not stamp or not_before is not None:
+        # the engine's times, so on a clock corrected first and not stamped again by the
+        # store (R8, X5: its wake_at is its not_before). A superseding start takes the
+        # ORM path, which does not stamp (X1).
+        stamp = self._store_clock is not None and self.store.stamps_starts and not supersedes and not_before is None
+        if not stamp:
             self._correct_clock()
         record, definition, cap = self._new_run(
             name,
