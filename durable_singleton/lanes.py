@@ -249,6 +249,18 @@ def _handoffs(holds: list[Hold]) -> list[Handoff]:
     return out
 
 
+def _window_start(now: datetime, minutes: object, *bounds: int) -> datetime:
+    """Return the start of the window of ``minutes`` before ``now``, once ``minutes``
+    (1 to :data:`MAX_MINUTES`) and every bound (at least 1) are checked.
+
+    Raises :class:`~durable_singleton.exceptions.InvalidInputError` otherwise.
+    """
+    whole = window_minutes(minutes)
+    if min(bounds) < 1:
+        raise InvalidInputError("max_keys, waiters_per_key and max_spans must be >= 1")
+    return now - timedelta(minutes=whole)
+
+
 def workflow_lanes(
     workflow: str,
     *,
@@ -278,10 +290,7 @@ def workflow_lanes(
     Raises :class:`~durable_singleton.exceptions.InvalidInputError` if
     ``minutes`` is not 1 to :data:`MAX_MINUTES` or a bound is below 1.
     """
-    minutes = window_minutes(minutes)
-    if min(max_keys, waiters_per_key, max_spans) < 1:
-        raise InvalidInputError("max_keys, waiters_per_key and max_spans must be >= 1")
-    start = now - timedelta(minutes=minutes)
+    start = _window_start(now, minutes, max_keys, waiters_per_key, max_spans)
     busy = queue_table(workflow=workflow, sort="-waiting", limit=max_keys + 1, reg=reg, using=using)
     rows: dict[str, QueueRow] = {row.key: row for row in busy.rows[:max_keys]}
     more = busy.keys > max_keys
@@ -400,10 +409,7 @@ def quota_lanes(
     Raises :class:`~durable_singleton.exceptions.InvalidInputError` if
     ``minutes`` is not 1 to :data:`MAX_MINUTES` or a bound is below 1.
     """
-    minutes = window_minutes(minutes)
-    if min(max_keys, waiters_per_key, max_spans) < 1:
-        raise InvalidInputError("max_keys, waiters_per_key and max_spans must be >= 1")
-    start = now - timedelta(minutes=minutes)
+    start = _window_start(now, minutes, max_keys, waiters_per_key, max_spans)
     lanes, more, cut = _quota_lanes(
         (quota,),
         now=now,

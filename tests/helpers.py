@@ -5,10 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from durable_singleton import Singleton
 from durable_singleton.definitions import Registry, WorkflowDefinition
+from durable_singleton.models import Run
 
 from .conftest import Monitor
 
@@ -223,3 +225,18 @@ def holding_body(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
         return str(ctx.run_id)
 
     return body
+
+
+def running_run(run_id: str, workflow: str, owner: str, now: datetime, expires_in: float) -> Run:
+    """Create run ``run_id`` of ``workflow`` running under ``owner``'s lease: created at ``now``
+    (the store's clock, R5) and leased until ``expires_in`` seconds after it."""
+    return Run.objects.create(
+        run_id=run_id,
+        workflow_name=workflow,
+        workflow_version="1",
+        status="running",
+        created_at=now,
+        updated_at=now,
+        lease_owner=owner,
+        lease_expires_at=now + timedelta(seconds=expires_in),
+    )

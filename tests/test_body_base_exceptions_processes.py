@@ -14,8 +14,6 @@ run in hand back with its slot.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,23 +27,14 @@ from durable_singleton.testing import make_engine
 from testproject.inventory.models import BodyAudit
 
 from .celery_workers import CeleryWorkers, celery_stack_missing, celery_workers, worker_env
-from .worker_processes import DurableWorkers, wait_for
+from .worker_processes import DurableWorkers, wait_for, workers
 
-__all__ = ["celery_workers"]  # the fixture, imported for this module's tests
+__all__ = ["celery_workers", "workers"]  # the fixtures, imported for this module's tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 #: Generous bounds for a loaded 2-core machine; nothing asserts on elapsed time.
 WAIT = 120.0
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
-    procs = DurableWorkers(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 def _run(run_id: str) -> Run:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import re
 import signal
 import socket
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -29,23 +27,17 @@ from durable_singleton.runtime import build_engine
 from durable_singleton.stores.turns import Listener
 from testproject.inventory.models import BodyAudit
 
+from .helpers import running_run
 from .test_worker_process import all_completed, assert_no_overlap, burst
-from .worker_processes import DurableWorkers, wait_for
+from .worker_processes import DurableWorkers, wait_for, workers
+
+__all__ = ["workers"]  # the fixture, imported for this module's tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WORKFLOW = "fault-hold"
 #: Far beyond every bound below: a run reaches a worker by its notice, never by the tick's redelivery.
 REDELIVERY = 600.0
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
-    procs = DurableWorkers(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 def worker_env(workers: DurableWorkers, **overrides: str) -> dict[str, str]:
@@ -298,16 +290,7 @@ def test_a_worker_never_takes_back_its_own_runs(web: Engine) -> None:
             started_at=now,
             last_seen_at=now - timedelta(seconds=60),
         )
-        Run.objects.create(
-            run_id=f"held-{name}",
-            workflow_name=WORKFLOW,
-            workflow_version="1",
-            status="running",
-            created_at=now,
-            updated_at=now,
-            lease_owner=f"{name}:abc",
-            lease_expires_at=now + timedelta(seconds=300),
-        )
+        running_run(f"held-{name}", WORKFLOW, f"{name}:abc", now, 300)
     (dead,) = release_dead_workers("default", 10.0, alive="me:1")
     assert dead.name == "gone:2" and dead.runs == ("held-gone:2",)
     assert Run.objects.get(pk="held-me:1").lease_expires_at > web.store.now()

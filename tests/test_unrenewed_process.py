@@ -17,8 +17,6 @@ import json
 import re
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,7 +29,9 @@ from durable_singleton.models import Run
 from durable_singleton.runtime import get_engine
 from testproject.inventory.models import BodyAudit
 
-from .worker_processes import DurableWorkers, wait_for
+from .worker_processes import DurableWorkers, wait_for, workers
+
+__all__ = ["workers"]  # the fixture, imported for this module's tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -39,15 +39,6 @@ WORKFLOW = "fault-hold"
 KEY = "store:kill"
 LEASE = 20.0
 RENEW = 1.0
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
-    procs = DurableWorkers(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 @pytest.fixture

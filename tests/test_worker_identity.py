@@ -12,9 +12,7 @@ with a bound; nothing asserts on elapsed time.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +25,10 @@ from durable_singleton.stores.turns import release_dead_workers
 from testproject.inventory.models import BodyAudit
 
 from .celery_workers import WorkerProcess as Proc
-from .worker_processes import DurableWorkers, wait_for
+from .helpers import running_run
+from .worker_processes import DurableWorkers, wait_for, workers
+
+__all__ = ["workers"]  # the fixture, imported for this module's tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -42,15 +43,6 @@ socket.gethostname = lambda: {HOST!r}
 sys.argv = ["manage.py", *sys.argv[1:]]
 runpy.run_path("manage.py", run_name="__main__")
 """
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
-    procs = DurableWorkers(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 @pytest.fixture
@@ -164,16 +156,7 @@ def test_a_previous_release_row_takes_back_only_its_own_turns(web: Engine) -> No
             name=name, host=HOST, pid=PID, mode="worker", threads=1, started_at=now, last_seen_at=seen
         )
     for run_id, owner in (("old-turn", f"{old}:0123456789ab"), ("new-turn", f"{new}:0123456789ab")):
-        Run.objects.create(
-            run_id=run_id,
-            workflow_name=WORKFLOW,
-            workflow_version="1",
-            status="running",
-            created_at=now,
-            updated_at=now,
-            lease_owner=owner,
-            lease_expires_at=now + timedelta(seconds=300),
-        )
+        running_run(run_id, WORKFLOW, owner, now, 300)
     (dead,) = release_dead_workers("default", 10.0, alive=process_name())
     assert dead.name == old and dead.runs == ("old-turn",)
     kept = Run.objects.get(pk="new-turn").lease_expires_at

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -47,25 +45,18 @@ from durable_singleton.testing import make_engine
 from durable_singleton.worker import expire_own_leases
 from testproject.inventory.models import BodyAudit
 
+from .helpers import running_run
 from .test_clock_steps import step_clock
-from .worker_processes import DurableWorkers, wait_for
+from .worker_processes import DurableWorkers, wait_for, workers
+
+__all__ = ["workers"]  # the fixture, imported for this module's tests
 
 WORKFLOW = "fault-hold"
 STEP = timedelta(hours=1)
 
 
 def _running(run_id: str, owner: str, expires_in: float, engine: Engine) -> None:
-    now = engine.store.now()
-    Run.objects.create(
-        run_id=run_id,
-        workflow_name=WORKFLOW,
-        workflow_version="1",
-        status="running",
-        created_at=now,
-        updated_at=now,
-        lease_owner=owner,
-        lease_expires_at=now + timedelta(seconds=expires_in),
-    )
+    running_run(run_id, WORKFLOW, owner, engine.store.now(), expires_in)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -274,15 +265,6 @@ def test_the_tick_lease_is_held_on_the_databases_clock() -> None:
 
 
 # -- real durable_worker processes ------------------------------------------------
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
-    procs = DurableWorkers(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 def _env(workers: DurableWorkers, **overrides: str) -> dict[str, str]:

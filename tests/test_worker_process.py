@@ -20,7 +20,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -35,20 +34,13 @@ from durable_singleton.testing import make_engine
 from testproject.inventory.models import BodyAudit
 
 from .celery_workers import REPO
-from .worker_processes import DurableWorkers, wait_for
+from .worker_processes import DurableWorkers, wait_for, workers
+
+__all__ = ["workers"]  # the fixture, imported for this module's tests
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 WORKFLOW = "fault-hold"
-
-
-@pytest.fixture
-def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
-    procs = DurableWorkers(tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop()
 
 
 @pytest.fixture

@@ -12,19 +12,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
 from django.db import connection
 
 from testproject.demo.live import database_url
 
 from .celery_workers import REPO, WorkerProcess
 
-__all__ = ["DurableWorkers", "test_database_url", "wait_for"]
+__all__ = ["DurableWorkers", "test_database_url", "wait_for", "workers"]
 
 
 def test_database_url(settings_dict: Mapping[str, Any] | None = None) -> str:
@@ -132,3 +133,13 @@ class DurableWorkers:
     def logs(self) -> str:
         """Return every process's log, each under a header."""
         return "\n".join(f"--- {w.name} (pid {w.pid}) ---\n{w.log()}" for w in self.processes)
+
+
+@pytest.fixture
+def workers(tmp_path: Path) -> Iterator[DurableWorkers]:
+    """Yield a :class:`DurableWorkers` logging under ``tmp_path``; every process it started is stopped afterwards."""
+    procs = DurableWorkers(tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop()

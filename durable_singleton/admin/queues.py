@@ -73,6 +73,36 @@ class _OnePageAtATime:
         return self._load(start)[: window.stop - start]
 
 
+def _one_query_page[L](
+    request: HttpRequest,
+    per_page: int,
+    load: Callable[[int, int], L],
+    rows: Callable[[L], tuple[Sequence[Any], int]],
+) -> tuple[Page[Any], L]:
+    """Return the page ``?p=`` asks for of what ``load(offset, limit)`` reads in one query, and
+    that read; ``rows(read)`` gives its page's rows and the total."""
+    loaded: list[L] = []
+
+    def fetch(offset: int, limit: int) -> tuple[Sequence[Any], int]:
+        loaded[:] = [load(offset, limit)]
+        return rows(loaded[0])
+
+    paginator: Paginator[Any] = Paginator(
+        _OnePageAtATime(fetch, per_page, (page_param(request) - 1) * per_page),  # type: ignore[arg-type]
+        per_page,
+    )
+    return paginator.get_page(page_param(request)), loaded[0]
+
+
+def _page_url(request: HttpRequest) -> Callable[[int], str]:
+    """Return a function of a page number to this page's query with ``p`` set to it."""
+
+    def page_url(n: int) -> str:
+        return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
+
+    return page_url
+
+
 class QueuePagesMixin:
     """The queue table and the key pages, for the ``ModelAdmin`` of :class:`~durable_singleton.models.Run`."""
 
@@ -154,21 +184,14 @@ class QueuePagesMixin:
         only = choice_param(request, "only", queues.FILTERS, "")
         workflow = text_param(request, "workflow")
         search = text_param(request, "q").strip()
-        per_page = self.queue_per_page
-        totals: list[queues.QueuePage] = []
-
-        def fetch(offset: int, limit: int) -> tuple[Sequence[queues.QueueRow], int]:
-            table = queues.queue_table(
+        page, table = _one_query_page(
+            request,
+            self.queue_per_page,
+            lambda offset, limit: queues.queue_table(
                 workflow=workflow or None, key_contains=search or None, only=only, sort=sort, offset=offset, limit=limit
-            )
-            totals[:] = [table]
-            return table.rows, table.keys
-
-        paginator: Paginator[queues.QueueRow] = Paginator(
-            _OnePageAtATime(fetch, per_page, (page_param(request) - 1) * per_page),  # type: ignore[arg-type]
-            per_page,
+            ),
+            lambda table: (table.rows, table.keys),
         )
-        page = paginator.get_page(page_param(request))
         now = timezone.now()
 
         def link(**changes: str) -> str:
@@ -229,7 +252,7 @@ class QueuePagesMixin:
             "rows": rows,
             "quota_rows": quota_rows,
             "headers": _sort_headers(sort, link),
-            "totals": totals[0],
+            "totals": table,
             "now": now,
             "refresh": self._refresh(request),
             "pause_url": link(refresh="0"),
@@ -272,25 +295,14 @@ class QueuePagesMixin:
             # The same actions, permission checks and messages as the run list.
             response = self.response_action(request, queryset=self.get_queryset(request).for_key(workflow, key))
             return response if response is not None else HttpResponseRedirect(request.get_full_path())
-        per_page = self.queue_per_page
-        fetched: list[queues.KeyQueue] = []
-
-        def fetch(offset: int, limit: int) -> tuple[Sequence[queues.QueuedRun], int]:
-            queue = queues.key_queue(workflow, key, offset=offset, limit=limit)
-            fetched[:] = [queue]
-            return queue.waiters, queue.waiting
-
-        paginator: Paginator[queues.QueuedRun] = Paginator(
-            _OnePageAtATime(fetch, per_page, (page_param(request) - 1) * per_page),  # type: ignore[arg-type]
-            per_page,
+        page, queue = _one_query_page(
+            request,
+            self.queue_per_page,
+            lambda offset, limit: queues.key_queue(workflow, key, offset=offset, limit=limit),
+            lambda queue: (queue.waiters, queue.waiting),
         )
-        page = paginator.get_page(page_param(request))
-        queue = fetched[0]
         # The database's clock: leases and wake times are judged on it (R5, K3).
         now = db_now()
-
-        def page_url(n: int) -> str:
-            return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
 
         free_slots = admission.free_slots(queue.limit, len(queue.holders), paused=queue.paused)
         # A holder whose lease was not renewed holds the slot until it expires (K3, D4).
@@ -370,7 +382,7 @@ class QueuePagesMixin:
             "action_form": action_form,
             "queues_url": self._url("queues"),
             "runs_url": self._url("changelist") + "?" + urlencode({"workflow_name": workflow, "singleton_key": key}),
-            **self._paging(page, page_url),
+            **self._paging(page, _page_url(request)),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(
@@ -392,24 +404,13 @@ class QueuePagesMixin:
         key = text_param(request, "key", QUOTA_KEY_MAX_LENGTH)
         if not quota or not key:
             return HttpResponseRedirect(self._url("queues"))
-        per_page = self.queue_per_page
-        fetched: list[queues.QuotaKeyQueue] = []
-
-        def fetch(offset: int, limit: int) -> tuple[Sequence[queues.QueuedRun], int]:
-            queue = queues.quota_key_queue(quota, key, offset=offset, limit=limit)
-            fetched[:] = [queue]
-            return queue.waiters, queue.waiting
-
-        paginator: Paginator[queues.QueuedRun] = Paginator(
-            _OnePageAtATime(fetch, per_page, (page_param(request) - 1) * per_page),  # type: ignore[arg-type]
-            per_page,
+        page, queue = _one_query_page(
+            request,
+            self.queue_per_page,
+            lambda offset, limit: queues.quota_key_queue(quota, key, offset=offset, limit=limit),
+            lambda queue: (queue.waiters, queue.waiting),
         )
-        page = paginator.get_page(page_param(request))
-        queue = fetched[0]
         now = db_now()  # leases and due times are judged on the database's clock (R5, K3)
-
-        def page_url(n: int) -> str:
-            return "?" + urlencode({**{k: v for k, v in request.GET.items() if k != "p"}, "p": n})
 
         def entry(item: queues.QueuedRun) -> dict[str, Any]:
             run = item.run
@@ -452,7 +453,7 @@ class QueuePagesMixin:
             "queues_url": self._url("queues"),
             # This quota's keys as lanes over time, this key first (X3).
             "lanes_url": f"{self._url('lanes')}?{urlencode({'quota': quota, 'key': key})}",
-            **self._paging(page, page_url),
+            **self._paging(page, _page_url(request)),
         }
         request.current_app = self.admin_site.name
         return TemplateResponse(
