@@ -6,10 +6,11 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from ..models import WorkerProcess
+from .bounded import StorableInputMixin
 
 
 @admin.register(WorkerProcess)
-class WorkerProcessAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class WorkerProcessAdmin(StorableInputMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Each live ``durable_worker`` process: host, pid, mode, threads, queues,
     started and last seen (the database's clock). A row not seen for
     ``WORKER_DEAD_SECONDS`` is a dead process whose runs the tick takes back."""
