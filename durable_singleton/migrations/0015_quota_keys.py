@@ -37,10 +37,25 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.AddField(
-            model_name='run',
-            name='quota_keys',
-            field=models.JSONField(blank=True, default=list, null=True, verbose_name='quota keys'),
+        # The column is added without a database default: on SQLite a default (or NOT NULL)
+        # rebuilds the table, and the rebuild keeps only the indexes of the model's state,
+        # dropping 0009's partial ds_run_untracked_idx and the ds_run_legacy_idx that 0014
+        # keeps there (S12). ``default=list`` is Django's, applied when a row is built.
+        migrations.SeparateDatabaseAndState(
+            database_operations=[
+                migrations.AddField(
+                    model_name='run',
+                    name='quota_keys',
+                    field=models.JSONField(blank=True, null=True, verbose_name='quota keys'),
+                ),
+            ],
+            state_operations=[
+                migrations.AddField(
+                    model_name='run',
+                    name='quota_keys',
+                    field=models.JSONField(blank=True, default=list, null=True, verbose_name='quota keys'),
+                ),
+            ],
         ),
         migrations.RunPython(copy_quota_keys, migrations.RunPython.noop, elidable=True),
     ]
