@@ -190,8 +190,12 @@ def free_slots_sql(limit: Any, holders: Any, paused: Any) -> Case:
 
 def free_slots_sql_text(limit: str, holders: str, paused: str) -> str:
     """SQL text of :func:`free_slots` for raw statements; each argument an SQL
-    expression (``paused`` NULL: not paused)."""
-    return f"(CASE WHEN COALESCE({paused}, FALSE) THEN 0 WHEN {limit} > {holders} THEN {limit} - {holders} ELSE 0 END)"
+    expression (``paused`` NULL: not paused), bracketed here: ``holders`` may be a sum
+    (tracked and untracked holders, S12)."""
+    return (
+        f"(CASE WHEN COALESCE({paused}, FALSE) THEN 0 WHEN ({limit}) > ({holders})"
+        f" THEN ({limit}) - ({holders}) ELSE 0 END)"
+    )
 
 
 def queue_cap(limit: int, max_queue_depth: int | None) -> int | None:

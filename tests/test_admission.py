@@ -25,7 +25,7 @@ from durable_singleton.testing import make_engine
 
 from .conftest import Monitor, spawn
 from .factories import RunRecordFactory
-from .helpers import audited, settle
+from .helpers import audited, holding_body, settle
 
 
 def test_gate_runs_before_the_body_and_parks_a_younger_run(
@@ -215,6 +215,22 @@ def test_untracked_active_run_counts_as_holder(engine: Engine, registry: Registr
     assert engine.execute("new") == "parked"
     settle(engine, "legacy", "completed")
     assert engine.execute("new") == "completed"
+
+
+def test_an_older_release_holder_takes_one_slot_of_a_wider_key(engine: Engine, registry: Registry) -> None:
+    """S12, S5: an older release's untracked holder takes one slot of a key of limit 3, so a
+    claim grants at most 2 of the 4 waiters in front. The free slots are the limit less the
+    tracked holders and the untracked ones together: the PostgreSQL statements once spliced
+    the holders' sum into ``limit - holders`` unbracketed (``3 - 0 + 1``) and admitted all 4."""
+    registry.add("wide", "1", holding_body([]), singleton={"key": lambda i: "key:W", "limit": 3})
+    engine.store.create_run(
+        RunRecordFactory(run_id="legacy", workflow_name="wide", singleton_key="key:W", legacy_holder=True), cap=None
+    )
+    for n in range(4):
+        engine.start("wide", {"hold": True}, run_id=f"w{n}")
+    engine.execute("w0")
+    admitted = [r for r in (engine.get(f"w{n}") for n in range(4)) if r.admitted]
+    assert len(admitted) == 2, [r.run_id for r in admitted]
 
 
 def test_terminal_write_drops_markers_and_frees_slot(engine: Engine, registry: Registry, monitor: Monitor) -> None:

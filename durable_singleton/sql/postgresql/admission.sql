@@ -11,9 +11,10 @@
 (CASE WHEN COALESCE({{override}}, {{declared}}, 1) < 1 THEN 1 ELSE COALESCE({{override}}, {{declared}}, 1) END)
 
 -- fragment: free_slots
--- A key's free slots (S5, K2): none while paused, else limit - holders, never negative:
+-- A key's free slots (S5, K2): none while paused, else limit - holders, never negative (each
+-- argument bracketed: holders may be a sum, S12):
 -- admission.free_slots_sql_text(lim, holders, paused).
-(CASE WHEN COALESCE({{paused}}, FALSE) THEN 0 WHEN {{lim}} > {{holders}} THEN {{lim}} - {{holders}} ELSE 0 END)
+(CASE WHEN COALESCE({{paused}}, FALSE) THEN 0 WHEN ({{lim}}) > ({{holders}}) THEN ({{lim}}) - ({{holders}}) ELSE 0 END)
 
 -- fragment: holds_slot
 -- The run {{run}} holds a slot of its key (S5, S12): a tracked holder not ended, or an untracked
