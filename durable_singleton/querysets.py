@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import connections, models
 from django.db.models import ExpressionWrapper, Func, Value
 from django.db.models.expressions import CombinedExpression
 
@@ -37,6 +37,23 @@ def sqlite_now() -> datetime:
     reads the host clock directly.
     """
     return datetime.now(UTC)
+
+
+def database_now(using: str) -> datetime:
+    """Return the database server's time in UTC for Django database ``using`` (an alias;
+    R5, R8): on SQLite, its host's (:func:`sqlite_now`). The one read of the database's
+    clock by a statement of its own (``DjangoStore.now`` and the worker registry call it)."""
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        return sqlite_now()
+    sql = "SELECT STATEMENT_TIMESTAMP()" if connection.vendor == "postgresql" else "SELECT UTC_TIMESTAMP(6)"
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        value: Any = cursor.fetchone()[0]
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    moment: datetime = value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # MySQL's is naive UTC
+    return moment
 
 
 class DbNow(Func):

@@ -47,7 +47,7 @@ def test_settings_page_documents_each_default() -> None:
 
 #: Double-backticked dotted names that are not Python objects: system check ids,
 #: Celery task names, file names.
-_NOT_PYTHON = re.compile(r"^durable_singleton\.(?:[EW]\d+|E0xx|execute_runs?|tick)$|\.(?:py|jsonl|rst|toml|cfg)$")
+_NOT_PYTHON = re.compile(r"^durable_singleton\.(?:[EW]\d+|E0xx|execute_runs?|tick)$|\.(?:py|jsonl|rst|toml|cfg|sql)$")
 #: Module names of this package that the docs also use for something else: Django's
 #: package, the usual variable of an engine, a project's file.
 _AMBIGUOUS = {"django", "engine", "workflows", "tasks"}

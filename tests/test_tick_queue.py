@@ -67,6 +67,11 @@ def _env(**overrides: str) -> dict[str, str]:
 @pytest.mark.celery
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
+def _pid_of(owner: str) -> int:
+    """The pid in a Celery worker's tick owner ``celery:<host>:<pid>:<token>``."""
+    return int(owner.rsplit(":", 2)[1])
+
+
 def test_the_tick_keeps_its_period_while_bodies_hold_every_slot(celery_workers: CeleryWorkers) -> None:
     """O5, S8, X2: only the documented ``celery worker`` (concurrency 2) and
     ``celery beat`` run; with both pool processes held by long bodies the
@@ -147,8 +152,9 @@ def test_one_worker_ticks_at_a_time_and_another_takes_over_when_it_dies(celery_w
     for a, b in itertools.pairwise(lines):
         assert b.ended - b.seconds >= a.ended - 0.01, (a, b)  # the next began after the previous ended
     (owner,) = owners
-    holder, other = (first, second) if owner.endswith(f":{first.pid}") else (second, first)
-    assert owner.endswith(f":{holder.pid}"), (owner, holder.pid, other.pid)
+    # The thread's owner is celery:<host>:<pid>:<token> (identity.process_name).
+    holder, other = (first, second) if _pid_of(owner) == first.pid else (second, first)
+    assert _pid_of(owner) == holder.pid, (owner, holder.pid, other.pid)
     holder.kill()
     killed_at = time.time()
     _wait(
@@ -157,7 +163,7 @@ def test_one_worker_ticks_at_a_time_and_another_takes_over_when_it_dies(celery_w
         SLACK,
         logs,
     )
-    assert Heartbeat.objects.get(name=TICK_LEASE).owner.endswith(f":{other.pid}")
+    assert _pid_of(Heartbeat.objects.get(name=TICK_LEASE).owner) == other.pid
     store = DjangoStore()
     engine = Engine(store, ManualDispatcher(store))  # the start sends nothing: the tick re-sends its turn
     engine.dispatcher.bind(engine)

@@ -86,7 +86,7 @@ from ..admission import (
 from ..codecs import Codec
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..models import QuotaMembership, Run, Signal, SingletonKey, Step
-from ..querysets import DbNow, RunQuerySet, db_now_plus, sqlite_now
+from ..querysets import DbNow, RunQuerySet, database_now, db_now_plus
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
 from . import key_controls, mysql, pg
 from .base import (
@@ -409,13 +409,9 @@ class DjangoStore(BaseStore):
             conn.close()
 
     def now(self) -> datetime:
-        """Return the database server's time in UTC (R5): on SQLite, its host's (:func:`sqlite_now`)."""
-        if self._vendor == "sqlite":
-            return sqlite_now()
-        sql = "SELECT STATEMENT_TIMESTAMP()" if self._vendor == "postgresql" else "SELECT UTC_TIMESTAMP(6)"
-        with connections[self.db].cursor() as cursor:
-            cursor.execute(sql)
-            return _aware(cursor.fetchone()[0])
+        """Return the database server's time in UTC (R5): on SQLite, its host's
+        (:func:`~durable_singleton.querysets.database_now`)."""
+        return database_now(self.db)
 
     # -- keys ------------------------------------------------------------------
     def lock_key(self, workflow_name: str, key: str, *, existing: bool = False) -> dict[str, Any]:
@@ -687,7 +683,9 @@ class DjangoStore(BaseStore):
             return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
         # The database's clock, the key's runtime override and the depth of its queue in one read.
         now, deep = self._start_probe(run, deep_limit if probed else None)
-        if stamp:
+        # Naive times (USE_TZ = False, refused by check E012) are not restamped: the
+        # database's clock is aware, and the engine's times stay as they were given.
+        if stamp and run.created_at.tzinfo is not None:
             shift = now - run.created_at
             run = run.evolve(
                 created_at=run.created_at + shift,

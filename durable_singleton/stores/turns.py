@@ -184,9 +184,9 @@ def release_tick_lease(db: str, owner: str) -> None:
 
 
 def _db_now(db: str) -> datetime:
-    from .django import DjangoStore
+    from ..querysets import database_now
 
-    return DjangoStore(db).now()
+    return database_now(db)
 
 
 def register_worker(db: str, *, name: str, host: str, pid: int, mode: str, threads: int, queues: str) -> datetime:
