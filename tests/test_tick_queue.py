@@ -64,14 +64,14 @@ def _env(**overrides: str) -> dict[str, str]:
     return worker_env(DURABLE_LOG_LEVEL="INFO", **overrides)
 
 
-@pytest.mark.celery
-@pytest.mark.slow
-@pytest.mark.django_db(transaction=True)
 def _pid_of(owner: str) -> int:
     """The pid in a Celery worker's tick owner ``celery:<host>:<pid>:<token>``."""
     return int(owner.rsplit(":", 2)[1])
 
 
+@pytest.mark.celery
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
 def test_the_tick_keeps_its_period_while_bodies_hold_every_slot(celery_workers: CeleryWorkers) -> None:
     """O5, S8, X2: only the documented ``celery worker`` (concurrency 2) and
     ``celery beat`` run; with both pool processes held by long bodies the
