@@ -410,7 +410,7 @@ class DjangoStore(BaseStore):
 
     def now(self) -> datetime:
         """Return the database server's time in UTC (R5): on SQLite, its host's
-        (:func:`~durable_singleton.querysets.database_now`)."""
+        (``durable_singleton.querysets.database_now``)."""
         return database_now(self.db)
 
     # -- keys ------------------------------------------------------------------
