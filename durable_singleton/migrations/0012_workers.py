@@ -40,43 +40,42 @@ def drop_trigger(apps: Any, schema_editor: Any) -> None:
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_singleton', '0011_fair_quotas'),
+        ("durable_singleton", "0011_fair_quotas"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='WorkerProcess',
+            name="WorkerProcess",
             fields=[
-                ('name', models.CharField(max_length=191, primary_key=True, serialize=False, verbose_name='name')),
-                ('host', models.CharField(max_length=191, verbose_name='host')),
-                ('pid', models.PositiveIntegerField(verbose_name='pid')),
-                ('mode', models.CharField(max_length=16, verbose_name='mode')),
-                ('threads', models.PositiveIntegerField(verbose_name='threads')),
-                ('queues', models.CharField(blank=True, default='', max_length=191, verbose_name='queues')),
-                ('started_at', models.DateTimeField(verbose_name='started at')),
-                ('last_seen_at', models.DateTimeField(verbose_name='last seen at')),
+                ("name", models.CharField(max_length=191, primary_key=True, serialize=False, verbose_name="name")),
+                ("host", models.CharField(max_length=191, verbose_name="host")),
+                ("pid", models.PositiveIntegerField(verbose_name="pid")),
+                ("mode", models.CharField(max_length=16, verbose_name="mode")),
+                ("threads", models.PositiveIntegerField(verbose_name="threads")),
+                ("queues", models.CharField(blank=True, default="", max_length=191, verbose_name="queues")),
+                ("started_at", models.DateTimeField(verbose_name="started at")),
+                ("last_seen_at", models.DateTimeField(verbose_name="last seen at")),
             ],
             options={
-                'verbose_name': 'worker process',
-                'verbose_name_plural': 'worker processes',
-                'ordering': ['host', 'pid'],
+                "verbose_name": "worker process",
+                "verbose_name_plural": "worker processes",
+                "ordering": ["host", "pid"],
             },
         ),
         migrations.CreateModel(
-            name='TurnNotice',
+            name="TurnNotice",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('run_id', models.CharField(max_length=191, verbose_name='run')),
-                ('queue', models.CharField(default='default', max_length=191, verbose_name='queue')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("run_id", models.CharField(max_length=191, verbose_name="run")),
+                ("queue", models.CharField(default="default", max_length=191, verbose_name="queue")),
             ],
             options={
-                'verbose_name': 'turn notice',
-                'verbose_name_plural': 'turn notices',
-                'indexes': [
-                    models.Index(fields=['queue', 'id'], name='ds_turn_queue_idx'),
-                    models.Index(fields=['run_id'], name='ds_turn_run_idx'),
+                "verbose_name": "turn notice",
+                "verbose_name_plural": "turn notices",
+                "indexes": [
+                    models.Index(fields=["queue", "id"], name="ds_turn_queue_idx"),
+                    models.Index(fields=["run_id"], name="ds_turn_run_idx"),
                 ],
             },
         ),

@@ -31,9 +31,8 @@ def copy_quota_keys(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('durable_singleton', '0014_depth_independent_indexes'),
+        ("durable_singleton", "0014_depth_independent_indexes"),
     ]
 
     operations = [
@@ -44,16 +43,16 @@ class Migration(migrations.Migration):
         migrations.SeparateDatabaseAndState(
             database_operations=[
                 migrations.AddField(
-                    model_name='run',
-                    name='quota_keys',
-                    field=models.JSONField(blank=True, null=True, verbose_name='quota keys'),
+                    model_name="run",
+                    name="quota_keys",
+                    field=models.JSONField(blank=True, null=True, verbose_name="quota keys"),
                 ),
             ],
             state_operations=[
                 migrations.AddField(
-                    model_name='run',
-                    name='quota_keys',
-                    field=models.JSONField(blank=True, default=list, null=True, verbose_name='quota keys'),
+                    model_name="run",
+                    name="quota_keys",
+                    field=models.JSONField(blank=True, default=list, null=True, verbose_name="quota keys"),
                 ),
             ],
         ),
