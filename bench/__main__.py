@@ -30,6 +30,7 @@ SCENARIOS = (
     "worker",
     "pull",
     "peers",
+    "rooms",
 )
 
 
@@ -148,6 +149,12 @@ def main(argv: list[str]) -> int:
     if "statements" in only:
         # Before any worker runs: their ticks must not take these runs (another registry's workflows).
         raw["statements"] = attempt("0 round trips per run (python -m bench.statements)", statements.measure)
+    if "rooms" in only:
+        # The same in-process drain on each database the services give (PostgreSQL, MariaDB with
+        # --mysql, SQLite), as ratios to PostgreSQL of this run (issue #32; python -m bench.rooms).
+        from . import rooms
+
+        raw["rooms"] = attempt("0 the rooms: PostgreSQL, MariaDB and SQLite in one run", rooms.measure)
 
     env = dict(os.environ)
     with Procs(env, log_dir).running() as procs:

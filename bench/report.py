@@ -136,6 +136,22 @@ def targets(raw: dict[str, Any]) -> list[Target]:
                 trips <= bound,
             )
         )
+    for vendor, label, bound in (("mysql", "MariaDB", 0.8), ("sqlite", "SQLite", 0.9)):
+        ratio = _get(raw, "rooms", "databases", vendor, "drain_ratio_to_postgresql")
+        if isinstance(ratio, (int, float)) and not math.isnan(ratio):
+            rate = _get(raw, "rooms", "databases", vendor, "drain_runs_per_second")
+            base = _get(raw, "rooms", "databases", "postgresql", "drain_runs_per_second")
+            out.append(
+                Target(
+                    f"hot-key drain in process, {label} vs PostgreSQL",
+                    "runs/s",
+                    rate,
+                    f"PostgreSQL {base:.1f} runs/s (bench.rooms)",
+                    ratio,
+                    f">= {bound}x",
+                    ratio >= bound,
+                )
+            )
     claims = _get(raw, "claims")
     if isinstance(claims, dict) and claims:
         sizes = sorted(claims, key=int)
@@ -292,6 +308,17 @@ def figure_rows(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"0 round trips per run ({_get(raw, 'statements', 'database')})",
                     f"{kind}: total (of which BEGIN/COMMIT)",
                     f"{trips:g} ({control:g})",
+                )
+            )
+    rooms = _get(raw, "rooms", "databases")
+    if isinstance(rooms, dict):
+        for vendor, figures in rooms.items():
+            rows.append(
+                (
+                    f"0 rooms ({vendor})",
+                    "drain / idle runs/s in process (ratio to PostgreSQL)",
+                    f"{figures['drain_runs_per_second']:.1f} ({figures.get('drain_ratio_to_postgresql', 'n/a')}x) / "
+                    f"{figures['idle_runs_per_second']:.1f} ({figures.get('idle_ratio_to_postgresql', 'n/a')}x)",
                 )
             )
     for which in ("baseline", "baseline_end"):

@@ -212,3 +212,41 @@ def test_services_start_postgres_durable_or_fast(durable: bool) -> None:
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_rooms_reports_each_database_present_with_its_ratio_to_postgresql(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m bench.rooms`` (issue #32) runs the same drain on each database in fresh
+    processes and reports a database only when its URL is given: here SQLite alone, so no
+    ratio to PostgreSQL is made up."""
+    from bench import rooms
+
+    monkeypatch.delenv("DS_PG_URL", raising=False)
+    monkeypatch.delenv("DS_MYSQL_URL", raising=False)
+    monkeypatch.chdir(REPO)
+    result = rooms.measure(rounds=1, waiters=4, idle=2)
+    assert set(result["databases"]) == {"sqlite"}
+    sqlite = result["databases"]["sqlite"]
+    assert sqlite["server"]["vendor"] == "sqlite"
+    assert sqlite["drain_runs_per_second"] > 0 and sqlite["idle_runs_per_second"] > 0
+    assert "drain_ratio_to_postgresql" not in sqlite
+
+
+def test_report_checks_the_rooms_drain_ratios_at_their_bounds() -> None:
+    """Issue #32's targets: MariaDB drains at >= 0.8x PostgreSQL and SQLite at >= 0.9x, in one run."""
+
+    def figures(mysql: float, sqlite: float) -> dict[str, Any]:
+        rooms = {
+            vendor: {"drain_runs_per_second": 100.0 * r, "idle_runs_per_second": 50.0, "drain_ratio_to_postgresql": r}
+            for vendor, r in (("postgresql", 1.0), ("mysql", mysql), ("sqlite", sqlite))
+        }
+        return {"rooms": {"databases": rooms}}
+
+    def verdicts(raw: dict[str, Any]) -> dict[str, bool]:
+        return {t.name: t.ok for t in report.targets(raw) if "bench.rooms" in t.reference}
+
+    assert verdicts(figures(0.8, 0.9)) == {
+        "hot-key drain in process, MariaDB vs PostgreSQL": True,
+        "hot-key drain in process, SQLite vs PostgreSQL": True,
+    }
+    assert set(verdicts(figures(0.79, 0.89)).values()) == {False}
+    assert verdicts({}) == {}
