@@ -4,10 +4,12 @@ Run it with the throwaway servers (Redis holds the bodies' audit)::
 
     python tools/services.py run --pg --mysql --redis --durable -- python -m bench.scale --scale 0.5
 
-For each database given (``--databases``, default ``pg,mysql``) and each
-process count (``--processes``, default ``1,2,4``), in one run: start that
-many ``manage.py durable_worker --threads T`` processes with ``DISPATCH =
-"worker"``, measure the hot-key drain (one key, limit 1: serial by rule, so
+For each database given (``--databases``, default ``pg,mysql,sqlite``; SQLite
+is a file in the logs folder) and each process count (``--processes``,
+default ``1,2,4``), in one run: start that many ``manage.py durable_worker
+--threads T`` processes with ``DISPATCH = "worker"``, measure the delay from
+a start's commit in this process to its body's entry on an idle key, the
+tick's period while bodies hold every worker thread (O5), the hot-key drain (one key, limit 1: serial by rule, so
 it shows the fetch adds no wait, not a speed-up) and many keys (runs started
 with ``start_many`` before the workers could take them all, so the workers'
 throughput is measured, not the client's start rate), audit every body (no
@@ -32,7 +34,9 @@ from typing import Any
 def parse(argv: list[str]) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(prog="bench.scale", description=__doc__)
-    parser.add_argument("--databases", default="pg,mysql", help="comma-separated: pg, mysql (default both)")
+    parser.add_argument(
+        "--databases", default="pg,mysql,sqlite", help="comma-separated: pg, mysql, sqlite (default all three)"
+    )
     parser.add_argument("--processes", default="1,2,4", help="durable_worker process counts (default 1,2,4)")
     parser.add_argument("--threads", type=int, default=2, help="threads of each durable_worker (default 2)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every size by this (default 1)")
@@ -80,6 +84,10 @@ def measure(args: argparse.Namespace, counts: list[int], log_dir: Path) -> dict[
                 if any(not w.alive() for w in workers):
                     raise RuntimeError("a durable_worker exited at start (see its log)")
                 out[str(count)] = {
+                    # The commit-to-body delay of a run started in this process on an idle key (O1, O7):
+                    # LISTEN/NOTIFY on PostgreSQL, the workers' short poll elsewhere.
+                    "commit_to_body": scenarios.lane_idle(engine, sizes)["idle"],
+                    "tick_busy": scenarios.tick_under_load_pull(engine, count * args.threads, 10.0, args.tick),
                     "drain": scenarios.hot_key(engine, f"s{count}-drain", sizes.hot_runs),
                     "many_keys": scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys, bulk=True),
                 }
@@ -121,12 +129,16 @@ def main(argv: list[str]) -> int:
         return 0
     import subprocess
 
-    urls = {"pg": os.environ.get("DS_PG_URL"), "mysql": os.environ.get("DS_MYSQL_URL")}
     redis_url = os.environ.get("DS_REDIS_URL")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     out_dir = Path(args.out)
     log_dir = out_dir / f"logs-scale-{stamp}"
     log_dir.mkdir(parents=True, exist_ok=True)
+    urls = {
+        "pg": os.environ.get("DS_PG_URL"),
+        "mysql": os.environ.get("DS_MYSQL_URL"),
+        "sqlite": f"sqlite:///{log_dir.resolve() / 'scale.sqlite3'}",  # a file the worker processes share
+    }
     report: dict[str, Any] = {"command": "python -m bench.scale " + " ".join(argv), "threads": args.threads}
     for db in [d.strip() for d in args.databases.split(",") if d.strip()]:
         if not urls.get(db) or not redis_url:
@@ -158,6 +170,10 @@ def main(argv: list[str]) -> int:
     for db in urls:
         if db not in report:
             continue
+        for count, found in report[f"{db}_raw"].items():
+            delay, tick = found["commit_to_body"], found["tick_busy"]
+            print(f"{db:6} commit to body, idle key, {count} process(es): {json.dumps(delay)}")
+            print(f"{db:6} tick period, every thread busy, {count} process(es): {json.dumps(tick)}")
         for scenario, rows in report[db].items():
             for count, row in rows.items():
                 print(

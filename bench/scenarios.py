@@ -367,6 +367,42 @@ class LaneProbe:
         return {**summary_ms(delays), "concurrency": concurrency_report(self.tag, 1)}
 
 
+def tick_under_load_pull(engine: Engine, slots: int, window: float, tick_seconds: float) -> dict[str, Any]:
+    """O5 for ``durable_worker``: the tick's period while bodies hold all
+    ``slots`` worker threads for ``window`` seconds. The periods are the gaps
+    between successive renewals of the tick's lease (its row's expiry moves
+    at each tick, on the database's clock), read every 20 ms from this
+    process; the p99 also as a ratio to ``tick_seconds`` (target: at most 2)."""
+    from durable_singleton.models import Heartbeat
+    from durable_singleton.stores.turns import TICK_LEASE
+
+    tag = new_tag("ptick")
+    for n in range(slots):
+        start(engine, tag, f"{tag}-k{n}", hold=True)
+    wait_until(
+        lambda: sum(1 for e in audit.events(tag) if e.kind == "E") >= slots, 120, "every worker thread holding a body"
+    )
+    seen: list[Any] = []
+    began = time.monotonic()
+    while time.monotonic() - began < window:
+        at = Heartbeat.objects.filter(name=TICK_LEASE).values_list("at", flat=True).first()
+        if at is not None and (not seen or at != seen[-1]):
+            seen.append(at)
+        time.sleep(0.02)
+    audit.release(tag)
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(seen)]
+    p99 = pct(gaps, 0.99) if gaps else math.nan
+    return {
+        "slots": slots,
+        "window_s": window,
+        "ticks": len(seen),
+        "period_p50_s": pct(gaps, 0.5) if gaps else math.nan,
+        "period_p99_s": p99,
+        "period_max_s": max(gaps) if gaps else math.nan,
+        "p99_ratio": p99 / tick_seconds,
+    }
+
+
 def tick_under_load(
     engine: Engine, slots: int, window: float, worker_logs: list[Any], tick_seconds: float
 ) -> dict[str, Any]:
