@@ -130,6 +130,18 @@ def _send_turn(app: Any, run_id: str, options: dict[str, Any]) -> None:
         app.send_task(EXECUTE_TASK, (run_id,), **options)
 
 
+def _send_refused(run_ids: Sequence[str], exc: BaseException) -> None:
+    """Log a refused send: one warning line per run naming the error, and the
+    traceback only at DEBUG. A broker that is down is an expected event, not a
+    fault of this package: every run keeps its ``wake_at`` and the tick sends
+    it again (S8, F4)."""
+    for run_id in run_ids:
+        logger.warning(
+            "could not send turn of run %s; the tick will re-send it (%s: %s)", run_id, type(exc).__name__, exc
+        )
+    logger.debug("the refused send's traceback", exc_info=exc)
+
+
 #: The options of every turn's send: one quick retry, then the tick re-sends (F4).
 _SEND_OPTIONS: dict[str, Any] = {"retry": True, "retry_policy": {"max_retries": 1, "interval_start": 0.1}}
 
@@ -165,9 +177,8 @@ def _send_turns(app: Any, run_ids: Sequence[str], queue: str | None, batch: int)
                     else:
                         app.send_task(EXECUTE_MANY_TASK, (chunk, queue), **options)
                 chunks.pop(0)
-    except Exception:  # broker down: the durable timer re-sends (S8, F4)
-        for run_id in (r for chunk in chunks for r in chunk):
-            logger.exception("could not send turn of run %s; the tick will re-send it", run_id)
+    except Exception as exc:  # broker down: the durable timer re-sends (S8, F4)
+        _send_refused([r for chunk in chunks for r in chunk], exc)
 
 
 class _Coalescer:
@@ -265,8 +276,8 @@ class CeleryDispatcher(_DjangoCommit):
                 options["queue"] = queue
             try:
                 _send_turn(current_app, run_id, options)
-            except Exception:  # broker down: the durable timer re-sends (S8, F4)
-                logger.exception("could not send turn of run %s; the tick will re-send it", run_id)
+            except Exception as exc:  # broker down: the durable timer re-sends (S8, F4)
+                _send_refused([run_id], exc)
 
         self.on_commit(send)
 

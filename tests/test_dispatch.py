@@ -142,3 +142,34 @@ def test_stop_leaves_a_tick_in_a_database_call_after_a_second(registry: Registry
         assert ticker.is_alive() and not release.is_set(), "stop() waited for the tick to end"
     finally:
         release.set()
+
+
+def test_a_send_the_broker_refuses_is_one_warning_line_per_run_without_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """F4, S8: a broker that is down is an expected event. The turns a refused
+    send carried are logged as one warning line each, naming the error (a new
+    user read the full traceback of a ``celery`` dispatch with no broker as a
+    failure of the start); the traceback is kept at DEBUG; nothing is raised."""
+    import logging
+    import socket
+
+    from celery import Celery
+
+    from durable_singleton import dispatch
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    app = Celery("refused", broker=f"redis://127.0.0.1:{port}/0")
+    app.conf.broker_connection_retry_on_startup = False
+    with caplog.at_level(logging.DEBUG, logger="durable_singleton"):
+        dispatch._send_turns(app, ["run-a", "run-b"], None, 500)
+    mine = [r for r in caplog.records if r.name.startswith("durable_singleton")]
+    warnings = [r for r in mine if r.levelno == logging.WARNING]
+    assert [r.getMessage().split(" (")[0] for r in warnings] == [
+        "could not send turn of run run-a; the tick will re-send it",
+        "could not send turn of run run-b; the tick will re-send it",
+    ]
+    assert all(r.exc_info is None and "Error" in r.getMessage() for r in warnings), [r.getMessage() for r in warnings]
+    assert any(r.levelno == logging.DEBUG and r.exc_info for r in mine)
