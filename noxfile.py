@@ -9,7 +9,7 @@ and creates no environment of its own:
 * ``quick``: the quick tier, SQLite and the memory store, no external
   service: every test not marked ``slow`` or ``celery``, on one pytest-xdist
   worker per core (at most 4; each has its own SQLite file), in a few
-  minutes (arguments after ``--`` go to pytest, e.g. ``-- tests/test_tick.py
+  minutes (arguments after ``--`` go to pytest, e.g. ``-- tests/workers/test_tick.py
   -x``, or ``-- -n 0`` for one process);
 * ``typecheck``: ``mypy --strict`` (setup.cfg); ``docs``: ``sphinx -W -n``;
 * ``full``: the README's ``bash tools/test`` (every database, every tested

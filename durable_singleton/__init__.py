@@ -2,7 +2,7 @@
 
 Public names only; see README.rst. Importing the package imports the engine,
 its context and the runtime (Django's modules with them) but reads no settings:
-it works before Django is configured (tests/test_checks.py).
+it works before Django is configured (tests/operations/test_system_checks.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 run statuses, slot states, turn outcomes, store verdicts and park reasons.
 
 No other module of the package spells one of these as a string literal
-(tests/test_literals.py checks it; migrations, frozen history, excepted). A
+(tests/docs_and_packaging/test_literals.py checks it; migrations, frozen history, excepted). A
 ``TextChoices`` or ``StrEnum`` member is a ``str``, so it is stored and
 compared as the plain value.
 """

@@ -7,7 +7,7 @@ Run it as the README says::
 
 Each worker's main process ticks while it holds the tick's lease, and
 beat's tick (on the default queue) is the fallback (O5;
-``tests/test_tick_queue.py`` starts these two against the test database).
+``tests/workers/test_tick_period.py`` starts these two against the test database).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ app.conf.beat_schedule.update(beat_schedule())
 
 def _spans_to_file(**kwargs: object) -> None:
     """In each pool process, export OpenTelemetry spans as JSON lines to the
-    file ``DURABLE_OTEL_SPANS`` names (tests/test_tracing.py, O8)."""
+    file ``DURABLE_OTEL_SPANS`` names (tests/operations/test_tracing.py, O8)."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor

@@ -1,4 +1,4 @@
-"""One process of a rolling key rotation (tests/test_codec_rotation.py).
+"""One process of a rolling key rotation (tests/codecs/test_key_rotation.py).
 
     python -m tests.codec_rotation write RUN_ID TEXT [RUN_ID...]   start a run, execute its turn, read runs
     python -m tests.codec_rotation read RUN_ID...                  read runs back

@@ -16,7 +16,7 @@ modules are listed.
 :data:`LAYERS` is the layer map of docs/design.rst ("Layers"): a module may
 import modules of its own layer or of a lower one, never of a higher one, and
 no import cycle is allowed except :data:`ALLOWED_CYCLES`.
-tests/test_layers.py enforces both with :func:`violations` and :func:`cycles`.
+tests/docs_and_packaging/test_layers.py enforces both with :func:`violations` and :func:`cycles`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ state, ``supports_schedules``; the ``database`` alias and the ``codec``). A
 store is a subclass: the Django ORM store, the in-memory store, the codec
 store, or a user's own (set ``DURABLE_SINGLETON["STORE"]`` to its dotted
 path). The contract is stated by the conformance suite in
-:mod:`durable_singleton.testing.conformance`; ``tests/test_custom_store.py``
+:mod:`durable_singleton.testing.conformance`; ``tests/stores/test_custom_store.py``
 runs it on a store with only the abstract methods and the claim.
 
 The turn protocol (docs/design.rst):

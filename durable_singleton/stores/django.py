@@ -3,7 +3,7 @@
 Runs' locks are taken here; the key controls' (:mod:`.key_controls`, the
 claim's own key lock), the schedules' (:mod:`.schedule_state`), the
 retention deletes' and the re-encoding's beside it, under stores/
-(``tests/test_layers.py`` checks that no module outside stores/ takes a row
+(``tests/docs_and_packaging/test_layers.py`` checks that no module outside stores/ takes a row
 lock). Lock order, the same on every path: the key's
 row in :class:`~durable_singleton.models.SingletonKey` first, then run rows.
 A claim or a handoff locks the key row and reads the key's holders and the

@@ -33,7 +33,7 @@ cases named below. Each is one round trip:
 Every statement is a named block of ``durable_singleton/sql/postgresql/*.sql``
 (:mod:`durable_singleton.sql`). The rules are written once there, as fragments
 the statements splice: who holds a slot, the limit in force and the free
-slots (``tests/test_sql_blocks.py`` checks each against its twin in
+slots (``tests/stores/test_sql_blocks.py`` checks each against its twin in
 :mod:`durable_singleton.admission`:
 :func:`~durable_singleton.admission.holds_slot_sql_text`,
 :func:`~durable_singleton.admission.limit_in_force_sql_text`,

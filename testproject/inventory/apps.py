@@ -9,4 +9,4 @@ class InventoryConfig(AppConfig):
     def ready(self) -> None:
         from . import crash_hooks
 
-        crash_hooks.connect()  # test-only, armed by DS_KILL_AT (tests/test_handoff_crash.py)
+        crash_hooks.connect()  # test-only, armed by DS_KILL_AT (tests/core/test_handoff_crash_windows.py)

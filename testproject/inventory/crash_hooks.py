@@ -1,4 +1,4 @@
-"""Test-only crash points for tests/test_handoff_crash.py: a worker process
+"""Test-only crash points for tests/core/test_handoff_crash_windows.py: a worker process
 kills itself with SIGKILL at a named point of a named run's handoff.
 
 Armed by two environment variables of the worker (unset: nothing happens,

@@ -121,7 +121,7 @@ class SyncInventoryWide(BaseWorkflow):
         return _body(ctx, input)
 
 
-# -- fault tests (tests/test_faults_celery.py) ---------------------------------
+# -- fault tests (tests/workers/test_celery_faults.py) ---------------------------------
 
 fault_logger = logging.getLogger("testproject.inventory")
 
@@ -203,7 +203,7 @@ def fault_hold_isolated(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, An
 )
 def fault_hold_ttl(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     """The same, on a key whose waiters leave after 8 s (``queue_ttl``, X2): a
-    timer only the tick fires (tests/test_tick_queue.py, O5)."""
+    timer only the tick fires (tests/workers/test_tick_period.py, O5)."""
     return _fault_body(ctx, input)
 
 
@@ -217,7 +217,7 @@ def fault_hold_ttl(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
 def fault_exit(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     """Hold as ``fault-hold`` does, then raise what ``input["raise"]`` names:
     ``"exit"`` calls ``sys.exit()``, ``"interrupt"`` raises KeyboardInterrupt
-    (tests/test_body_base_exceptions_processes.py, R7); else return."""
+    (tests/core/test_body_base_exceptions_processes.py, R7); else return."""
     output = _fault_body(ctx, input)
     if input.get("raise") == "exit":
         sys.exit(f"fault-exit {ctx.run_id}")
@@ -226,7 +226,7 @@ def fault_exit(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     return output
 
 
-# -- handoff crash test (tests/test_handoff_crash.py) ---------------------------
+# -- handoff crash test (tests/core/test_handoff_crash_windows.py) ---------------------------
 
 #: How long a body waits at its gate at most, in seconds.
 HANDOFF_GATE_SECONDS = 60.0
@@ -285,7 +285,7 @@ def remote_parent(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     return {"child": child, "parent_pid": os.getpid()}
 
 
-# -- network partition test (tests/test_partition.py) --------------------------
+# -- network partition test (tests/workers/test_network_partition.py) --------------------------
 
 #: The environment variable that gives a worker the fencing store's address as
 #: that worker reaches it (the test sets it per worker: the host end of the
