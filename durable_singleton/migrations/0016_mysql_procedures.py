@@ -17,7 +17,7 @@ def create(apps, schema_editor):
     from durable_singleton.stores import mysql
 
     try:
-        mysql.install(schema_editor.connection)
+        mysql.install(schema_editor.connection, mysql.PROCEDURES_0016)
     except DatabaseError as exc:
         # The user may not create (or drop) routines; the ORM path serves (S14-style fallback).
         if not mysql.not_allowed(exc):
@@ -31,7 +31,7 @@ def drop(apps, schema_editor):
     from durable_singleton.stores import mysql
 
     try:
-        mysql.uninstall(schema_editor.connection)
+        mysql.uninstall(schema_editor.connection, mysql.PROCEDURES_0016)
     except DatabaseError as exc:
         # A user without ALTER ROUTINE (MariaDB refuses it even DROP PROCEDURE IF EXISTS): any
         # procedure a DBA created stays; it writes only columns this migration's predecessors made.

@@ -1070,12 +1070,66 @@ class DjangoStore(BaseStore):
             turn = self._fast_turn(fast, run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
             if turn is not None:
                 return turn
-        turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls)
+        read: tuple[Run | None, bool] | None = None
+        turn = None
+        confirming = known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked
+        room = self._mysql_room() if not confirming else None  # a confirmation: ds_take_lease (_take_lease)
+        if room is not None and not connections[self.db].in_atomic_block:
+            claimed = self._retrying(lambda: self._room_claim(room, run_id, owner, lease_seconds, limits, retry, ttls))
+            if isinstance(claimed, Turn):
+                turn = claimed
+            else:
+                read = claimed
+        if turn is None:
+            turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls, read)
         if turn.state == TurnState.RUN and turn.run is not None and turn.run.step_count == 0 and not turn.recovered:
             # Claimed from a parked run (a claim of a running one is a recovery): its step count as
             # read is the one its compare-and-set met, and no step is stored without a lease (R4).
             turn = replace(turn, steps={})
         return turn
+
+    def _room_claim(
+        self,
+        room: mysql.Room,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        retry: RetryPolicy,
+        ttls: QueueTtls | None,
+    ) -> Turn | tuple[Run | None, bool] | None:
+        """The claim on MySQL/MariaDB in one CALL of ``ds_claim`` (:meth:`mysql.Room.claim`):
+        a run without a key takes its lease, a tracked waiter of a declared workflow is
+        admitted or parked under its key's lock, the same rules as :meth:`_admit` (S4, S5,
+        S13, R5a, K1, X5). Returns the turn; or the run as read and whether its lease
+        expired, for the ORM path to decide the rest (:meth:`_orm_turn`); or None if the
+        room is off."""
+        delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
+        claimed = room.claim(
+            run_id=run_id,
+            owner=owner,
+            lease_seconds=lease_seconds,
+            limits=limits,
+            ttls=ttls or {},
+            delays=delays,
+            redelivery_seconds=self.redelivery_seconds,
+        )
+        if claimed is None:
+            return None
+        role, row, granted = claimed
+        if row is None:
+            return Turn(TurnState.SKIPPED)
+        if role == "read":
+            return row, bool(row.lease_expired)  # type: ignore[attr-defined]
+        record = record_of(row)
+        others = tuple(record_of(g) for g in granted)
+        if role == "taken":
+            return Turn(TurnState.RUN, record, recovered=False)
+        if role == "admitted":
+            return Turn(TurnState.RUN, record, recovered=False, granted=others, admitted=True)
+        if role == "parked":
+            return Turn(TurnState.PARKED, record, granted=others)
+        return Turn(TurnState.SKIPPED, record, granted=others)  # skipped, refused: changed under the claim
 
     def _orm_turn(
         self,
@@ -1087,10 +1141,15 @@ class DjangoStore(BaseStore):
         retry: RetryPolicy,
         known: RunRecord | None,
         ttls: QueueTtls | None,
+        read: tuple[Run | None, bool] | None = None,
     ) -> Turn:
-        """:meth:`begin_turn` on the ORM path."""
-        if known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked:
-            row: Run | None = self._row(known)
+        """:meth:`begin_turn` on the ORM path; ``read``: the run as a claim already read it
+        (with its ``due`` annotation) and whether its lease expired, instead of a read."""
+        row: Run | None
+        if read is not None:
+            row, expired = read
+        elif known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked:
+            row = self._row(known)
             assert row is not None
             row.attempts, row.singleton_slot, row.fencing_token = known.attempts, SlotState.HOLDER, known.fencing_token
             row.step_count, row.started_at, row.recoveries = known.step_count, known.started_at, known.recoveries
@@ -1741,12 +1800,64 @@ class DjangoStore(BaseStore):
             return self._retrying(
                 lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl, ttls)
             )
+        room = self._mysql_room() if owner is not None and not connections[self.db].in_atomic_block else None
+        declared = limits.get(run.workflow_name)
+        if room is not None and run.singleton_key is not None and not run.quota_keys and declared is not None:
+            # One CALL: the settle and the handoff of a run with a key and no quotas (S7, R5a, K1).
+            # A run that carries quotas, or of a workflow this process does not declare: the ORM path.
+            assert owner is not None
+            done = self._retrying(
+                lambda: self._room_finish(room, run, owner, status, output, error, int(declared), finished_at, ttls)
+            )
+            if done is not None:
+                return done
         if owner is not None:
             cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())
         else:
             # Never a running run (its owner settles it, R5a), never a terminal one (R2).
             cas = Q(pk=run.run_id, status__in=[s for s in (expect or PARKED_STATUSES) if s in PARKED_STATUSES])
         return self._finish(run, cas, status, output, error, limits, finished_at, ttls=ttls)
+
+    def _room_finish(
+        self,
+        room: mysql.Room,
+        run: RunRecord,
+        owner: str,
+        status: str,
+        output: Any,
+        error: Any,
+        declared: int,
+        finished_at: datetime | None,
+        ttls: QueueTtls | None,
+    ) -> Finish | None:
+        """The settle and handoff of a run with a singleton key and no quotas in one CALL
+        of ``ds_settle_handoff`` (:meth:`mysql.Room.settle_handoff`): the key's lock, the
+        compare-and-set on ``owner``'s unexpired lease, the grants of :meth:`_grant`
+        (S7, S12, S13, R5a, K1, X2). None if the room is off (the ORM path)."""
+        assert run.singleton_key is not None
+        done = room.settle_handoff(
+            run_id=run.run_id,
+            owner=owner,
+            status=status,
+            output=output,
+            error=error,
+            finished_at=finished_at,
+            workflow_name=run.workflow_name,
+            key=run.singleton_key,
+            declared_limit=declared,
+            ttl=(ttls or {}).get(run.workflow_name),
+            redelivery_seconds=self.redelivery_seconds,
+        )
+        if done is None:
+            return None
+        settled_row, granted, turns = done
+        if settled_row is None:
+            return Finish(None)
+        settled = _settled(run, status, output, error)
+        return Finish(
+            settled.evolve(finished_at=finished_at or settled.finished_at),
+            handed_off([record_of(g) for g in granted], [record_of(t) for t in turns]),
+        )
 
     def _finish(
         self,

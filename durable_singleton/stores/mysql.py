@@ -1,13 +1,18 @@
 """The MariaDB/MySQL room: the hot transactions as stored procedures, one CALL each.
 
 The decisions are the ORM path's (:mod:`durable_singleton.stores.django`); this
-room carries some of them out in fewer round trips. Each procedure lives in a
-named block of ``durable_singleton/sql/mysql/*.sql`` (``-- name: <procedure>``),
-created by migration ``0016_mysql_procedures`` on MySQL/MariaDB only
-(:func:`install`). Today: ``ds_take_lease``, the claim of a run that needs no
-admission (a run without a key, a holder's confirmation, S6): the row lock and
-the compare-and-set in one CALL instead of five round trips (``SET autocommit``,
-the lock, the update, ``COMMIT``, ``SET autocommit``).
+room carries them out in fewer round trips. Each procedure lives in a named
+block of ``durable_singleton/sql/mysql/*.sql`` (``-- name: <procedure>``, read
+by the one loader, :mod:`durable_singleton.sql`), created by migrations
+``0016_mysql_procedures`` and ``0017_mysql_settle`` on MySQL/MariaDB only
+(:func:`install`): ``ds_claim``, a turn's claim without a read first (a run
+without a key takes its lease, a tracked waiter is admitted or parked under its
+key's lock; any other run is only read and the ORM path decides);
+``ds_take_lease``, a holder's confirmation (S6); ``ds_settle_handoff``, the
+settle of a run with a key and no quotas and the grant of its slots (S7);
+``ds_grant_waiters``, the grant both share (S5, K1). One CALL each instead of
+five to ten round trips (``SET autocommit``, the locks, the reads, the writes,
+``COMMIT``, ``SET autocommit``).
 
 Where the procedures are missing (the database user could not create them,
 docs/operations.rst) or cannot be called (no ``EXECUTE``), the store takes
@@ -17,13 +22,17 @@ the first refusal and the claim is made on the ORM path (the S14-style fallback)
 
 from __future__ import annotations
 
+import json
 import logging
-import re
+from collections.abc import Mapping, Sequence
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from django.db import OperationalError, connections
+from django.db.models import DEFERRED
+
+from .. import sql as sql_blocks
+from ..models import Run
 
 __all__ = [
     "NOT_ALLOWED",
@@ -39,12 +48,13 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-SQL_DIR = Path(__file__).resolve().parent.parent / "sql" / "mysql"
+#: The procedures migration ``0016_mysql_procedures`` creates.
+PROCEDURES_0016 = ("ds_take_lease",)
+#: The procedures migration ``0017_mysql_settle`` creates, in order (a procedure after those it calls).
+PROCEDURES_0017 = ("ds_grant_waiters", "ds_send_runs", "ds_settle_handoff", "ds_claim")
+#: The procedures this room calls.
+PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017
 
-#: The procedures this room calls, in the order migration 0016 creates them.
-PROCEDURES = ("ds_take_lease",)
-
-_NAME = re.compile(r"^-- name: (\w+)\s*$", re.M)
 # The server's refusals of a CALL that mean "not installed" (docs/operations.rst): no such
 # procedure; no EXECUTE; access denied (database, table); its definer no longer exists.
 _MISSING = {1305, 1370, 1044, 1142, 1449}
@@ -64,34 +74,28 @@ def not_allowed(exc: BaseException) -> bool:
 
 @cache
 def statements() -> dict[str, str]:
-    """Return the named blocks of ``sql/mysql/*.sql`` by name: each block's text, its
-    ``-- name:`` line and the comment lines under it included, up to the next block."""
-    found: dict[str, str] = {}
-    for path in sorted(SQL_DIR.glob("*.sql")):
-        text = path.read_text(encoding="utf-8")
-        marks = list(_NAME.finditer(text))
-        for mark, following in zip(marks, [*marks[1:], None], strict=True):
-            end = following.start() if following is not None else len(text)
-            found[mark.group(1)] = text[mark.start() : end].strip() + "\n"
-    return found
+    """Return the ``CREATE PROCEDURE`` statement of each named block of ``sql/mysql/*.sql``,
+    by procedure name, as the one loader of every room reads them
+    (:func:`durable_singleton.sql.statements`)."""
+    return sql_blocks.statements("mysql")
 
 
-def install(connection: Any) -> None:
-    """Create (or replace) the room's procedures on ``connection`` (migration 0016).
+def install(connection: Any, names: Sequence[str] = PROCEDURES) -> None:
+    """Create (or replace) the procedures ``names`` on ``connection`` (migrations 0016 and 0017).
 
     MySQL/MariaDB only; each procedure is dropped first, so a later migration that
     changes one runs this again. Needs the ``CREATE ROUTINE`` and ``ALTER ROUTINE``
-    privileges (docs/operations.rst)."""
+    privileges (docs/operations.rst). Raises ``KeyError`` for a name no block has."""
     with connection.cursor() as cursor:
-        for name in PROCEDURES:
+        for name in names:
             cursor.execute(f"DROP PROCEDURE IF EXISTS {name}")
             cursor.execute(statements()[name])
 
 
-def uninstall(connection: Any) -> None:
-    """Drop the room's procedures (migration 0016 reversed): the store takes the ORM path."""
+def uninstall(connection: Any, names: Sequence[str] = PROCEDURES) -> None:
+    """Drop the procedures ``names`` (a migration reversed): the store takes the ORM path."""
     with connection.cursor() as cursor:
-        for name in PROCEDURES:
+        for name in reversed(names):
             cursor.execute(f"DROP PROCEDURE IF EXISTS {name}")
 
 
@@ -117,6 +121,119 @@ class Room:
     def __init__(self, using: str) -> None:
         self.using = using
         self.usable = True
+
+    def _call_sets(self, name: str, params: list[Any]) -> list[tuple[list[str], list[tuple[Any, ...]]]] | None:
+        """CALL ``name`` outside any transaction of the caller's (the procedure commits its
+        own) and return every result set it sent, (column names, rows), in order; None if
+        the server refused the CALL (the room turns off: the ORM path). One round trip."""
+        connection = connections[self.using]
+        placeholders = ", ".join(["%s"] * len(params))
+        sets: list[tuple[list[str], list[tuple[Any, ...]]]] = []
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"CALL {name}({placeholders})", params)
+                while True:
+                    if cursor.description:
+                        sets.append(([str(c[0]) for c in cursor.description], list(cursor.fetchall())))
+                    if not cursor.nextset():  # the CALL's own status last: read, or the next query fails
+                        break
+        except OperationalError as exc:
+            code = getattr(exc.__cause__, "args", None) or exc.args
+            if code and code[0] in _MISSING:
+                logger.warning("MySQL room off for database %r (%s): the ORM path", self.using, exc)
+                self.usable = False
+                return None
+            raise
+        return sets
+
+    def settle_handoff(
+        self,
+        *,
+        run_id: str,
+        owner: str,
+        status: str,
+        output: Any,
+        error: Any,
+        finished_at: Any,
+        workflow_name: str,
+        key: str,
+        declared_limit: int,
+        ttl: float | None,
+        redelivery_seconds: float,
+    ) -> tuple[Run | None, list[Run], list[Run]] | None:
+        """``ds_settle_handoff``: settle a run with a singleton key and no quotas by
+        compare-and-set on ``owner``'s unexpired lease and grant its key's free slots,
+        one CALL (S7, S12, R5a, K1, S13). ``output``/``error``: the run's end as the
+        ORM writes it (JSON-able values); ``finished_at``: an aware datetime or None
+        (the database's clock); ``declared_limit``: the workflow's declared limit;
+        ``ttl``: its ``queue_ttl`` in seconds or None (X2); ``redelivery_seconds``:
+        the grants' turn window (S7a). Returns (the settled row or None if the
+        compare failed, the waiters granted a slot, the waiters sent a turn as they
+        are, X3h), or None if the room is off (the caller takes the ORM path)."""
+        connection = connections[self.using]
+        fields = Run._meta
+        sets = self._call_sets(
+            "ds_settle_handoff",
+            [
+                run_id,
+                owner,
+                status,
+                fields.get_field("output").get_db_prep_value(output, connection),
+                fields.get_field("error").get_db_prep_value(error, connection),
+                connection.ops.adapt_datetimefield_value(finished_at),
+                workflow_name,
+                key,
+                declared_limit,
+                _microseconds(ttl),
+                _microseconds(redelivery_seconds),
+            ],
+        )
+        if sets is None:
+            return None
+        roles = _by_role(self.using, sets)
+        settled = roles.get("settled", [])
+        return (settled[0] if settled else None), roles.get("granted", []), roles.get("turn", [])
+
+    def claim(
+        self,
+        *,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Mapping[str, int | None],
+        ttls: Mapping[str, float],
+        delays: tuple[float, float],
+        redelivery_seconds: float,
+    ) -> tuple[str, Run | None, list[Run]] | None:
+        """``ds_claim``: a turn's claim without a read first, one CALL (S4, S5, S9, K1, X5).
+        ``limits``: the declared limit of each workflow by name (None: undeclared);
+        ``ttls``: the ``queue_ttl`` seconds of those that declare one (X2);
+        ``delays``: the retry delays (seconds) of a parked waiter at the front and in
+        the backlog; ``redelivery_seconds``: the grants' turn window (S7a).
+        Returns (what happened: ``"taken"``, ``"admitted"``, ``"parked"``, ``"skipped"``,
+        ``"refused"`` or ``"read"``; the run's row as stored after it, None if there is
+        no such run, its ``ds_due`` and ``ds_expired`` set when only read; the waiters
+        granted a slot, then those sent a turn as they are), or None if the room is off."""
+        sets = self._call_sets(
+            "ds_claim",
+            [
+                run_id,
+                owner,
+                _microseconds(lease_seconds),
+                json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None}),
+                json.dumps({name: _microseconds(ttl) for name, ttl in ttls.items() if ttl is not None}),
+                _microseconds(delays[0]),
+                _microseconds(delays[1]),
+                _microseconds(redelivery_seconds),
+            ],
+        )
+        if sets is None:
+            return None
+        columns, rows = sets[0]
+        role = str(rows[0][0]) if rows else "read"
+        roles = _by_role(self.using, sets[1:])
+        run = _runs_of(self.using, columns, rows)[0] if rows else None
+        return role, run, [*roles.get("granted", []), *roles.get("turn", [])]
 
     def _call(self, name: str, params: list[Any]) -> list[tuple[Any, ...]] | None:
         """CALL ``name`` outside any transaction of the caller's (the procedure commits its
@@ -174,6 +291,57 @@ class Room:
         if rows is None:
             return None
         return bool(rows and rows[0][0])
+
+
+def _microseconds(seconds: float | None) -> int | None:
+    """Seconds as whole microseconds, the unit of the procedures' intervals (None stays None)."""
+    return None if seconds is None else round(float(seconds) * 1_000_000)
+
+
+@cache
+def _converters(using: str, column: str) -> tuple[str, list[Any], Any]:
+    """The run field stored in ``column``: its attribute name, the converters Django applies
+    to a value read from database ``using`` (the backend's, then the field's), its column."""
+    connection = connections[using]
+    field = next(f for f in Run._meta.concrete_fields if f.column == column)
+    col = field.get_col(Run._meta.db_table)
+    return field.attname, [*connection.ops.get_db_converters(col), *field.get_db_converters(connection)], col
+
+
+def _runs_of(using: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[Run]:
+    """The :class:`~durable_singleton.models.Run` of each row a procedure sent (``r.*`` and
+    leading ``ds_*`` columns: ``ds_due`` and ``ds_expired`` become the row's ``due`` and
+    ``lease_expired``), each value converted as the ORM converts it (JSON, booleans, aware
+    datetimes)."""
+    connection = connections[using]
+    runs: list[Run] = []
+    for values in rows:
+        fields: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        for column, value in zip(columns, values, strict=True):
+            if column.startswith("ds_"):
+                extra[column[3:]] = value
+                continue
+            name, converters, col = _converters(using, column)
+            for convert in converters:
+                value = convert(value, col, connection)
+            fields[name] = value
+        attnames = [f.attname for f in Run._meta.concrete_fields]
+        run = Run.from_db(using, attnames, [fields.get(name, DEFERRED) for name in attnames])
+        if "due" in extra:
+            run.due = bool(extra["due"])  # type: ignore[attr-defined]
+            run.lease_expired = bool(extra["expired"])  # type: ignore[attr-defined]
+        runs.append(run)
+    return runs
+
+
+def _by_role(using: str, sets: Sequence[tuple[list[str], list[tuple[Any, ...]]]]) -> dict[str, list[Run]]:
+    """The rows of result sets headed by ``ds_role``, as runs, by role, in the order sent."""
+    found: dict[str, list[Run]] = {}
+    for columns, rows in sets:
+        for row in rows:
+            found.setdefault(str(row[0]), []).extend(_runs_of(using, columns, [row]))
+    return found
 
 
 def room_of(using: str) -> Room | None:

@@ -268,13 +268,186 @@ def test_the_procedures_lease_counts_from_after_the_wait_for_the_run_lock(room_e
 
 def test_each_procedure_of_the_mysql_room_is_a_named_block() -> None:
     """#32: the room's SQL lives in named files, one ``-- name:`` block per statement,
-    loaded by name: every procedure the migration creates has its block, headed by
-    its comment, and the block creates that procedure."""
+    loaded by name through the one loader of every room (``durable_singleton.sql``):
+    every procedure the migrations create has its block, sent under its name's
+    comment, and the block creates that procedure."""
+    from durable_singleton import sql
     from durable_singleton.stores import mysql
 
     blocks = mysql.statements()
+    assert blocks == sql.statements("mysql")
     assert set(mysql.PROCEDURES) <= set(blocks)
     for name in mysql.PROCEDURES:
         lines = blocks[name].splitlines()
-        assert lines[0] == f"-- name: {name}" and lines[1].startswith("-- "), lines[:2]
-        assert f"CREATE PROCEDURE {name}(" in blocks[name]
+        assert lines[0] == f"/* durable_singleton:{name} */", lines[:2]
+        assert lines[1] == f"CREATE PROCEDURE {name}(", lines[:2]
+
+
+def _round_trips(fn: Callable[[], Any]) -> int:
+    """The round trips ``fn`` made on this thread's connection, whatever sent them (the
+    driver's own ``SET autocommit`` and ``COMMIT`` included): ``bench.roundtrips``."""
+    from bench.roundtrips import RoundTrips
+
+    with RoundTrips(connection) as trips:
+        fn()
+    return trips.total
+
+
+@mysql_only
+def test_a_run_on_an_idle_key_is_at_most_four_round_trips_on_mysql(room_engine: Engine) -> None:
+    """#32 targets, S5, S7, R5a: on MySQL/MariaDB a singleton run on an idle key, start to
+    settle, makes at most 4 round trips: the start (2: the clock and the depth, the
+    insert), the claim and its admission (one CALL of ``ds_claim``), the settle and its
+    handoff (one CALL of ``ds_settle_handoff``); 18 before the procedures."""
+    engine = room_engine
+    connection.ensure_connection()
+    engine.store._mysql_room()  # type: ignore[attr-defined]  # the one-off lookup, not per run
+    engine.now()  # the engine's clock reads the database's now and then, not per run (as bench.statements)
+    run_ids: list[str] = []
+    trips = _round_trips(lambda: (run_ids.append(engine.start("room-keyed", {"k": "idle-4"}).run_id), _drain(engine)))
+    stored = engine.get(run_ids[0])
+    assert stored.status == RunStatus.COMPLETED and stored.fencing_token == 1, stored
+    assert trips <= 4, trips
+
+
+@mysql_only
+def test_a_handoff_admitted_run_is_at_most_four_round_trips_on_mysql(room_engine: Engine) -> None:
+    """#32 targets, S6, S7, K1: a run admitted by its predecessor's handoff costs at most
+    4 round trips on MySQL/MariaDB: its start deep in the queue (2), its share of the
+    predecessor's settle and grant (one CALL of ``ds_settle_handoff`` for the settle and
+    every grant), its confirmation (one CALL of ``ds_take_lease``); its own settle is
+    the next run's handoff. 11 before ``ds_settle_handoff``."""
+    engine = room_engine
+    store = engine.store
+    policy = engine._retry_policy()
+    limits = {"room-keyed": 1}
+    holder = engine.start("room-keyed", {"k": "handoff-4", "park": True}).run_id
+    _drain(engine)
+    first = engine.start("room-keyed", {"k": "handoff-4"}).run_id
+    _drain(engine)
+    second: list[str] = []
+    start = _round_trips(lambda: second.append(engine.start("room-keyed", {"k": "handoff-4"}).run_id))
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # parked behind the holder (S8a)
+    claimed = store.begin_turn(holder, "tester", lease_seconds=30, limits=limits, max_recoveries=3, retry=policy)
+    assert claimed.state == TurnState.RUN and claimed.run is not None, claimed
+    done: list[Any] = []
+    settle = _round_trips(
+        lambda: done.append(store.finish(claimed.run, "tester", RunStatus.COMPLETED, limits=limits))  # type: ignore[arg-type]
+    )
+    assert done[0].settled and [g.run_id for g in done[0].granted] == [first], done[0]
+    granted = done[0].granted[0]
+    assert granted.admitted and granted.fencing_token == 2, granted
+    turns: list[Any] = []
+    confirm = _round_trips(
+        lambda: turns.append(
+            store.begin_turn(
+                first, "tester", lease_seconds=30, limits=limits, max_recoveries=3, retry=policy, known=granted
+            )
+        )
+    )
+    assert turns[0].state == TurnState.RUN and turns[0].run.fencing_token == 2, turns[0]
+    assert (start, settle, confirm) == (2, 1, 1), (start, settle, confirm)
+    assert not engine.get(second[0]).admitted  # it waits behind the new holder (S5)
+
+
+@mysql_only
+def test_a_settle_with_a_lost_lease_writes_nothing_in_the_procedure(room_engine: Engine) -> None:
+    """R5a, R5, S7: ``ds_settle_handoff`` settles only on the owner's lease unexpired by
+    the database's clock, judged after the key's lock: a lease that expired (or another
+    owner's) settles nothing and grants nothing, in one CALL; the owner with a live
+    lease then settles and hands the slot off."""
+    engine = room_engine
+    store = engine.store
+    limits = {"room-keyed": 1}
+    policy = engine._retry_policy()
+    holder = engine.start("room-keyed", {"k": "stale", "park": True}).run_id
+    _drain(engine)
+    waiter = engine.start("room-keyed", {"k": "stale"}).run_id
+    _drain(engine)
+    claimed = store.begin_turn(holder, "owner-a", lease_seconds=30, limits=limits, max_recoveries=3, retry=policy)
+    assert claimed.state == TurnState.RUN and claimed.run is not None
+    before = Run.objects.get(pk=waiter)
+    stale = store.finish(claimed.run, "owner-b", RunStatus.COMPLETED, limits=limits)
+    assert not stale.settled and not stale.granted, stale
+    with connection.cursor() as cursor:  # the lease ran out by the database's clock (R5)
+        cursor.execute(
+            "UPDATE durable_singleton_run SET lease_expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND "
+            "WHERE run_id = %s",
+            [holder],
+        )
+    stale_after: list[Any] = []
+    run = claimed.run
+    sent = _statements(lambda: stale_after.append(store.finish(run, "owner-a", RunStatus.COMPLETED, limits=limits)))
+    assert [s.split("(")[0] for s in sent] == ["CALL ds_settle_handoff"], sent
+    assert not stale_after[0].settled and not stale_after[0].granted
+    assert Run.objects.get(pk=holder).status == RunStatus.RUNNING
+    after = Run.objects.get(pk=waiter)
+    assert (after.singleton_slot, after.fencing_token, after.updated_at) == (
+        before.singleton_slot,
+        before.fencing_token,
+        before.updated_at,
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE durable_singleton_run SET lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL 30 SECOND "
+            "WHERE run_id = %s",
+            [holder],
+        )
+    done = store.finish(claimed.run, "owner-a", RunStatus.COMPLETED, limits=limits)
+    assert done.settled and [g.run_id for g in done.granted] == [waiter], done
+
+
+@mysql_only
+def test_a_claim_of_a_run_changed_since_its_read_is_decided_on_the_orm_path(room_engine: Engine) -> None:
+    """R5a, R6, S9: ``ds_claim`` admits only a waiter as it read it; a waiter whose cancel
+    was requested is no candidate: the procedure only reads it and the ORM path settles
+    it cancelled, granting nothing to it (one CALL, then the ORM's settle)."""
+    engine = room_engine
+    store = engine.store
+    limits = {"room-keyed": 1}
+    waiter = engine.start("room-keyed", {"k": "changed"}).run_id
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    Run.objects.filter(pk=waiter).update(cancel_requested=True)
+    sent = _statements(
+        lambda: store.begin_turn(
+            waiter, "tester", lease_seconds=30, limits=limits, max_recoveries=3, retry=engine._retry_policy()
+        )
+    )
+    assert [s for s in sent if s.startswith("CALL")][:1] == [s for s in sent if s.startswith("CALL ds_claim")][:1], sent
+    assert any(s.startswith("CALL ds_claim") for s in sent), sent
+    stored = Run.objects.get(pk=waiter)
+    assert stored.status == RunStatus.CANCELLED and stored.fencing_token is None, stored
+
+
+@mysql_only
+def test_without_the_settle_procedure_the_handoff_takes_the_orm_path_and_says_so(
+    room_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    """S7, K1 (docs/operations.rst): a store that found the procedures, whose
+    ``ds_settle_handoff`` is dropped under it, settles on the ORM path at the
+    server's refusal, logged ("room off"), with the same grant and token; nothing is
+    left half-settled."""
+    from durable_singleton.stores import mysql
+
+    engine = make_engine(DjangoStore(), registry=room_engine.registry)
+    store = engine.store
+    limits = {"room-keyed": 1}
+    holder = engine.start("room-keyed", {"k": "dropped", "park": True}).run_id
+    _drain(engine)
+    waiter = engine.start("room-keyed", {"k": "dropped"}).run_id
+    _drain(engine)
+    claimed = store.begin_turn(
+        holder, "tester", lease_seconds=30, limits=limits, max_recoveries=3, retry=engine._retry_policy()
+    )
+    assert claimed.run is not None and store._mysql_room() is not None  # type: ignore[attr-defined]
+    with connection.cursor() as cursor:
+        cursor.execute("DROP PROCEDURE ds_settle_handoff")
+    try:
+        with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
+            done = store.finish(claimed.run, "tester", RunStatus.COMPLETED, limits=limits)
+        assert any("room off" in r.getMessage() for r in caplog.records), caplog.records
+        assert done.settled and [g.run_id for g in done.granted] == [waiter], done
+        assert Run.objects.get(pk=holder).status == RunStatus.COMPLETED
+        assert Run.objects.get(pk=waiter).fencing_token == 2
+    finally:
+        mysql.install(connection)

@@ -200,21 +200,22 @@ def test_racing_starts_under_a_raised_override_never_pass_limit_plus_the_cap() -
 @mysql_only
 def test_a_procedure_whose_definer_was_dropped_turns_the_room_off(caplog: pytest.LogCaptureFixture) -> None:
     """S6, R5a (docs/operations.rst: "a definer that is dropped later makes every
-    CALL fail, which the store takes as 'not installed'"): ``ds_take_lease`` created
-    by a user the DBA dropped since (error 1449 at every CALL). The claim must take
-    the ORM path, logged, and the run complete; it must not fail every turn."""
+    CALL fail, which the store takes as 'not installed'"): ``ds_claim`` (a turn's
+    claim, since 0017) created by a user the DBA dropped since (error 1449 at every
+    CALL). The claim must take the ORM path, logged, and the run complete; it must
+    not fail every turn."""
     from durable_singleton.stores import mysql
 
     registry = Registry()
     registry.add("room-plain", "1", lambda ctx, i: None)
-    text = mysql.statements()["ds_take_lease"].replace(
+    text = mysql.statements()["ds_claim"].replace(
         "CREATE PROCEDURE", "CREATE DEFINER = 'ds_gone_definer'@'%' PROCEDURE", 1
     )
     with connection.cursor() as cursor:
         cursor.execute("DROP USER IF EXISTS 'ds_gone_definer'@'%'")
         cursor.execute("CREATE USER 'ds_gone_definer'@'%'")
         cursor.execute("GRANT ALL PRIVILEGES ON *.* TO 'ds_gone_definer'@'%'")
-        cursor.execute("DROP PROCEDURE IF EXISTS ds_take_lease")
+        cursor.execute("DROP PROCEDURE IF EXISTS ds_claim")
         cursor.execute(text)
         cursor.execute("DROP USER 'ds_gone_definer'@'%'")
     try:

@@ -61,3 +61,186 @@ BEGIN
     COMMIT;
     SELECT runs_taken;
 END
+
+-- name: ds_claim
+-- A turn's claim without a read first (S4, S5, S9, K1, X5), one CALL; shipped by
+-- migration 0017_mysql_settle. The run is read on the database's clock, then:
+-- a parked, due run without a key or quotas, not cancelled, takes its lease by
+-- one compare-and-set on the run as read, after its row lock (R5, R5a); a
+-- tracked, parked, due waiter without quotas, not cancelled, of a workflow
+-- in ``limits_json`` (its declared limit by name) is admitted or parked under
+-- its key's lock, then its own row's (S13), with the same rules as
+-- DjangoStore._admit: the key's free slots go to its oldest due waiters
+-- (ds_grant_waiters); the claimant takes its lease as a holder with its token
+-- if it is among them, else it is parked with the retry delay of a waiter at
+-- the front (within the limit) or of the backlog. Every other run is only
+-- read: the store's ORM path decides (a holder's confirmation, a cancel, a
+-- recovery, a delayed start, a run that carries quotas, a workflow this
+-- process does not declare), and so it does when the claimant changed
+-- between the read and its lock (nothing written). Result sets: the first
+-- row's ``ds_role`` says what happened: 'taken', 'admitted', 'parked',
+-- 'skipped' (the park's compare failed), 'refused' (the admission's compare
+-- failed: nothing written) or 'read' (with ``ds_due`` and ``ds_expired``;
+-- no row: no such run), then the run's columns as stored; then a row per
+-- waiter 'granted' a slot and per waiter sent a 'turn' (X3h).
+CREATE PROCEDURE ds_claim(
+    IN run_to_claim VARCHAR(191) CHARACTER SET utf8mb4,
+    IN new_owner VARCHAR(191) CHARACTER SET utf8mb4,
+    IN lease_microseconds BIGINT,
+    IN limits_json LONGTEXT CHARACTER SET utf8mb4,
+    IN ttls_json LONGTEXT CHARACTER SET utf8mb4,
+    IN front_delay_microseconds BIGINT,
+    IN backlog_delay_microseconds BIGINT,
+    IN redelivery_microseconds BIGINT
+)
+MODIFIES SQL DATA
+BEGIN
+    DECLARE found INTEGER DEFAULT 0;
+    DECLARE status_read VARCHAR(16) CHARACTER SET utf8mb4;
+    DECLARE attempts_read INTEGER;
+    DECLARE cancel_read BOOLEAN;
+    DECLARE wf VARCHAR(191) CHARACTER SET utf8mb4;
+    DECLARE key_name VARCHAR(191) CHARACTER SET utf8mb4;
+    DECLARE slot_read VARCHAR(16) CHARACTER SET utf8mb4;
+    DECLARE tracked_read BOOLEAN;
+    DECLARE quota_slot_read VARCHAR(16) CHARACTER SET utf8mb4;
+    DECLARE due BOOLEAN;
+    DECLARE declared_limit INTEGER;
+    DECLARE ttl_microseconds BIGINT;
+    DECLARE key_id BIGINT;
+    DECLARE changed INTEGER DEFAULT 0;
+    DECLARE written INTEGER DEFAULT 0;
+    DECLARE claimant_token BIGINT;
+    DECLARE claimant_front BOOLEAN;
+    DECLARE granted_ids LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE turn_ids LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE EXIT HANDLER FOR SQLEXCEPTION
+    BEGIN
+        ROLLBACK;  -- never a transaction left open on the caller's connection
+        RESIGNAL;  -- a deadlock or a lock wait timeout reaches the store's retry
+    END;
+    SELECT COUNT(*), MAX(r.status), MAX(r.attempts), MAX(r.cancel_requested), MAX(r.workflow_name),
+           MAX(r.singleton_key), MAX(r.singleton_slot), MAX(r.singleton_tracked), MAX(r.quota_slot),
+           MAX(r.not_before IS NULL OR r.not_before <= UTC_TIMESTAMP(6))              -- X5: admission.is_due
+      INTO found, status_read, attempts_read, cancel_read, wf,
+           key_name, slot_read, tracked_read, quota_slot_read, due
+      FROM durable_singleton_run r
+     WHERE r.run_id = run_to_claim;
+    IF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
+       AND quota_slot_read IS NULL AND key_name IS NULL THEN
+        -- A run without a key: its lease, as ds_take_lease takes it (R5, R5a).
+        START TRANSACTION;
+        SELECT COUNT(*) INTO changed FROM durable_singleton_run WHERE run_id = run_to_claim FOR UPDATE;
+        UPDATE durable_singleton_run
+           SET status = 'running',
+               lease_owner = new_owner,
+               lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL lease_microseconds MICROSECOND,
+               wake_at = NULL,
+               attempts = attempts_read + 1,
+               started_at = COALESCE(started_at, UTC_TIMESTAMP(6)),
+               updated_at = UTC_TIMESTAMP(6)
+         WHERE run_id = run_to_claim
+           AND status = status_read                    -- the compare: the run as read (R5a)
+           AND attempts = attempts_read
+           AND NOT cancel_requested                    -- a cancel after the read wins (R6)
+           AND singleton_key IS NULL
+           AND quota_slot IS NULL;
+        SET written = ROW_COUNT();
+        COMMIT;
+        IF written > 0 THEN
+            SELECT 'taken' AS ds_role, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
+        ELSE
+            SELECT 'read' AS ds_role, r.not_before IS NULL OR r.not_before <= UTC_TIMESTAMP(6) AS ds_due,
+                   COALESCE(r.lease_expires_at <= UTC_TIMESTAMP(6), FALSE) AS ds_expired, r.*
+              FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
+        END IF;
+    ELSE
+        IF wf IS NOT NULL THEN
+            SET declared_limit = CAST(JSON_UNQUOTE(JSON_EXTRACT(limits_json, CONCAT('$.', JSON_QUOTE(wf)))) AS SIGNED);
+            SET ttl_microseconds = CAST(JSON_UNQUOTE(JSON_EXTRACT(ttls_json, CONCAT('$.', JSON_QUOTE(wf)))) AS SIGNED);
+        END IF;
+        IF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
+           AND quota_slot_read IS NULL AND key_name IS NOT NULL AND tracked_read AND slot_read = 'waiter'
+           AND declared_limit IS NOT NULL THEN
+            START TRANSACTION;
+            -- The key's lock first, an upsert (no gap lock, S13a), then the run's row (S13).
+            INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, `key`, last_token, paused)
+            VALUES (UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), wf, key_name, 0, FALSE)
+            ON DUPLICATE KEY UPDATE last_token = last_token;
+            SELECT MAX(k.id) INTO key_id
+              FROM durable_singleton_singletonkey k
+             WHERE k.workflow_name = wf AND k.`key` = key_name
+               FOR UPDATE;
+            SELECT COUNT(*) INTO changed
+              FROM durable_singleton_run r
+             WHERE r.run_id = run_to_claim
+               AND NOT (r.status = status_read AND r.attempts = attempts_read AND NOT r.cancel_requested
+                        AND r.singleton_slot = 'waiter' AND r.quota_slot IS NULL)
+               FOR UPDATE;
+            IF changed > 0 THEN
+                ROLLBACK;                              -- changed since the read: the ORM path decides
+                SET found = 0;
+            ELSE
+                CALL ds_grant_waiters(wf, key_name, key_id, declared_limit, ttl_microseconds, run_to_claim,
+                                      redelivery_microseconds, claimant_token, claimant_front, granted_ids, turn_ids);
+                IF claimant_token > 0 THEN
+                    UPDATE durable_singleton_run
+                       SET status = 'running',
+                           lease_owner = new_owner,
+                           lease_expires_at = UTC_TIMESTAMP(6) + INTERVAL lease_microseconds MICROSECOND,
+                           wake_at = NULL,
+                           attempts = attempts_read + 1,
+                           started_at = COALESCE(started_at, UTC_TIMESTAMP(6)),
+                           updated_at = UTC_TIMESTAMP(6),
+                           singleton_slot = 'holder',
+                           singleton_tracked = TRUE,
+                           fencing_token = claimant_token,
+                           admitted_at = UTC_TIMESTAMP(6)
+                     WHERE run_id = run_to_claim
+                       AND status = status_read            -- the compare: the run as read (R5a)
+                       AND attempts = attempts_read
+                       AND NOT cancel_requested
+                       AND singleton_slot = 'waiter';
+                    IF ROW_COUNT() = 0 THEN
+                        ROLLBACK;                      -- changed under us: grant nothing (R5a)
+                        SELECT 'refused' AS ds_role, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
+                    ELSE
+                        COMMIT;
+                        SELECT 'admitted' AS ds_role, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
+                        CALL ds_send_runs('granted', granted_ids);
+                        CALL ds_send_runs('turn', turn_ids);
+                    END IF;
+                ELSE
+                    -- Denied: parked with its retry delay, a compare-and-set on the waiter as read (S5 step 5).
+                    UPDATE durable_singleton_run
+                       SET status = 'suspended',
+                           attempts = attempts_read + 1,
+                           wake_at = UTC_TIMESTAMP(6) + INTERVAL
+                                     IF(claimant_front, front_delay_microseconds, backlog_delay_microseconds) MICROSECOND,
+                           lease_owner = NULL,
+                           lease_expires_at = NULL,
+                           park_reason = 'singleton',
+                           updated_at = UTC_TIMESTAMP(6)
+                     WHERE run_id = run_to_claim
+                       AND status = status_read
+                       AND attempts = attempts_read
+                       AND NOT cancel_requested
+                       AND singleton_slot = 'waiter';
+                    SET written = ROW_COUNT();
+                    COMMIT;
+                    SELECT IF(written > 0, 'parked', 'skipped') AS ds_role, r.*
+                      FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
+                    CALL ds_send_runs('granted', granted_ids);
+                    CALL ds_send_runs('turn', turn_ids);
+                END IF;
+            END IF;
+        ELSE
+            SET found = 0;
+        END IF;
+        IF found = 0 THEN                              -- only read: the ORM path decides
+            SELECT 'read' AS ds_role, r.not_before IS NULL OR r.not_before <= UTC_TIMESTAMP(6) AS ds_due,
+                   COALESCE(r.lease_expires_at <= UTC_TIMESTAMP(6), FALSE) AS ds_expired, r.*
+              FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
+        END IF;
+    END IF;
+END
