@@ -1127,7 +1127,7 @@ class DjangoStore(BaseStore):
             return Turn(TurnState.RUN, record, recovered=False)
         if role == "admitted":
             return Turn(TurnState.RUN, record, recovered=False, granted=others, admitted=True)
-        if role == "parked":
+        if role == TurnState.PARKED.value:  # the procedure names its outcomes as the turn states do
             return Turn(TurnState.PARKED, record, granted=others)
         return Turn(TurnState.SKIPPED, record, granted=others)  # skipped, refused: changed under the claim
 
