@@ -70,7 +70,8 @@ def worker_env(**overrides: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="testproject.settings",
-        DATABASE_URL=database_url(connection.settings_dict),
+        # An overriding DATABASE_URL is used as given (a SQLite file has no database_url form).
+        DATABASE_URL=overrides.get("DATABASE_URL") or database_url(connection.settings_dict),
         CELERY_BROKER_URL=str(settings.CELERY_BROKER_URL),
         DURABLE_DISPATCH="celery",
         PYTHONDONTWRITEBYTECODE="1",
@@ -178,6 +179,7 @@ class CeleryWorkers:
         wait: bool = True,
         app: str = "testproject",
         prefix: Sequence[str] = (),
+        cwd: Path = REPO,
     ) -> list[WorkerProcess]:
         """Start ``count`` workers with ``concurrency`` pool processes each and
         wait until all are ready (unless ``wait`` is false).
@@ -186,6 +188,8 @@ class CeleryWorkers:
         ``app`` is the Celery app (``-A``), another service's for a remote body.
         ``prefix`` is a command the worker runs under that execs it in place (so
         the PID stays the worker's), e.g. ``("ip", "netns", "exec", name)``.
+        ``cwd``: the worker's directory, first on its ``sys.path`` (``python -m``
+        puts it there): another release's source for a rolling deploy.
         """
         env = dict(env) if env is not None else worker_env()
         started = []
@@ -202,7 +206,7 @@ class CeleryWorkers:
             args += list(extra_args)
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    args, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                    args, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
                 )
             worker = WorkerProcess(name, proc, log_path)
             self.workers.append(worker)

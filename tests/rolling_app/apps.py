@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class RollingAppConfig(AppConfig):
+    name = "rolling_app"
+    label = "rolling_app"
