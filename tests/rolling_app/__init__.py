@@ -1,4 +1,4 @@
-"""Workflows and a client shared by two releases in tests/test_rolling_deploy.py.
+"""Workflows and a client shared by two releases in tests/workers/test_rolling_deploy.py.
 
 This folder is copied beside each release's source and put on its
 ``PYTHONPATH``; it uses only names both releases export (the ``workflow``

@@ -60,9 +60,8 @@ from durable_singleton.admission import ACTIVE_STATUSES
 from durable_singleton.models import Run
 from testproject.demo.live import BodyRecord, overtakes
 from testproject.inventory.models import BodyAudit
-
-from .celery_workers import REPO, CeleryWorkers, WorkerProcess, celery_stack_missing, celery_workers, worker_env
-from .worker_processes import test_database_url
+from tests.celery_workers import REPO, CeleryWorkers, WorkerProcess, celery_stack_missing, celery_workers, worker_env
+from tests.worker_processes import test_database_url
 
 __all__ = ["celery_workers"]  # the fixture, imported for this module's tests
 
@@ -224,7 +223,7 @@ def deploy(tmp_path: Path, celery_workers: CeleryWorkers) -> Iterator[Deploy]:
         pytest.skip(reason)
     sources = {"old": older_source(tmp_path / "older"), "new": REPO}
     shared = tmp_path / "shared"
-    shutil.copytree(Path(__file__).parent / "rolling_app", shared / "rolling_app")
+    shutil.copytree(Path(__file__).parent.parent / "rolling_app", shared / "rolling_app")
     db_url = test_database_url(connection.settings_dict)
     envs = {
         release: worker_env(
