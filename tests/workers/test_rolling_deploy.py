@@ -12,22 +12,30 @@ schema beside this release's, as during a rolling upgrade:
   both releases register the same), on the same database and the same Redis
   broker; this release's worker runs the tick (its main process's tick
   thread), the older one has no tick of its own;
-- one client process of each release (``python -m rolling_app.client``)
-  starting runs on shared keys: a limit-1 key, a limit-2 key and a quota key
-  of limit 2, alternately from the two releases;
-- on two more limit-1 keys whose turns go to one release's queue only, a
-  holder runs in that release's worker and is killed by ``kill -9`` of its
-  body's process; a waiter started by the other release's client waits.
+- one ``durable_worker`` of this release under ``DISPATCH = "worker"`` (it
+  takes turns from the database, runs a tick too, and takes every queue):
+  the pull deployment this release adds, sharing the keys with the older
+  release's Celery worker;
+- one client process per deployment (``python -m rolling_app.client``): the
+  older release's and this release's under ``DISPATCH = "celery"``, this
+  release's under ``DISPATCH = "worker"``, starting runs in turn on shared
+  keys: a limit-1 key, a limit-2 key and a quota key of limit 2;
+- per release, two more limit-1 keys whose turns go to that release's
+  Celery queue: on ``pin-`` the holder settles in that release's worker
+  while a waiter started by the other release's client waits behind it; on
+  ``kill-`` the holder's body process is killed by ``kill -9``, with such a
+  waiter too.
 
-Every body logs its entry and exit (``BodyAudit``, with the release that ran
-it). The test fails if more than ``limit`` bodies of a key run at once (S1,
-X3), if a run does not complete or completes more than once (R6, D4), if a
-younger run of a limit-1 key enters ahead of an older one (S5), if the
-killed holders are not recovered (D4), or if the waiter of each pinned key is
-not admitted by the other release's handoff after the recovered holder (S7).
+Every body logs its entry and exit (``BodyAudit``, with the deployment that
+ran it). The test fails if more than ``limit`` bodies of a key run at once
+(S1, X3; a killed body counts until its kill), if a run does not complete or
+completes more than once (R6, D4), if a younger run of the limit-1 key enters
+ahead of an older one (S5), if a killed holder is not re-entered (D4), if a
+``pin-`` waiter is not admitted after the other release's holder settles
+(S7), or if neither release ran bodies of runs the other one started.
 
 Runs on PostgreSQL and MariaDB, and on SQLite (one file shared by the
-processes, as tests/test_worker_process.py does), with Redis as the broker.
+processes, as tests/workers/test_worker_process.py does), with Redis as the broker.
 It is skipped when commit :data:`OLDER` is not in the repository (a shallow
 clone).
 """
@@ -46,6 +54,7 @@ import sys
 import tarfile
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -61,7 +70,7 @@ from durable_singleton.models import Run
 from testproject.demo.live import BodyRecord, overtakes
 from testproject.inventory.models import BodyAudit
 from tests.celery_workers import REPO, CeleryWorkers, WorkerProcess, celery_stack_missing, celery_workers, worker_env
-from tests.worker_processes import test_database_url
+from tests.worker_processes import DurableWorkers, test_database_url
 
 __all__ = ["celery_workers"]  # the fixture, imported for this module's tests
 
@@ -70,10 +79,16 @@ pytestmark = [pytest.mark.celery, pytest.mark.slow, pytest.mark.django_db(transa
 #: The older release: the last commit before issue #31's work.
 OLDER = "1a27841"
 RELEASES = ("old", "new")
+#: The clients: each release's under DISPATCH "celery", and this release's
+#: under DISPATCH "worker" ("pull"), whose turns a durable_worker takes.
+CLIENTS = (*RELEASES, "pull")
+RELEASE_OF = {"old": "old", "new": "new", "pull": "new"}
 #: Runs each client starts on each shared key.
 RUNS_PER_CLIENT = 6
 BODY_SECONDS = 0.3
-#: The pinned holders' body, and its length once recovered (seconds).
+#: The "pin-" holders' body (seconds): their waiters start meanwhile.
+PIN_SECONDS = 3.0
+#: The killed holders' body (seconds), killed within its first second.
 HOLD_SECONDS = 6.0
 #: A short lease, so a killed holder's run is recovered within seconds (D4).
 LEASE_SECONDS = "3"
@@ -188,7 +203,8 @@ class Deploy:
 
     def logs(self) -> str:
         clients = "\n".join(f"--- client {c.release} ---\n{c.log()}" for c in self.clients.values())
-        return self.celery.logs() + "\n" + clients
+        pull = self.workers["pull"]
+        return f"{self.celery.logs()}\n--- durable_worker (pid {pull.pid}) ---\n{pull.log()}\n{clients}"
 
 
 def _wait(deploy: Deploy, what: str, condition: Any, detail: Any = str) -> Any:
@@ -221,7 +237,7 @@ def deploy(tmp_path: Path, celery_workers: CeleryWorkers) -> Iterator[Deploy]:
     test database (migrated by this release) and the test broker."""
     if reason := celery_stack_missing(("postgresql", "mysql", "sqlite")):
         pytest.skip(reason)
-    sources = {"old": older_source(tmp_path / "older"), "new": REPO}
+    sources = {"old": older_source(tmp_path / "older"), "new": REPO, "pull": REPO}
     shared = tmp_path / "shared"
     shutil.copytree(Path(__file__).parent.parent / "rolling_app", shared / "rolling_app")
     db_url = test_database_url(connection.settings_dict)
@@ -234,8 +250,9 @@ def deploy(tmp_path: Path, celery_workers: CeleryWorkers) -> Iterator[Deploy]:
             ROLLING_SOURCE=str(sources[release]),
             DURABLE_LEASE_SECONDS=LEASE_SECONDS,
             DURABLE_LEASE_RENEW_SECONDS="1",
+            DURABLE_DISPATCH="worker" if release == "pull" else "celery",
         )
-        for release in RELEASES
+        for release in CLIENTS
     }
     workers = {
         release: celery_workers.start(
@@ -249,9 +266,11 @@ def deploy(tmp_path: Path, celery_workers: CeleryWorkers) -> Iterator[Deploy]:
         )[0]
         for release in RELEASES
     }
+    pull = DurableWorkers(tmp_path)
+    workers["pull"] = pull.start(threads=3, env=envs["pull"], wait=False)
     clients = {
         release: Client(release, sources[release], envs[release], tmp_path / f"client-{release}.log")
-        for release in RELEASES
+        for release in CLIENTS
     }
     try:
         for worker in workers.values():
@@ -263,6 +282,7 @@ def deploy(tmp_path: Path, celery_workers: CeleryWorkers) -> Iterator[Deploy]:
     finally:
         for client in clients.values():
             client.stop()
+        pull.stop()
 
 
 def test_two_releases_share_keys_without_overlap_and_hand_off_both_ways(deploy: Deploy) -> None:
@@ -273,38 +293,45 @@ def test_two_releases_share_keys_without_overlap_and_hand_off_both_ways(deploy: 
     D4), admit a limit-1 key's runs oldest first whoever started them (S5),
     recover a holder killed by ``kill -9`` in either release (D4, R5), and
     admit a waiter started by one release by the other release's handoff
-    (S7)."""
+    (S7); this release's ``durable_worker`` (``DISPATCH = "worker"``) shares
+    the keys with the older release's Celery worker."""
     other = {"old": "new", "new": "old"}
-    # Each pinned key's holder runs in one release's worker (its workflow's
-    # queue), started by that release's client.
-    holders = {}
+    # Two keys per release whose turns go to that release's workers only (their
+    # workflow's queue): on "pin-" the holder settles there, on "kill-" its body
+    # process is killed. Each holder is started by that release's client.
+    holders: dict[tuple[str, str], str] = {}
     for release in RELEASES:
-        payload = {"seconds": HOLD_SECONDS, "seconds_after_recovery": BODY_SECONDS}
-        deploy.start([(release, f"rolling-on-{release}", f"pin-{release}", 1, payload)])
-        holders[release] = next(reversed(deploy.runs))
+        for kind, payload in (
+            ("pin", {"seconds": PIN_SECONDS}),
+            ("kill", {"seconds": HOLD_SECONDS, "seconds_after_recovery": BODY_SECONDS}),
+        ):
+            deploy.start([(release, f"rolling-on-{release}", f"{kind}-{release}", 1, payload)])
+            holders[kind, release] = next(reversed(deploy.runs))
     entered = {
-        release: _wait(deploy, f"the pinned holder of release {release} entered", lambda r=run_id: _entries(r))[0]
-        for release, run_id in holders.items()
+        place: _wait(deploy, f"the holder of {place} entered", lambda r=run_id: _entries(r))[0]
+        for place, run_id in holders.items()
     }
-    # A waiter on each pinned key, started by the other release's client.
-    waiters = {}
-    for release in RELEASES:
-        deploy.start([(other[release], f"rolling-on-{release}", f"pin-{release}", 1, {"seconds": BODY_SECONDS})])
-        waiters[release] = next(reversed(deploy.runs))
-    # kill -9 each holder's body process: one pool process of each release.
-    killed: dict[int, datetime] = {}
-    for release, entry in entered.items():
-        assert entry.workflow_name == release, f"{holders[release]} ran in release {entry.workflow_name}"
+    # A waiter on each of these keys, started by the other release's client.
+    waiters: dict[tuple[str, str], str] = {}
+    for kind, release in holders:
+        deploy.start([(other[release], f"rolling-on-{release}", f"{kind}-{release}", 1, {"seconds": BODY_SECONDS})])
+        waiters[kind, release] = next(reversed(deploy.runs))
+    for (_, release), entry in entered.items():
+        assert entry.workflow_name == release, f"{entry.run_id} ran in {entry.workflow_name}, not {release}"
         assert entry.pid in deploy.workers[release].children(), f"pid {entry.pid} is not a pool process of {release}"
-        os.kill(entry.pid, signal.SIGKILL)
-    for entry in entered.values():
-        _wait(deploy, f"pid {entry.pid} dead", lambda pid=entry.pid: _dead(pid))
-        killed[entry.pid] = timezone.now()  # the killed body's interval ends no later than this
+    # kill -9 each "kill-" holder's body process: one pool process of each release.
+    killed: dict[int, datetime] = {}
+    for release in RELEASES:
+        os.kill(entered["kill", release].pid, signal.SIGKILL)
+    for release in RELEASES:
+        pid = entered["kill", release].pid
+        _wait(deploy, f"pid {pid} dead", lambda pid=pid: _dead(pid))
+        killed[pid] = timezone.now()  # the killed body's interval ends no later than this
 
     # The shared keys: both clients start runs at once, alternately.
     for _ in range(RUNS_PER_CLIENT):
         for workflow, key, limit in SHARED_KEYS:
-            deploy.start([(release, workflow, key, limit, {"seconds": BODY_SECONDS}) for release in RELEASES])
+            deploy.start([(release, workflow, key, limit, {"seconds": BODY_SECONDS}) for release in CLIENTS])
 
     active = Run.objects.filter(run_id__in=list(deploy.runs), status__in=ACTIVE_STATUSES)
     _wait(
@@ -359,23 +386,32 @@ def test_two_releases_share_keys_without_overlap_and_hand_off_both_ways(deploy: 
     ]
     assert overtakes(records) == 0, f"a younger run of key one entered first (S5)\n{_timeline(audits, 'one')}"
 
-    # Recovery and the handoff across releases, on each pinned key.
+    # The killed holders were recovered and re-entered once (D4); on each
+    # "pin-" key the holder settled in its release's worker and the waiter,
+    # started by the other release and parked behind it, entered after it
+    # exited on a later claim than its first: the holder's settle granted it (S7).
     for release in RELEASES:
-        holder, waiter = by_run[holders[release]], by_run[waiters[release]]
-        assert len(holder) == 2, f"holder {holders[release]} not re-entered once after kill -9: {holder}"
-        last = holder[-1]
-        assert last.workflow_name == release and waiter[0].workflow_name == release, _timeline(audits, f"pin-{release}")
-        assert last.exited_at is not None and waiter[0].entered_at >= last.exited_at, _timeline(
-            audits, f"pin-{release}"
+        killed_holder = by_run[holders["kill", release]]
+        assert len(killed_holder) == 2, (
+            f"kill-{release}: holder not re-entered once\n{_timeline(audits, f'kill-{release}')}"
         )
+        (holder,) = by_run[holders["pin", release]]
+        (waiter,) = [r for r in by_run[waiters["pin", release]] if r.exited_at]
+        timeline = _timeline(audits, f"pin-{release}")
+        assert holder.workflow_name == release and holder.exited_at is not None, timeline
+        assert waiter.entered_at >= holder.exited_at and not waiter.run_id.endswith("#1"), timeline
 
-    # Both releases ran bodies of the shared keys, of runs the other release started.
-    crossed = {
+    # Both releases ran bodies of the shared keys, of runs the other release
+    # started; the durable_worker ran some too.
+    crossed = Counter(
         (deploy.runs[row.run_id.split("#")[0]][0], row.workflow_name)
         for row in audits
         if row.key in {key for _, key, _ in SHARED_KEYS}
-    }
-    assert {("old", "new"), ("new", "old")} <= crossed, f"(started by, ran in) pairs: {sorted(crossed)}"
+    )
+    print(f"(started by, ran in): bodies {dict(sorted(crossed.items()))}")
+    releases = {(RELEASE_OF[started], RELEASE_OF[ran]) for started, ran in crossed}
+    assert {("old", "new"), ("new", "old")} <= releases, f"(started by, ran in): bodies {crossed}"
+    assert any(ran == "pull" for _, ran in crossed), f"the durable_worker ran no body: {crossed}"
 
 
 def _timeline(audits: list[BodyAudit], key: str) -> str:
