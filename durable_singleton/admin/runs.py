@@ -302,6 +302,20 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
         expires = format_html(' <span class="ds-expiry">({})</span>', expiry) if expiry else ""
         if place.kind == "legacy-pending":
             return format_html("{} {}", _("untracked run of an older release, not in the queue; holders:"), holders)
+        if place.kind == "not-due" and place.not_before is not None and obj.debounce_until is not None:
+            # An open debounced run (X7a): a start of its debounce key moves its start.
+            return format_html(
+                '<a href="{}">{}</a> <time datetime="{}">{}</time> ({} {}, {} {}){}',
+                key_url,
+                _("debounced: starts at"),
+                place.not_before.isoformat(),
+                place.not_before.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                _("burst since"),
+                obj.created_at.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                _("at most until"),
+                obj.debounce_until.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                expires,
+            )
         if place.kind == "not-due" and place.not_before is not None:
             return format_html(
                 '<a href="{}">{}</a> <time datetime="{}">{}</time> {}{}',
