@@ -579,7 +579,7 @@ class Core:
                 f"workflow {name!r} declares debounce: store {type(self.store).__name__} cannot debounce"
                 " starts (supports_debounce is False) (X7)"
             )
-        self._correct_clock()
+        # No clock correction first: the store writes the run's times from its own clock (R5, X7b).
         record, definition, cap = self._new_run(
             name,
             input,

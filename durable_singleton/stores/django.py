@@ -924,8 +924,9 @@ class DjangoStore(BaseStore):
         def start() -> Debounced:
             with transaction.atomic(using=self.db):
                 self.lock_key(debounce_lock_name(run.workflow_name), run.debounce_key or "")
-                existing = self._locking(self._runs().filter(pk=run.run_id)).first()
-                if existing is None:
+                # A generated run id is new: only an explicit one can name a run or a fold (R3, X7c).
+                existing = self._locking(self._runs().filter(pk=run.run_id)).first() if explicit_id else None
+                if existing is None and explicit_id:
                     folded_into = (
                         DebouncedStart.objects.using(self.db)
                         .filter(pk=run.run_id)
@@ -966,9 +967,9 @@ class DjangoStore(BaseStore):
                         DebouncedStart.objects.using(self.db).create(
                             start_id=run.run_id, run_id=row.run_id, created_at=now
                         )
-                    stored = self._runs().filter(pk=row.run_id).first()
-                    assert stored is not None
-                    return Debounced(record_of(stored), False, True)
+                    row.input, row.not_before, row.wake_at = run.input, starts, starts
+                    row.deadline_at, row.updated_at = deadline, now
+                    return Debounced(record_of(row), False, True)
                 starts = now + timedelta(seconds=seconds)
                 new = run.evolve(
                     created_at=now,
