@@ -32,7 +32,7 @@ from durable_singleton.explain import ExplainState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.values import MAX_SECONDS
 
-from .conftest import run_threads
+from ..conftest import run_threads
 
 SECONDS = 600.0
 MAX = 1800.0
@@ -352,8 +352,8 @@ def test_concurrent_starts_from_several_processes_create_one_run(tmp_path: Any) 
 
     from durable_singleton.models import Run
 
-    from .celery_workers import REPO
-    from .worker_processes import test_database_url, wait_for
+    from ..celery_workers import REPO
+    from ..worker_processes import test_database_url, wait_for
 
     if connection.vendor == "sqlite" and "memory" in str(connection.settings_dict["NAME"]):
         pytest.skip("processes need a database file or server")
@@ -371,7 +371,7 @@ def test_concurrent_starts_from_several_processes_create_one_run(tmp_path: Any) 
         with open(log, "wb") as out:
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "tests.debounce_starter", str(go), "10"],
+                    [sys.executable, "-m", "tests.features.debounce_starter", str(go), "10"],
                     cwd=REPO,
                     env=env,
                     stdout=out,

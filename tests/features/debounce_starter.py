@@ -1,5 +1,5 @@
 """A process that makes debounced starts (X7) on the test database, for
-tests/test_debounce.py's race of processes: ``python -m tests.debounce_starter
+tests/features/test_debounce.py's race of processes: ``python -m tests.features.debounce_starter
 GO_FILE STARTS``. It declares the workflow ``sync-proc`` (debounce key = the
 input's ``store``), waits until GO_FILE exists (so every process starts at
 once), makes STARTS starts of store ``A`` and prints the run ids it was given,
