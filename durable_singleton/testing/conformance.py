@@ -477,7 +477,8 @@ class StoreConformance:
             assert engine.start("conf-debounce", {"k": "K", "n": n}, run_id=f"F{n}").run_id == "A"
         folded = engine.get("A")
         assert folded.input == {"k": "K", "n": 3}
-        assert folded.not_before is not None and first.not_before <= folded.not_before <= folded.debounce_until
+        assert folded.not_before is not None and folded.debounce_until is not None
+        assert first.not_before <= folded.not_before <= folded.debounce_until
         assert folded.wake_at == folded.not_before
         assert engine.start("conf-debounce", {"k": "K", "n": 1}, run_id="F1").run_id == "A"
         assert engine.get("A").input == {"k": "K", "n": 3} and engine.get("A").not_before == folded.not_before

@@ -393,3 +393,22 @@ def test_concurrent_starts_from_several_processes_create_one_run(tmp_path: Any) 
     given = {word for text in texts for word in text.split() if len(word) == 32}  # the run ids printed
     runs = list(Run.objects.filter(workflow_name="sync-proc").values_list("run_id", flat=True))
     assert len(runs) == 1 and given == set(runs), texts
+
+
+@pytest.mark.django_db
+def test_the_admin_run_page_says_when_a_debounced_run_starts(admin_client: Any, registry: Registry) -> None:
+    """X7, K3: the admin's run page says "debounced: starts at T (burst since T0, at most
+    until T1)" in its explanation and in the run's place."""
+    from django.urls import reverse
+
+    from durable_singleton.testing import make_engine
+
+    _declare(registry, [])
+    engine = make_engine("django", registry=registry)
+    run = engine.start("sync", {"store": "A", "n": 0})
+    engine.start("sync", {"store": "A", "n": 1})
+    page = admin_client.get(reverse("admin:durable_singleton_run_change", args=[run.run_id]))
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert "is debounced: starts at" in text and "burst since" in text
+    assert "debounced: starts at</a>" in text and "at most until" in text
