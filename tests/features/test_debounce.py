@@ -412,3 +412,58 @@ def test_the_admin_run_page_says_when_a_debounced_run_starts(admin_client: Any, 
     assert page.status_code == 200
     assert "is debounced: starts at" in text and "burst since" in text
     assert "debounced: starts at</a>" in text and "at most until" in text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fold_committed_during_a_claim_gives_the_body_the_folded_input(registry: Registry) -> None:
+    """X7d, R5a: a start folds into run D a moment before D's time and commits only
+    after a worker's claim of D read it (due, the old input) and waits for its row:
+    the claim goes through (its compare-and-set is on status and attempts), or on
+    PostgreSQL's one-statement claim finds D no longer due; either way no body
+    runs with the input the fold replaced. PostgreSQL and MariaDB (row locks)."""
+    from django.db import connection, transaction
+
+    from durable_singleton.models import Run
+    from durable_singleton.testing import make_engine
+
+    from ..conftest import spawn
+    from ..worker_processes import wait_for
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks: a claim cannot read while a fold holds its write")
+    waiting_sql = (
+        "SELECT COUNT(*) FROM pg_locks WHERE NOT granted"
+        if connection.vendor == "postgresql"
+        # The claim's locking read of D's row, in its procedure or on the ORM path: only this
+        # test's open transaction holds that row.
+        else "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID()"
+        " AND INFO LIKE '%%FOR UPDATE%%'"
+    )
+    log: list[Any] = []
+    _declare(registry, log)
+    engine = make_engine("django", registry=registry)
+    run = engine.start("sync", {"store": "A", "n": 0})
+    starts = engine.store.now() + timedelta(seconds=3)
+    Run.objects.filter(pk=run.run_id).update(not_before=starts, wake_at=starts)
+    outcome: list[Any] = []
+    with transaction.atomic():
+        folded = engine.start("sync", {"store": "A", "n": 1})  # holds D's row until the commit
+        assert folded.run_id == run.run_id
+        wait_for(lambda: engine.store.now() > starts, 30, "D's former start time passed")
+        spawn(lambda: outcome.append(engine.execute(run.run_id)))
+
+        def claim_waits() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute(waiting_sql)
+                return bool(cursor.fetchone()[0])
+
+        def processes() -> str:
+            with connection.cursor() as cursor:
+                cursor.execute("SHOW FULL PROCESSLIST" if connection.vendor == "mysql" else "SELECT 1")
+                return "\n".join(str(row) for row in cursor.fetchall())
+
+        wait_for(lambda: claim_waits() or outcome, 60, "the claim waits for D's row", processes)
+    wait_for(lambda: outcome, 60, "the claim's turn ended")
+    assert [n for _, n in log] in ([], [1])
+    stored = Run.objects.get(pk=run.run_id)
+    assert stored.input == {"store": "A", "n": 1}
