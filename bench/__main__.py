@@ -31,6 +31,7 @@ SCENARIOS = (
     "pull",
     "peers",
     "rooms",
+    "debounce",
 )
 
 
@@ -155,6 +156,12 @@ def main(argv: list[str]) -> int:
         from . import rooms
 
         raw["rooms"] = attempt("0 the rooms: PostgreSQL, MariaDB and SQLite in one run", rooms.measure)
+
+    if "debounce" in only:
+        # No worker needed: the run's quiet period outlasts the scenario (X7).
+        raw["debounce"] = attempt("13 debounce: 1,000 starts on one key", lambda: scenarios.debounce_burst(engine))
+        if raw["debounce"]:
+            say(f"debounce: {raw['debounce']}")
 
     env = dict(os.environ)
     with Procs(env, log_dir).running() as procs:

@@ -28,7 +28,7 @@ from durable_singleton.models import Run
 from . import audit
 from .procs import ROOT, tick_times, wait_until
 from .roundtrips import RoundTrips
-from .workflows import WORKFLOW
+from .workflows import DEBOUNCED, WORKFLOW
 
 
 def pct(values: Sequence[float], q: float) -> float:
@@ -227,6 +227,40 @@ def baseline(sizes: Sizes) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 # durable_singleton helpers
 # --------------------------------------------------------------------------
+
+
+def debounce_burst(engine: Engine, starts: int = 1000) -> dict[str, Any]:
+    """X7 (#33): ``starts`` debounced starts on one key, one after another from this
+    process, each with a new input; report the runs they created (the target: one),
+    whether the run holds the last input, and each start's duration. The run is
+    cancelled at the end (its quiet period is an hour: no body runs)."""
+    key = f"debounce-{uuid.uuid4().hex[:8]}"
+    tag = new_tag("debounce")
+    seconds: list[float] = []
+    ids: set[str] = set()
+    for n in range(starts):
+        began = time.perf_counter()
+        ids.add(engine.start(DEBOUNCED, {"tag": tag, "key": key, "n": n}).run_id)
+        seconds.append(time.perf_counter() - began)
+    runs = list(Run.objects.filter(workflow_name=DEBOUNCED, singleton_key=key).values("run_id", "input"))
+    for run in runs:
+        engine.cancel(run["run_id"])
+    # The same machine's plain start, for scale: delayed an hour (as the debounced run is), each
+    # on its own key, then cancelled.
+    plain: list[float] = []
+    for n in range(starts // 5):
+        began = time.perf_counter()
+        run_id = engine.start(WORKFLOW, {"tag": tag, "key": f"{key}-{n}"}, not_before=3600).run_id
+        plain.append(time.perf_counter() - began)
+        engine.cancel(run_id)
+    return {
+        "starts": starts,
+        "runs_created": len(runs),
+        "run_ids_returned": len(ids),
+        "newest_input_kept": bool(runs) and all(r["input"]["n"] == starts - 1 for r in runs),
+        "start_ms": summary_ms(seconds),
+        "plain_delayed_start_ms": summary_ms(plain),
+    }
 
 
 def start(engine: Engine, tag: str, key: str, **extra: Any) -> str:

@@ -1,14 +1,15 @@
-"""durable_singleton's side of the benchmark: one workflow, limit 1 per key."""
+"""durable_singleton's side of the benchmark: one workflow, limit 1 per key, and a debounced one (X7)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from durable_singleton import BaseWorkflow, Singleton, WorkflowCtx, workflow
+from durable_singleton import BaseWorkflow, Debounce, Singleton, WorkflowCtx, workflow
 
 from . import audit
 
 WORKFLOW = "bench-singleton"
+DEBOUNCED = "bench-debounced"
 
 
 def bench_key(input: dict[str, Any]) -> str:
@@ -30,3 +31,17 @@ class BenchSingleton(BaseWorkflow):
         if input.get("park"):
             ctx.wait_for_signal("release")
         audit.body(input["tag"], input["key"], ctx.run_id, holds=bool(input.get("hold")))
+
+
+@workflow(
+    name=DEBOUNCED,
+    version="1",
+    singleton=Singleton(key=bench_key, limit=1),
+    debounce=Debounce(key=bench_key, seconds=3600, max_seconds=7200),
+)
+class BenchDebounced(BaseWorkflow):
+    """A debounced workflow (X7): a burst of starts on one key is one run. The
+    scenario cancels its run before its hour of quiet is up; the body never runs."""
+
+    def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> None:
+        audit.body(input["tag"], input["key"], ctx.run_id, holds=False)

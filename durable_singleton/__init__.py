@@ -15,7 +15,7 @@ from .admission import (
     without_singleton_markers,
 )
 from .context import WorkflowCtx
-from .definitions import Quota, Singleton, WorkflowOptions, step
+from .definitions import Debounce, Quota, Singleton, WorkflowOptions, step
 from .engine import Engine
 from .exceptions import QuotaQueueFullError, SingletonBusyError, SingletonQueueFullError
 from .runtime import get_engine
@@ -27,6 +27,7 @@ __all__ = [
     "ADMITTED_TAG",
     "TRACKED_TAG",
     "BaseWorkflow",
+    "Debounce",
     "Engine",
     "OnBusy",
     "Quota",

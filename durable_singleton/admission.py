@@ -43,6 +43,7 @@ from .values import MAX_SECONDS
 __all__ = [
     "ACTIVE_STATUSES",
     "ADMITTED_TAG",
+    "DEBOUNCE_PREFIX",
     "FAIR_SCALE",
     "HOLDING_LEGACY_STATUSES",
     "KEY_MAX_LENGTH",
@@ -57,8 +58,12 @@ __all__ = [
     "Candidate",
     "cap_in_force",
     "check_not_before",
+    "compute_debounce_key",
     "compute_quota_key",
     "compute_singleton_key",
+    "debounce_lock_name",
+    "debounce_open",
+    "debounce_open_q",
     "decide_admission",
     "effective_limit",
     "fair_tag",
@@ -502,6 +507,55 @@ QUOTA_PREFIX = "quota:"
 #: Longest quota name accepted (characters, X3a).
 QUOTA_NAME_MAX_LENGTH = 64
 #: Longest quota key accepted (characters, X3a).
+#: The key table's ``workflow_name`` prefix of a workflow's debounce lock rows (X7b).
+DEBOUNCE_PREFIX = "debounce:"
+
+
+def debounce_lock_name(workflow: str) -> str:
+    """Return the key table's ``workflow_name`` of ``workflow``'s debounce keys:
+    ``debounce:<workflow>``, cut to the column's 191 characters (X7b). Two names
+    cut alike share their lock rows: it serializes more starts, never fewer."""
+    return f"{DEBOUNCE_PREFIX}{workflow}"[:KEY_MAX_LENGTH]
+
+
+def compute_debounce_key(workflow: str, key_fn: Callable[[Any], object], input: Any) -> str:
+    """Compute a start's debounce key from its input (X7), as
+    :func:`compute_singleton_key` computes a singleton key; raises
+    :class:`SingletonKeyError` naming the debounce key."""
+    try:
+        return compute_singleton_key(workflow, key_fn, input)
+    except SingletonKeyError as exc:
+        problem = str(exc).split(": singleton key: ", 1)[-1]
+        raise SingletonKeyError(workflow, problem, "debounce key") from exc.__cause__
+
+
+def debounce_open(run: Any, now: datetime) -> bool:
+    """Tell whether the debounced ``run`` (a RunRecord) is open, so that a start of
+    its debounce key folds into it (X7a): ``pending``, holding no slot of its key
+    nor of its quotas, no lease, and its ``not_before`` later than ``now``, the
+    store's clock (R5). No claim takes a run before its ``not_before`` (X5), so
+    an open run's body has not been entered. SQL twin: :func:`debounce_open_q`."""
+    return (
+        run.debounce_key is not None
+        and run.status == RunStatus.PENDING
+        and not run.admitted
+        and run.quota_slot != SlotState.HOLDER
+        and run.lease_owner is None
+        and run.not_before is not None
+        and run.not_before > now
+    )
+
+
+def debounce_open_q(now: Any) -> Q:
+    """SQL twin of :func:`debounce_open` on the run table; ``now`` is the database's
+    clock (``querysets.DbNow()``) (X7a, R5)."""
+    return (
+        Q(debounce_key__isnull=False, status=RunStatus.PENDING, lease_owner__isnull=True, not_before__gt=now)
+        & (Q(singleton_slot__isnull=True) | ~Q(singleton_slot=SlotState.HOLDER))
+        & (Q(quota_slot__isnull=True) | ~Q(quota_slot=SlotState.HOLDER))
+    )
+
+
 QUOTA_KEY_MAX_LENGTH = 127
 
 

@@ -30,6 +30,7 @@ from .admission import (
     QUOTA_PREFIX,
     RESERVED_TAGS,
     check_not_before,
+    compute_debounce_key,
     compute_quota_key,
     compute_singleton_key,
     quota_lock_name,
@@ -40,6 +41,7 @@ from .definitions import Registry, Singleton, WorkflowDefinition, registry
 from .dispatcher import Dispatcher
 from .exceptions import (
     InvalidInputError,
+    InvalidNotBeforeError,
     InvalidRunIdError,
     LeaseLostError,
     QuotaQueueFullError,
@@ -468,6 +470,17 @@ class Core:
             if existing is not None:
                 return self._found(existing, namespace)
         single = self.registry.get(name, version).singleton
+        if self.registry.get(name, version).debounce is not None:
+            return self._start_debounced(
+                name,
+                input,
+                run_id=run_id,
+                tags=tags,
+                version=version,
+                parent_run_id=parent_run_id,
+                namespace=namespace,
+                not_before=not_before,
+            )
         supersedes = single is not None and single.supersedes
         # On the default clock a store that stamps starts writes created_at by its
         # own clock (R8): no read of that clock before the insert, unless the start
@@ -532,6 +545,80 @@ class Core:
         if not in_start and self._first_turn_due(run):
             self.dispatcher.dispatch_soon(run.run_id, definition.queue)
         return run
+
+    def _start_debounced(
+        self,
+        name: str,
+        input: Any,
+        *,
+        run_id: str | None,
+        tags: Iterable[str],
+        version: str | None,
+        parent_run_id: str | None,
+        namespace: str | None,
+        not_before: datetime | float | None,
+    ) -> RunRecord:
+        """:meth:`start` of a workflow declared with ``debounce`` (X7): the store folds
+        the start into its debounce key's open run or inserts a new delayed run, under
+        the debounce key's lock (:meth:`BaseStore.start_debounced
+        <durable_singleton.stores.base.BaseStore.start_debounced>`). No turn is sent
+        now: the run starts at its ``not_before`` (X5), when the tick sends it.
+
+        Raises what :meth:`start` raises, each writing nothing; a ``not_before``
+        (the debounce sets the start time) raises :class:`InvalidNotBeforeError`;
+        a debounce key function that raises or returns anything but a non-empty
+        str raises :class:`SingletonKeyError` naming the debounce key; a store
+        without ``supports_debounce`` raises :class:`UnsupportedByStoreError`.
+        """
+        if not_before is not None:
+            raise InvalidNotBeforeError(
+                f"workflow {name!r} is debounced: its runs start when their burst ends (X7), not at not_before"
+            )
+        if not self.store.supports_debounce:
+            raise UnsupportedByStoreError(
+                f"workflow {name!r} declares debounce: store {type(self.store).__name__} cannot debounce"
+                " starts (supports_debounce is False) (X7)"
+            )
+        # No clock correction first: the store writes the run's times from its own clock (R5, X7b).
+        record, definition, cap = self._new_run(
+            name,
+            input,
+            run_id=run_id,
+            tags=tags,
+            version=version,
+            parent_run_id=parent_run_id,
+            namespace=namespace,
+        )
+        debounce = definition.debounce
+        assert debounce is not None
+        key = compute_debounce_key(definition.name, debounce.key, record.input)
+        try:
+            check_text(key, "debounce key", len(key))
+        except ValidationError as exc:
+            from .exceptions import SingletonKeyError
+
+            raise SingletonKeyError(definition.name, str(exc), "debounce key") from None
+        try:
+            started = self.store.start_debounced(
+                record.evolve(debounce_key=key),
+                seconds=float(debounce.seconds),
+                max_seconds=float(debounce.max_seconds),
+                timeout=definition.timeout,
+                cap=cap,
+                cap_namespace=self.namespace if self.scope_reads else None,
+                explicit_id=run_id is not None,
+            )
+        except SingletonQueueFullError as exc:
+            raise self._refused(definition, exc) from None
+        run = started.run
+        if started.created:
+            self.dispatcher.on_commit(lambda: signals.run_created.send_robust(sender=self.signal_sender, run=run))
+            return run
+        if started.folded:
+            logger.debug("start folded into run %s (X7)", run.run_id)
+            self.dispatcher.on_commit(lambda: signals.run_debounced.send_robust(sender=self.signal_sender, run=run))
+            return run
+        return self._found(run, namespace)
 
     @staticmethod
     def _first_turn_due(run: RunRecord) -> bool:
@@ -628,6 +715,8 @@ class Core:
         records: list[RunRecord] = []
         caps: dict[str, int | None] = {}
         definition = self.registry.get(name)
+        if definition.debounce is not None:
+            return self._start_many_debounced(name, inputs, ids, not_before)
         self._correct_clock()
         for input, run_id in zip(inputs, ids, strict=True):
             if run_id is not None:
@@ -687,6 +776,30 @@ class Core:
             self.dispatcher.on_commit(functools.partial(signals.run_created.send, sender=self.signal_sender, run=run))
         if not in_start:
             self.dispatcher.dispatch_many([r.run_id for r in created if not _delayed(r)], queue)
+        return out
+
+    def _start_many_debounced(
+        self, name: str, inputs: Sequence[Any], ids: Sequence[str | None], not_before: datetime | float | None
+    ) -> list[RunRecord | SingletonQueueFullError | RunIdInUseError]:
+        """:meth:`start_many` of a debounced workflow (X7): each input checked first
+        (nothing is written if one is invalid), then started in order, one by one,
+        each folded or created as :meth:`start` does."""
+        definition = self.registry.get(name)
+        debounce = definition.debounce
+        assert debounce is not None
+        for input, run_id in zip(inputs, ids, strict=True):
+            if run_id is not None:
+                self._check_run_id(run_id)
+            record, _, _ = self._new_run(
+                name, input, run_id=run_id, tags=(), version=None, parent_run_id=None, namespace=None
+            )
+            compute_debounce_key(definition.name, debounce.key, record.input)
+        out: list[RunRecord | SingletonQueueFullError | RunIdInUseError] = []
+        for input, run_id in zip(inputs, ids, strict=True):
+            try:
+                out.append(self.start(name, input, run_id=run_id, not_before=not_before))
+            except (SingletonQueueFullError, RunIdInUseError) as exc:  # in its place, as a batch reports them
+                out.append(exc)
         return out
 
     def _correct_clock(self) -> None:
@@ -811,6 +924,12 @@ class Core:
             return Outcome.PARKED
         if turn.admitted:
             signals.run_admitted.send_robust(sender=self.signal_sender, run=run)
+        if definition.debounce is not None and run.step_count == 0:
+            # A start folded in between this claim's read and its compare-and-set gave the run
+            # its input (X7d): no fold changes a run once claimed, so this read is the last word.
+            fresh = self.store.get_run(run_id)
+            if fresh is not None:
+                run = run.evolve(input=fresh.input)
         return self._run_body(definition, run, owner, turn.steps)
 
     def execute_chain(self, run_id: str, *, max_turns: int = 200, max_seconds: float = 2.0) -> str:

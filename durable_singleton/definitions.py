@@ -31,6 +31,7 @@ from .statuses import SUPERSEDING, OnBusy
 from .values import MAX_LIMIT, check_seconds, check_text
 
 __all__ = [
+    "Debounce",
     "Quota",
     "Registry",
     "Singleton",
@@ -321,6 +322,52 @@ class Quota:
 
 
 @dataclass(frozen=True)
+class Debounce:
+    """Fold a burst of starts into one run (X7): ``debounce=Debounce(...)`` on a workflow.
+
+    ``key``: callable taking the run input and returning a non-empty ``str``
+    of at most 191 characters, computed once at each start (a key function
+    that raises or returns anything else makes the start raise
+    :class:`~durable_singleton.exceptions.SingletonKeyError` naming the
+    debounce key, and write nothing).
+    ``seconds``: the quiet period, in seconds (``int`` or ``float``, finite,
+    > 0, at most :data:`~durable_singleton.values.MAX_SECONDS`): a debounced
+    run starts ``seconds`` after the last start of its burst, on the
+    database's clock.
+    ``max_seconds``: the longest a burst may hold its run back, in seconds
+    from the burst's first start (same type and bounds, >= ``seconds``):
+    required, so that a burst that never pauses still runs.
+
+    A start whose debounce key has an open run (X7a: pending, holding no
+    slot, no lease, its start time still later than the database's now)
+    creates nothing: that run takes the start's input (the newest wins) and
+    its start time moves to ``seconds`` after this start, never past
+    ``max_seconds`` after the burst's first start; the start returns that
+    run (docs/debounce.rst). Raises :class:`InvalidWorkflowError` at
+    registration (from :meth:`check`).
+    """
+
+    key: Callable[[Any], str]
+    seconds: float
+    max_seconds: float
+
+    def check(self, workflow: str) -> Debounce:
+        """Return this declaration, validated; raise :class:`InvalidWorkflowError`
+        naming ``workflow`` and the field (X7)."""
+        if not callable(self.key):
+            raise InvalidWorkflowError(workflow, "debounce.key", "must be callable (input -> str)")
+        seconds = _seconds(workflow, "debounce.seconds", self.seconds)
+        most = _seconds(workflow, "debounce.max_seconds", self.max_seconds)
+        if most < seconds:
+            raise InvalidWorkflowError(
+                workflow,
+                "debounce.max_seconds",
+                f"must be at least seconds ({seconds!r}), got {self.max_seconds!r:.80}",
+            )
+        return self
+
+
+@dataclass(frozen=True)
 class WorkflowOptions:
     """Typed workflow options, accepted wherever a ``workflow = {...}`` mapping is.
 
@@ -339,6 +386,7 @@ class WorkflowOptions:
     events: tuple[str, ...] = ()
     schedules: tuple[Schedule, ...] = ()
     quotas: tuple[Quota, ...] = ()
+    debounce: Debounce | None = None
 
 
 @dataclass(frozen=True)
@@ -359,6 +407,8 @@ class WorkflowDefinition:
     schedules: tuple[Schedule, ...] = ()
     #: The shared quotas the workflow's runs carry, sorted by name (X3).
     quotas: tuple[Quota, ...] = ()
+    #: The workflow's debounce (X7), or None.
+    debounce: Debounce | None = None
 
     @property
     def label(self) -> str:
@@ -436,8 +486,14 @@ class Registry:
         events: Iterable[str] = (),
         schedules: Iterable[Schedule] = (),
         quotas: Iterable[Quota] = (),
+        debounce: Debounce | None = None,
     ) -> WorkflowDefinition:
         """Validate and register a workflow; return its definition.
+
+        ``debounce``: a :class:`Debounce` (X7), or None; it takes no
+        ``on_busy`` that ends other runs (``"replace_queued"``,
+        ``"cancel_in_progress"``), and a ``queue_ttl`` must be longer than its
+        ``max_seconds`` (a burst would else expire its own run).
 
         ``quotas``: the shared :class:`Quota` limits its runs carry (X3); a
         name of the form ``quota:...``, a quota named twice, or a quota whose
@@ -467,6 +523,7 @@ class Registry:
             )
         if timeout is not None:
             timeout = _seconds(name, "timeout", timeout)
+        debounced = self._check_debounce(name, debounce, single)
         step_names = tuple(steps)
         for step_name in step_names:
             if step_name not in self.steps:
@@ -491,6 +548,7 @@ class Registry:
             events=event_names,
             schedules=schedule_specs,
             quotas=quota_specs,
+            debounce=debounced,
         )
         with self._lock:
             existing = self.workflows.get((name, version))
@@ -518,6 +576,30 @@ class Registry:
             self.workflows[(name, version)] = definition
             self.latest[name] = definition
         return definition
+
+    @staticmethod
+    def _check_debounce(name: str, debounce: object, single: Singleton | None) -> Debounce | None:
+        """Return the workflow's :class:`Debounce` validated, or None (X7, X7e)."""
+        if debounce is None:
+            return None
+        if not isinstance(debounce, Debounce):
+            raise InvalidWorkflowError(name, "debounce", f"expected Debounce or None, got {type(debounce).__name__}")
+        debounce.check(name)
+        if single is not None and single.supersedes:
+            raise InvalidWorkflowError(
+                name,
+                "debounce",
+                f"takes no on_busy={str(single.on_busy)!r}: a debounced start folds into its run, it ends no"
+                " other run (X7e)",
+            )
+        if single is not None and single.queue_ttl is not None and single.queue_ttl <= debounce.max_seconds:
+            raise InvalidWorkflowError(
+                name,
+                "singleton.queue_ttl",
+                f"must be longer than debounce.max_seconds ({debounce.max_seconds!r}): a burst would expire its"
+                " own run before it starts (X7e)",
+            )
+        return debounce
 
     @staticmethod
     def _check_quotas(name: str, quotas: Iterable[Quota]) -> tuple[Quota, ...]:

@@ -134,6 +134,10 @@ class Explanation:
     expires_in_seconds: float | None = None
     #: A run that waits for shared quotas (X3): its place in each quota key's queue.
     quotas: list[QuotaPlace] = field(default_factory=list)
+    #: A debounced run (X7): its debounce key, and the latest start time a later start of
+    #: its burst may give it (the burst's first start, its ``created_at``, plus ``max_seconds``).
+    debounce_key: str | None = None
+    debounce_until: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the explanation as JSON-ready values (datetimes as ISO 8601 strings)."""
@@ -392,6 +396,8 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
         "park_reason": run.park_reason,
         "key": run.singleton_key,
         "not_before": run.not_before,
+        "debounce_key": run.debounce_key,
+        "debounce_until": run.debounce_until,
     }
     if run.is_terminal:
         sentence = f"Run {run.run_id} is {run.status} (finished at {_at(run.finished_at)}): it waits for nothing."
@@ -430,7 +436,15 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
             if run.singleton_key is not None
             else "the tick sends its turn then"
         )
-        sentence = f"Run {run.run_id} is not due until {_at(run.not_before)} (a delayed start): {then}{ttl_words}."
+        if run.debounce_key is not None:
+            # An open debounced run (X7a): a start of its key moves its start, never past debounce_until.
+            sentence = (
+                f"Run {run.run_id} is debounced: starts at {_at(run.not_before)} (burst since "
+                f"{_at(run.created_at)}, at most until {_at(run.debounce_until)}); a start of debounce key "
+                f"{run.debounce_key!r} before then gives it its input and moves its start: {then}{ttl_words}."
+            )
+        else:
+            sentence = f"Run {run.run_id} is not due until {_at(run.not_before)} (a delayed start): {then}{ttl_words}."
         return Explanation(state=ExplainState.NOT_DUE, sentence=sentence, **base)
     if run.singleton_key is None:
         return _explain_unkeyed(run, now, base, own_lease)

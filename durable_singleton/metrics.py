@@ -26,6 +26,8 @@ prometheus_client counter without multiprocess mode):
 
 * ``durable_singleton_admissions_total{workflow}``: runs admitted to a slot
   (the ``run_admitted`` signal);
+* ``durable_singleton_debounced_starts_total{workflow}``: starts folded into
+  their debounce key's open run (the ``run_debounced`` signal, X7);
 * ``durable_singleton_handoff_seconds{workflow}`` (histogram): from a
   holder's end to the admission of the next run of its key, when both happen
   in this process (the embedded worker; Celery's ``execute_chain`` handoff);
@@ -51,13 +53,29 @@ from .admission import holds_quota_slot_q, holds_slot_q, legacy_holder_q, quota_
 from .renewals import unrenewed_q
 from .statuses import SlotState
 
-__all__ = ["ADMISSIONS", "HANDOFF", "REGISTRY", "TICK", "DatabaseCollector", "connect", "metrics_view", "observe_tick"]
+__all__ = [
+    "ADMISSIONS",
+    "DEBOUNCED",
+    "HANDOFF",
+    "REGISTRY",
+    "TICK",
+    "DatabaseCollector",
+    "connect",
+    "metrics_view",
+    "observe_tick",
+]
 
 #: The registry of this app's metrics (served by :func:`metrics_view`).
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 ADMISSIONS = Counter(
     "durable_singleton_admissions", "Runs admitted to a slot of their key.", ["workflow"], registry=REGISTRY
+)
+DEBOUNCED = Counter(
+    "durable_singleton_debounced_starts",
+    "Starts folded into their debounce key's open run (X7).",
+    ["workflow"],
+    registry=REGISTRY,
 )
 HANDOFF = Histogram(
     "durable_singleton_handoff_seconds",
@@ -106,6 +124,10 @@ def _on_admitted(sender: Any, run: Any, **kwargs: Any) -> None:
         ended = _released.pop((run.workflow_name, run.singleton_key), None)
     if ended is not None:
         HANDOFF.labels(workflow=run.workflow_name).observe(time.monotonic() - ended)
+
+
+def _on_debounced(sender: Any, run: Any, **kwargs: Any) -> None:
+    DEBOUNCED.labels(workflow=run.workflow_name).inc()
 
 
 class DatabaseCollector(Collector):
@@ -222,9 +244,10 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 def connect() -> None:
-    """Connect the receivers that count admissions and handoffs (idempotent)."""
+    """Connect the receivers that count admissions, handoffs and folded starts (idempotent)."""
     from . import signals
 
     signals.run_finished.connect(_on_finished, dispatch_uid="durable_singleton.metrics_finished")
     signals.run_admitted.connect(_on_admitted, dispatch_uid="durable_singleton.metrics_admitted")
     signals.tick_finished.connect(_on_tick, dispatch_uid="durable_singleton.metrics_tick")
+    signals.run_debounced.connect(_on_debounced, dispatch_uid="durable_singleton.metrics_debounced")

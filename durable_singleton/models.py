@@ -103,6 +103,11 @@ class Run(models.Model):
     #: release created. Never read from ``tags``: a caller's tag is only ever a tag. NULL (no
     #: quotas) for a row an older release's process inserts during a rolling upgrade.
     quota_keys = models.JSONField(_("quota keys"), default=list, blank=True, null=True)
+    #: The debounce key (X7), computed at the run's first start; NULL for a run not debounced.
+    debounce_key = ExactCharField(_("debounce key"), max_length=KEY_MAX_LENGTH, null=True, blank=True)
+    #: The latest start time a later start of the burst may give the run (its first start plus
+    #: ``max_seconds``, on the database's clock, X7); NULL for a run not debounced.
+    debounce_until = models.DateTimeField(_("debounce until"), null=True, blank=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -134,6 +139,8 @@ class Run(models.Model):
             # workflow and key): a generic plan that reads a queue through it, not knowing
             # the key's value, reads the front in order, never every run of the key (S5).
             models.Index(fields=["created_at", "run_id"], name="ds_run_created_idx"),
+            # A debounced start finds its key's open run (X7a).
+            models.Index(fields=["debounce_key", "workflow_name", "status"], name="ds_run_debounce_idx"),
             models.Index(
                 fields=["singleton_key", "workflow_name", "singleton_slot", "created_at", "run_id", "not_before"],
                 name="ds_run_key_idx",
@@ -149,6 +156,23 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workflow_name} {self.run_id} ({state_word(self.status, self.singleton_slot)})"
+
+
+class DebouncedStart(models.Model):
+    """A start with an explicit run id that a debounce folded into another run (X7c):
+    a retry of that start returns the run it was folded into and changes nothing (R3).
+    Deleted with that run (O2)."""
+
+    start_id = ExactCharField(_("start id"), max_length=191, primary_key=True)
+    run_id = ExactCharField(_("run id"), max_length=191, db_index=True)
+    created_at = models.DateTimeField(_("created at"))
+
+    class Meta:
+        verbose_name = _("debounced start")
+        verbose_name_plural = _("debounced starts")
+
+    def __str__(self) -> str:
+        return f"{self.start_id} -> {self.run_id}"
 
 
 class Step(models.Model):

@@ -72,6 +72,11 @@ class RunRecord:
     #: The W3C ``traceparent`` current when the run was started, or None (O8,
     #: ``durable_singleton.tracing``): each turn's span is its child.
     trace_parent: str | None = None
+    #: The debounce key (X7), computed once at the run's first start, or None (not debounced).
+    debounce_key: str | None = None
+    #: The latest start time a later start of the burst may give the run: the burst's first
+    #: start plus ``max_seconds``, on the store's clock (X7); None when not debounced.
+    debounce_until: datetime | None = None
 
     @property
     def tags(self) -> list[str]:

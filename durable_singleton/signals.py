@@ -5,6 +5,8 @@ Each is sent with ``sender=Engine`` and ``run`` (a
 carries ``reason`` (``"singleton"``, ``"sleep"``, ``"signal:<name>"``...):
 
 * ``run_created``: a start inserted a new run (not for an idempotent re-start);
+* ``run_debounced``: a start was folded into its debounce key's open run (X7),
+  which it names; nothing was created;
 * ``run_admitted``: a singleton run took a slot of its key (S5);
 * ``run_parked``: a turn ended with the run parked (a denied claim, a sleep,
   a wait for a signal or a child, ``blocked``);
@@ -39,6 +41,7 @@ __all__ = [
     "run_admitted",
     "run_created",
     "run_dead",
+    "run_debounced",
     "run_finished",
     "run_parked",
     "tick_finished",
@@ -47,6 +50,7 @@ __all__ = [
 logger = logging.getLogger("durable_singleton")
 
 run_created = Signal()
+run_debounced = Signal()
 run_admitted = Signal()
 run_parked = Signal()
 run_finished = Signal()

@@ -13,7 +13,7 @@ from dataclasses import fields
 from typing import Any, ClassVar, TypeVar
 
 from .context import WorkflowCtx
-from .definitions import Quota, Registry, Singleton, WorkflowDefinition, WorkflowOptions, origin_of, registry
+from .definitions import Debounce, Quota, Registry, Singleton, WorkflowDefinition, WorkflowOptions, origin_of, registry
 from .exceptions import InvalidWorkflowError
 from .records import RunRecord
 from .runtime import get_engine
@@ -54,13 +54,15 @@ def workflow(
     events: Iterable[str] = (),
     schedules: Iterable[Schedule] = (),
     quotas: Iterable[Quota] = (),
+    debounce: Debounce | None = None,
     registry: Registry = registry,
 ) -> Callable[[W], W]:
     """Register the decorated :class:`BaseWorkflow` subclass or function as a workflow.
 
     A function body takes ``(ctx, input)``. ``quotas``: a sequence of the
     shared :class:`~durable_singleton.definitions.Quota` limits its runs carry
-    (X3). Raises :class:`InvalidWorkflowError`
+    (X3). ``debounce``: a :class:`~durable_singleton.definitions.Debounce`
+    that folds a burst of starts into one run (X7). Raises :class:`InvalidWorkflowError`
     at decoration time for an invalid option.
     """
     options = WorkflowOptions(
@@ -74,6 +76,7 @@ def workflow(
         events=tuple(events),
         schedules=tuple(schedules),
         quotas=quotas if quotas is None or isinstance(quotas, (str, Quota)) else tuple(quotas),  # type: ignore[arg-type]  # refused at registration (X3a)
+        debounce=debounce,
     )
 
     def decorate(target: W) -> W:

@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from .. import admission, queues
-from ..admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, key_tag
+from ..admission import ACTIVE_STATUSES, ADMITTED_TAG, TRACKED_TAG, debounce_open_q, key_tag
 from ..explain import lease_words
 from ..models import Run, Signal, Step
 from ..queues import format_age
@@ -269,11 +269,34 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
         cap = _("unbounded queue") if depth is None else _("max_queue_depth %(depth)s") % {"depth": depth}
         return format_html("{} ({})", limit, cap)
 
+    @staticmethod
+    def _debounced_words(obj: Run, key_url: str, expires: str) -> str:
+        """An open debounced run's place (X7a): when it starts, since when its burst
+        runs, and the latest its start may move to."""
+        assert obj.not_before is not None and obj.debounce_until is not None
+        return format_html(
+            '<a href="{}">{}</a> <time datetime="{}">{}</time> ({} {}, {} {}){}',
+            key_url or "#",
+            _("debounced: starts at"),
+            obj.not_before.isoformat(),
+            obj.not_before.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            _("burst since"),
+            obj.created_at.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            _("at most until"),
+            obj.debounce_until.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            expires,
+        )
+
     @admin.display(description=_("place in the queue"))
     def place_display(self, obj: Run) -> str:
         place = queues.run_place(obj)
         key_url = self._key_url(obj.workflow_name, obj.singleton_key) if obj.singleton_key else ""
         if place.kind == "none":
+            if (
+                obj.debounce_until is not None
+                and Run.objects.filter(pk=obj.pk).filter(debounce_open_q(db_now())).exists()
+            ):
+                return self._debounced_words(obj, "", "")
             return str(_("not a singleton run"))
         if place.kind == "terminal":
             return str(_("no slot: the run has finished"))
@@ -302,6 +325,8 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
         expires = format_html(' <span class="ds-expiry">({})</span>', expiry) if expiry else ""
         if place.kind == "legacy-pending":
             return format_html("{} {}", _("untracked run of an older release, not in the queue; holders:"), holders)
+        if place.kind == "not-due" and place.not_before is not None and obj.debounce_until is not None:
+            return self._debounced_words(obj, key_url, expires)
         if place.kind == "not-due" and place.not_before is not None:
             return format_html(
                 '<a href="{}">{}</a> <time datetime="{}">{}</time> {}{}',

@@ -50,6 +50,7 @@ __all__ = [
     "ControlChange",
     "ControlChangeRecord",
     "ControlResult",
+    "Debounced",
     "Finish",
     "FiringRecord",
     "Limits",
@@ -141,6 +142,18 @@ class Superseding:
     replaced: tuple[RunRecord, ...] = ()
     cancelled: tuple[RunRecord, ...] = ()
     stopping: tuple[RunRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class Debounced:
+    """Outcome of :meth:`BaseStore.start_debounced` (X7): the run as stored, whether
+    this call inserted it, and whether it folded this start into an open run (that
+    run's input and start time changed). Neither: the start's run id was known (R3,
+    X7c) and nothing changed."""
+
+    run: RunRecord
+    created: bool
+    folded: bool = False
 
 
 class RenewalBusy(Exception):  # noqa: N818  (a state the renewer waits out, not an error)
@@ -424,6 +437,12 @@ class BaseStore(ABC):
         workflow that declares ``quotas`` raises
         :class:`~durable_singleton.exceptions.UnsupportedByStoreError` and
         writes nothing.
+    ``supports_debounce``
+        True when :meth:`start_debounced` folds a start into its debounce
+        key's open run under that key's lock (X7). False (the default): a
+        start of a workflow declared with ``debounce`` raises
+        :class:`~durable_singleton.exceptions.UnsupportedByStoreError` and
+        writes nothing.
     ``supports_queue_ttl``
         True when :meth:`expire_waiter` ends a waiter by a compare-and-set
         that refuses a run admitted meanwhile (X2). False (the default): the
@@ -440,6 +459,7 @@ class BaseStore(ABC):
     supports_schedules: bool = False
     supports_queue_ttl: bool = False
     supports_quotas: bool = False
+    supports_debounce: bool = False
 
     @property
     def admits_quotas(self) -> bool:
@@ -628,6 +648,41 @@ class BaseStore(ABC):
         """
         raise UnsupportedByStoreError(
             f"store {type(self).__name__} cannot start with on_busy={on_busy!r} (supports_on_busy is False)"
+        )
+
+    def start_debounced(
+        self,
+        run: RunRecord,
+        *,
+        seconds: float,
+        max_seconds: float,
+        timeout: float | None,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        explicit_id: bool = False,
+    ) -> Debounced:
+        """Start ``run`` (its ``debounce_key`` set) as a debounced start, in one
+        transaction under the debounce key's lock, taken before any other key's (X7, S13).
+
+        Under the lock: a run with ``run_id``, or a start of that id folded
+        before (X7c), is returned and nothing changes (R3). Else the key's open
+        run (X7a: of the workflow, namespace, singleton key and quota keys of
+        ``run``, ``pending``, holding no slot and no lease, its ``not_before``
+        later than the store's now) takes ``run``'s input, and its
+        ``not_before`` and ``wake_at`` become the store's now plus ``seconds``,
+        at most its ``debounce_until``, its ``deadline_at`` that plus
+        ``timeout`` seconds (D5), by a compare-and-set on that state (R5a); with
+        ``explicit_id`` the start's id is recorded as folded into it (X7c).
+        Without an open run, ``run`` is inserted as :meth:`create_run` does (its
+        caps counted, S15, X3j) with ``created_at`` the store's now,
+        ``not_before`` and ``wake_at`` that plus ``seconds`` and
+        ``debounce_until`` that plus ``max_seconds``: a delayed start (X5).
+        Times on the store's clock (R5). The default raises
+        :class:`~durable_singleton.exceptions.UnsupportedByStoreError`
+        (``supports_debounce`` False).
+        """
+        raise UnsupportedByStoreError(
+            f"store {type(self).__name__} cannot debounce starts (supports_debounce is False)"
         )
 
     @abstractmethod

@@ -36,6 +36,7 @@ from .base import (
     ControlChange,
     ControlChangeRecord,
     ControlResult,
+    Debounced,
     Finish,
     Limits,
     QueueTtls,
@@ -68,6 +69,7 @@ class CodecStore(BaseStore):
         self.supports_queue_ttl = inner.supports_queue_ttl
         self.supports_on_busy = inner.supports_on_busy
         self.supports_quotas = inner.supports_quotas
+        self.supports_debounce = inner.supports_debounce
         self.writes_turn_notices = inner.writes_turn_notices
 
     # -- encoding ------------------------------------------------------------------
@@ -211,6 +213,29 @@ class CodecStore(BaseStore):
             self._in(run), on_busy=on_busy, limits=limits, cap_namespace=cap_namespace
         )
         return self._out(started)  # type: ignore[no-any-return]
+
+    def start_debounced(
+        self,
+        run: RunRecord,
+        *,
+        seconds: float,
+        max_seconds: float,
+        timeout: float | None,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        explicit_id: bool = False,
+    ) -> Debounced:
+        """The inner store's debounced start, the input encoded (X7, S13)."""
+        started = self.inner.start_debounced(
+            self._in(run),
+            seconds=seconds,
+            max_seconds=max_seconds,
+            timeout=timeout,
+            cap=cap,
+            cap_namespace=cap_namespace,
+            explicit_id=explicit_id,
+        )
+        return replace(started, run=self._out(started.run))
 
     def get_run(self, run_id: str) -> RunRecord | None:
         return self._out(self.inner.get_run(run_id))  # type: ignore[no-any-return]

@@ -61,6 +61,8 @@ from ..admission import (
     QUOTA_ORDER,
     QUOTA_PREFIX,
     cap_in_force,
+    debounce_lock_name,
+    debounce_open_q,
     fair_tag,
     free_slots,
     free_slots_sql,
@@ -85,7 +87,7 @@ from ..admission import (
 )
 from ..codecs import Codec
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
-from ..models import QuotaMembership, Run, Signal, SingletonKey, Step
+from ..models import DebouncedStart, QuotaMembership, Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, database_now, db_now_plus
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
 from . import key_controls, mysql, pg
@@ -97,6 +99,7 @@ from .base import (
     ControlChange,
     ControlChangeRecord,
     ControlResult,
+    Debounced,
     Finish,
     Limits,
     QueueTtls,
@@ -177,6 +180,8 @@ def record_of(row: Run) -> RunRecord:
         quota_keys=quota_keys,
         quota_slot=row.quota_slot,
         trace_parent=row.trace_parent,
+        debounce_key=row.debounce_key,
+        debounce_until=row.debounce_until,
     )
 
 
@@ -271,6 +276,7 @@ class DjangoStore(BaseStore):
     supports_key_controls = True
     supports_on_busy = True
     supports_quotas = True
+    supports_debounce = True
     supports_schedules = True
     supports_queue_ttl = True
 
@@ -890,6 +896,94 @@ class DjangoStore(BaseStore):
                     raise
                 return Superseding(record_of(found), False)
 
+    def start_debounced(
+        self,
+        run: RunRecord,
+        *,
+        seconds: float,
+        max_seconds: float,
+        timeout: float | None,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        explicit_id: bool = False,
+    ) -> Debounced:
+        """:meth:`BaseStore.start_debounced` on the ORM path, on every database (the
+        PostgreSQL fast path and the MariaDB procedures start no debounced run).
+
+        One transaction: the debounce key's row in the key table
+        (``debounce:<workflow>``, :func:`~durable_singleton.admission.debounce_lock_name`)
+        is locked first, before any quota or singleton key the insert locks
+        (S13, X7b: no claim takes a debounce lock, so the order has no cycle);
+        the database's clock is read after the lock (R5); the open run is
+        found through ``ds_run_debounce_idx`` and changed by a compare-and-set
+        on :func:`~durable_singleton.admission.debounce_open_q` (R5a, X7a).
+        A named transient error retries the whole start (:meth:`_retrying`).
+        """
+        assert run.debounce_key is not None
+
+        def start() -> Debounced:
+            with transaction.atomic(using=self.db):
+                self.lock_key(debounce_lock_name(run.workflow_name), run.debounce_key or "")
+                # A generated run id is new: only an explicit one can name a run or a fold (R3, X7c).
+                existing = self._locking(self._runs().filter(pk=run.run_id)).first() if explicit_id else None
+                if existing is None and explicit_id:
+                    folded_into = (
+                        DebouncedStart.objects.using(self.db)
+                        .filter(pk=run.run_id)
+                        .values_list("run_id", flat=True)
+                        .first()
+                    )
+                    if folded_into is not None:
+                        existing = self._runs().filter(pk=folded_into).first()
+                if existing is not None:
+                    return Debounced(record_of(existing), False)
+                now = self.now()
+                opened = self._locking(
+                    self._runs()
+                    .filter(
+                        workflow_name=run.workflow_name,
+                        debounce_key=run.debounce_key,
+                        namespace=run.namespace,
+                        singleton_key=run.singleton_key,
+                    )
+                    .filter(debounce_open_q(now))
+                    .order_by("-created_at", "-run_id")
+                )
+                for row in opened[:8]:
+                    if quota_keys_of(row.quota_keys) != run.quota_keys or row.debounce_until is None:
+                        continue
+                    starts = min(now + timedelta(seconds=seconds), _aware(row.debounce_until))
+                    deadline = starts + timedelta(seconds=timeout) if timeout is not None else None
+                    changed = (
+                        self._runs()
+                        .filter(debounce_open_q(now), pk=row.run_id)
+                        .update(
+                            input=run.input, not_before=starts, wake_at=starts, deadline_at=deadline, updated_at=now
+                        )
+                    )
+                    if not changed:
+                        continue
+                    if explicit_id:
+                        DebouncedStart.objects.using(self.db).create(
+                            start_id=run.run_id, run_id=row.run_id, created_at=now
+                        )
+                    row.input, row.not_before, row.wake_at = run.input, starts, starts
+                    row.deadline_at, row.updated_at = deadline, now
+                    return Debounced(record_of(row), False, True)
+                starts = now + timedelta(seconds=seconds)
+                new = run.evolve(
+                    created_at=now,
+                    updated_at=now,
+                    not_before=starts,
+                    wake_at=starts,
+                    debounce_until=now + timedelta(seconds=max_seconds),
+                    deadline_at=starts + timedelta(seconds=timeout) if timeout is not None else None,
+                )
+                stored_run, created = self.create_run(new, cap=cap, cap_namespace=cap_namespace)
+                return Debounced(stored_run, created)
+
+        return self._retrying(start)
+
     def _settle_row(self, row: Run, error: Mapping[str, str]) -> RunRecord | None:
         """Settle a parked run ``cancelled`` with ``error`` by compare-and-set on its
         status as read, inside the caller's transaction under the key's lock (R5a,
@@ -960,6 +1054,8 @@ class DjangoStore(BaseStore):
             not_before=run.not_before,
             quota_slot=run.quota_slot,
             trace_parent=run.trace_parent,
+            debounce_key=run.debounce_key,
+            debounce_until=run.debounce_until,
         )
 
     def _insert(self, run: RunRecord) -> None:
@@ -1025,6 +1121,7 @@ class DjangoStore(BaseStore):
             if row is None:
                 return None
             row.delete()
+            DebouncedStart.objects.using(self.db).filter(run_id=run_id).delete()  # X7c: forgotten with it
             return record_of(row)
 
     # -- a turn ------------------------------------------------------------------

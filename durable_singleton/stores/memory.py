@@ -16,6 +16,7 @@ from django.utils import timezone
 from ..admission import (
     QUOTA_PREFIX,
     cap_in_force,
+    debounce_open,
     fair_tag,
     free_slots,
     handoff_admits,
@@ -39,6 +40,7 @@ from .base import (
     ControlChange,
     ControlChangeRecord,
     ControlResult,
+    Debounced,
     Finish,
     Limits,
     QueueTtls,
@@ -70,6 +72,7 @@ class MemoryStore(BaseStore):
     supports_queue_ttl = True
     supports_on_busy = True
     supports_quotas = True
+    supports_debounce = True
     supports_schedules = True  # the default in-memory state lives as long as the store
 
     def __init__(
@@ -87,6 +90,7 @@ class MemoryStore(BaseStore):
         self._tokens: dict[tuple[str, str], int] = {}
         self._quota_tokens: dict[str, dict[str, int]] = {}  # run id -> quota name -> token (X3f)
         self._quota_tags: dict[tuple[str, str], int] = {}  # (run id, quota name) -> fair tag (X4)
+        self._folded: dict[str, str] = {}  # a folded start's explicit run id -> the run it went into (X7c)
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
         self._control_records: list[ControlChangeRecord] = []
         self.redelivery_seconds = redelivery_seconds
@@ -185,6 +189,64 @@ class MemoryStore(BaseStore):
             self._insert(run)
             return Superseding(run, True, replaced, cancelled, stopping)
 
+    def start_debounced(
+        self,
+        run: RunRecord,
+        *,
+        seconds: float,
+        max_seconds: float,
+        timeout: float | None,
+        cap: int | None,
+        cap_namespace: str | None = None,
+        explicit_id: bool = False,
+    ) -> Debounced:
+        """:meth:`BaseStore.start_debounced` inside the critical section (X7, X7a-c)."""
+        with self._critical():
+            existing = self._runs.get(run.run_id)
+            if existing is None and run.run_id in self._folded:
+                existing = self._runs.get(self._folded[run.run_id])
+            if existing is not None:
+                return Debounced(existing, False)
+            now = self.clock()
+            candidates = sorted(
+                (
+                    r
+                    for r in self._runs.values()
+                    if r.workflow_name == run.workflow_name
+                    and r.debounce_key == run.debounce_key
+                    and r.namespace == run.namespace
+                    and r.singleton_key == run.singleton_key
+                    and r.quota_keys == run.quota_keys
+                    and debounce_open(r, now)
+                ),
+                key=lambda r: (r.created_at, r.run_id),
+            )
+            if candidates:
+                open_run = candidates[-1]
+                assert open_run.debounce_until is not None
+                starts = min(now + timedelta(seconds=seconds), open_run.debounce_until)
+                folded = self._replace(
+                    open_run,
+                    input=run.input,
+                    not_before=starts,
+                    wake_at=starts,
+                    deadline_at=starts + timedelta(seconds=timeout) if timeout is not None else None,
+                )
+                if explicit_id:
+                    self._folded[run.run_id] = folded.run_id
+                return Debounced(folded, False, True)
+            starts = now + timedelta(seconds=seconds)
+            new = run.evolve(
+                created_at=now,
+                updated_at=now,
+                not_before=starts,
+                wake_at=starts,
+                debounce_until=now + timedelta(seconds=max_seconds),
+                deadline_at=starts + timedelta(seconds=timeout) if timeout is not None else None,
+            )
+            stored, created = self.create_run(new, cap=cap, cap_namespace=cap_namespace)
+            return Debounced(stored, created)
+
     def _cancelled(self, run: RunRecord, error: dict[str, str]) -> RunRecord:
         """Settle a parked run ``cancelled`` with ``error``, granting nothing (X1)."""
         return self._replace(
@@ -230,6 +292,7 @@ class MemoryStore(BaseStore):
             self._steps.pop(run_id, None)
             self._signals.pop(run_id, None)
             self._signal_ids = {k for k in self._signal_ids if k[0] != run_id}
+            self._folded = {k: v for k, v in self._folded.items() if v != run_id}
             return self._runs.pop(run_id, None)
 
     # -- admission -------------------------------------------------------------------

@@ -10,7 +10,7 @@ from datetime import datetime
 
 from django.db import transaction
 
-from ..models import QuotaMembership, Run, Signal, Step
+from ..models import DebouncedStart, QuotaMembership, Run, Signal, Step
 from ..records import PurgeReport
 from ..statuses import TERMINAL_STATUSES
 
@@ -41,6 +41,8 @@ def delete_finished_chunk(
             report.signals += signals._raw_delete(db)
             # A finished run's quota memberships hold no slot (X3g); they go with it.
             QuotaMembership.objects.using(db).filter(run_id__in=kept)._raw_delete(db)
+            # The starts folded into them (X7c) are forgotten with them.
+            DebouncedStart.objects.using(db).filter(run_id__in=kept)._raw_delete(db)
             # A raw delete: the post_delete receiver concerns active runs only.
             Run.objects.using(db).filter(pk__in=kept)._raw_delete(db)
     kept_set = set(kept)

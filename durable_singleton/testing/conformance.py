@@ -7,7 +7,9 @@ Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 with ``supports_queue_ttl``: the tick ends a waiter past it, and no grant
 admits one, given the declared TTLs), the strategies of a busy start (X1:
 ``on_busy``; a store without ``supports_on_busy`` refuses the superseding
-ones with a typed error and writes nothing), for a store without an atomic claim the fallback
+ones with a typed error and writes nothing), the debounce (X7: a burst of starts is
+one run with the newest input, a retried start changes nothing; a store without
+``supports_debounce`` refuses with a typed error and writes nothing), for a store without an atomic claim the fallback
 warning (S14) and, for a store on the Django run table, that the admission
 rules' Python spellings and their SQL twins agree (S5, S12, K2, X5). Subclass
 :class:`StoreConformance` in a test module and give it a ``store`` fixture
@@ -36,7 +38,7 @@ from typing import Any
 import pytest
 
 from ..context import WorkflowCtx
-from ..definitions import Quota, Registry
+from ..definitions import Debounce, Quota, Registry
 from ..engine import Engine
 from ..exceptions import (
     QuotaQueueFullError,
@@ -135,6 +137,14 @@ class StoreConformance:
         capped = Quota("conf-capped-pool", key=lambda i: i["k"], limit=1, max_queue_depth=1)
         registry.add("conf-quota-capped", "1", body, quotas=[capped])
         registry.add("conf-quota-capped-keyed", "1", body, singleton={"key": lambda i: i["s"]}, quotas=[capped])
+        # A debounced workflow with a singleton key (X7): an hour of quiet, no body runs in a test.
+        registry.add(
+            "conf-debounce",
+            "1",
+            body,
+            singleton={"key": lambda i: i["k"]},
+            debounce=Debounce(key=lambda i: i["k"], seconds=3600, max_seconds=7200),
+        )
         return make_engine(store, registry=registry, LEASE_SECONDS=LEASE, LEASE_RENEW_SECONDS=LEASE / 3)
 
     @staticmethod
@@ -446,6 +456,36 @@ class StoreConformance:
         assert engine.start("conf-skip", {"k": "K"}, run_id="A").run_id == "A"
         _settle_all(engine)
         assert engine.start("conf-skip", {"k": "K"}, run_id="B").run_id == "B"
+
+    # -- debounce (X7) -----------------------------------------------------------------
+    def test_a_debounce_folds_a_burst_into_one_run(self, engine: Engine) -> None:
+        """X7, X7a, X7c: starts of one debounce key are one delayed run holding the
+        newest input, its start ``seconds`` after the last start and never past its
+        ``debounce_until``; a retried start of a folded id changes nothing; another
+        key has its own run. A store without ``supports_debounce`` refuses the start
+        with UnsupportedByStoreError and writes nothing."""
+        if not engine.store.supports_debounce:
+            with pytest.raises(UnsupportedByStoreError):
+                engine.start("conf-debounce", {"k": "K"}, run_id="A")
+            assert engine.store.get_run("A") is None
+            return
+        first = engine.start("conf-debounce", {"k": "K", "n": 0}, run_id="A")
+        assert first.status == RunStatus.PENDING and first.debounce_key == "K"
+        assert first.not_before is not None and first.debounce_until is not None
+        assert first.not_before > first.created_at and first.debounce_until >= first.not_before
+        for n in (1, 2, 3):
+            assert engine.start("conf-debounce", {"k": "K", "n": n}, run_id=f"F{n}").run_id == "A"
+        folded = engine.get("A")
+        assert folded.input == {"k": "K", "n": 3}
+        assert folded.not_before is not None and folded.debounce_until is not None
+        assert first.not_before <= folded.not_before <= folded.debounce_until
+        assert folded.wake_at == folded.not_before
+        assert engine.start("conf-debounce", {"k": "K", "n": 1}, run_id="F1").run_id == "A"
+        assert engine.get("A").input == {"k": "K", "n": 3} and engine.get("A").not_before == folded.not_before
+        assert engine.store.get_run("F1") is None
+        assert engine.start("conf-debounce", {"k": "L", "n": 9}).run_id != "A"
+        assert self._turn(engine, "A", "w").state is TurnState.SKIPPED  # not due: no claim (X5)
+        assert engine.get("A").status == RunStatus.PENDING and not engine.get("A").admitted
 
     def test_replace_queued_keeps_one_waiter(self, engine: Engine, bodies: _Bodies) -> None:
         """X1, S6, S7: behind a holder each "replace_queued" start settles the
