@@ -64,6 +64,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "stores.django",
         "stores.pg",
         "stores.mysql",
+        "stores.sqlite",
         "stores.memory",
         "stores.codec",
         "stores.loading",

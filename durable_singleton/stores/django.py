@@ -90,7 +90,7 @@ from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..models import DebouncedStart, QuotaMembership, Run, Signal, SingletonKey, Step
 from ..querysets import DbNow, RunQuerySet, database_now, db_now_plus
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
-from . import key_controls, mysql, pg
+from . import key_controls, mysql, pg, sqlite
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -238,6 +238,19 @@ def _settled(run: RunRecord, status: str, output: Any, error: Any) -> RunRecord:
     )
 
 
+def _stamped(run: RunRecord, backlog_wake_at: datetime | None, now: datetime) -> tuple[RunRecord, datetime | None]:
+    """``run`` and its backlog wake moved so that it is created at ``now``, the database's
+    clock, its other times keeping their distance to its creation (R8)."""
+    shift = now - run.created_at
+    run = run.evolve(
+        created_at=run.created_at + shift,
+        updated_at=run.updated_at + shift,
+        wake_at=run.wake_at + shift if run.wake_at is not None else None,
+        deadline_at=run.deadline_at + shift if run.deadline_at is not None else None,
+    )
+    return run, backlog_wake_at + shift if backlog_wake_at is not None else None
+
+
 @dataclass(frozen=True)
 class _Carrier:
     """A waiter that carries quotas which a handoff admits (X3h): its row as read and its
@@ -267,8 +280,9 @@ class DjangoStore(BaseStore):
     handoff) as raw SQL, one round trip each (:mod:`durable_singleton.stores.pg`);
     None (the default): on PostgreSQL through psycopg 3 with client-side
     binding, on MySQL/MariaDB the claims the room's stored procedures carry
-    (:mod:`durable_singleton.stores.mysql`) where they are installed; False:
-    always the ORM path.
+    (:mod:`durable_singleton.stores.mysql`) where they are installed, on SQLite
+    the start, the claim and the settle as the room's raw statements
+    (:mod:`durable_singleton.stores.sqlite`); False: always the ORM path.
     """
 
     supports_atomic_admission = True
@@ -292,6 +306,7 @@ class DjangoStore(BaseStore):
         self.raw_sql = raw_sql
         self._fast_paths: dict[str, pg.FastPath | None] = {}
         self._rooms: dict[str, mysql.Room | None] = {}
+        self._sqlite_rooms: dict[str, sqlite.Room | None] = {}
         self.claim_retries = claim_retries
         self.redelivery_seconds = redelivery_seconds
         self._schedule_states: dict[Codec | None, DjangoScheduleStore] = {}
@@ -353,6 +368,17 @@ class DjangoStore(BaseStore):
         except KeyError:
             room = self._rooms[db] = mysql.room_of(db) if self.raw_sql is not False else None
         return room if room is not None and room.usable else None
+
+    def _sqlite_room(self) -> sqlite.Room | None:
+        """Return the SQLite room of this store's database (its raw statements), or None:
+        another database, ``raw_sql=False``, or an SQLite without ``RETURNING`` (the ORM path)."""
+        db = self.db
+        try:
+            return self._sqlite_rooms[db]
+        except KeyError:
+            room = None if self.raw_sql is False else sqlite.room_of(db, self.redelivery_seconds)
+            self._sqlite_rooms[db] = room
+            return room
 
     def _runs(self) -> RunQuerySet:
         return Run.objects.using(self.db)
@@ -474,22 +500,9 @@ class DjangoStore(BaseStore):
 
     def _upsert_key(self, workflow_name: str, key: str) -> dict[str, Any]:
         """SQLite's key lock: one ``INSERT ... ON CONFLICT DO UPDATE ... RETURNING``, which
-        takes the database write lock, creates the row if missing and returns it (S13a)."""
-        connection = connections[self.db]
-        quote = connection.ops.quote_name
-        table = quote(SingletonKey._meta.db_table)
-        columns = ", ".join(quote(c) for c in ("created", "modified", "workflow_name", "key", "last_token", "paused"))
-        token = quote("last_token")
-        now = connection.ops.adapt_datetimefield_value(timezone.now())
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} ({columns}) VALUES (%s, %s, %s, %s, 0, 0) "
-                f"ON CONFLICT ({quote('workflow_name')}, {quote('key')}) DO UPDATE SET {token} = {token} "
-                f"RETURNING {quote('id')}, {token}, {quote('paused')}, {quote('limit_override')}",
-                [now, now, workflow_name, key],
-            )
-            pk, last_token, paused, override = cursor.fetchone()
-        return {"pk": pk, "last_token": last_token, "paused": bool(paused), "limit_override": override}
+        takes the database write lock, creates the row if missing and returns it (S13a), its
+        token counter moved past every holder's token first (K1, :func:`.sqlite.lock_key`)."""
+        return sqlite.lock_key(self.db, workflow_name, key)
 
     def _locking(self, queryset: Any) -> Any:
         """Read the latest commits after the key's lock, whatever the isolation level (S13a).
@@ -684,6 +697,16 @@ class DjangoStore(BaseStore):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
                 if started is not None:
                     return started
+        room = self._sqlite_room()
+        if room is not None and (cap is None or run.singleton_key is None) and not run.quota_keys:
+            # One INSERT with the backlog check (the SQLite room); the store's clock is the
+            # process's, read without a statement (R8).
+            if stamp and run.created_at.tzinfo is not None:
+                run, backlog_wake_at = _stamped(run, backlog_wake_at, self.now())
+            for _ in range(self.claim_retries + 1):
+                started = self._retrying(lambda: room.start(run, deep_limit, backlog_wake_at))
+                if started is not None:
+                    return started
         probed = run.singleton_key is not None and deep_limit is not None
         if not stamp and not probed:
             return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
@@ -692,14 +715,7 @@ class DjangoStore(BaseStore):
         # Naive times (USE_TZ = False, refused by check E012) are not restamped: the
         # database's clock is aware, and the engine's times stay as they were given.
         if stamp and run.created_at.tzinfo is not None:
-            shift = now - run.created_at
-            run = run.evolve(
-                created_at=run.created_at + shift,
-                updated_at=run.updated_at + shift,
-                wake_at=run.wake_at + shift if run.wake_at is not None else None,
-                deadline_at=run.deadline_at + shift if run.deadline_at is not None else None,
-            )
-            backlog_wake_at = backlog_wake_at + shift if backlog_wake_at is not None else None
+            run, backlog_wake_at = _stamped(run, backlog_wake_at, now)
         if deep:
             run = run.evolve(wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
         return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
@@ -1177,6 +1193,17 @@ class DjangoStore(BaseStore):
                 turn = claimed
             else:
                 read = claimed
+        lite = self._sqlite_room() if known is None else None
+        if lite is not None:
+            # The SQLite room's claim without a read first; None: the ORM path reads and decides.
+            delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
+            lite_turn = self._retrying(lambda: lite.claim(run_id, owner, lease_seconds, limits, delays, ttls or {}))
+            if lite_turn is not None:
+                run = lite_turn.run
+                if run is not None and run.singleton_key is not None:
+                    key = run.singleton_key
+                    self._retrying(lambda: lite.bump(run.workflow_name, key, (run, *lite_turn.granted)))
+                return lite_turn
         if turn is None:
             turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls, read)
         if turn.state == TurnState.RUN and turn.run is not None and turn.run.step_count == 0 and not turn.recovered:
@@ -1311,6 +1338,13 @@ class DjangoStore(BaseStore):
                 take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
                 if recovered:
                     return self._retrying(lambda: self._take_over(row, record, taken, take))
+            room = self._sqlite_room()
+            if room is not None:
+                # One compare-and-set that returns the run as written (the SQLite room).
+                holder = row.singleton_key is not None
+                return self._retrying(
+                    lambda: room.take(record, owner, lease_seconds, recovered=recovered, holder=holder)
+                )
             if not self._retrying(lambda: self._take_lease(row, take, owner, lease_seconds)):
                 return Turn(TurnState.SKIPPED, record)
             return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
@@ -1907,6 +1941,23 @@ class DjangoStore(BaseStore):
                 lambda: self._room_finish(room, run, owner, status, output, error, int(declared), finished_at, ttls)
             )
             if done is not None:
+                return done
+        lite = self._sqlite_room() if owner is not None else None
+        if (
+            lite is not None
+            and owner is not None
+            and not run.quota_keys
+            and run.quota_slot is None
+            and (run.singleton_key is None or run.workflow_name in limits)
+        ):
+            # The settle and the handoff in a few raw statements (the SQLite room, S7, R5a); None:
+            # the compare-and-set lost or a waiter within the free slots carries quotas (X3h).
+            ttl = (ttls or {}).get(run.workflow_name)
+            done = self._retrying(lambda: lite.finish(run, owner, status, output, error, declared, finished_at, ttl))
+            if done is not None:
+                if run.singleton_key is not None:
+                    key = run.singleton_key
+                    self._retrying(lambda: lite.bump(run.workflow_name, key, done.granted))
                 return done
         if owner is not None:
             cas = Q(pk=run.run_id, status=RunStatus.RUNNING, lease_owner=owner, lease_expires_at__gt=DbNow())

@@ -261,3 +261,33 @@ def test_no_statement_is_assembled_in_pg_py() -> None:
     for message in messages:
         for statement in message.statements:
             assert statement.name.rsplit("_", 1)[0].removeprefix("ds_") in names, statement.name
+
+
+def test_the_sqlite_blocks_are_the_rules_and_name_their_statements() -> None:
+    """R1, S5, S12, K2, X2 on SQLite (#32 item 2): every statement of the SQLite room carries
+    the comment that names its block; its rule fragments are the SQL text of
+    :mod:`durable_singleton.admission`; its columns are ``pg.COLUMNS`` in order; its quoted
+    words are run statuses, slot markers, park reasons or the claim's kinds of write."""
+    from durable_singleton import admission
+    from durable_singleton.stores import sqlite
+
+    found = sql.statements("sqlite")
+    assert {"start", "get", "claim", "take", "settle", "finish", "bump_token", "lock_key"} <= set(found)
+    for name, text in found.items():
+        assert text.startswith(f"/* durable_singleton:{name} */\n"), name
+        assert "{{" not in text and "}}" not in text, name
+    assert _words(sql.fragment("run_columns", "sqlite")) == ", ".join(f"r.{c}" for c in pg.COLUMNS)
+    assert _words(sql.fragment("returned_columns", "sqlite")) == ", ".join(pg.COLUMNS)
+    assert _words(sql.fragment("limit_in_force", "sqlite", declared="D", override="O")) == (
+        admission.limit_in_force_sql_text("D", "O")
+    )
+    assert _words(sql.fragment("free_slots", "sqlite", lim="L", holders="H", paused="P")) == (
+        admission.free_slots_sql_text("L", "H", "P")
+    )
+    assert _words(sql.fragment("holds_slot", "sqlite", run="q0")) == admission.holds_slot_sql_text("q0")
+    assert _words(sql.fragment("legacy_holder", "sqlite", run="l0")) == admission.legacy_holder_sql_text("l0")
+    known = {s.value for s in RunStatus} | {s.value for s in SlotState} | {r.value for r in ParkReason}
+    kinds = {"take", "admit", "grant", "park_front", "park_backlog"}
+    for name, text in found.items():
+        assert set(re.findall(r"'(\w+)'", _words(text))) <= known | kinds, name
+    assert sql.statement("claim", "sqlite") == sqlite.CLAIM and sql.statement("finish", "sqlite") == sqlite.FINISH

@@ -1,0 +1,362 @@
+"""The SQLite room of the Django store: the hot transactions as a few raw statements.
+
+The decisions are the ORM path's (:mod:`durable_singleton.stores.django`); this
+room carries some of them out in fewer statements and with less Python work,
+each a named block of ``durable_singleton/sql/sqlite/*.sql``
+(:func:`durable_singleton.sql.statement`, vendor ``"sqlite"``), sent through
+one cursor of the store's connection:
+
+* the start of a run without quotas (:meth:`Room.start`): one ``INSERT ...
+  SELECT ... ON CONFLICT DO NOTHING RETURNING`` with its key's backlog check
+  folded in (R3, S8a, S16);
+* the first claim of a turn (:meth:`Room.claim`), without a read first: one
+  ``UPDATE ... FROM ... RETURNING`` that takes the lease of a run without a
+  key, or admits a waiter within its key's free slots with the next token and
+  grants the other waiters within them, or parks it with its retry delay
+  (S4, S5, S9, K1, X5); the run is read only when the statement was not for
+  it (a holder's confirmation, a cancel, a recovery, ...);
+* the confirmation claim of a holder or the claim of a run without a key the
+  ORM path read (:meth:`Room.take`): one ``UPDATE ... RETURNING``, a
+  compare-and-set on the run as its turn read it (S6, R5a, R6);
+* the settle of a run without quotas (:meth:`Room.finish`): one
+  ``UPDATE ... FROM ... RETURNING`` that settles it on its owner's unexpired
+  lease and grants its key's freed slots to the oldest waiters (S5, S7, S12,
+  K2, X2).
+
+A claim or a handoff that handed out tokens moves the key's counter past them
+with the next statement (``bump_token``), its own transaction: no
+``BEGIN``/``COMMIT`` round trips. A token is never handed out twice (K1):
+every statement of the room that hands out tokens first checks that no holder
+of the key has a token past its counter, and writes nothing if one has (a
+bump on its way, or one lost to a crash between the two statements); the ORM
+path then decides, and its key lock (``lock_key``) moves the counter past
+every holder's token before it reads it.
+
+SQLite has no row locks: a write statement outside a transaction takes the
+database's write lock before it reads (as ``BEGIN IMMEDIATE`` does, check
+E010), so each statement reads and writes under the lock, in the lock order of
+every path (S13). The clock is the store's (:func:`~durable_singleton.querysets.sqlite_now`,
+what :class:`~durable_singleton.querysets.DbNow` binds on the ORM path), read
+through the SQL function ``ds_now(seconds)`` as the statement runs, after the
+write lock (R5, R5a, R8).
+
+The store takes the ORM path where the room writes nothing: a run with quotas
+(X3i), a cancel, a recovery, a delayed start before its time, a workflow this
+process does not declare, a key's free slots that reach a waiter with quotas
+(X3h), a key's counter behind, a settle whose compare-and-set lost (the ORM
+path reports it), a capped start (S15).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connections
+
+from .. import sql
+from ..admission import quota_keys_of, stored_tags, user_tags_of
+from ..querysets import sqlite_now
+from ..records import RunRecord, StepRecord
+from ..statuses import RunStatus, SlotState
+from .base import Finish, Limits, QueueTtls, Turn, TurnState, handed_off
+
+__all__ = ["Room", "ds_now", "ds_time", "lock_key", "record", "room_of"]
+
+START = sql.statement("start", "sqlite")
+GET = sql.statement("get", "sqlite")
+CLAIM = sql.statement("claim", "sqlite")
+TAKE = sql.statement("take", "sqlite")
+SETTLE = sql.statement("settle", "sqlite")
+FINISH = sql.statement("finish", "sqlite")
+BUMP_TOKEN = sql.statement("bump_token", "sqlite")
+LOCK_KEY = sql.statement("lock_key", "sqlite")
+
+_JSON = frozenset({5, 8, 9, 10, 32})  # input, output, error, tags, quota_keys in COLUMNS' order
+_TIMES = frozenset({6, 7, 15, 17, 18, 19, 20, 26, 29})
+
+
+def ds_now(seconds: float | None) -> str | None:
+    """The SQL function ``ds_now(seconds)``: the store's clock plus ``seconds`` (None: NULL),
+    as Django writes a time on SQLite (naive UTC, microseconds; R5, R8)."""
+    if seconds is None:
+        return None
+    moment = sqlite_now() + timedelta(seconds=seconds)
+    return moment.replace(tzinfo=None).isoformat(" ", timespec="microseconds")
+
+
+def _time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _json_param(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, allow_nan=False)
+
+
+def record(row: Sequence[Any]) -> RunRecord:
+    """Return the :class:`RunRecord` of a row of the ``run_columns`` fragment (stores.pg.COLUMNS' order)."""
+    v: list[Any] = [
+        _json(x) if i in _JSON else _time(x) if i in _TIMES else x
+        for i, x in enumerate(row[:33])  # the 33 columns of the fragment
+    ]
+    quota_keys = quota_keys_of(v[32])
+    return RunRecord(
+        run_id=v[0],
+        workflow_name=v[1],
+        workflow_version=v[2],
+        namespace=v[3],
+        status=v[4],
+        input=v[5],
+        created_at=v[6],
+        updated_at=v[7],
+        output=v[8],
+        error=v[9],
+        user_tags=user_tags_of(v[10], quota_keys),
+        singleton_key=v[11],
+        singleton_limit=v[12],
+        admitted=v[13] == SlotState.HOLDER,
+        tracked=bool(v[14]),
+        wake_at=v[15],
+        lease_owner=v[16],
+        lease_expires_at=v[17],
+        started_at=v[18],
+        finished_at=v[19],
+        admitted_at=v[20],
+        attempts=v[21],
+        recoveries=v[22],
+        parent_run_id=v[23],
+        park_reason=v[24],
+        cancel_requested=bool(v[25]),
+        deadline_at=v[26],
+        fencing_token=v[27],
+        step_count=v[28],
+        not_before=v[29],
+        quota_keys=quota_keys,
+        quota_slot=v[30],
+        trace_parent=v[31],
+    )
+
+
+class Room:
+    """The raw statements of one SQLite database (``using``, a Django alias);
+    ``redelivery_seconds``: how long a granted waiter's turn is left to arrive
+    before the tick sends it again (S7a)."""
+
+    def __init__(self, using: str, redelivery_seconds: float) -> None:
+        self.using = using
+        self.redelivery_seconds = redelivery_seconds
+
+    def _cursor(self) -> Any:
+        """A cursor of this thread's connection, ``ds_now`` defined on it (once per connection)."""
+        connection = connections[self.using]
+        connection.ensure_connection()
+        raw = connection.connection
+        if getattr(connection, "_ds_now_of", None) is not raw:
+            raw.create_function("ds_now", 1, ds_now)
+            connection._ds_now_of = raw  # type: ignore[attr-defined]
+        return connection.cursor()
+
+    def take(self, run: RunRecord, owner: str, lease_seconds: float, *, recovered: bool, holder: bool) -> Turn:
+        """Take the lease of a run without a key or of a holder (``holder``): one
+        compare-and-set on ``run`` as its turn read it (S6, R5, R5a, R6); the turn's
+        ``steps`` is ``{}`` when the claim's own write returned no stored step (R4).
+        SKIPPED with ``run`` if the run changed under the turn (nothing written)."""
+        params = {
+            "owner": owner,
+            "lease": float(lease_seconds),
+            "recovered": 1 if recovered else 0,
+            "holder": holder,
+            "run_id": run.run_id,
+            "status": run.status,
+            "attempts": run.attempts,
+            "cancel": run.cancel_requested,
+            "read_owner": run.lease_owner,
+        }
+        with self._cursor() as cursor:
+            cursor.execute(TAKE, params)
+            rows = cursor.fetchall()
+        if not rows:
+            return Turn(TurnState.SKIPPED, run)
+        taken = record(rows[0])
+        return Turn(TurnState.RUN, taken, recovered=recovered, steps={} if taken.step_count == 0 else None)
+
+    def finish(
+        self,
+        run: RunRecord,
+        owner: str,
+        status: str,
+        output: Any,
+        error: Any,
+        declared: int | None,
+        finished_at: datetime | None,
+        ttl: float | None,
+    ) -> Finish | None:
+        """Settle ``run`` (without quotas) by compare-and-set on ``owner``'s unexpired lease
+        and hand its key's freed slots to the oldest waiters (S7, S12, R5a, K1, K2);
+        ``declared``: the workflow's declared limit; ``ttl``: its ``queue_ttl`` in seconds
+        (None: none), the waiters past it get no slot (X2). None: nothing was written
+        (the compare-and-set lost, or a waiter within the free slots carries quotas):
+        the ORM path decides. The caller then calls :meth:`bump` with the grants (K1)."""
+        params: dict[str, Any] = {
+            "run_id": run.run_id,
+            "owner": owner,
+            "final": status,
+            "output": _json_param(output),
+            "error": _json_param(error),
+            "finished_at": None if finished_at is None else ds_time(finished_at),
+        }
+        if run.singleton_key is None:
+            with self._cursor() as cursor:
+                cursor.execute(SETTLE, params)
+                rows = cursor.fetchall()
+            return Finish(record(rows[0])) if rows else None
+        params.update(
+            wf=run.workflow_name,
+            key=run.singleton_key,
+            declared=declared,
+            ttl=None if ttl is None else float(ttl),
+            redelivery=float(self.redelivery_seconds),
+        )
+        with self._cursor() as cursor:
+            cursor.execute(FINISH, params)
+            written = [record(r) for r in cursor.fetchall()]
+            granted = [g for g in written if g.run_id != run.run_id]
+        settled = [w for w in written if w.run_id == run.run_id]
+        if not settled:
+            return None
+        return Finish(settled[0], handed_off(granted, ()))
+
+    def bump(self, workflow_name: str, key: str, runs: Sequence[RunRecord]) -> None:
+        """Move the key's token counter past the tokens of ``runs`` (K1), if any: the statement
+        after a claim's or a handoff's (:meth:`claim`, :meth:`finish`), its own transaction.
+        Until it runs the room writes nothing on the key and the ORM path moves the counter."""
+        tokens = [r.fencing_token for r in runs if r.fencing_token is not None]
+        if tokens:
+            with self._cursor() as cursor:
+                cursor.execute(BUMP_TOKEN, {"wf": workflow_name, "key": key, "token": max(tokens)})
+
+    def start(
+        self, run: RunRecord, deep_limit: int | None, backlog_wake_at: datetime | None
+    ) -> tuple[RunRecord, bool] | None:
+        """Insert ``run`` (without quotas) in one statement, parked at creation behind a deep
+        queue when ``deep_limit`` (its declared limit) is given (S8a, K2); return (the run as
+        stored, whether this statement inserted it) (R3, S16). None: the id's row was deleted
+        between the conflict and its read; the caller starts again."""
+        keyed = run.singleton_key is not None and deep_limit is not None
+        params = {
+            "run_id": run.run_id,
+            "workflow_name": run.workflow_name,
+            "workflow_version": run.workflow_version,
+            "namespace": run.namespace,
+            "status": run.status,
+            "input": _json_param(run.input),
+            "created_at": ds_time(run.created_at),
+            "updated_at": ds_time(run.updated_at),
+            "output": _json_param(run.output),
+            "error": _json_param(run.error),
+            "tags": _json_param(stored_tags(run.user_tags, run.quota_keys)),
+            "singleton_key": run.singleton_key,
+            "singleton_limit": run.singleton_limit,
+            "singleton_slot": SlotState.WAITER.value if run.singleton_key is not None and run.tracked else None,
+            "singleton_tracked": run.tracked,
+            "parent_run_id": run.parent_run_id,
+            "deadline_at": _maybe_time(run.deadline_at),
+            "not_before": _maybe_time(run.not_before),
+            "quota_slot": run.quota_slot,
+            "trace_parent": run.trace_parent,
+            "quota_keys": _json_param([list(q) for q in run.quota_keys]),
+            "wake_at": _maybe_time(run.wake_at),
+            "backlog_wake_at": _maybe_time(backlog_wake_at),
+            "park_reason": run.park_reason,
+            "deep_limit": int(deep_limit) if keyed and deep_limit is not None else None,
+            "now": ds_now(0),
+        }
+        with self._cursor() as cursor:
+            cursor.execute(START, params)
+            row = cursor.fetchone()
+            if row is not None:
+                return record(row), True
+            cursor.execute(GET, {"run_id": run.run_id})
+            row = cursor.fetchone()
+        return (record(row), False) if row is not None else None
+
+    def claim(
+        self,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        delays: tuple[float, float],
+        ttls: QueueTtls,
+    ) -> Turn | None:
+        """A turn's claim without a read first (S4, S5, S9, K1, X5): the lease of a parked,
+        due run without a key or quotas, or a tracked waiter's admission within its key's
+        free slots (the other waiters within them granted theirs) or its parking with its
+        retry delay. ``delays``: the retry delays in seconds of a parked claimant among the
+        first ``limit`` waiters and of one further back (S5 step 5, S8a); ``ttls``: the
+        ``queue_ttl`` seconds of the workflows that declare one (X2). None: nothing was
+        written (the run was none of these, or the room leaves it to the ORM path)."""
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "lease": float(lease_seconds),
+            "limits": json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None}),
+            "ttls": json.dumps({name: float(ttl) for name, ttl in ttls.items() if ttl is not None}),
+            "redelivery": float(self.redelivery_seconds),
+            "front": float(delays[0]),
+            "backlog": float(delays[1]),
+        }
+        with self._cursor() as cursor:
+            cursor.execute(CLAIM, params)
+            written = [record(r) for r in cursor.fetchall()]
+            mine = [w for w in written if w.run_id == run_id]
+            if not mine:
+                return None
+            granted = sorted((w for w in written if w.run_id != run_id), key=lambda g: g.fencing_token or 0)
+            run = mine[0]
+        if run.status == RunStatus.RUNNING:
+            steps: dict[int, StepRecord] | None = {} if run.step_count == 0 else None
+            admitted = run.singleton_key is not None
+            return Turn(TurnState.RUN, run, granted=tuple(granted), admitted=admitted, steps=steps)
+        return Turn(TurnState.PARKED, run, granted=tuple(granted))
+
+
+def _maybe_time(moment: datetime | None) -> str | None:
+    return None if moment is None else ds_time(moment)
+
+
+def ds_time(moment: datetime) -> str:
+    """``moment`` as Django writes a time on SQLite (naive UTC, microseconds)."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return moment.isoformat(" ", timespec="microseconds")
+
+
+def lock_key(using: str, workflow_name: str, key: str) -> dict[str, Any]:
+    """The ORM path's key lock on SQLite database ``using`` (``DjangoStore.lock_key``, S13a):
+    one upsert that takes the write lock, creates the row if missing, moves its token counter
+    past every holder's token (K1: a claim or a handoff of the room that has not bumped it
+    yet) and returns the row's ``pk``, ``last_token``, ``paused`` and ``limit_override``."""
+    params = {"now": ds_now(0), "wf": workflow_name, "key": key}
+    with connections[using].cursor() as cursor:
+        cursor.execute(LOCK_KEY, params)
+        pk, last_token, paused, override = cursor.fetchone()
+    return {"pk": pk, "last_token": last_token, "paused": bool(paused), "limit_override": override}
+
+
+def room_of(using: str, redelivery_seconds: float) -> Room | None:
+    """Return the room of SQLite database ``using``, or None (another database, or an
+    SQLite library without ``RETURNING``, before 3.35: the ORM path serves)."""
+    connection = connections[using]
+    if connection.vendor != "sqlite" or not connection.features.can_return_columns_from_insert:
+        return None
+    return Room(using, redelivery_seconds)
