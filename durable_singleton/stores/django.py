@@ -87,10 +87,11 @@ from ..admission import (
 )
 from ..codecs import Codec
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
-from ..models import DebouncedStart, QuotaMembership, Run, Signal, SingletonKey, Step
+from ..models import DebouncedStart, Heartbeat, QuotaMembership, Run, Signal, SingletonKey, Step, WorkerProcess
 from ..querysets import DbNow, RunQuerySet, database_now, db_now_plus
+from ..records import Beat, KeyQueue, PurgeReport, QueueHolder, WorkerRecord, since_admitted
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
-from . import key_controls, mysql, pg
+from . import key_controls, mysql, pg, retention
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -2328,3 +2329,122 @@ class DjangoStore(BaseStore):
         if namespace is not None:
             runs = runs.filter(namespace=namespace)
         return [record_of(r) for r in runs]
+
+    # -- reads and writes for the services (BaseStore's last section) -------------
+    def select_runs(
+        self,
+        *,
+        limit: int,
+        run_ids: Sequence[str] = (),
+        workflow_name: str | None = None,
+        key: str | None = None,
+        statuses: Sequence[str] = (),
+        created_before: datetime | None = None,
+        namespace: str | None = None,
+        oldest_first: bool = False,
+    ) -> list[RunRecord]:
+        order = ("created_at", "run_id") if oldest_first else ("-created_at", "-run_id")
+        runs = self._runs().order_by(*order)
+        if run_ids:
+            runs = runs.filter(pk__in=list(run_ids))
+        if workflow_name is not None:
+            runs = runs.filter(workflow_name=workflow_name)
+        if key is not None:
+            runs = runs.filter(singleton_key=key)
+        if statuses:
+            runs = runs.filter(status__in=list(statuses))
+        if created_before is not None:
+            runs = runs.filter(created_at__lt=created_before)
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        return [record_of(r) for r in runs[:limit]]
+
+    def key_queue(self, run: RunRecord, named: int) -> KeyQueue:
+        """Two bounded queries whatever the backlog (the queue index serves
+        both), on the database's clock (S5, X5)."""
+        assert run.singleton_key is not None
+        runs = self._runs().for_key(run.workflow_name, run.singleton_key)
+        rows = list(
+            runs.holders()
+            .order_by("created_at", "run_id")
+            .values_list(
+                "run_id",
+                "status",
+                "admitted_at",
+                "started_at",
+                "attempts",
+                "namespace",
+                "lease_owner",
+                "lease_expires_at",
+            )[: named + 1]
+        )
+        count = len(rows) if len(rows) <= named else runs.holders().count()
+        ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
+        due = is_due_q(DbNow())
+        totals = runs.filter(singleton_slot=SlotState.WAITER).aggregate(
+            depth=Count("pk"), ahead=Count("pk", filter=ahead & due), not_due=Count("pk", filter=ahead & ~due)
+        )
+        holders = tuple(
+            QueueHolder(r[0], r[1], since_admitted(r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows[:named]
+        )
+        waiting = run.tracked and not run.admitted
+        return KeyQueue(holders, count, totals["depth"], totals["ahead"], totals["not_due"], waiting)
+
+    def recent_completions(self, workflow_name: str, key: str, count: int) -> list[tuple[datetime | None, datetime]]:
+        rows = (
+            self._runs()
+            .for_key(workflow_name, key)
+            .filter(status=RunStatus.COMPLETED, finished_at__isnull=False)
+            .annotate(began=Coalesce("admitted_at", "started_at"))
+            .order_by("-finished_at")
+            .values_list("began", "finished_at")[:count]
+        )
+        return [(began, finished) for began, finished in rows if finished is not None]
+
+    def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
+        """One compare-and-set UPDATE on the database's clock (R5, R8): a process
+        clock stepped ahead would write an expiry (and a wake_at) in the future
+        and leave the run stranded that long."""
+        if not run_ids:
+            return 0
+        return int(
+            self._runs()
+            .filter(pk__in=list(run_ids), status=RunStatus.RUNNING, lease_owner__startswith=owner_prefix)
+            .update(lease_expires_at=DbNow(), wake_at=DbNow())
+        )
+
+    def worker_processes(self) -> list[WorkerRecord]:
+        return [
+            WorkerRecord(w.name, w.host, w.pid, w.mode, w.threads, w.queues, w.started_at, w.last_seen_at)
+            for w in WorkerProcess.objects.using(self.db).order_by("host", "pid")
+        ]
+
+    def record_beat(self, name: str, at: datetime, owner: str) -> bool:
+        rows = Heartbeat.objects.using(self.db)
+        if not rows.filter(name=name).update(at=at, owner=owner):
+            rows.bulk_create([Heartbeat(name=name, at=at, owner=owner)], ignore_conflicts=True)
+        return True
+
+    def beat(self, name: str) -> Beat | None:
+        row = Heartbeat.objects.using(self.db).filter(name=name).first()
+        return Beat(row.name, row.at, row.owner) if row is not None else None
+
+    def purge_finished(
+        self,
+        *,
+        before: datetime,
+        statuses: Sequence[str],
+        workflow_name: str | None,
+        key: str | None,
+        limit: int | None,
+        dry_run: bool,
+    ) -> PurgeReport:
+        return retention.purge_finished_runs(
+            self.db,
+            before=before,
+            statuses=statuses,
+            workflow_name=workflow_name,
+            key=key,
+            limit=limit,
+            dry_run=dry_run,
+        )

@@ -936,6 +936,22 @@ class MemoryStore(BaseStore):
             found = [r for r in self._control_records if r.workflow == workflow and (key is None or r.key in (key, ""))]
             return sorted(found, key=lambda r: r.at, reverse=True)[:limit]
 
+    def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
+        """Expire the matching leases now, on the store's clock (R5), under its lock."""
+        with self._critical():
+            now = self.clock()
+            held = [
+                r
+                for r in (self._runs.get(run_id) for run_id in set(run_ids))
+                if r is not None
+                and r.status == RunStatus.RUNNING
+                and r.lease_owner is not None
+                and r.lease_owner.startswith(owner_prefix)
+            ]
+            for run in held:
+                self._replace(run, lease_expires_at=now, wake_at=now)
+            return len(held)
+
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         with self._critical():
             runs = [
