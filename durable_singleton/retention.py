@@ -4,8 +4,8 @@ A finished run (``completed``, ``failed``, ``cancelled``, ``dead``) whose
 ``finished_at`` is older than ``RETENTION_SECONDS`` is deleted with its steps
 and signals, by the store (:meth:`~durable_singleton.stores.base.BaseStore.purge_finished`).
 On the Django store candidates are read oldest first,
-:data:`~durable_singleton.stores.retention.READ_PAGE` at a time; deletes go
-in transactions of at most :data:`~durable_singleton.stores.retention.CHUNK` runs; each
+``stores.retention.READ_PAGE`` at a time; deletes go
+in transactions of at most ``stores.retention.CHUNK`` runs; each
 transaction locks the runs it deletes and re-checks that they are still
 finished, so a run retried meanwhile (back to ``pending``, D9) is never
 touched, and no lock is held longer than one small delete.
@@ -53,7 +53,7 @@ def purge_finished(
     at most this many runs, 1 to :data:`~durable_singleton.values.MAX_INT`
     (None: all that match);
     ``dry_run``: count what would go, delete nothing. Oldest first, in
-    transactions of at most :data:`~durable_singleton.stores.retention.CHUNK` runs (the Django store).
+    transactions of at most ``stores.retention.CHUNK`` runs (the Django store).
     """
     from .exceptions import ValidationError
 

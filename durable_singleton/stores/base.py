@@ -741,7 +741,7 @@ class BaseStore(ABC):
         This default, for a store without an atomic claim, is a read followed
         by a decision (S14): it can briefly over-admit.
         """
-        from ..admission import Candidate, decide_admission, is_due, limit_in_force, retry_delay
+        from ..admission import Candidate, decide_admission, declared_limit, limit_in_force, retry_delay
 
         seen = self.get_run(run_id)
         if seen is not None and seen.is_parked and not seen.holds_slot and not is_due(seen.not_before, self.now()):
@@ -753,7 +753,7 @@ class BaseStore(ABC):
         if run.cancel_requested:
             done = self.finish(run, owner, RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=limits, ttls=ttls)
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
-        limit = limit_in_force(limits.get(run.workflow_name, run.singleton_limit))
+        limit = limit_in_force(declared_limit(limits, run.workflow_name, (run.singleton_limit,)))
         candidates = [
             Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before)
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)

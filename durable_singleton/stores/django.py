@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from django.db import (
@@ -63,6 +64,7 @@ from ..admission import (
     cap_in_force,
     debounce_lock_name,
     debounce_open_q,
+    declared_limit,
     fair_tag,
     free_slots,
     free_slots_sql,
@@ -83,7 +85,6 @@ from ..admission import (
     stored_tags,
     superseded,
     turn_on_its_way_q,
-    user_tags_of,
 )
 from ..codecs import Codec
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
@@ -114,6 +115,7 @@ from .base import (
     TurnState,
     handed_off,
 )
+from .rows import COLUMNS, run_record
 from .schedule_state import DjangoScheduleStore
 from .turns import DEFAULT_QUEUE, add_notices
 
@@ -145,45 +147,16 @@ def is_transient_error(exc: BaseException) -> bool:
 
 
 def record_of(row: Run) -> RunRecord:
-    """Return the :class:`RunRecord` of a model row."""
-    quota_keys = _quota_keys_of_row(row)
-    return RunRecord(
-        run_id=row.run_id,
-        workflow_name=row.workflow_name,
-        workflow_version=row.workflow_version,
-        namespace=row.namespace,
-        status=row.status,
-        input=row.input,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        output=row.output,
-        error=row.error,
-        user_tags=user_tags_of(row.tags, quota_keys),
-        singleton_key=row.singleton_key,
-        singleton_limit=row.singleton_limit,
-        admitted=row.singleton_slot == SlotState.HOLDER,
-        tracked=row.singleton_tracked,
-        wake_at=row.wake_at,
-        lease_owner=row.lease_owner,
-        lease_expires_at=row.lease_expires_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        admitted_at=row.admitted_at,
-        attempts=row.attempts,
-        recoveries=row.recoveries,
-        parent_run_id=row.parent_run_id,
-        park_reason=row.park_reason,
-        cancel_requested=row.cancel_requested,
-        deadline_at=row.deadline_at,
-        fencing_token=row.fencing_token,
-        step_count=row.step_count,
-        not_before=row.not_before,
-        quota_keys=quota_keys,
-        quota_slot=row.quota_slot,
-        trace_parent=row.trace_parent,
+    """Return the :class:`RunRecord` of a model row (``stores.rows.run_record``)."""
+    return run_record(
+        _columns(row),
+        quota_keys=_quota_keys_of_row(row),
         debounce_key=row.debounce_key,
         debounce_until=row.debounce_until,
     )
+
+
+_columns = attrgetter(*COLUMNS)
 
 
 def _quota_keys_of_row(row: Run) -> tuple[tuple[str, str], ...]:
@@ -526,8 +499,10 @@ class DjangoStore(BaseStore):
         admitted = row.singleton_slot == SlotState.HOLDER
         return holds_slot(row.status, key=row.singleton_key, admitted=admitted, tracked=row.singleton_tracked)
 
-    def _limit(self, workflow_name: str, key_row: Mapping[str, Any], limits: Limits, stored: int | None) -> int:
-        return limit_in_force(limits.get(workflow_name, stored), key_row["limit_override"])
+    def _limit(
+        self, workflow_name: str, key_row: Mapping[str, Any], limits: Limits, stored: Iterable[int | None] = ()
+    ) -> int:
+        return limit_in_force(declared_limit(limits, workflow_name, stored), key_row["limit_override"])
 
     def _grant(
         self,
@@ -556,11 +531,9 @@ class DjangoStore(BaseStore):
         handoff admits (:meth:`_handoff_carriers`), which take their quota slot
         with the grant (the caller gives their quota tokens).
         """
-        limit = self._limit(workflow_name, key_row, limits, None)
+        limit = self._limit(workflow_name, key_row, limits)
         front, legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
-        stored = [r.singleton_limit for r in front if r.singleton_limit]
-        if workflow_name not in limits and stored:
-            limit = self._limit(workflow_name, key_row, limits, max(stored))
+        limit = self._limit(workflow_name, key_row, limits, (r.singleton_limit for r in front))
         holders = sum(1 for r in front if self._holds_slot(r)) + legacy
         waiters = [r for r in front if r.singleton_slot == SlotState.WAITER]
         free = free_slots(limit, holders, paused=bool(key_row["paused"]))
@@ -857,7 +830,7 @@ class DjangoStore(BaseStore):
                 active = list(self._locking(runs.for_key(workflow_name, key).active().order_by("created_at", "run_id")))
                 holders = [r for r in active if self._holds_slot(r)]
                 waiters = [r for r in active if not self._holds_slot(r)]
-                limit = self._limit(workflow_name, key_row, limits, run.singleton_limit)
+                limit = self._limit(workflow_name, key_row, limits, (run.singleton_limit,))
                 free = free_slots(limit, len(holders), paused=bool(key_row["paused"]))
                 to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
                 ending = [*to_replace, *(r for r in stop if r.status != RunStatus.RUNNING)]
@@ -1541,7 +1514,7 @@ class DjangoStore(BaseStore):
         ``quota:<name>`` (1 if this process does not declare it) or the key's
         runtime override (K2); a paused key has no free slot. A waiter past its
         workflow's ``queue_ttl`` in ``ttls`` is not among them (X2)."""
-        limit = limit_in_force(limits.get(quota_lock_name(name), 1), key_row["limit_override"])
+        limit = limit_in_force(declared_limit(limits, quota_lock_name(name), (1,)), key_row["limit_override"])
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = self._locking(members.filter(holds_quota_slot_q())).count()
         queue = members.filter(quota_waiter_q(DbNow(), ttls)).order_by(*QUOTA_ORDER)
@@ -2247,7 +2220,7 @@ class DjangoStore(BaseStore):
         by a busy quota was sent a turn, and parked again, at every tick."""
         key_row = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
         override = key_row.values_list("limit_override", flat=True).first()
-        limit = limit_in_force(limits.get(workflow_name), override)
+        limit = limit_in_force(declared_limit(limits, workflow_name), override)
         front, _legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
         waiters = [r for r in front if r.singleton_slot == SlotState.WAITER and not self._holds_slot(r)][:limit]
         if any(r.quota_slot is None for r in waiters):

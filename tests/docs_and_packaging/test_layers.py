@@ -218,3 +218,16 @@ def test_services_read_through_the_store_not_its_database() -> None:
                 if owner in ("store", "inner") or owner.endswith("store"):
                     found.add(str(path.relative_to(ROOT)))
     assert found == set(DATABASE_ALIAS_READERS) | DATABASE_ORM_READERS_LEFT
+
+
+def test_a_run_row_becomes_a_record_in_one_place() -> None:
+    """R1, STYLE "One place for a rule": the run table's row is mapped to a
+    RunRecord by stores.rows.run_record only (the ORM's model rows and the
+    rooms' raw rows alike; issue 32 counted the mapping written four times);
+    the core builds the record of a new start, which no row holds yet."""
+    found = set()
+    for path in sorted((ROOT / "durable_singleton").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "RunRecord":
+                found.add(str(path.relative_to(ROOT)))
+    assert found == {"durable_singleton/stores/rows.py", "durable_singleton/core.py"}
