@@ -1872,7 +1872,7 @@ class DjangoStore(BaseStore):
                 lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl, ttls)
             )
         room = self._mysql_room() if owner is not None and not connections[self.db].in_atomic_block else None
-        declared = limits.get(run.workflow_name)
+        declared = declared_limit(limits, run.workflow_name)
         if room is not None and run.singleton_key is not None and not run.quota_keys and declared is not None:
             # One CALL: the settle and the handoff of a run with a key and no quotas (S7, R5a, K1).
             # A run that carries quotas, or of a workflow this process does not declare: the ORM path.

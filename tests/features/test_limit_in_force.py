@@ -224,7 +224,7 @@ def test_the_declared_limit_fallback_is_spelt_once() -> None:
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     found = []
     for path in sorted((root / "durable_singleton").rglob("*.py")):
         tree = ast.parse(path.read_text())

@@ -11,7 +11,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.records import Beat
 
-from .helpers import claim, settle
+from ..helpers import claim, settle
 
 
 def _queue(engine: Engine, registry: Registry) -> None:

@@ -13,7 +13,7 @@ from durable_singleton import metrics, signals
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 
-from .helpers import claim, free_slot_without_handoff
+from ..helpers import claim, free_slot_without_handoff
 
 
 def _admissions(workflow: str) -> float:
