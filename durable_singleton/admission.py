@@ -65,6 +65,7 @@ __all__ = [
     "debounce_open",
     "debounce_open_q",
     "decide_admission",
+    "declared_limit",
     "effective_limit",
     "fair_tag",
     "free_slots",
@@ -126,6 +127,25 @@ KEY_MAX_LENGTH = 191
 #: An untracked run (created by an older release) in one of these statuses
 #: counts as a holder, so a rolling upgrade never over-admits (S12).
 HOLDING_LEGACY_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED)
+
+
+def declared_limit(limits: Mapping[str, int], name: str, stored: Iterable[int | None] = ()) -> int | None:
+    """Return the declared limit of workflow ``name`` (or of a quota, by its
+    lock name ``quota:<name>``) for :func:`limit_in_force` (S2, X3c).
+
+    ``limits`` maps a name to the limit of its latest registered version (the
+    engine's ``limits()``); ``stored`` gives the limits stored on the key's
+    runs (None or 0: none stored), the fallback for a workflow this process
+    does not declare, of which the largest counts (a quota's fallback is 1).
+    Returns None when neither says (:func:`limit_in_force` reads 1). The one
+    spelling of this fallback on every Python path; the PostgreSQL statements
+    take the declared limit as a parameter (NULL: 1, as here with nothing
+    stored).
+    """
+    if name in limits:
+        return limits[name]
+    known = [int(limit) for limit in stored if limit]
+    return max(known) if known else None
 
 
 def limit_in_force(declared: int | None, override: int | None = None) -> int:

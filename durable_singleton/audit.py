@@ -36,6 +36,7 @@ from typing import Any
 
 from .admission import (
     ACTIVE_STATUSES,
+    declared_limit,
     free_slots,
     holds_quota_slot_q,
     holds_slot_q,
@@ -145,7 +146,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
     }
 
     def limit_of(ident: tuple[str, str], stored: int | None) -> int:
-        return limit_in_force(limits.get(ident[0], stored), controls.get(ident, (False, None))[1])
+        return limit_in_force(declared_limit(limits, ident[0], (stored,)), controls.get(ident, (False, None))[1])
 
     def over_admitted(ident: tuple[str, str], holders: int, limit: int, last_admitted: datetime | None) -> None:
         """Report a key (a singleton key, or a quota key as ``quota:<name>``) with more

@@ -899,7 +899,9 @@ class Core:
             return Outcome.INTERRUPTED
         span.claimed(turn.run)  # before the handoff below: its span is a child of this turn's
         if turn.state is TurnState.RUN:
-            # This thread runs a body next: the waiters the claim granted go to workers now (S7).
+            # This thread runs a body next: the waiters the claim granted are
+            # announced as every grant is, and go to workers now (S7).
+            self.announce_admitted(turn.granted)
             for granted in turn.granted:
                 self.dispatcher.dispatch(granted.run_id, self.queue_of(granted))
         else:
@@ -1022,15 +1024,23 @@ class Core:
         on this thread when inside :meth:`execute_chain`, the rest go to workers."""
         follow_ups = getattr(self._local, "follow_ups", None)
         with tracing.handoff(granted):
-            for run in granted:
-                if run.quota_slot != SlotState.WAITER:  # one that waits in its quotas is sent a turn only (X3h)
-                    signals.run_admitted.send_robust(sender=self.signal_sender, run=run)  # the grant admitted it (S7)
+            self.announce_admitted(granted)
             for n, run in enumerate(granted):
                 queue = self.queue_of(run)
                 if n == 0 and follow_ups is not None and queue is None:
                     follow_ups.append(run)  # this worker runs it next: no broker hop
                 else:
                     self.dispatcher.dispatch(run.run_id, queue)
+
+    def announce_admitted(self, granted: Sequence[RunRecord]) -> None:
+        """Send ``run_admitted`` for each run of ``granted`` that a grant admitted
+        to its key's slot (S5, S7): the one path of every grant's announcement
+        (a settle's, a release's, the tick's catch-up, and a claim's grants of
+        other waiters), which the admissions metric and the admission log
+        count. A run still waiting in its quotas is sent a turn only (X3h)."""
+        for run in granted:
+            if run.quota_slot != SlotState.WAITER:
+                signals.run_admitted.send_robust(sender=self.signal_sender, run=run)
 
     def _cancel_error(self, run: RunRecord) -> dict[str, str]:
         """The error of a run stopped by a cancel: ``execution_timeout`` if its
@@ -1583,7 +1593,7 @@ class Core:
         granted = self.store.catch_up(limits=self.limits(), batch=self.settings.TICK_BATCH, ttls=self.queue_ttls())
         report.caught_up.extend(r.run_id for r in granted)
         # As a settle's or a release's grants: run_admitted for each run admitted, then the
-        # turns (S7, O4). A claim that runs its body sends its grants' turns without the signal.
+        # turns (S7, O4).
         self.hand_off(granted)
 
     def _tick_due(self, report: TickReport) -> None:

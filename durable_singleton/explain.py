@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .admission import free_slots, is_due, is_due_q, limit_in_force, queue_ttl_expires_at
+from .admission import free_slots, is_due, limit_in_force, queue_ttl_expires_at
 from .core import Core
 from .exceptions import UnknownWorkflowError
+from .records import since_admitted
 from .renewals import LeaseState, lease_state
 from .statuses import ParkReason, RunStatus, SlotState
 from .stores.base import BaseStore, RunRecord
@@ -214,15 +215,9 @@ class _QueueFacts:
     not_due_ahead: int = 0
 
 
-def _since(admitted_at: datetime | None, started_at: datetime | None, attempts: int) -> datetime | None:
-    """When a holder took its slot: the claim's stamp, else the start of a run admitted on its first turn."""
-    if admitted_at is not None:
-        return admitted_at
-    return started_at if attempts <= 1 else None
-
-
 def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
-    """Read the key's holders (the oldest few), its depth and ``run``'s position.
+    """Read the key's holders (the oldest few), its depth and ``run``'s position
+    through the store (:meth:`~durable_singleton.stores.base.BaseStore.key_queue`).
 
     The position counts the due waiters ahead (X5: one not due yet blocks no
     one), ``not_due_ahead`` the others; the depth counts every waiter. On the
@@ -230,89 +225,16 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
     serves both), on the database's clock. Elsewhere: the key's active runs,
     on the store's clock.
     """
-    assert run.singleton_key is not None
-    if store.database is not None:
-        from django.db.models import Count, Q
-
-        from .models import Run
-
-        runs = Run.objects.using(store.database).for_key(run.workflow_name, run.singleton_key)
-        rows = list(
-            runs.holders()
-            .order_by("created_at", "run_id")
-            .values_list(
-                "run_id",
-                "status",
-                "admitted_at",
-                "started_at",
-                "attempts",
-                "namespace",
-                "lease_owner",
-                "lease_expires_at",
-            )[: NAMED_HOLDERS + 1]
-        )
-        count = len(rows) if len(rows) <= NAMED_HOLDERS else runs.holders().count()
-        from .querysets import DbNow
-
-        ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
-        waiting = runs.filter(singleton_slot=SlotState.WAITER)
-        due = is_due_q(DbNow())
-        totals = waiting.aggregate(
-            depth=Count("pk"), ahead=Count("pk", filter=ahead & due), not_due=Count("pk", filter=ahead & ~due)
-        )
-        holders = [(r[0], r[1], _since(r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows[:NAMED_HOLDERS]]
-        is_waiter = run.tracked and not run.admitted
-        position = totals["ahead"] + 1 if is_waiter else None
-        return _QueueFacts(holders, count, totals["depth"], position, totals["not_due"])
-    active = list(store.active_runs_for_key(run.workflow_name, run.singleton_key))
-    held = sorted(
-        (r for r in active if r.holds_slot),
-        key=lambda r: (r.created_at, r.run_id),
-    )
-    waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: (r.created_at, r.run_id))
-    now = store.now()
-    earlier = [w for w in waiters if (w.created_at, w.run_id) < (run.created_at, run.run_id)]
-    due_ahead = sum(1 for w in earlier if is_due(w.not_before, now))
-    position = due_ahead + 1 if any(w.run_id == run.run_id for w in waiters) else None
-    holders = [
-        (
-            r.run_id,
-            r.status,
-            _since(r.admitted_at, r.started_at, r.attempts),
-            r.namespace,
-            r.lease_owner,
-            r.lease_expires_at,
-        )
-        for r in held[:NAMED_HOLDERS]
-    ]
-    return _QueueFacts(holders, len(held), len(waiters), position, len(earlier) - due_ahead)
+    queue = store.key_queue(run, NAMED_HOLDERS)
+    holders = [(h.run_id, h.status, h.since, h.namespace, h.lease_owner, h.lease_expires_at) for h in queue.holders]
+    position = queue.due_ahead + 1 if queue.waiting else None
+    return _QueueFacts(holders, queue.holder_count, queue.depth, position, queue.not_due_ahead)
 
 
 def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
     """Seconds from admission (or start) to finish of the key's last completed runs."""
-    rows: Iterable[tuple[datetime | None, datetime | None]]
-    if store.database is not None:
-        from django.db.models.functions import Coalesce
-
-        from .models import Run
-
-        rows = (
-            Run.objects.using(store.database)
-            .for_key(workflow, key)
-            .filter(status=RunStatus.COMPLETED, finished_at__isnull=False)
-            .annotate(began=Coalesce("admitted_at", "started_at"))
-            .order_by("-finished_at")
-            .values_list("began", "finished_at")[:RECENT_RUNS]
-        )
-    else:
-        done = [
-            r
-            for r in store.list_runs(workflow_name=workflow)
-            if r.singleton_key == key and r.status == RunStatus.COMPLETED and r.finished_at is not None
-        ]
-        done.sort(key=lambda r: r.finished_at or r.created_at, reverse=True)
-        rows = [(r.admitted_at or r.started_at, r.finished_at) for r in done[:RECENT_RUNS]]
-    return [(end - begin).total_seconds() for begin, end in rows if begin is not None and end is not None]
+    rows = store.recent_completions(workflow, key, RECENT_RUNS)
+    return [(end - begin).total_seconds() for begin, end in rows if begin is not None]
 
 
 def estimate_wait(
@@ -490,7 +412,7 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
     if run.holds_slot:
         held_since = next((h.since for h in holder_infos if h.run_id == run.run_id), None)
         if held_since is None:
-            held_since = run.admitted_at or _since(None, run.started_at, run.attempts)
+            held_since = run.admitted_at or since_admitted(None, run.started_at, run.attempts)
         running = f"running (lease held by {run.lease_owner})" if run.lease_owner else run.status
         if own_lease is not None:
             # Its worker stopped renewing: killed, frozen or cut off (K3).

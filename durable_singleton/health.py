@@ -32,6 +32,7 @@ from .audit import AuditReport, audit_slots
 from .explain import lease_words
 from .renewals import lease_state, unrenewed_q
 from .statuses import RunStatus, SlotState
+from .stores.base import BaseStore
 
 __all__ = ["HealthReport", "Problem", "check_health"]
 
@@ -101,7 +102,7 @@ def check_health(
     now = now or engine.now()
     audit = audit_slots(engine, repair=repair, now=now)
     db = engine.store.database
-    beat = last_tick(db) if db is not None else None
+    beat = last_tick(engine.store)
     report = HealthReport(
         checked_at=now,
         last_tick_at=beat.at if beat is not None else None,
@@ -124,7 +125,7 @@ def check_health(
             )
         )
     if engine.settings.DISPATCH == "worker":
-        _check_workers(report, db, engine.settings.WORKER_DEAD_SECONDS, engine.store.now())
+        _check_workers(report, engine.store, engine.settings.WORKER_DEAD_SECONDS)
     runs = Run.objects.using(db)
     report.waiting = runs.filter(singleton_slot=SlotState.WAITER).count()
     report.backlog = (
@@ -159,12 +160,12 @@ def check_health(
     return report
 
 
-def _check_workers(report: HealthReport, db: str, dead_seconds: float, db_now: datetime) -> None:
+def _check_workers(report: HealthReport, store: BaseStore, dead_seconds: float) -> None:
     """Add ``no_worker`` when no registered ``durable_worker`` was seen within
-    ``dead_seconds`` on the database's clock ``db_now`` (O6)."""
-    from .models import WorkerProcess
-
-    latest = WorkerProcess.objects.using(db).order_by("-last_seen_at").first()
+    ``dead_seconds`` on the store's clock (O6)."""
+    db_now = store.now()
+    workers = store.worker_processes() or []
+    latest = max(workers, key=lambda w: w.last_seen_at, default=None)
     if latest is None:
         report.problems.append(
             Problem("no_worker", "no worker seen: no durable_worker process is registered on this database")

@@ -4,7 +4,9 @@ stored (R1), a memoized step (R4) and a buffered signal (D2).
 :mod:`durable_singleton.stores.base` names them too; they live here, below
 the seam, so the declarations (:mod:`durable_singleton.definitions`) can name
 a run without importing the store seam; :class:`PurgeReport` is what a
-retention purge deleted (O2).
+retention purge deleted (O2). :class:`KeyQueue`, :class:`WorkerRecord` and
+:class:`Beat` are what the store's reads for the services return (explain,
+the worker registry, the tick's heartbeat).
 """
 
 from __future__ import annotations
@@ -16,7 +18,16 @@ from typing import Any
 from .admission import ADMITTED_TAG, TRACKED_TAG, holds_quota_slot, holds_slot, key_tag, quota_tag
 from .statuses import PARKED_STATUSES, TERMINAL_STATUSES
 
-__all__ = ["PurgeReport", "RunRecord", "SignalRecord", "StepRecord"]
+__all__ = [
+    "Beat",
+    "KeyQueue",
+    "PurgeReport",
+    "QueueHolder",
+    "RunRecord",
+    "SignalRecord",
+    "StepRecord",
+    "WorkerRecord",
+]
 
 
 @dataclass(frozen=True)
@@ -160,3 +171,65 @@ class PurgeReport:
             "by_workflow": dict(sorted(self.by_workflow.items())),
             "dry_run": self.dry_run,
         }
+
+
+@dataclass(frozen=True)
+class QueueHolder:
+    """A holder of a key's slot as a queue report names it (S5): ``since`` is
+    when it took its slot (its claim's stamp, else the start of a run admitted
+    on its first turn, else None), lease fields as stored (R5)."""
+
+    run_id: str
+    status: str
+    since: datetime | None
+    namespace: str
+    lease_owner: str | None
+    lease_expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class KeyQueue:
+    """A key's queue as one run sees it (S5, X5).
+
+    ``holders``: the oldest holders, at most the number asked for;
+    ``holder_count``: all of them; ``depth``: every waiter of the key;
+    ``due_ahead``/``not_due_ahead``: the waiters queued before the run whose
+    delayed start is due / not due yet (X5: one not due blocks no one);
+    ``waiting``: the run itself waits for a slot of its key."""
+
+    holders: tuple[QueueHolder, ...]
+    holder_count: int
+    depth: int
+    due_ahead: int
+    not_due_ahead: int
+    waiting: bool
+
+
+@dataclass(frozen=True)
+class WorkerRecord:
+    """A registered ``durable_worker`` process (O6), times on the database's clock."""
+
+    name: str
+    host: str
+    pid: int
+    mode: str
+    threads: int
+    queues: str
+    started_at: datetime
+    last_seen_at: datetime
+
+
+@dataclass(frozen=True)
+class Beat:
+    """A heartbeat row (O5): when the named job last completed, and who ran it."""
+
+    name: str
+    at: datetime
+    owner: str
+
+
+def since_admitted(admitted_at: datetime | None, started_at: datetime | None, attempts: int) -> datetime | None:
+    """When a holder took its slot: the claim's stamp, else the start of a run admitted on its first turn."""
+    if admitted_at is not None:
+        return admitted_at
+    return started_at if attempts <= 1 else None

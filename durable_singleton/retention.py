@@ -2,14 +2,16 @@
 
 A finished run (``completed``, ``failed``, ``cancelled``, ``dead``) whose
 ``finished_at`` is older than ``RETENTION_SECONDS`` is deleted with its steps
-and signals. Candidates are read oldest first, :data:`READ_PAGE` at a time; deletes go
-in transactions of at most :data:`CHUNK` runs; each
+and signals, by the store (:meth:`~durable_singleton.stores.base.BaseStore.purge_finished`).
+On the Django store candidates are read oldest first,
+``stores.retention.READ_PAGE`` at a time; deletes go
+in transactions of at most ``stores.retention.CHUNK`` runs; each
 transaction locks the runs it deletes and re-checks that they are still
 finished, so a run retried meanwhile (back to ``pending``, D9) is never
 touched, and no lock is held longer than one small delete.
 
-Only the Django store keeps runs beyond the process; with another store the
-functions here delete nothing.
+Only the Django store keeps runs beyond the process; another store deletes
+nothing (the seam's default).
 """
 
 from __future__ import annotations
@@ -25,17 +27,11 @@ from .records import PurgeReport
 from .stores.base import TERMINAL_STATUSES
 from .values import check_int, check_text
 
-__all__ = ["CHUNK", "READ_PAGE", "RETENTION_EVERY_SECONDS", "purge_finished", "retention_batch"]
+__all__ = ["RETENTION_EVERY_SECONDS", "purge_finished", "retention_batch"]
 
 logger = logging.getLogger("durable_singleton")
 
-CHUNK = 100
-READ_PAGE = 2000
 RETENTION_EVERY_SECONDS = 60.0
-
-
-def _database(engine: Core) -> str | None:
-    return engine.store.database
 
 
 def purge_finished(
@@ -57,7 +53,7 @@ def purge_finished(
     at most this many runs, 1 to :data:`~durable_singleton.values.MAX_INT`
     (None: all that match);
     ``dry_run``: count what would go, delete nothing. Oldest first, in
-    transactions of at most :data:`CHUNK` runs.
+    transactions of at most ``stores.retention.CHUNK`` runs (the Django store).
     """
     from .exceptions import ValidationError
 
@@ -73,39 +69,9 @@ def purge_finished(
         check_text(workflow, "workflow")
     if key is not None:
         check_text(key, "key", KEY_MAX_LENGTH)
-    report = PurgeReport(dry_run=dry_run)
-    db = _database(engine)
-    if db is None:
-        return report
-    from .models import Run  # the models and the stores' deletes need the app registry: imported at the call
-    from .stores.retention import delete_finished_chunk
-
-    runs = Run.objects.using(db).filter(status__in=statuses, finished_at__lt=before)
-    if workflow is not None:
-        runs = runs.filter(workflow_name=workflow)
-    if key is not None:
-        runs = runs.filter(singleton_key=key)
-    runs = runs.order_by("finished_at", "run_id")
-    last: tuple[datetime, str] | None = None
-    while limit is None or report.runs < limit:
-        size = READ_PAGE if limit is None else min(READ_PAGE, limit - report.runs)
-        page = runs
-        if last is not None:
-            # Page on (finished_at, run_id): a dry run deletes nothing, and a
-            # run kept by the re-check must not be read again.
-            page = runs.filter(finished_at__gte=last[0]).exclude(finished_at=last[0], run_id__lte=last[1])
-        rows = list(page.values_list("run_id", "workflow_name", "status", "finished_at")[:size])
-        if not rows:
-            break
-        for start in range(0, len(rows), CHUNK):
-            delete_finished_chunk(db, rows[start : start + CHUNK], report, dry_run)
-        finished_at = rows[-1][3]
-        if finished_at is None:  # excluded by finished_at__lt: the column is only nullable for active runs
-            break
-        last = (finished_at, rows[-1][0])
-        if len(rows) < size:
-            break
-    return report
+    return engine.store.purge_finished(
+        before=before, statuses=statuses, workflow_name=workflow, key=key, limit=limit, dry_run=dry_run
+    )
 
 
 # Per engine: when its last batch ran (its clock) and whether it was full.
@@ -121,7 +87,7 @@ def retention_batch(engine: Core, now: datetime) -> int:
     swallowed, so retention never stops the tick. Returns the runs deleted.
     """
     settings = engine.settings
-    if settings.RETENTION_SECONDS is None or _database(engine) is None:
+    if settings.RETENTION_SECONDS is None:
         return 0
     last = _last_batch.get(engine)
     if last is not None and not last[1] and (now - last[0]).total_seconds() < RETENTION_EVERY_SECONDS:

@@ -29,7 +29,6 @@ from typing import Any
 from .dispatch import ThreadDispatcher
 from .identity import process_name
 from .pull import PullDispatcher
-from .statuses import RunStatus
 
 __all__ = ["HAND_BACK_SECONDS", "ForegroundWorker", "connect", "expire_own_leases", "start_embedded_worker"]
 
@@ -123,24 +122,13 @@ def expire_own_leases(engine: Any, run_ids: list[str]) -> int:
     :func:`~durable_singleton.identity.process_name`) are touched, never
     those of another process that shares its host name and pid;
     a body still running here is fenced from then on (its later step writes
-    are refused because its lease expired). Only the Django store has
-    leases outside the process; other stores return 0.
+    are refused because its lease expired). The store writes it
+    (:meth:`~durable_singleton.stores.base.BaseStore.hand_back_leases`), on
+    its clock; a store whose leases die with its process returns 0.
     """
-    db = engine.store.database
-    if db is None or not run_ids:
+    if not run_ids:
         return 0
-    from .models import Run
-    from .querysets import DbNow
-
-    prefix = f"{process_name()}:"
-    # The database's clock at the write (R5, R8), never this process's: a
-    # process clock stepped ahead since its last correction wrote an expiry
-    # (and a wake_at) in the future and left the run stranded that long.
-    return int(
-        Run.objects.using(db)
-        .filter(pk__in=run_ids, status=RunStatus.RUNNING, lease_owner__startswith=prefix)
-        .update(lease_expires_at=DbNow(), wake_at=DbNow())
-    )
+    return int(engine.store.hand_back_leases(run_ids, f"{process_name()}:"))
 
 
 class ForegroundWorker:

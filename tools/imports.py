@@ -71,6 +71,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
         "stores.key_controls",
         "stores.schedule_state",
         "stores.retention",
+        "stores.rows",
         "stores.reencode",
         "stores.turns",
         "dispatch",

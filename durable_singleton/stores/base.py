@@ -34,10 +34,20 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from ..admission import queue_ttl_expired
+from ..admission import is_due, queue_ttl_expired
 from ..codecs import Codec
 from ..exceptions import UnsupportedByStoreError
-from ..records import RunRecord, SignalRecord, StepRecord
+from ..records import (
+    Beat,
+    KeyQueue,
+    PurgeReport,
+    QueueHolder,
+    RunRecord,
+    SignalRecord,
+    StepRecord,
+    WorkerRecord,
+    since_admitted,
+)
 from ..schedule_specs import Schedule
 from ..statuses import TERMINAL_STATUSES, ParkReason, RunStatus, Verdict
 
@@ -731,7 +741,7 @@ class BaseStore(ABC):
         This default, for a store without an atomic claim, is a read followed
         by a decision (S14): it can briefly over-admit.
         """
-        from ..admission import Candidate, decide_admission, is_due, limit_in_force, retry_delay
+        from ..admission import Candidate, decide_admission, declared_limit, limit_in_force, retry_delay
 
         seen = self.get_run(run_id)
         if seen is not None and seen.is_parked and not seen.holds_slot and not is_due(seen.not_before, self.now()):
@@ -743,7 +753,7 @@ class BaseStore(ABC):
         if run.cancel_requested:
             done = self.finish(run, owner, RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=limits, ttls=ttls)
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
-        limit = limit_in_force(limits.get(run.workflow_name, run.singleton_limit))
+        limit = limit_in_force(declared_limit(limits, run.workflow_name, (run.singleton_limit,)))
         candidates = [
             Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before)
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)
@@ -1018,6 +1028,119 @@ class BaseStore(ABC):
     @abstractmethod
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         """Return runs, oldest first (for tests, the demo and tooling)."""
+
+    # -- reads and writes for the services (explain, commands, worker, heartbeat) --
+    # The services call these instead of reaching the ORM behind ``database``.
+    # The defaults serve any store from the methods above; the Django store
+    # answers each in bounded queries on the database's clock.
+
+    def select_runs(
+        self,
+        *,
+        limit: int,
+        run_ids: Sequence[str] = (),
+        workflow_name: str | None = None,
+        key: str | None = None,
+        statuses: Sequence[str] = (),
+        created_before: datetime | None = None,
+        namespace: str | None = None,
+        oldest_first: bool = False,
+    ) -> list[RunRecord]:
+        """Return at most ``limit`` runs (>= 0) that match every filter given:
+        ``run_ids`` (empty: any), exact ``workflow_name`` and singleton ``key``,
+        ``statuses`` (empty: any), created before ``created_before``, in
+        ``namespace`` (None: any). Newest first, or oldest first with
+        ``oldest_first`` (by creation, then run id)."""
+        wanted = set(run_ids)
+        runs = [
+            r
+            for r in self.list_runs(workflow_name=workflow_name, namespace=namespace)
+            if (not wanted or r.run_id in wanted)
+            and (key is None or r.singleton_key == key)
+            and (not statuses or r.status in statuses)
+            and (created_before is None or r.created_at < created_before)
+        ]
+        if not oldest_first:
+            runs.reverse()
+        return runs[:limit]
+
+    def key_queue(self, run: RunRecord, named: int) -> KeyQueue:
+        """Return the queue of ``run``'s singleton key as ``run`` sees it (S5,
+        X5): its oldest ``named`` holders (>= 0), how many hold and wait, and
+        the due and not-due waiters ahead of ``run``, on the store's clock.
+        ``run`` must have a singleton key."""
+        assert run.singleton_key is not None
+        active = list(self.active_runs_for_key(run.workflow_name, run.singleton_key))
+        order = attrgetter("created_at", "run_id")
+        held = sorted((r for r in active if r.holds_slot), key=order)
+        waiters = sorted((r for r in active if r.tracked and not r.admitted), key=order)
+        now = self.now()
+        earlier = [w for w in waiters if (w.created_at, w.run_id) < (run.created_at, run.run_id)]
+        due_ahead = sum(1 for w in earlier if is_due(w.not_before, now))
+        holders = tuple(
+            QueueHolder(
+                r.run_id,
+                r.status,
+                since_admitted(r.admitted_at, r.started_at, r.attempts),
+                r.namespace,
+                r.lease_owner,
+                r.lease_expires_at,
+            )
+            for r in held[:named]
+        )
+        waiting = any(w.run_id == run.run_id for w in waiters)
+        return KeyQueue(holders, len(held), len(waiters), due_ahead, len(earlier) - due_ahead, waiting)
+
+    def recent_completions(self, workflow_name: str, key: str, count: int) -> list[tuple[datetime | None, datetime]]:
+        """Return (admitted or started, finished) of the last ``count`` (>= 0)
+        completed runs of singleton key ``key``, the latest finish first."""
+        done = [
+            r
+            for r in self.list_runs(workflow_name=workflow_name)
+            if r.singleton_key == key and r.status == RunStatus.COMPLETED and r.finished_at is not None
+        ]
+        done.sort(key=lambda r: r.finished_at or r.created_at, reverse=True)
+        return [(r.admitted_at or r.started_at, r.finished_at) for r in done[:count] if r.finished_at is not None]
+
+    def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
+        """Expire now, on the store's clock (R5, R8), the leases of the running
+        runs of ``run_ids`` whose lease owner starts with ``owner_prefix``
+        (a process's ``host:pid:token:``), and make them due, so the next tick
+        re-drives them (D4). Returns how many were handed back. The default:
+        a store whose leases live and die with its process hands back none."""
+        return 0
+
+    def worker_processes(self) -> list[WorkerRecord] | None:
+        """Return the registered ``durable_worker`` processes by host and pid
+        (O6), or None for a store that keeps no worker registry (the default)."""
+        return None
+
+    def record_beat(self, name: str, at: datetime, owner: str) -> bool:
+        """Write heartbeat ``name`` (a job such as the tick): completed ``at``
+        by ``owner`` (O5). Returns True if a row was written; the default keeps
+        none. Raises the database's error on a Django store."""
+        return False
+
+    def purge_finished(
+        self,
+        *,
+        before: datetime,
+        statuses: Sequence[str],
+        workflow_name: str | None,
+        key: str | None,
+        limit: int | None,
+        dry_run: bool,
+    ) -> PurgeReport:
+        """Delete (or, ``dry_run``, count) the runs in ``statuses`` (terminal
+        ones, checked by the caller) finished before ``before``, of
+        ``workflow_name`` and ``key`` when given, at most ``limit`` (None:
+        all), oldest first, with their steps and signals (O2). The default: a
+        store that keeps no runs beyond its process deletes none."""
+        return PurgeReport(dry_run=dry_run)
+
+    def beat(self, name: str) -> Beat | None:
+        """Return heartbeat ``name``, or None if it was never written (or the store keeps none)."""
+        return None
 
 
 _schedule_states: weakref.WeakKeyDictionary[BaseStore, ScheduleStore] = weakref.WeakKeyDictionary()

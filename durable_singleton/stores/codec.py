@@ -31,6 +31,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ..codecs import Codec
+from ..records import Beat, KeyQueue, PurgeReport, WorkerRecord
 from .base import (
     BaseStore,
     ControlChange,
@@ -379,3 +380,59 @@ class CodecStore(BaseStore):
 
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         return self._out(self.inner.list_runs(workflow_name=workflow_name, namespace=namespace))  # type: ignore[no-any-return]
+
+    def select_runs(
+        self,
+        *,
+        limit: int,
+        run_ids: Sequence[str] = (),
+        workflow_name: str | None = None,
+        key: str | None = None,
+        statuses: Sequence[str] = (),
+        created_before: datetime | None = None,
+        namespace: str | None = None,
+        oldest_first: bool = False,
+    ) -> list[RunRecord]:
+        chosen = self.inner.select_runs(
+            limit=limit,
+            run_ids=run_ids,
+            workflow_name=workflow_name,
+            key=key,
+            statuses=statuses,
+            created_before=created_before,
+            namespace=namespace,
+            oldest_first=oldest_first,
+        )
+        return self._out(chosen)  # type: ignore[no-any-return]
+
+    def key_queue(self, run: RunRecord, named: int) -> KeyQueue:
+        return self.inner.key_queue(run, named)
+
+    def recent_completions(self, workflow_name: str, key: str, count: int) -> list[tuple[datetime | None, datetime]]:
+        return self.inner.recent_completions(workflow_name, key, count)
+
+    def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
+        return self.inner.hand_back_leases(run_ids, owner_prefix)
+
+    def worker_processes(self) -> list[WorkerRecord] | None:
+        return self.inner.worker_processes()
+
+    def record_beat(self, name: str, at: datetime, owner: str) -> bool:
+        return self.inner.record_beat(name, at, owner)
+
+    def beat(self, name: str) -> Beat | None:
+        return self.inner.beat(name)
+
+    def purge_finished(
+        self,
+        *,
+        before: datetime,
+        statuses: Sequence[str],
+        workflow_name: str | None,
+        key: str | None,
+        limit: int | None,
+        dry_run: bool,
+    ) -> PurgeReport:
+        return self.inner.purge_finished(
+            before=before, statuses=statuses, workflow_name=workflow_name, key=key, limit=limit, dry_run=dry_run
+        )

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from django.db import (
@@ -63,6 +64,7 @@ from ..admission import (
     cap_in_force,
     debounce_lock_name,
     debounce_open_q,
+    declared_limit,
     fair_tag,
     free_slots,
     free_slots_sql,
@@ -83,14 +85,14 @@ from ..admission import (
     stored_tags,
     superseded,
     turn_on_its_way_q,
-    user_tags_of,
 )
 from ..codecs import Codec
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
-from ..models import DebouncedStart, QuotaMembership, Run, Signal, SingletonKey, Step
+from ..models import DebouncedStart, Heartbeat, QuotaMembership, Run, Signal, SingletonKey, Step, WorkerProcess
 from ..querysets import DbNow, RunQuerySet, database_now, db_now_plus
+from ..records import Beat, KeyQueue, PurgeReport, QueueHolder, WorkerRecord, since_admitted
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
-from . import key_controls, mysql, pg, sqlite
+from . import key_controls, mysql, pg, retention, sqlite
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -113,6 +115,7 @@ from .base import (
     TurnState,
     handed_off,
 )
+from .rows import COLUMNS, run_record
 from .schedule_state import DjangoScheduleStore
 from .turns import DEFAULT_QUEUE, add_notices
 
@@ -144,45 +147,11 @@ def is_transient_error(exc: BaseException) -> bool:
 
 
 def record_of(row: Run) -> RunRecord:
-    """Return the :class:`RunRecord` of a model row."""
-    quota_keys = _quota_keys_of_row(row)
-    return RunRecord(
-        run_id=row.run_id,
-        workflow_name=row.workflow_name,
-        workflow_version=row.workflow_version,
-        namespace=row.namespace,
-        status=row.status,
-        input=row.input,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-        output=row.output,
-        error=row.error,
-        user_tags=user_tags_of(row.tags, quota_keys),
-        singleton_key=row.singleton_key,
-        singleton_limit=row.singleton_limit,
-        admitted=row.singleton_slot == SlotState.HOLDER,
-        tracked=row.singleton_tracked,
-        wake_at=row.wake_at,
-        lease_owner=row.lease_owner,
-        lease_expires_at=row.lease_expires_at,
-        started_at=row.started_at,
-        finished_at=row.finished_at,
-        admitted_at=row.admitted_at,
-        attempts=row.attempts,
-        recoveries=row.recoveries,
-        parent_run_id=row.parent_run_id,
-        park_reason=row.park_reason,
-        cancel_requested=row.cancel_requested,
-        deadline_at=row.deadline_at,
-        fencing_token=row.fencing_token,
-        step_count=row.step_count,
-        not_before=row.not_before,
-        quota_keys=quota_keys,
-        quota_slot=row.quota_slot,
-        trace_parent=row.trace_parent,
-        debounce_key=row.debounce_key,
-        debounce_until=row.debounce_until,
-    )
+    """Return the :class:`RunRecord` of a model row (``stores.rows.run_record``)."""
+    return run_record(_columns(row), quota_keys=_quota_keys_of_row(row))
+
+
+_columns = attrgetter(*COLUMNS)
 
 
 def _quota_keys_of_row(row: Run) -> tuple[tuple[str, str], ...]:
@@ -538,8 +507,10 @@ class DjangoStore(BaseStore):
         admitted = row.singleton_slot == SlotState.HOLDER
         return holds_slot(row.status, key=row.singleton_key, admitted=admitted, tracked=row.singleton_tracked)
 
-    def _limit(self, workflow_name: str, key_row: Mapping[str, Any], limits: Limits, stored: int | None) -> int:
-        return limit_in_force(limits.get(workflow_name, stored), key_row["limit_override"])
+    def _limit(
+        self, workflow_name: str, key_row: Mapping[str, Any], limits: Limits, stored: Iterable[int | None] = ()
+    ) -> int:
+        return limit_in_force(declared_limit(limits, workflow_name, stored), key_row["limit_override"])
 
     def _grant(
         self,
@@ -568,11 +539,9 @@ class DjangoStore(BaseStore):
         handoff admits (:meth:`_handoff_carriers`), which take their quota slot
         with the grant (the caller gives their quota tokens).
         """
-        limit = self._limit(workflow_name, key_row, limits, None)
+        limit = self._limit(workflow_name, key_row, limits)
         front, legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
-        stored = [r.singleton_limit for r in front if r.singleton_limit]
-        if workflow_name not in limits and stored:
-            limit = self._limit(workflow_name, key_row, limits, max(stored))
+        limit = self._limit(workflow_name, key_row, limits, (r.singleton_limit for r in front))
         holders = sum(1 for r in front if self._holds_slot(r)) + legacy
         waiters = [r for r in front if r.singleton_slot == SlotState.WAITER]
         free = free_slots(limit, holders, paused=bool(key_row["paused"]))
@@ -872,7 +841,7 @@ class DjangoStore(BaseStore):
                 active = list(self._locking(runs.for_key(workflow_name, key).active().order_by("created_at", "run_id")))
                 holders = [r for r in active if self._holds_slot(r)]
                 waiters = [r for r in active if not self._holds_slot(r)]
-                limit = self._limit(workflow_name, key_row, limits, run.singleton_limit)
+                limit = self._limit(workflow_name, key_row, limits, (run.singleton_limit,))
                 free = free_slots(limit, len(holders), paused=bool(key_row["paused"]))
                 to_replace, stop = superseded(on_busy, free, holders, waiters, lambda r: r.quota_slot is not None)
                 ending = [*to_replace, *(r for r in stop if r.status != RunStatus.RUNNING)]
@@ -1574,7 +1543,7 @@ class DjangoStore(BaseStore):
         ``quota:<name>`` (1 if this process does not declare it) or the key's
         runtime override (K2); a paused key has no free slot. A waiter past its
         workflow's ``queue_ttl`` in ``ttls`` is not among them (X2)."""
-        limit = limit_in_force(limits.get(quota_lock_name(name), 1), key_row["limit_override"])
+        limit = limit_in_force(declared_limit(limits, quota_lock_name(name), (1,)), key_row["limit_override"])
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = self._locking(members.filter(holds_quota_slot_q())).count()
         queue = members.filter(quota_waiter_q(DbNow(), ttls)).order_by(*QUOTA_ORDER)
@@ -1932,7 +1901,7 @@ class DjangoStore(BaseStore):
                 lambda: fast.finish(run, owner, status, output, error, limits, finished_at, ttl, ttls)
             )
         room = self._mysql_room() if owner is not None and not connections[self.db].in_atomic_block else None
-        declared = limits.get(run.workflow_name)
+        declared = declared_limit(limits, run.workflow_name)
         if room is not None and run.singleton_key is not None and not run.quota_keys and declared is not None:
             # One CALL: the settle and the handoff of a run with a key and no quotas (S7, R5a, K1).
             # A run that carries quotas, or of a workflow this process does not declare: the ORM path.
@@ -2297,7 +2266,7 @@ class DjangoStore(BaseStore):
         by a busy quota was sent a turn, and parked again, at every tick."""
         key_row = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
         override = key_row.values_list("limit_override", flat=True).first()
-        limit = limit_in_force(limits.get(workflow_name), override)
+        limit = limit_in_force(declared_limit(limits, workflow_name), override)
         front, _legacy = self._front(workflow_name, key, 2 * limit, (ttls or {}).get(workflow_name))
         waiters = [r for r in front if r.singleton_slot == SlotState.WAITER and not self._holds_slot(r)][:limit]
         if any(r.quota_slot is None for r in waiters):
@@ -2379,3 +2348,122 @@ class DjangoStore(BaseStore):
         if namespace is not None:
             runs = runs.filter(namespace=namespace)
         return [record_of(r) for r in runs]
+
+    # -- reads and writes for the services (BaseStore's last section) -------------
+    def select_runs(
+        self,
+        *,
+        limit: int,
+        run_ids: Sequence[str] = (),
+        workflow_name: str | None = None,
+        key: str | None = None,
+        statuses: Sequence[str] = (),
+        created_before: datetime | None = None,
+        namespace: str | None = None,
+        oldest_first: bool = False,
+    ) -> list[RunRecord]:
+        order = ("created_at", "run_id") if oldest_first else ("-created_at", "-run_id")
+        runs = self._runs().order_by(*order)
+        if run_ids:
+            runs = runs.filter(pk__in=list(run_ids))
+        if workflow_name is not None:
+            runs = runs.filter(workflow_name=workflow_name)
+        if key is not None:
+            runs = runs.filter(singleton_key=key)
+        if statuses:
+            runs = runs.filter(status__in=list(statuses))
+        if created_before is not None:
+            runs = runs.filter(created_at__lt=created_before)
+        if namespace is not None:
+            runs = runs.filter(namespace=namespace)
+        return [record_of(r) for r in runs[:limit]]
+
+    def key_queue(self, run: RunRecord, named: int) -> KeyQueue:
+        """Two bounded queries whatever the backlog (the queue index serves
+        both), on the database's clock (S5, X5)."""
+        assert run.singleton_key is not None
+        runs = self._runs().for_key(run.workflow_name, run.singleton_key)
+        rows = list(
+            runs.holders()
+            .order_by("created_at", "run_id")
+            .values_list(
+                "run_id",
+                "status",
+                "admitted_at",
+                "started_at",
+                "attempts",
+                "namespace",
+                "lease_owner",
+                "lease_expires_at",
+            )[: named + 1]
+        )
+        count = len(rows) if len(rows) <= named else runs.holders().count()
+        ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
+        due = is_due_q(DbNow())
+        totals = runs.filter(singleton_slot=SlotState.WAITER).aggregate(
+            depth=Count("pk"), ahead=Count("pk", filter=ahead & due), not_due=Count("pk", filter=ahead & ~due)
+        )
+        holders = tuple(
+            QueueHolder(r[0], r[1], since_admitted(r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows[:named]
+        )
+        waiting = run.tracked and not run.admitted
+        return KeyQueue(holders, count, totals["depth"], totals["ahead"], totals["not_due"], waiting)
+
+    def recent_completions(self, workflow_name: str, key: str, count: int) -> list[tuple[datetime | None, datetime]]:
+        rows = (
+            self._runs()
+            .for_key(workflow_name, key)
+            .filter(status=RunStatus.COMPLETED, finished_at__isnull=False)
+            .annotate(began=Coalesce("admitted_at", "started_at"))
+            .order_by("-finished_at")
+            .values_list("began", "finished_at")[:count]
+        )
+        return [(began, finished) for began, finished in rows if finished is not None]
+
+    def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
+        """One compare-and-set UPDATE on the database's clock (R5, R8): a process
+        clock stepped ahead would write an expiry (and a wake_at) in the future
+        and leave the run stranded that long."""
+        if not run_ids:
+            return 0
+        return int(
+            self._runs()
+            .filter(pk__in=list(run_ids), status=RunStatus.RUNNING, lease_owner__startswith=owner_prefix)
+            .update(lease_expires_at=DbNow(), wake_at=DbNow())
+        )
+
+    def worker_processes(self) -> list[WorkerRecord]:
+        return [
+            WorkerRecord(w.name, w.host, w.pid, w.mode, w.threads, w.queues, w.started_at, w.last_seen_at)
+            for w in WorkerProcess.objects.using(self.db).order_by("host", "pid")
+        ]
+
+    def record_beat(self, name: str, at: datetime, owner: str) -> bool:
+        rows = Heartbeat.objects.using(self.db)
+        if not rows.filter(name=name).update(at=at, owner=owner):
+            rows.bulk_create([Heartbeat(name=name, at=at, owner=owner)], ignore_conflicts=True)
+        return True
+
+    def beat(self, name: str) -> Beat | None:
+        row = Heartbeat.objects.using(self.db).filter(name=name).first()
+        return Beat(row.name, row.at, row.owner) if row is not None else None
+
+    def purge_finished(
+        self,
+        *,
+        before: datetime,
+        statuses: Sequence[str],
+        workflow_name: str | None,
+        key: str | None,
+        limit: int | None,
+        dry_run: bool,
+    ) -> PurgeReport:
+        return retention.purge_finished_runs(
+            self.db,
+            before=before,
+            statuses=statuses,
+            workflow_name=workflow_name,
+            key=key,
+            limit=limit,
+            dry_run=dry_run,
+        )

@@ -17,6 +17,7 @@ from ..admission import (
     QUOTA_PREFIX,
     cap_in_force,
     debounce_open,
+    declared_limit,
     fair_tag,
     free_slots,
     handoff_admits,
@@ -298,9 +299,8 @@ class MemoryStore(BaseStore):
     # -- admission -------------------------------------------------------------------
     def _limit(self, workflow_name: str, key: str, limits: Limits) -> int:
         control = self.controls.get((workflow_name, key), {})
-        stored = [r.singleton_limit for r in self._key_runs(workflow_name, key) if r.singleton_limit]
-        declared = limits.get(workflow_name, max(stored) if stored else None)
-        return limit_in_force(declared, control.get("limit_override"))
+        stored = (r.singleton_limit for r in self._key_runs(workflow_name, key))
+        return limit_in_force(declared_limit(limits, workflow_name, stored), control.get("limit_override"))
 
     def _grant(
         self,
@@ -436,7 +436,7 @@ class MemoryStore(BaseStore):
         limit, by (``created_at``, ``run_id``), none past its workflow's TTL in
         ``ttls`` (X3c, X3d, X2); see DjangoStore._quota_front."""
         control = self.controls.get((quota_lock_name(name), key), {})
-        limit = limit_in_force(limits.get(quota_lock_name(name), 1), control.get("limit_override"))
+        limit = limit_in_force(declared_limit(limits, quota_lock_name(name), (1,)), control.get("limit_override"))
         now = self.clock()
         members = self._quota_members(name, key)
         holders = sum(1 for r in members if r.holds_quota_slots)
@@ -935,6 +935,22 @@ class MemoryStore(BaseStore):
         with self._lock:
             found = [r for r in self._control_records if r.workflow == workflow and (key is None or r.key in (key, ""))]
             return sorted(found, key=lambda r: r.at, reverse=True)[:limit]
+
+    def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
+        """Expire the matching leases now, on the store's clock (R5), under its lock."""
+        with self._critical():
+            now = self.clock()
+            held = [
+                r
+                for r in (self._runs.get(run_id) for run_id in set(run_ids))
+                if r is not None
+                and r.status == RunStatus.RUNNING
+                and r.lease_owner is not None
+                and r.lease_owner.startswith(owner_prefix)
+            ]
+            for run in held:
+                self._replace(run, lease_expires_at=now, wake_at=now)
+            return len(held)
 
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         with self._critical():

@@ -69,16 +69,16 @@ from django.db import connections
 
 from .. import sql
 from ..admission import (
-    quota_keys_of,
+    declared_limit,
     quota_lock_name,
     stored_tags,
-    user_tags_of,
 )
 from ..models import QuotaMembership, Run, SingletonKey
 from ..querysets import PG_NOW_SQL
 from ..records import RunRecord, StepRecord
 from ..statuses import SlotState
 from .base import Finish, Limits, Turn, TurnState, handed_off
+from .rows import COLUMNS, json_value, run_record
 
 
 class Store(Protocol):
@@ -104,120 +104,11 @@ NOW = PG_NOW_SQL
 #: a wake or an admission written by a statement (R5, R8).
 WRITTEN = "CLOCK_TIMESTAMP()"
 
-#: The run table's columns a :class:`RunRecord` is built from, in this order.
-COLUMNS = (
-    "run_id",
-    "workflow_name",
-    "workflow_version",
-    "namespace",
-    "status",
-    "input",
-    "created_at",
-    "updated_at",
-    "output",
-    "error",
-    "tags",
-    "singleton_key",
-    "singleton_limit",
-    "singleton_slot",
-    "singleton_tracked",
-    "wake_at",
-    "lease_owner",
-    "lease_expires_at",
-    "started_at",
-    "finished_at",
-    "admitted_at",
-    "attempts",
-    "recoveries",
-    "parent_run_id",
-    "park_reason",
-    "cancel_requested",
-    "deadline_at",
-    "fencing_token",
-    "step_count",
-    "not_before",
-    "quota_slot",
-    "trace_parent",
-    "quota_keys",
-)
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
 
 def record(row: Sequence[Any]) -> RunRecord:
-    """Return the :class:`RunRecord` of a row of :data:`COLUMNS`."""
-    (
-        run_id,
-        workflow_name,
-        workflow_version,
-        namespace,
-        status,
-        input,
-        created_at,
-        updated_at,
-        output,
-        error,
-        tags,
-        singleton_key,
-        singleton_limit,
-        singleton_slot,
-        singleton_tracked,
-        wake_at,
-        lease_owner,
-        lease_expires_at,
-        started_at,
-        finished_at,
-        admitted_at,
-        attempts,
-        recoveries,
-        parent_run_id,
-        park_reason,
-        cancel_requested,
-        deadline_at,
-        fencing_token,
-        step_count,
-        not_before,
-        quota_slot,
-        trace_parent,
-        quota_keys,
-    ) = row[: len(COLUMNS)]
-    return RunRecord(
-        run_id=run_id,
-        workflow_name=workflow_name,
-        workflow_version=workflow_version,
-        namespace=namespace,
-        status=status,
-        input=_json(input),
-        created_at=created_at,
-        updated_at=updated_at,
-        output=_json(output),
-        error=_json(error),
-        user_tags=user_tags_of(_json(tags), quota_keys_of(_json(quota_keys))),
-        singleton_key=singleton_key,
-        singleton_limit=singleton_limit,
-        admitted=singleton_slot == SlotState.HOLDER,
-        tracked=singleton_tracked,
-        wake_at=wake_at,
-        lease_owner=lease_owner,
-        lease_expires_at=lease_expires_at,
-        started_at=started_at,
-        finished_at=finished_at,
-        admitted_at=admitted_at,
-        attempts=attempts,
-        recoveries=recoveries,
-        parent_run_id=parent_run_id,
-        park_reason=park_reason,
-        cancel_requested=cancel_requested,
-        deadline_at=deadline_at,
-        fencing_token=fencing_token,
-        step_count=step_count,
-        not_before=not_before,
-        quota_keys=quota_keys_of(_json(quota_keys)),
-        quota_slot=quota_slot,
-        trace_parent=trace_parent,
-    )
+    """Return the :class:`RunRecord` of a row of :data:`COLUMNS` as the cursor
+    returns it (JSON columns as text): ``stores.rows.run_record``."""
+    return run_record(row, json_text=True)
 
 
 def usable(store: Store) -> bool:
@@ -511,7 +402,7 @@ def _quota_admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | Non
     turns = tuple(granted + _in_place(rows, 3))
     for row in rows:
         if row[0] == 0:
-            tokens = _json(row[len(COLUMNS) + 1]) or {}
+            tokens = json_value(row[len(COLUMNS) + 1]) or {}
             taken = record(row[1:]).evolve(quota_tokens=tuple(sorted((q, int(t)) for q, t in tokens.items())))
             return Turn(TurnState.RUN, taken, granted=turns, admitted=True, steps=_known_steps(taken))
     parked = [record(r[1:]) for r in rows if r[0] == 2]
@@ -688,6 +579,8 @@ class FastPath:
             "quota_slot": run.quota_slot,
             "trace_parent": run.trace_parent,
             "quota_keys": _json_param([list(q) for q in run.quota_keys]),
+            "debounce_key": run.debounce_key,
+            "debounce_until": run.debounce_until,
         }
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)
@@ -746,7 +639,7 @@ class FastPath:
             return Turn(TurnState.SKIPPED, run)
         taken = record(row)
         if quotas:
-            tokens = _json(row[len(COLUMNS)]) or {}
+            tokens = json_value(row[len(COLUMNS)]) or {}
             taken = taken.evolve(quota_tokens=tuple(sorted((q, int(t)) for q, t in tokens.items())))
         return Turn(TurnState.RUN, taken, recovered=recovered, steps=_known_steps(taken))
 
@@ -770,7 +663,7 @@ class FastPath:
         params = {
             "wf": run.workflow_name,
             "key": run.singleton_key,
-            "declared": limits.get(run.workflow_name),
+            "declared": declared_limit(limits, run.workflow_name),
             "run_id": run.run_id,
             "status": run.status,
             "attempts": run.attempts,
@@ -788,7 +681,7 @@ class FastPath:
         in the lock order, sorted by (name, key) (X3e), and ``limits``, the
         declared limit of each quota (JSON, by lock name)."""
         ordered = sorted(set(run.quota_keys))
-        declared = {quota_lock_name(name): limits.get(quota_lock_name(name)) for name, _ in ordered}
+        declared = {quota_lock_name(name): declared_limit(limits, quota_lock_name(name)) for name, _ in ordered}
         return {
             "qwf": [quota_lock_name(name) for name, _ in ordered],
             "qkey": [key for _, key in ordered],
@@ -888,7 +781,7 @@ class FastPath:
                 params.update(
                     wf=run.workflow_name,
                     key=run.singleton_key,
-                    declared=limits.get(run.workflow_name),
+                    declared=declared_limit(limits, run.workflow_name),
                     redelivery=float(self.store.redelivery_seconds),
                     ttl=None if ttl is None else float(ttl),
                 )

@@ -57,11 +57,12 @@ from typing import Any
 from django.db import connections
 
 from .. import sql
-from ..admission import quota_keys_of, stored_tags, user_tags_of
+from ..admission import stored_tags
 from ..querysets import sqlite_now
 from ..records import RunRecord, StepRecord
 from ..statuses import RunStatus, SlotState
 from .base import Finish, Limits, QueueTtls, Turn, TurnState, handed_off
+from .rows import COLUMNS, run_record
 
 __all__ = ["Room", "ds_now", "ds_time", "lock_key", "record", "room_of"]
 
@@ -74,8 +75,22 @@ FINISH = sql.statement("finish", "sqlite")
 BUMP_TOKEN = sql.statement("bump_token", "sqlite")
 LOCK_KEY = sql.statement("lock_key", "sqlite")
 
-_JSON = frozenset({5, 8, 9, 10, 32})  # input, output, error, tags, quota_keys in COLUMNS' order
-_TIMES = frozenset({6, 7, 15, 17, 18, 19, 20, 26, 29})
+#: The time columns, by their place in COLUMNS.
+_TIMES = frozenset(
+    COLUMNS.index(name)
+    for name in (
+        "created_at",
+        "updated_at",
+        "wake_at",
+        "lease_expires_at",
+        "started_at",
+        "finished_at",
+        "admitted_at",
+        "deadline_at",
+        "not_before",
+        "debounce_until",
+    )
+)
 
 
 def ds_now(seconds: float | None) -> str | None:
@@ -94,56 +109,16 @@ def _time(value: Any) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def _json_param(value: Any) -> str | None:
     return None if value is None else json.dumps(value, allow_nan=False)
 
 
 def record(row: Sequence[Any]) -> RunRecord:
-    """Return the :class:`RunRecord` of a row of the ``run_columns`` fragment (stores.pg.COLUMNS' order)."""
-    v: list[Any] = [
-        _json(x) if i in _JSON else _time(x) if i in _TIMES else x
-        for i, x in enumerate(row[:33])  # the 33 columns of the fragment
-    ]
-    quota_keys = quota_keys_of(v[32])
-    return RunRecord(
-        run_id=v[0],
-        workflow_name=v[1],
-        workflow_version=v[2],
-        namespace=v[3],
-        status=v[4],
-        input=v[5],
-        created_at=v[6],
-        updated_at=v[7],
-        output=v[8],
-        error=v[9],
-        user_tags=user_tags_of(v[10], quota_keys),
-        singleton_key=v[11],
-        singleton_limit=v[12],
-        admitted=v[13] == SlotState.HOLDER,
-        tracked=bool(v[14]),
-        wake_at=v[15],
-        lease_owner=v[16],
-        lease_expires_at=v[17],
-        started_at=v[18],
-        finished_at=v[19],
-        admitted_at=v[20],
-        attempts=v[21],
-        recoveries=v[22],
-        parent_run_id=v[23],
-        park_reason=v[24],
-        cancel_requested=bool(v[25]),
-        deadline_at=v[26],
-        fencing_token=v[27],
-        step_count=v[28],
-        not_before=v[29],
-        quota_keys=quota_keys,
-        quota_slot=v[30],
-        trace_parent=v[31],
-    )
+    """Return the :class:`RunRecord` of a row of the ``run_columns`` fragment
+    (:data:`durable_singleton.stores.rows.COLUMNS`' order): SQLite returns
+    its times as text, decoded here; the rest is :func:`~durable_singleton.stores.rows.run_record`."""
+    values = [_time(x) if i in _TIMES else x for i, x in enumerate(row[: len(COLUMNS)])]
+    return run_record(values, json_text=True)
 
 
 class Room:
@@ -274,6 +249,8 @@ class Room:
             "quota_slot": run.quota_slot,
             "trace_parent": run.trace_parent,
             "quota_keys": _json_param([list(q) for q in run.quota_keys]),
+            "debounce_key": run.debounce_key,
+            "debounce_until": _maybe_time(run.debounce_until),
             "wake_at": _maybe_time(run.wake_at),
             "backlog_wake_at": _maybe_time(backlog_wake_at),
             "park_reason": run.park_reason,

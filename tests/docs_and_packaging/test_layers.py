@@ -181,3 +181,53 @@ def test_the_engine_forwards_the_key_controls_with_their_signatures() -> None:
         forwarded, service = getattr(Engine, name), getattr(KeyControls, name)
         assert inspect.signature(forwarded) == inspect.signature(service), name
         assert forwarded.__doc__ == service.__doc__, name
+
+
+#: The modules outside stores/ that read a store's ``database`` alias, and why
+#: none of them reaches the ORM through it.
+DATABASE_ALIAS_READERS = {
+    "durable_singleton/dispatch.py": "Django's on_commit hooks and connections of the store's database",
+    "durable_singleton/runtime.py": "DISPATCH 'worker' needs a store in a database (E007)",
+    "durable_singleton/tasks.py": "the tick's lease (stores.turns) on the store's database",
+    "durable_singleton/celery_tick.py": "the tick's lease (stores.turns) on the store's database",
+    "durable_singleton/management/commands/durable_reencode.py": "refuses a codec store without a database",
+}
+#: Services that still query the models behind ``store.database`` (issue 32,
+#: item 5): this set may only shrink.
+DATABASE_ORM_READERS_LEFT = {
+    "durable_singleton/audit.py",
+    "durable_singleton/health.py",
+    "durable_singleton/metrics.py",
+}
+
+
+def test_services_read_through_the_store_not_its_database() -> None:
+    """No module outside stores/ reads a store's ``database`` alias to query
+    the models behind it: the store has a method for each read and write a
+    service needs (STYLE "Seams and roots", "Rooms and SQL"; issue 32 counted
+    9 such sites, one of them writing run rows in worker.py). The modules that
+    read the alias are listed with their reason; those still querying through
+    it may only go."""
+    found = set()
+    for path in sorted((ROOT / "durable_singleton").rglob("*.py")):
+        if path.is_relative_to(ROOT / "durable_singleton" / "stores"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "database":
+                owner = ast.unparse(node.value).split(".")[-1]
+                if owner in ("store", "inner") or owner.endswith("store"):
+                    found.add(str(path.relative_to(ROOT)))
+    assert found == set(DATABASE_ALIAS_READERS) | DATABASE_ORM_READERS_LEFT
+
+
+def test_a_run_row_becomes_a_record_in_one_place() -> None:
+    """R1, STYLE "One place for a rule": the run table's row is mapped to a
+    RunRecord by stores.rows.run_record only (the ORM's model rows and the
+    rooms' raw rows alike; issue 32 counted the mapping written four times);
+    the core builds the record of a new start, which no row holds yet."""
+    found = set()
+    for path in sorted((ROOT / "durable_singleton").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "RunRecord":
+                found.add(str(path.relative_to(ROOT)))
+    assert found == {"durable_singleton/stores/rows.py", "durable_singleton/core.py"}

@@ -200,3 +200,44 @@ def test_the_queue_table_shows_free_slots_under_the_limit_in_force(admin_client:
     stalled = admin_client.get(url, {"only": "stalled"}).context["rows"]
     assert sorted(item["row"].key for item in stalled) == ["plain", "raised"]
     assert all(item["stuck"] for item in stalled)
+
+
+@pytest.mark.vendor_agnostic
+def test_the_declared_limit_falls_back_to_the_largest_stored_one() -> None:
+    """S2, X3c: the declared limit is the latest registered version's; for a
+    workflow this process does not declare, the largest limit stored on the
+    key's runs; with none stored, None (the limit in force is then 1)."""
+    from durable_singleton.admission import declared_limit, limit_in_force
+
+    assert declared_limit({"wf": 3}, "wf", (5, None)) == 3
+    assert declared_limit({}, "wf", (2, None, 5, 0)) == 5
+    assert declared_limit({}, "wf") is None and limit_in_force(declared_limit({}, "wf")) == 1
+    assert declared_limit({}, "quota:q", (1,)) == 1
+
+
+@pytest.mark.vendor_agnostic
+def test_the_declared_limit_fallback_is_spelt_once() -> None:
+    """S2, STYLE "One place for a rule": no module reads the declared limits
+    (``limits.get(...)``, ``limits[...]``) but admission.declared_limit; the
+    fallback was written five ways (issue 32, item 5), one of them with no
+    fallback to the stored limits at all."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted((root / "durable_singleton").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef) or func.name == "declared_limit":
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get":
+                    target: ast.expr | None = node.func.value
+                elif isinstance(node, ast.Subscript):
+                    target = node.value
+                else:
+                    continue
+                if isinstance(target, ast.Name) and target.id == "limits":
+                    found.append(f"{path.relative_to(root)}:{node.lineno}")
+    assert found == []

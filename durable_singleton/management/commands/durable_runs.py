@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ...admission import KEY_MAX_LENGTH
 from ...exceptions import DurableSingletonError
-from ...models import Run, RunStatus
+from ...statuses import RunStatus
 from ._options import count_option, duration, seconds_option, text_option
 
 ACTIONS = ("list", "cancel", "retry", "wake")
@@ -51,31 +51,33 @@ class Command(BaseCommand):
         if action != "list" and not options["run_ids"] and not any(f is not None for f in filters):
             raise CommandError(f"{action} needs run ids or a filter (--workflow, --key, --status, --older-than)")
         limit = count_option(options["limit"], "--limit")
-        run_ids = [text_option(run_id, "a run id") for run_id in options["run_ids"]]
+        run_ids = [text_option(run_id, "a run id") or "" for run_id in options["run_ids"]]
         workflow = text_option(options["workflow"], "--workflow")
         key = text_option(options["key"], "--key", KEY_MAX_LENGTH)
         if options["older_than"] is not None:
             seconds_option(options["older_than"], "--older-than")
         engine = get_engine()
+        older_than = options["older_than"]
         # Newest first, as git log, docker ps and Django's admin list them.
-        order = ("created_at", "run_id") if options["oldest_first"] else ("-created_at", "-run_id")
-        runs = Run.objects.using(engine.store.database or "default").order_by(*order)
-        if run_ids:
-            runs = runs.filter(pk__in=run_ids)
-        if workflow:
-            runs = runs.filter(workflow_name=workflow)
-        if key:
-            runs = runs.filter(singleton_key=key)
-        if options["status"]:
-            runs = runs.filter(status__in=options["status"])
-        if options["older_than"] is not None:
-            runs = runs.filter(created_at__lt=engine.now() - timedelta(seconds=options["older_than"]))
-        if engine.scope_reads:
-            runs = runs.filter(namespace=engine.namespace)
-        chosen = list(runs.values_list("run_id", "workflow_name", "singleton_key", "status")[:limit])
+        chosen = engine.store.select_runs(
+            limit=limit,
+            run_ids=run_ids,
+            workflow_name=workflow or None,
+            key=key or None,
+            statuses=options["status"] or (),
+            created_before=engine.now() - timedelta(seconds=older_than) if older_than is not None else None,
+            namespace=engine.namespace if engine.scope_reads else None,
+            oldest_first=options["oldest_first"],
+        )
         results = []
-        for run_id, workflow, key, status in chosen:
-            entry: dict[str, Any] = {"run_id": run_id, "workflow": workflow, "key": key, "status": status}
+        for run in chosen:
+            run_id = run.run_id
+            entry: dict[str, Any] = {
+                "run_id": run_id,
+                "workflow": run.workflow_name,
+                "key": run.singleton_key,
+                "status": run.status,
+            }
             if action != "list" and not options["dry_run"]:
                 try:
                     after = getattr(engine, action)(run_id)

@@ -20,18 +20,17 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true", help="Print the registry as JSON.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from ...models import WorkerProcess
         from ...runtime import get_engine
 
         engine = get_engine()
-        db = engine.store.database
-        if db is None:
+        workers = engine.store.worker_processes()
+        if workers is None:
             self.stdout.write("no worker registry: the store keeps no rows in a database")
             return
         now = engine.store.now()
         dead = engine.settings.WORKER_DEAD_SECONDS
         rows = []
-        for worker in WorkerProcess.objects.using(db).order_by("host", "pid"):
+        for worker in workers:
             silent = max(0.0, (now - worker.last_seen_at).total_seconds())
             rows.append(
                 {
