@@ -931,7 +931,10 @@ class Core:
             self._after_settle(run)
             return run.status
         if turn.state is TurnState.PARKED:
-            signals.run_parked.send_robust(sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON)
+            # ``throttle``: the throttle whose full window parked it, or None (X6; the metrics count it).
+            signals.run_parked.send_robust(
+                sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON, throttle=turn.throttled
+            )
             return Outcome.PARKED
         try:
             definition = self.registry.get(run.workflow_name, run.workflow_version)

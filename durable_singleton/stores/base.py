@@ -115,7 +115,8 @@ class Turn:
     ``recovered`` tells that an expired lease was taken over (D4);
     ``granted`` are waiters given a slot by a settle in this claim (S7);
     ``admitted`` tells that this claim gave the run its slot (not a
-    confirmation of an earlier admission); ``steps`` are the run's stored
+    confirmation of an earlier admission); ``throttled`` names the throttle
+    whose full window parked it (X6); ``steps`` are the run's stored
     steps when the claim knows them (its own write returned a step count of
     0: none, and nobody else can store one under this turn's lease, R4), None
     when the engine loads them (:meth:`BaseStore.load_steps`).
@@ -127,6 +128,8 @@ class Turn:
     granted: tuple[RunRecord, ...] = ()
     admitted: bool = False
     steps: Mapping[int, StepRecord] | None = None
+    #: The throttle whose full window parked the run until it opens (X6), or None.
+    throttled: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1790,7 +1790,9 @@ class DjangoStore(BaseStore):
             # Every throttle key must have room and reach it, oldest first (X6, X3d).
             reaches = reaches and all(quota_front_reaches(row.run_id, waiters, free) for free, waiters, _ in throttled)
             at_front = at_front and all(row.run_id in waiters for _, waiters, _ in throttled)
-            opens = [opening for _, _, opening in throttled if opening is not None]
+            opens = [
+                (opening, t[0]) for (t, _), (_, _, opening) in zip(throttle_rows, throttled, strict=True) if opening
+            ]
             granted: list[RunRecord] = []
             token = 0
             if reaches and key_row is not None:
@@ -1841,8 +1843,12 @@ class DjangoStore(BaseStore):
             if opens:
                 # Over the rate: not due until the window lets it in, so it blocks no waiter of
                 # its other limits meanwhile (X5), and the tick sends it then (X6, S8).
-                parked = self._park_throttled(row, max(opens))
-                return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))
+                opening, name = max(opens)
+                parked = self._park_throttled(row, opening)
+                if not parked:
+                    return Turn(TurnState.SKIPPED, record, granted=tuple(granted))
+                at = record.evolve(status=RunStatus.SUSPENDED, wake_at=opening, not_before=opening)
+                return Turn(TurnState.PARKED, at, granted=tuple(granted), throttled=name)
             delay = retry.seconds if at_front else retry.backlog_seconds
             parked = self._park_waiter(row, delay, retry, quota_slot=SlotState.WAITER)
             return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))

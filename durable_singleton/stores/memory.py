@@ -513,11 +513,12 @@ class MemoryStore(BaseStore):
         fronts = [self._quota_front(name, qkey, limits, ttls) for name, qkey in run.quota_keys]
         reaches = all(quota_front_reaches(run.run_id, waiters, free) for free, waiters in fronts)
         in_front = all(run.run_id in waiters for _, waiters in fronts)
-        throttled = [self._throttle_front(t, limits, ttls) for t in sorted(set(run.throttle_keys))]
+        carried = sorted(set(run.throttle_keys))
+        throttled = [self._throttle_front(t, limits, ttls) for t in carried]
         # Every throttle key must have room and reach it, oldest first (X6, X3d).
         reaches = reaches and all(quota_front_reaches(run.run_id, waiters, free) for free, waiters, _ in throttled)
         in_front = in_front and all(run.run_id in waiters for _, waiters, _ in throttled)
-        opens = [opening for _, _, opening in throttled if opening is not None]
+        opens = [(opening, t[0]) for t, (_, _, opening) in zip(carried, throttled, strict=True) if opening]
         granted: list[RunRecord] = []
         token = 0
         if reaches and key is not None:
@@ -541,17 +542,18 @@ class MemoryStore(BaseStore):
         if opens:
             # Over the rate: not due until the window lets it in, so it blocks no waiter of its
             # other limits meanwhile (X5), and the tick sends it then (X6, S8).
+            opening, name = max(opens)
             parked = self._replace(
                 run,
                 status=RunStatus.SUSPENDED,
                 attempts=run.attempts + 1,
-                wake_at=max(opens),
-                not_before=max(opens),
+                wake_at=opening,
+                not_before=opening,
                 lease_owner=None,
                 lease_expires_at=None,
                 park_reason=ParkReason.SINGLETON,
             )
-            return Turn(TurnState.PARKED, parked, granted=tuple(granted))
+            return Turn(TurnState.PARKED, parked, granted=tuple(granted), throttled=name)
         parked = self._replace(
             run,
             status=RunStatus.SUSPENDED,

@@ -72,6 +72,7 @@ from ..admission import (
     quota_keys_of,
     quota_lock_name,
     stored_tags,
+    throttle_keys_of,
     user_tags_of,
 )
 from ..models import QuotaMembership, Run, SingletonKey
@@ -139,6 +140,7 @@ COLUMNS = (
     "quota_slot",
     "trace_parent",
     "quota_keys",
+    "throttle_keys",
 )
 
 
@@ -182,6 +184,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         quota_slot,
         trace_parent,
         quota_keys,
+        throttle_keys,
     ) = row[: len(COLUMNS)]
     return RunRecord(
         run_id=run_id,
@@ -216,6 +219,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         not_before=not_before,
         quota_keys=quota_keys_of(_json(quota_keys)),
         quota_slot=quota_slot,
+        throttle_keys=throttle_keys_of(_json(throttle_keys)),
         trace_parent=trace_parent,
     )
 
@@ -688,6 +692,7 @@ class FastPath:
             "quota_slot": run.quota_slot,
             "trace_parent": run.trace_parent,
             "quota_keys": _json_param([list(q) for q in run.quota_keys]),
+            "throttle_keys": _json_param([list(t) for t in run.throttle_keys]),
         }
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)
