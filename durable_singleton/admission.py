@@ -809,21 +809,27 @@ def throttle_waiter_q(now: Any, ttls: Mapping[str, float] | None = None) -> Q:
 def throttle_room(
     limit: int, admissions: Sequence[datetime], period: float, now: datetime, *, paused: bool
 ) -> tuple[int, datetime | None]:
-    """Return a throttle key's (free admissions now, when the window next opens) (X6): the one rule.
+    """Return a throttle key's (free admissions now, when a waiter they do not reach may
+    next be admitted) (X6): the one rule.
 
     ``admissions``: the key's recorded admission times (any order; those at or before
     ``now - period`` are not counted); ``now``: the store's clock (the database's, R5);
     ``limit``: the limit in force (:func:`limit_in_force`, K2). A throttle key admits at
     most ``limit`` runs in any half-open interval ``[t, t + period)``: an admission at
     ``now`` is allowed while fewer than ``limit`` admissions lie in ``(now - period, now]``.
-    The opening, when the key is full, is the time the oldest admission that keeps it full
-    leaves the window, :func:`throttle_opens_at`; None while there is room or the key is
-    paused (a paused key has no free admission, K2)."""
+    The opening, for a waiter the free admissions do not reach: when the key is full, the
+    time the oldest admission that keeps it full leaves the window
+    (:func:`throttle_opens_at`); with room, the free admissions go to the older waiters
+    first and fill the window, so no earlier than its oldest admission (or ``now``, if it
+    has none) plus ``period``. None while the key is paused (a paused key has no free
+    admission, K2; its waiters retry)."""
     cutoff = now - timedelta(seconds=period)
     counted = sorted(a for a in admissions if a > cutoff)
     free = free_slots(limit, len(counted), paused=paused)
-    if paused or free > 0:
-        return free, None
+    if paused:
+        return 0, None
+    if free > 0:
+        return free, (counted[0] if counted else now) + timedelta(seconds=period)
     return 0, throttle_opens_at(limit, counted, period)
 
 

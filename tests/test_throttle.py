@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -222,13 +222,18 @@ def test_a_throttle_key_function_that_raises_writes_nothing(engine: Engine, regi
 def test_the_window_rule() -> None:
     """X6: the one rule (admission.throttle_room): fewer than N admissions in
     (now - period, now] leave room; when full, the window opens when the oldest
-    admission that keeps it full leaves it; a paused key has no room."""
+    admission that keeps it full leaves it; with room, a waiter behind the free
+    admissions waits for the oldest admission (or now) plus the period; a paused
+    key has no room and no opening."""
     t0 = datetime(2026, 1, 1, 12, 0, 0)
     at = [t0, t0 + timedelta(seconds=1), t0 + timedelta(seconds=2)]
     assert throttle_room(3, at, 10.0, t0 + timedelta(seconds=3), paused=False) == (0, t0 + timedelta(seconds=10))
     assert throttle_room(2, at, 10.0, t0 + timedelta(seconds=3), paused=False) == (0, t0 + timedelta(seconds=11))
-    assert throttle_room(3, at, 10.0, t0 + timedelta(seconds=10), paused=False) == (1, None)
-    assert throttle_room(4, at, 10.0, t0 + timedelta(seconds=3), paused=False) == (1, None)
+    # With room, a waiter the free admissions do not reach waits for the oldest to leave.
+    later = t0 + timedelta(seconds=11)
+    assert throttle_room(3, at, 10.0, t0 + timedelta(seconds=10), paused=False) == (1, later)
+    assert throttle_room(4, at, 10.0, t0 + timedelta(seconds=3), paused=False) == (1, t0 + timedelta(seconds=10))
+    assert throttle_room(4, [], 10.0, t0, paused=False) == (4, t0 + timedelta(seconds=10))
     assert throttle_room(4, at, 10.0, t0 + timedelta(seconds=3), paused=True) == (0, None)
 
 
@@ -340,3 +345,30 @@ def test_the_slot_audit_reports_a_throttle_key_over_its_rate(registry: Registry)
     report = audit_slots(engine)
     found = [(f.workflow, f.key) for f in report.findings if f.kind == FindingKind.OVER_ADMITTED]
     assert found == [("throttle:audited", "over")]
+
+
+def test_a_waiter_behind_the_free_admissions_waits_for_the_next_opening(registry: Registry) -> None:
+    """X6d: at a window's opening R4's turn comes first, but the free admissions
+    go to the older R2 and R3: R4 is parked until the next opening (the oldest
+    admission then, plus the period), not for the backlog's hour, and the tick
+    admits it then. On the in-memory store, whose clock the test moves."""
+    from durable_singleton.testing import make_engine
+
+    now = [datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)]
+    engine = make_engine("memory", registry=registry, clock=lambda: now[0])
+    registry.add("w", "1", lambda ctx, i: None, throttles=[Throttle("t", limit=2, period=10.0)])
+    for n in range(5):
+        engine.start("w", {}, run_id=f"R{n}")
+    drain(engine)
+    assert [engine.get(f"R{n}").status for n in range(5)] == ["completed"] * 2 + ["suspended"] * 3
+    now[0] += timedelta(seconds=10)
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    engine.execute("R4")  # its turn first: R2 and R3, older, are within the two free admissions
+    assert engine.get("R4").not_before == now[0] + timedelta(seconds=10) == engine.get("R4").wake_at
+    engine.execute("R2")
+    engine.execute("R3")
+    assert engine.get("R2").status == engine.get("R3").status == "completed"
+    now[0] += timedelta(seconds=10)
+    engine.tick()
+    drain(engine)
+    assert engine.get("R4").status == "completed"

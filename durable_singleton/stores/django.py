@@ -1790,8 +1790,11 @@ class DjangoStore(BaseStore):
             # Every throttle key must have room and reach it, oldest first (X6, X3d).
             reaches = reaches and all(quota_front_reaches(row.run_id, waiters, free) for free, waiters, _ in throttled)
             at_front = at_front and all(row.run_id in waiters for _, waiters, _ in throttled)
+            # The throttle keys that do not reach it: it waits for their openings (X6d).
             opens = [
-                (opening, t[0]) for (t, _), (_, _, opening) in zip(throttle_rows, throttled, strict=True) if opening
+                (opening, t[0])
+                for (t, _), (free, waiters, opening) in zip(throttle_rows, throttled, strict=True)
+                if opening is not None and not quota_front_reaches(row.run_id, waiters, free)
             ]
             granted: list[RunRecord] = []
             token = 0

@@ -518,7 +518,12 @@ class MemoryStore(BaseStore):
         # Every throttle key must have room and reach it, oldest first (X6, X3d).
         reaches = reaches and all(quota_front_reaches(run.run_id, waiters, free) for free, waiters, _ in throttled)
         in_front = in_front and all(run.run_id in waiters for _, waiters, _ in throttled)
-        opens = [(opening, t[0]) for t, (_, _, opening) in zip(carried, throttled, strict=True) if opening]
+        # The throttle keys that do not reach it: it waits for their openings (X6d).
+        opens = [
+            (opening, t[0])
+            for t, (free, waiters, opening) in zip(carried, throttled, strict=True)
+            if opening is not None and not quota_front_reaches(run.run_id, waiters, free)
+        ]
         granted: list[RunRecord] = []
         token = 0
         if reaches and key is not None:
