@@ -714,8 +714,10 @@ class DjangoStore(BaseStore):
                 if started is not None:
                     return started
         room = self._sqlite_room()
-        if room is not None and (cap is None or run.singleton_key is None) and not run.quota_keys:
-            # One INSERT with the backlog check (the SQLite room); the store's clock is the
+        carriers = run.quota_keys or run.throttle_keys
+        if room is not None and (cap is None or run.singleton_key is None) and not carriers:
+            # One INSERT with the backlog check (the SQLite room; a throttle carrier's memberships
+            # are the ORM path's, X6); the store's clock is the
             # process's, read without a statement (R8).
             if stamp and run.created_at.tzinfo is not None:
                 run, backlog_wake_at = _stamped(run, backlog_wake_at, self.now())
