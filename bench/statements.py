@@ -108,6 +108,16 @@ def measure(runs: int = 20) -> dict[str, Any]:
     registry.add(
         "quota", "1", keyed, singleton={"key": lambda i: i["k"]}, quotas=[Quota("bench", key=lambda i: i["k"])]
     )
+    # The same singleton with one throttle, one throttle key per singleton key, never full (X6).
+    from durable_singleton import Throttle
+
+    registry.add(
+        "throttle",
+        "1",
+        keyed,
+        singleton={"key": lambda i: i["k"]},
+        throttles=[Throttle("bench", key=lambda i: i["k"], limit=1000, period=60)],
+    )
     engine = make_engine("django", registry=registry)
     engine.now()  # the engine's clock reads the database's now and then: not per run
     queued = engine.dispatcher.queue  # type: ignore[attr-defined]
@@ -139,25 +149,29 @@ def measure(runs: int = 20) -> dict[str, Any]:
         measured.append(engine.start("quota", {"k": f"idleq-{tag}-{n}"}).run_id)
         drain()
 
+    def idle_throttle(n: int) -> None:
+        measured.append(engine.start("throttle", {"k": f"idlet-{tag}-{n}"}).run_id)
+        drain()
+
     results: dict[str, Any] = {"database": connection.vendor, "server": server_settings(connection), "runs": runs}
     seconds: dict[str, float] = {}
-    for name, fn in (("plain", plain), ("idle key", idle), ("idle key + quota", idle_quota)):
+    kinds = (("plain", plain), ("idle key", idle), ("idle key + quota", idle_quota))
+    for name, fn in (*kinds, ("idle key + throttle", idle_throttle)):
         counted = sorted(count(lambda n=n, fn=fn: fn(n)) for n in range(runs))  # type: ignore[misc]
         total, control = counted[len(counted) // 2]
         results[name] = {"round_trips": total, "transaction_control": control}
     # Wall seconds per run, the two kinds interleaved in one loop so that the machine's noise hits
     # both alike (the ratio is the figure; the seconds alone are not comparable across runs).
-    walls: dict[str, list[float]] = {"idle key": [], "idle key + quota": []}
+    walls: dict[str, list[float]] = {"idle key": [], "idle key + quota": [], "idle key + throttle": []}
     for n in range(runs):
-        for name, fn in (("idle key", idle), ("idle key + quota", idle_quota)):
+        for name, fn in (("idle key", idle), ("idle key + quota", idle_quota), ("idle key + throttle", idle_throttle)):
             started = time.perf_counter()
             fn(runs + n)
             walls[name].append(time.perf_counter() - started)
     for name, values in walls.items():
         seconds[name] = sorted(values)[len(values) // 2]
-    results["idle key + quota"]["seconds_ratio_to_idle_key"] = round(
-        seconds["idle key + quota"] / seconds["idle key"], 2
-    )
+    for name in ("idle key + quota", "idle key + throttle"):
+        results[name]["seconds_ratio_to_idle_key"] = round(seconds[name] / seconds["idle key"], 2)
     assert all(engine.get(run_id).status == "completed" for run_id in measured), "every measured run completed"
 
     def chain(waiters: int, workflow: str = "keyed") -> tuple[int, int, float]:

@@ -15,7 +15,7 @@ from .admission import (
     without_singleton_markers,
 )
 from .context import WorkflowCtx
-from .definitions import Debounce, Quota, Singleton, WorkflowOptions, step
+from .definitions import Debounce, Quota, Singleton, Throttle, WorkflowOptions, step
 from .engine import Engine
 from .exceptions import QuotaQueueFullError, SingletonBusyError, SingletonQueueFullError
 from .runtime import get_engine
@@ -36,6 +36,7 @@ __all__ = [
     "Singleton",
     "SingletonBusyError",
     "SingletonQueueFullError",
+    "Throttle",
     "WorkflowCtx",
     "WorkflowOptions",
     "get_engine",

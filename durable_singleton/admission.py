@@ -54,6 +54,7 @@ __all__ = [
     "QUOTA_ORDER",
     "QUOTA_PREFIX",
     "RESERVED_TAGS",
+    "THROTTLE_PREFIX",
     "TRACKED_TAG",
     "Candidate",
     "cap_in_force",
@@ -107,6 +108,11 @@ __all__ = [
     "singleton_admission_tags",
     "stored_tags",
     "superseded",
+    "throttle_keys_of",
+    "throttle_lock_name",
+    "throttle_opens_at",
+    "throttle_room",
+    "throttle_waiter_q",
     "turn_on_its_way",
     "turn_on_its_way_q",
     "user_tags_of",
@@ -627,15 +633,18 @@ def quota_keys_of(stored: Iterable[Sequence[str]] | None) -> tuple[tuple[str, st
     return tuple((str(name), str(key)) for name, key in stored or ())
 
 
-def compute_quota_key(workflow: str, quota: str, key_fn: Callable[[Any], object], input: Any, what: str = "key") -> str:
+def compute_quota_key(
+    workflow: str, quota: str, key_fn: Callable[[Any], object], input: Any, what: str = "key", kind: str = "quota"
+) -> str:
     """Compute a run's key of the quota ``quota`` from its input, once, at start (X3a, S1);
-    with ``what="fair_key"``, its sub-key (X4).
+    with ``what="fair_key"``, its sub-key (X4); with ``kind="throttle"``, its key of the
+    throttle ``quota`` (X6).
 
-    Raises :class:`SingletonKeyError` naming the workflow and the quota if
+    Raises :class:`SingletonKeyError` naming the workflow and the quota (or throttle) if
     ``key_fn`` raises, or returns anything but a non-empty ``str`` of at most
     :data:`QUOTA_KEY_MAX_LENGTH` characters.
     """
-    subject = f"quota {quota!r}"
+    subject = f"{kind} {quota!r}"
     try:
         key = key_fn(input)
     except Exception as exc:  # the user's key function may raise anything
@@ -783,6 +792,74 @@ def handoff_admits(
         for run_id, where in places.items()
         if set(carried(run_id)) == set(where)  # every limit it carries is held here, and it is within each
     }
+
+
+# -- throttles (X6) -------------------------------------------------------------------------
+#: Prefix of a throttle's name in the key table (X6): its lock row and K2 controls.
+THROTTLE_PREFIX = "throttle:"
+
+
+def throttle_lock_name(name: str) -> str:
+    """Return the key table's ``workflow_name`` of the throttle ``name``: ``throttle:<name>`` (X6).
+
+    No workflow may have a name of that spelling (X3a, X6), so a throttle key never
+    collides with a singleton or quota key, and the key controls (K2: pause, limit
+    override) address it as ``(throttle_lock_name(name), key)``."""
+    return f"{THROTTLE_PREFIX}{name}"
+
+
+def throttle_keys_of(stored: Iterable[Sequence[Any]] | None) -> tuple[tuple[str, str, int, float], ...]:
+    """Return a run's throttle keys as (name, key, declared limit, period seconds) from its
+    ``throttle_keys`` column, ``[[name, key, limit, period], ...]`` (X6): written once at its
+    start."""
+    return tuple((str(n), str(k), int(lim), float(per)) for n, k, lim, per in stored or ())
+
+
+def throttle_waiter_q(now: Any, ttls: Mapping[str, float] | None = None) -> Q:
+    """The throttle memberships whose run waits in the throttle key's queue and is due
+    by ``now`` (``DbNow()``, R5) (X6, X3d, X5): the run is active and marked a waiter
+    (``quota_slot``); with ``ttls``, not past its workflow's ``queue_ttl`` (X2)."""
+    waiting = Q(run__quota_slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES) & is_due_q(now, "run__")
+    for workflow, ttl in sorted((ttls or {}).items()):
+        if ttl is not None:
+            waiting &= ~(Q(run__workflow_name=workflow) & queue_ttl_expired_q(ttl, now, "run__"))
+    return waiting
+
+
+def throttle_room(
+    limit: int, admissions: Sequence[datetime], period: float, now: datetime, *, paused: bool
+) -> tuple[int, datetime | None]:
+    """Return a throttle key's (free admissions now, when a waiter they do not reach may
+    next be admitted) (X6): the one rule.
+
+    ``admissions``: the key's recorded admission times (any order; those at or before
+    ``now - period`` are not counted); ``now``: the store's clock (the database's, R5);
+    ``limit``: the limit in force (:func:`limit_in_force`, K2). A throttle key admits at
+    most ``limit`` runs in any half-open interval ``[t, t + period)``: an admission at
+    ``now`` is allowed while fewer than ``limit`` admissions lie in ``(now - period, now]``.
+    The opening, for a waiter the free admissions do not reach: when the key is full, the
+    time the oldest admission that keeps it full leaves the window
+    (:func:`throttle_opens_at`); with room, the free admissions go to the older waiters
+    first and fill the window, so no earlier than its oldest admission (or ``now``, if it
+    has none) plus ``period``. None while the key is paused (a paused key has no free
+    admission, K2; its waiters retry)."""
+    cutoff = now - timedelta(seconds=period)
+    counted = sorted(a for a in admissions if a > cutoff)
+    free = free_slots(limit, len(counted), paused=paused)
+    if paused:
+        return 0, None
+    if free > 0:
+        return free, (counted[0] if counted else now) + timedelta(seconds=period)
+    return 0, throttle_opens_at(limit, counted, period)
+
+
+def throttle_opens_at(limit: int, counted: Sequence[datetime], period: float) -> datetime | None:
+    """Return when a full throttle key next has room (X6): with ``counted`` the
+    admissions in the window, oldest first, the ``(len(counted) - limit + 1)``-th oldest
+    plus ``period`` seconds (then ``limit - 1`` remain in the window). None with room."""
+    if len(counted) < max(limit, 1):
+        return None
+    return counted[len(counted) - max(limit, 1)] + timedelta(seconds=period)
 
 
 def _sql_in(values: Iterable[str]) -> str:

@@ -13,7 +13,9 @@ Kinds of finding (:class:`FindingKind`):
   override included). Holders left over a lowered override are not a
   finding while none was admitted after the change (a lowered limit never
   evicts, K2). Never repaired: a holder cannot be evicted safely; reported
-  for a human.
+  for a human. A throttle key (the workflow ``throttle:<name>``, X6) with
+  more recorded admissions within its current window (its ``period`` back
+  from now) than its limit in force is one too.
 * ``stalled_waiter``: a key with a free slot (none freed in the last two
   ticks; a paused key has none, :func:`~durable_singleton.admission.free_slots`)
   whose front waiter has been due for longer than two ticks, or has
@@ -43,6 +45,7 @@ from .admission import (
     key_only_waiter_q,
     limit_in_force,
     quota_lock_name,
+    throttle_lock_name,
 )
 from .core import Core
 from .statuses import RunStatus, SlotState
@@ -132,7 +135,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
         return report
     from django.db.models import Count, Max, Q
 
-    from .models import KeyControlChange, QuotaMembership, Run, SingletonKey
+    from .models import KeyControlChange, QuotaMembership, Run, SingletonKey, ThrottleAdmission
 
     runs = Run.objects.using(db)
     grace = now - timedelta(seconds=2 * engine.settings.TICK_SECONDS)
@@ -148,7 +151,9 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
     def limit_of(ident: tuple[str, str], stored: int | None) -> int:
         return limit_in_force(declared_limit(limits, ident[0], (stored,)), controls.get(ident, (False, None))[1])
 
-    def over_admitted(ident: tuple[str, str], holders: int, limit: int, last_admitted: datetime | None) -> None:
+    def over_admitted(
+        ident: tuple[str, str], holders: int, limit: int, last_admitted: datetime | None, what: str = "holders"
+    ) -> None:
         """Report a key (a singleton key, or a quota key as ``quota:<name>``) with more
         holders than its limit, unless they are left over a lowered limit and none
         was admitted since (K2: never evicted)."""
@@ -158,7 +163,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
         if changed_at is not None and (last_admitted is None or last_admitted <= changed_at):
             return
         report.findings.append(
-            Finding(FindingKind.OVER_ADMITTED, ident[0], ident[1], None, f"{holders} holders for a limit of {limit}")
+            Finding(FindingKind.OVER_ADMITTED, ident[0], ident[1], None, f"{holders} {what} for a limit of {limit}")
         )
 
     def limit_changed_at(ident: tuple[str, str]) -> datetime | None:
@@ -213,6 +218,21 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
     for quota_group in quota_holders:
         ident = (quota_lock_name(quota_group["quota"]), quota_group["key"])
         over_admitted(ident, quota_group["n"], limit_of(ident, 1), quota_group["last_admitted"])
+
+    # Throttle keys (X6): more admissions in the window that ends now than the limit in force.
+    for name, period in sorted(engine.registry.throttle_periods().items()):
+        windows = (
+            ThrottleAdmission.objects.using(db)
+            .filter(throttle=name, admitted_at__gt=now - timedelta(seconds=period))
+            .values("key")
+            .annotate(n=Count("pk"), last_admitted=Max("admitted_at"))
+            .order_by()
+        )
+        declared = engine.registry.throttles[name].limit
+        for window in windows:
+            ident = (throttle_lock_name(name), window["key"])
+            what = f"admissions within {period:g} s"
+            over_admitted(ident, window["n"], limit_of(ident, declared), window["last_admitted"], what)
 
     # Keys with a waiter due for longer than two ticks (or with no wake time at all); a
     # waiter whose not_before has not come is not due, so never stalled (X5). A waiter

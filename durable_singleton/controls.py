@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .admission import KEY_MAX_LENGTH, QUOTA_PREFIX, effective_limit
+from .admission import KEY_MAX_LENGTH, QUOTA_PREFIX, THROTTLE_PREFIX, effective_limit
 from .core import Core
 from .exceptions import UnknownWorkflowError, ValidationError
 from .stores.base import ControlChange, ControlChangeRecord
@@ -77,6 +77,12 @@ class KeyControls:
             if quota is None:
                 raise UnknownWorkflowError(f"no quota named {workflow[len(QUOTA_PREFIX) :]!r}")
             return quota.limit
+        if workflow.startswith(THROTTLE_PREFIX):
+            # A throttle's keys, addressed as the workflow ``throttle:<name>`` (X6, K2).
+            throttle = self.core.registry.throttles.get(workflow[len(THROTTLE_PREFIX) :])
+            if throttle is None:
+                raise UnknownWorkflowError(f"no throttle named {workflow[len(THROTTLE_PREFIX) :]!r}")
+            return throttle.limit
         definition = self.core.registry.get(workflow)
         if definition.singleton is None:
             raise ValidationError(f"workflow {workflow!r} is not a singleton workflow; it has no keys to control")

@@ -299,6 +299,7 @@ class Core:
         """
         limits = {d.name: d.singleton.limit for d in list(self.registry.latest.values()) if d.singleton is not None}
         limits.update(self.registry.quota_limits())
+        limits.update(self.registry.throttle_limits())
         return limits
 
     def queue_ttls(self) -> dict[str, float]:
@@ -348,6 +349,12 @@ class Core:
                 f"workflow {definition.name!r} declares quotas: store {type(self.store).__name__} "
                 "cannot admit under them (it needs supports_quotas and supports_atomic_admission) (X3)"
             )
+        if definition.throttles and not (self.store.supports_throttles and self.store.admits_quotas):
+            raise UnsupportedByStoreError(
+                f"workflow {definition.name!r} declares throttles: store {type(self.store).__name__} "
+                "cannot admit under them (it needs supports_throttles, supports_quotas and"
+                " supports_atomic_admission) (X6)"
+            )
         input = self._check_input(input, "input")
         user_tags = self._check_tags(tags)
         single = definition.singleton
@@ -382,6 +389,17 @@ class Core:
                 from .exceptions import SingletonKeyError
 
                 raise SingletonKeyError(definition.name, str(exc), f"quota {name!r}") from None
+        throttle_keys = tuple(
+            (t.name, compute_quota_key(definition.name, t.name, t.key, input, kind="throttle"), t.limit, t.period)
+            for t in definition.throttles
+        )
+        for name, throttle_key, _limit, _period in throttle_keys:
+            try:
+                check_text(throttle_key, "key", len(throttle_key))
+            except ValidationError as exc:
+                from .exceptions import SingletonKeyError
+
+                raise SingletonKeyError(definition.name, str(exc), f"throttle {name!r}") from None
         now = self.now()
         due_at = check_not_before(not_before, now)
         # The execution timeout (D5) counts from when the run may start (X5).
@@ -404,7 +422,9 @@ class Core:
             parent_run_id=parent_run_id,
             not_before=due_at,
             quota_keys=quota_keys,
-            quota_slot=SlotState.WAITER if quota_keys else None,
+            # A throttle carrier waits as a quota carrier: only its own claim admits it (X6, X3h).
+            quota_slot=SlotState.WAITER if quota_keys or throttle_keys else None,
+            throttle_keys=throttle_keys,
             quota_shares=quota_shares,
             quota_caps=tuple(
                 (q.name, q.limit, q.max_queue_depth) for q in definition.quotas if q.max_queue_depth is not None
@@ -913,7 +933,10 @@ class Core:
             self._after_settle(run)
             return run.status
         if turn.state is TurnState.PARKED:
-            signals.run_parked.send_robust(sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON)
+            # ``throttle``: the throttle whose full window parked it, or None (X6; the metrics count it).
+            signals.run_parked.send_robust(
+                sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON, throttle=turn.throttled
+            )
             return Outcome.PARKED
         try:
             definition = self.registry.get(run.workflow_name, run.workflow_version)
@@ -1519,6 +1542,7 @@ class Core:
             ("catch-up", self._tick_catch_up),
             ("due", self._tick_due),
             ("recovery", self._tick_recovery),
+            ("throttle", self._tick_throttle),
         ]
 
     def after_tick(self, seconds: float) -> None:
@@ -1550,6 +1574,15 @@ class Core:
                     self._settled(done)
             except Exception:
                 logger.exception("tick: timeout of run %s failed", run.run_id)
+
+    def _tick_throttle(self, report: TickReport) -> None:
+        """X6: delete up to ``TICK_BATCH`` recorded throttle admissions that no
+        window counts any more (older than their throttle's ``period`` on the
+        store's clock). An over-rate waiter needs nothing of this job: its
+        ``wake_at`` is its window's opening, which the due wakes serve (S8)."""
+        periods = self.registry.throttle_periods()
+        if periods:
+            self.store.prune_throttle_admissions(periods, self.settings.TICK_BATCH)
 
     def _tick_queue_ttl(self, report: TickReport) -> None:
         """X2: end the waiters that outlived their key's ``queue_ttl``, up to

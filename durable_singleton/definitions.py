@@ -17,7 +17,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .admission import MAX_WEIGHT, QUOTA_KEY_MAX_LENGTH, QUOTA_NAME_MAX_LENGTH, QUOTA_PREFIX, queue_cap
+from .admission import (
+    MAX_WEIGHT,
+    QUOTA_KEY_MAX_LENGTH,
+    QUOTA_NAME_MAX_LENGTH,
+    QUOTA_PREFIX,
+    THROTTLE_PREFIX,
+    queue_cap,
+    throttle_lock_name,
+)
 from .exceptions import (
     DuplicateWorkflowError,
     InvalidWorkflowError,
@@ -35,6 +43,7 @@ __all__ = [
     "Quota",
     "Registry",
     "Singleton",
+    "Throttle",
     "WorkflowDefinition",
     "WorkflowOptions",
     "registry",
@@ -368,6 +377,70 @@ class Debounce:
 
 
 @dataclass(frozen=True)
+class Throttle:
+    """A rate limit shared across workflows (X6): at most ``limit`` runs per throttle
+    key are admitted within any interval of ``period`` seconds, on the database's clock.
+
+    Declare it once, at module level, and name it in ``throttles=[...]`` of every
+    workflow it limits, beside or instead of ``singleton`` and ``quotas``.
+    ``name``: a non-empty ``str`` of at most 64 characters without ``:``.
+    ``key``: callable taking the run input and returning a non-empty ``str`` of at
+    most 127 characters, computed once at start (S1); the default gives every run
+    the one key ``"*"`` (a global rate).
+    ``limit``: admissions per window, an ``int`` from 1 to
+    :data:`~durable_singleton.values.MAX_LIMIT`.
+    ``period``: the window in seconds, an ``int`` or ``float``, finite, > 0 and at
+    most :data:`~durable_singleton.values.MAX_SECONDS`.
+
+    Admissions are counted, not starts: a run counts when it is admitted (it takes
+    its slot in every limit it carries, X3d), and an admission that later fails
+    still counts. A run over the rate is parked with its ``wake_at`` at the window's
+    opening (:func:`~durable_singleton.admission.throttle_room`); it is one more
+    limit of X3 (docs/throttle.rst). Raises :class:`InvalidWorkflowError` at
+    registration (:meth:`check`).
+    """
+
+    name: str
+    key: Callable[[Any], str] = field(default=lambda _input: "*")
+    limit: int = 1
+    period: float = 1.0
+
+    def check(self, workflow: str) -> Throttle:
+        """Return this throttle, validated; raise :class:`InvalidWorkflowError`
+        naming ``workflow`` and the field (X6)."""
+        name = self.name
+        valid = isinstance(name, str) and ":" not in name
+        try:
+            check_text(name, "throttles.name", QUOTA_NAME_MAX_LENGTH)
+        except ValidationError:
+            valid = False
+        if not valid:
+            raise InvalidWorkflowError(
+                workflow,
+                "throttles.name",
+                f"must be a str of at most {QUOTA_NAME_MAX_LENGTH} characters with a non-space one, without ':',"
+                f" a control character or a lone surrogate, got {name!r:.80}",
+            )
+        if not callable(self.key):
+            raise InvalidWorkflowError(
+                workflow, "throttles.key", f"of throttle {name!r} must be callable (input -> str)"
+            )
+        if isinstance(self.limit, bool) or not isinstance(self.limit, int) or not 1 <= self.limit <= MAX_LIMIT:
+            raise InvalidWorkflowError(
+                workflow,
+                "throttles.limit",
+                f"of throttle {name!r} must be an int from 1 to {MAX_LIMIT}, got {self.limit!r:.80}",
+            )
+        _seconds(workflow, "throttles.period", self.period)
+        return self
+
+    @property
+    def lock_name(self) -> str:
+        """Return the key table's name of this throttle, ``throttle:<name>`` (X6, K2)."""
+        return throttle_lock_name(self.name)
+
+
+@dataclass(frozen=True)
 class WorkflowOptions:
     """Typed workflow options, accepted wherever a ``workflow = {...}`` mapping is.
 
@@ -387,6 +460,7 @@ class WorkflowOptions:
     schedules: tuple[Schedule, ...] = ()
     quotas: tuple[Quota, ...] = ()
     debounce: Debounce | None = None
+    throttles: tuple[Throttle, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -409,6 +483,8 @@ class WorkflowDefinition:
     quotas: tuple[Quota, ...] = ()
     #: The workflow's debounce (X7), or None.
     debounce: Debounce | None = None
+    #: The shared throttles the workflow's runs carry, sorted by name (X6).
+    throttles: tuple[Throttle, ...] = ()
 
     @property
     def label(self) -> str:
@@ -433,6 +509,8 @@ class Registry:
     resolvers: list[Callable[[Registry, str], bool]] = field(default_factory=list)
     #: Every quota a registered workflow names, by name (X3a).
     quotas: dict[str, Quota] = field(default_factory=dict)
+    #: Every throttle a registered workflow names, by name (X6).
+    throttles: dict[str, Throttle] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
     def add_resolver(self, resolver: Callable[[Registry, str], bool]) -> None:
@@ -487,6 +565,7 @@ class Registry:
         schedules: Iterable[Schedule] = (),
         quotas: Iterable[Quota] = (),
         debounce: Debounce | None = None,
+        throttles: Iterable[Throttle] = (),
     ) -> WorkflowDefinition:
         """Validate and register a workflow; return its definition.
 
@@ -499,6 +578,10 @@ class Registry:
         name of the form ``quota:...``, a quota named twice, or a quota whose
         name another registered workflow declares with another limit or key
         function raises :class:`InvalidWorkflowError` (X3a).
+        ``throttles``: the shared :class:`Throttle` limits its runs carry (X6),
+        checked as ``quotas`` are (a name ``throttle:...``, a throttle named twice,
+        or one name declared with another limit, period or key function raise
+        :class:`InvalidWorkflowError`).
 
         Raises :class:`InvalidWorkflowError` (naming the workflow and field) or
         :class:`DuplicateWorkflowError` if (name, version) is already taken by
@@ -512,8 +595,9 @@ class Registry:
             raise InvalidWorkflowError(name, "body", "must be callable (ctx, input) -> output")
         single = Singleton.coerce(name, singleton)
         quota_specs = self._check_quotas(name, quotas)
+        throttle_specs = self._check_throttles(name, throttles)
         fair = [q.name for q in quota_specs if q.fair_key is not None]
-        if fair and (single is not None or len(quota_specs) > 1):
+        if fair and (single is not None or len(quota_specs) > 1 or throttle_specs):
             raise InvalidWorkflowError(
                 name,
                 "quotas",
@@ -549,6 +633,7 @@ class Registry:
             schedules=schedule_specs,
             quotas=quota_specs,
             debounce=debounced,
+            throttles=throttle_specs,
         )
         with self._lock:
             existing = self.workflows.get((name, version))
@@ -572,7 +657,24 @@ class Registry:
                         f"quota {quota.name!r} is declared by workflow {first!r} with another limit, key,"
                         " fair_key, weights or max_queue_depth: declare it once and name that one object",
                     )
+            for throttle in throttle_specs:
+                seen = self.throttles.get(throttle.name)
+                if seen is not None and (
+                    seen.limit != throttle.limit
+                    or float(seen.period) != float(throttle.period)
+                    or not _same_function(seen.key, throttle.key)
+                ):
+                    first = next(
+                        (d.name for d in self.latest.values() if throttle.name in {t.name for t in d.throttles}), "?"
+                    )
+                    raise InvalidWorkflowError(
+                        name,
+                        "throttles",
+                        f"throttle {throttle.name!r} is declared by workflow {first!r} with another limit, period"
+                        " or key: declare it once and name that one object",
+                    )
             self.quotas.update((q.name, q) for q in quota_specs)
+            self.throttles.update((t.name, t) for t in throttle_specs)
             self.workflows[(name, version)] = definition
             self.latest[name] = definition
         return definition
@@ -617,6 +719,35 @@ class Registry:
         if len(set(names)) != len(names):
             raise InvalidWorkflowError(name, "quotas", f"names a quota twice: {sorted(names)}")
         return tuple(sorted(specs, key=lambda q: q.name))
+
+    @staticmethod
+    def _check_throttles(name: str, throttles: Iterable[Throttle]) -> tuple[Throttle, ...]:
+        """Return the workflow's throttles validated and sorted by name (X6)."""
+        if name.startswith(THROTTLE_PREFIX):
+            raise InvalidWorkflowError(name, "name", f"{THROTTLE_PREFIX!r} is the prefix of throttle keys (X6)")
+        if isinstance(throttles, (str, Throttle)) or throttles is None:
+            raise InvalidWorkflowError(name, "throttles", "must be a sequence of Throttle")
+        specs = tuple(throttles)
+        for throttle in specs:
+            if not isinstance(throttle, Throttle):
+                raise InvalidWorkflowError(name, "throttles", f"expected Throttle, got {type(throttle).__name__}")
+            throttle.check(name)
+        names = [t.name for t in specs]
+        if len(set(names)) != len(names):
+            raise InvalidWorkflowError(name, "throttles", f"names a throttle twice: {sorted(names)}")
+        return tuple(sorted(specs, key=lambda t: t.name))
+
+    def throttle_limits(self) -> dict[str, int]:
+        """Return the declared limit of every throttle, by its key-table name
+        ``throttle:<name>`` (X6): passed to a claim beside the quotas' limits."""
+        with self._lock:
+            return {throttle_lock_name(t.name): t.limit for t in self.throttles.values()}
+
+    def throttle_periods(self) -> dict[str, float]:
+        """Return the declared ``period`` in seconds of every throttle, by name (X6):
+        what the retention keeps of its admissions."""
+        with self._lock:
+            return {t.name: float(t.period) for t in self.throttles.values()}
 
     def quota_limits(self) -> dict[str, int]:
         """Return the declared limit of every quota, by its key-table name

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .admission import free_slots, is_due, limit_in_force, queue_ttl_expires_at
+from .admission import declared_limit, free_slots, is_due, limit_in_force, queue_ttl_expires_at, throttle_lock_name
 from .core import Core
 from .exceptions import UnknownWorkflowError
 from .records import since_admitted
@@ -45,6 +45,7 @@ class ExplainState(enum.StrEnum):
     HOLDER = "holder"  # holds a slot of its key (running, sleeping, waiting for a signal, blocked)
     WAITER = "waiter"  # waits in its key's line behind the holders
     NOT_DUE = "not_due"  # a delayed start before its not_before: claimed by no one, blocks no one (X5)
+    THROTTLED = "throttled"  # over a throttle's rate: not due until the window opens (X6)
     RUNNABLE = "runnable"  # could run now; no worker has taken its turn yet
     RUNNING = "running"  # a run without a key, executing
     PARKED = "parked"  # a run without a key, sleeping, waiting for a signal or blocked
@@ -139,6 +140,11 @@ class Explanation:
     #: its burst may give it (the burst's first start, its ``created_at``, plus ``max_seconds``).
     debounce_key: str | None = None
     debounce_until: datetime | None = None
+    #: A run over a throttle's rate (X6): the throttle's name and key, and when the
+    #: window next admits it (its ``not_before``, on the store's clock); None otherwise.
+    throttled_by: str | None = None
+    throttle_key: str | None = None
+    next_admission_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """Return the explanation as JSON-ready values (datetimes as ISO 8601 strings)."""
@@ -280,6 +286,9 @@ def explain(engine: Core, run_id: str) -> Explanation:
     """
     run = engine.get(run_id)
     explained = _explain(engine, run)
+    throttled = _throttled(engine, run)
+    if throttled is not None:
+        return replace(explained, **throttled)
     if run.holds_quota_slots:
         held = ", ".join(f"quota {name!r} (key {key!r})" for name, key in run.quota_keys)
         return replace(explained, sentence=f"{explained.sentence} It holds a slot of {held} (X3c).")
@@ -303,6 +312,36 @@ def explain(engine: Core, run_id: str) -> Explanation:
     )
     sentence = f"Run {run.run_id} is a waiter ({run.status}): {keyed}it waits for {words} (X3d).{wake}"
     return replace(explained, state=ExplainState.WAITER, quotas=places, sentence=sentence)
+
+
+def _throttled(engine: Core, run: RunRecord) -> dict[str, Any] | None:
+    """The facts of a run parked over a throttle's rate (X6), or None: a waiter whose
+    ``not_before`` (the window's opening its claim set) has not come on the store's
+    clock; the throttle named is the first whose window is full, by the store's count."""
+    if not run.throttle_keys or run.quota_slot != SlotState.WAITER or not run.is_parked or run.not_before is None:
+        return None
+    store = engine.store
+    if is_due(run.not_before, store.now()):
+        return None
+    limits = engine.limits()
+    name, key, limit, period = run.throttle_keys[0]
+    for throttle in run.throttle_keys:
+        count, _opens = store.throttle_state(throttle[0], throttle[1], throttle[3])
+        if count >= (declared_limit(limits, throttle_lock_name(throttle[0]), [throttle[2]]) or 1):
+            name, key, limit, period = throttle
+            break
+    sentence = (
+        f"Run {run.run_id} is throttled by {name!r} (key {key!r}, {limit} per {format_seconds(period)}):"
+        f" next admission at {_at(run.not_before)}; the tick sends its turn then, and until then it holds"
+        " back no waiter of its other limits (X6)."
+    )
+    return {
+        "state": ExplainState.THROTTLED,
+        "sentence": sentence,
+        "throttled_by": name,
+        "throttle_key": key,
+        "next_admission_at": run.not_before,
+    }
 
 
 def _explain(engine: Core, run: RunRecord) -> Explanation:

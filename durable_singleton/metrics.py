@@ -58,6 +58,7 @@ __all__ = [
     "DEBOUNCED",
     "HANDOFF",
     "REGISTRY",
+    "THROTTLED",
     "TICK",
     "DatabaseCollector",
     "connect",
@@ -82,6 +83,12 @@ HANDOFF = Histogram(
     "Seconds from a holder's end to the admission of the next run of its key (same process).",
     ["workflow"],
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+    registry=REGISTRY,
+)
+THROTTLED = Counter(
+    "durable_singleton_throttled_parks",
+    "Claims that parked a run over a throttle's rate until its window opens (X6).",
+    ["throttle"],
     registry=REGISTRY,
 )
 TICK = Histogram(
@@ -114,6 +121,11 @@ def _on_finished(sender: Any, run: Any, **kwargs: Any) -> None:
         if len(_released) >= _MAX_PENDING:
             _released.clear()
         _released[(run.workflow_name, run.singleton_key)] = time.monotonic()
+
+
+def _on_parked(sender: Any, run: Any, throttle: str | None = None, **kwargs: Any) -> None:
+    if throttle:
+        THROTTLED.labels(throttle=throttle).inc()
 
 
 def _on_admitted(sender: Any, run: Any, **kwargs: Any) -> None:
@@ -244,10 +256,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
 
 def connect() -> None:
-    """Connect the receivers that count admissions, handoffs and folded starts (idempotent)."""
+    """Connect the receivers that count admissions, handoffs, folded starts and throttled parks (idempotent)."""
     from . import signals
 
     signals.run_finished.connect(_on_finished, dispatch_uid="durable_singleton.metrics_finished")
     signals.run_admitted.connect(_on_admitted, dispatch_uid="durable_singleton.metrics_admitted")
     signals.tick_finished.connect(_on_tick, dispatch_uid="durable_singleton.metrics_tick")
     signals.run_debounced.connect(_on_debounced, dispatch_uid="durable_singleton.metrics_debounced")
+    signals.run_parked.connect(_on_parked, dispatch_uid="durable_singleton.metrics_parked")

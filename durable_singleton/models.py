@@ -28,6 +28,8 @@ __all__ = [
     "SingletonKey",
     "SlotState",
     "Step",
+    "ThrottleAdmission",
+    "ThrottleMembership",
     "TurnNotice",
     "WorkerProcess",
 ]
@@ -108,6 +110,10 @@ class Run(models.Model):
     #: The latest start time a later start of the burst may give the run (its first start plus
     #: ``max_seconds``, on the database's clock, X7); NULL for a run not debounced.
     debounce_until = models.DateTimeField(_("debounce until"), null=True, blank=True)
+    #: The throttle keys the run carries, as ``[[throttle name, key, declared limit, period
+    #: seconds], ...]``, written once at its start beside its memberships (X6); empty without
+    #: throttles. A run that carries one carries the quota marker (``quota_slot``) too.
+    throttle_keys = models.JSONField(_("throttle keys"), default=list, blank=True, null=True)
 
     objects = RunQuerySet.as_manager()
 
@@ -280,6 +286,53 @@ class QuotaMembership(models.Model):
 
     def __str__(self) -> str:
         return f"{self.quota} {self.key} {self.run_id}"
+
+
+class ThrottleMembership(models.Model):
+    """One throttle key a run carries (X6): its place in the throttle key's queue.
+
+    A throttle key's waiters are its memberships whose run is an active waiter
+    (``quota_slot`` = ``waiter``), oldest first by (``created_at``, ``run_id``):
+    one read of ``ds_throttle_order_idx`` (X3d). The key's lock row is
+    ``SingletonKey(workflow_name="throttle:<name>", key=key)``; its admissions are
+    :class:`ThrottleAdmission` rows.
+    """
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="throttle_memberships")
+    throttle = ExactCharField(_("throttle"), max_length=QUOTA_NAME_MAX_LENGTH)
+    key = ExactCharField(_("key"), max_length=QUOTA_KEY_MAX_LENGTH)
+    created_at = models.DateTimeField(_("created at"))
+
+    class Meta:
+        verbose_name = _("throttle membership")
+        verbose_name_plural = _("throttle memberships")
+        ordering = ["throttle", "key", "created_at", "run"]
+        indexes = [models.Index(fields=["throttle", "key", "created_at", "run"], name="ds_throttle_order_idx")]
+        constraints = [models.UniqueConstraint(fields=["run", "throttle"], name="ds_throttle_run_uniq")]
+
+    def __str__(self) -> str:
+        return f"{self.throttle} {self.key} {self.run_id}"
+
+
+class ThrottleAdmission(models.Model):
+    """One admission of a run under a throttle key, at ``admitted_at`` on the database's
+    clock (X6): a window counts these, never starts. A row outlives its run (an admission
+    that later failed, or whose run was deleted, still counts); the tick's retention
+    deletes the rows older than their throttle's ``period``."""
+
+    throttle = ExactCharField(_("throttle"), max_length=QUOTA_NAME_MAX_LENGTH)
+    key = ExactCharField(_("key"), max_length=QUOTA_KEY_MAX_LENGTH)
+    run_id = ExactCharField(_("run id"), max_length=191)
+    admitted_at = models.DateTimeField(_("admitted at"))
+
+    class Meta:
+        verbose_name = _("throttle admission")
+        verbose_name_plural = _("throttle admissions")
+        ordering = ["throttle", "key", "admitted_at"]
+        indexes = [models.Index(fields=["throttle", "key", "admitted_at"], name="ds_throttle_window_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.throttle} {self.key} {self.run_id} at {self.admitted_at:%Y-%m-%d %H:%M:%S}"
 
 
 class ScheduleState(models.Model):

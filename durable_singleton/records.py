@@ -80,6 +80,10 @@ class RunRecord:
     #: (quota name, declared limit, max_queue_depth), fixed at start: what a store counts
     #: at the insert (S15, X3j); empty on a record read back.
     quota_caps: tuple[tuple[str, int, int], ...] = ()
+    #: The throttle keys the run carries, as (throttle name, key, declared limit, period in
+    #: seconds), sorted, fixed at start (X6). A run that carries one carries the quota marker
+    #: (``quota_slot``) too: every grant but its own claim sends it a turn (X3h).
+    throttle_keys: tuple[tuple[str, str, int, float], ...] = ()
     #: The W3C ``traceparent`` current when the run was started, or None (O8,
     #: ``durable_singleton.tracing``): each turn's span is its child.
     trace_parent: str | None = None

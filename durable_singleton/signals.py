@@ -9,7 +9,9 @@ carries ``reason`` (``"singleton"``, ``"sleep"``, ``"signal:<name>"``...):
   which it names; nothing was created;
 * ``run_admitted``: a singleton run took a slot of its key (S5);
 * ``run_parked``: a turn ended with the run parked (a denied claim, a sleep,
-  a wait for a signal or a child, ``blocked``);
+  a wait for a signal or a child, ``blocked``); a denied claim's also carries
+  ``throttle``: the name of the throttle whose full window parked the run
+  until it opens (X6), else None;
 * ``run_finished``: the run became terminal (its ``status`` says which);
 * ``run_dead``: the run was dead-lettered (D4), before ``run_finished``.
 

@@ -13,7 +13,17 @@ from dataclasses import fields
 from typing import Any, ClassVar, TypeVar
 
 from .context import WorkflowCtx
-from .definitions import Debounce, Quota, Registry, Singleton, WorkflowDefinition, WorkflowOptions, origin_of, registry
+from .definitions import (
+    Debounce,
+    Quota,
+    Registry,
+    Singleton,
+    Throttle,
+    WorkflowDefinition,
+    WorkflowOptions,
+    origin_of,
+    registry,
+)
 from .exceptions import InvalidWorkflowError
 from .records import RunRecord
 from .runtime import get_engine
@@ -55,6 +65,7 @@ def workflow(
     schedules: Iterable[Schedule] = (),
     quotas: Iterable[Quota] = (),
     debounce: Debounce | None = None,
+    throttles: Iterable[Throttle] = (),
     registry: Registry = registry,
 ) -> Callable[[W], W]:
     """Register the decorated :class:`BaseWorkflow` subclass or function as a workflow.
@@ -63,6 +74,8 @@ def workflow(
     shared :class:`~durable_singleton.definitions.Quota` limits its runs carry
     (X3). ``debounce``: a :class:`~durable_singleton.definitions.Debounce`
     that folds a burst of starts into one run (X7). Raises :class:`InvalidWorkflowError`
+    (X3); ``throttles``: the shared :class:`~durable_singleton.definitions.Throttle`
+    rate limits (X6). Raises :class:`InvalidWorkflowError`
     at decoration time for an invalid option.
     """
     options = WorkflowOptions(
@@ -77,6 +90,9 @@ def workflow(
         schedules=tuple(schedules),
         quotas=quotas if quotas is None or isinstance(quotas, (str, Quota)) else tuple(quotas),  # type: ignore[arg-type]  # refused at registration (X3a)
         debounce=debounce,
+        throttles=(
+            throttles if throttles is None or isinstance(throttles, (str, Throttle)) else tuple(throttles)  # type: ignore[arg-type]  # refused at registration (X6)
+        ),
     )
 
     def decorate(target: W) -> W:

@@ -125,7 +125,8 @@ class Turn:
     ``recovered`` tells that an expired lease was taken over (D4);
     ``granted`` are waiters given a slot by a settle in this claim (S7);
     ``admitted`` tells that this claim gave the run its slot (not a
-    confirmation of an earlier admission); ``steps`` are the run's stored
+    confirmation of an earlier admission); ``throttled`` names the throttle
+    whose full window parked it (X6); ``steps`` are the run's stored
     steps when the claim knows them (its own write returned a step count of
     0: none, and nobody else can store one under this turn's lease, R4), None
     when the engine loads them (:meth:`BaseStore.load_steps`).
@@ -137,6 +138,8 @@ class Turn:
     granted: tuple[RunRecord, ...] = ()
     admitted: bool = False
     steps: Mapping[int, StepRecord] | None = None
+    #: The throttle whose full window parked the run until it opens (X6), or None.
+    throttled: str | None = None
 
 
 @dataclass(frozen=True)
@@ -451,6 +454,14 @@ class BaseStore(ABC):
         True when :meth:`start_debounced` folds a start into its debounce
         key's open run under that key's lock (X7). False (the default): a
         start of a workflow declared with ``debounce`` raises
+    ``supports_throttles``
+        True when a claim admits a run that carries throttles (X6) only when
+        each throttle key has admitted fewer than its limit within the last
+        ``period`` seconds on the store's clock, records the admission in the
+        same transaction, and parks an over-rate run with its ``wake_at`` at the
+        window's opening; it needs :attr:`admits_quotas` too (a throttle
+        carrier waits as a quota carrier does). False (the default): a start of
+        a workflow that declares ``throttles`` raises
         :class:`~durable_singleton.exceptions.UnsupportedByStoreError` and
         writes nothing.
     ``supports_queue_ttl``
@@ -470,6 +481,7 @@ class BaseStore(ABC):
     supports_queue_ttl: bool = False
     supports_quotas: bool = False
     supports_debounce: bool = False
+    supports_throttles: bool = False
 
     @property
     def admits_quotas(self) -> bool:
@@ -853,6 +865,18 @@ class BaseStore(ABC):
         waiters oldest first (None if not among them), their number, and the
         holders' run ids. The default (``supports_quotas`` False): (None, 0, [])."""
         return None, 0, []
+
+    def throttle_state(self, name: str, key: str, period: float) -> tuple[int, datetime | None]:
+        """Return (admissions of the throttle key ``(name, key)`` within the last
+        ``period`` seconds on the store's clock, when the oldest of them leaves the
+        window) (X6, K3), without locks. The default: (0, None)."""
+        return 0, None
+
+    def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
+        """Delete up to ``batch`` recorded throttle admissions that no window counts
+        any more: older than their throttle's ``period`` in ``periods`` (by name) on
+        the store's clock (X6); return how many. The default: 0."""
+        return 0
 
     def quota_tokens(self, run_id: str) -> dict[str, int]:
         """Return the fencing token of each quota slot the run holds, by quota

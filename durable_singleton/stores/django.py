@@ -84,11 +84,25 @@ from ..admission import (
     retry_delay,
     stored_tags,
     superseded,
+    throttle_lock_name,
+    throttle_room,
+    throttle_waiter_q,
     turn_on_its_way_q,
 )
 from ..codecs import Codec
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
-from ..models import DebouncedStart, Heartbeat, QuotaMembership, Run, Signal, SingletonKey, Step, WorkerProcess
+from ..models import (
+    DebouncedStart,
+    Heartbeat,
+    QuotaMembership,
+    Run,
+    Signal,
+    SingletonKey,
+    Step,
+    ThrottleAdmission,
+    ThrottleMembership,
+    WorkerProcess,
+)
 from ..querysets import DbNow, RunQuerySet, database_now, db_now_plus
 from ..records import Beat, KeyQueue, PurgeReport, QueueHolder, WorkerRecord, since_admitted
 from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
@@ -260,6 +274,7 @@ class DjangoStore(BaseStore):
     supports_on_busy = True
     supports_quotas = True
     supports_debounce = True
+    supports_throttles = True
     supports_schedules = True
     supports_queue_ttl = True
 
@@ -660,15 +675,18 @@ class DjangoStore(BaseStore):
         fast = self._fast()
         # A run with a fair quota (its tag is read first) or a capped one (counted under its
         # quota keys' locks) takes the ORM path (X3i).
-        quotas_fast = not run.quota_shares and not run.quota_caps
+        # A throttle carrier's memberships are written by the ORM path too (X6).
+        quotas_fast = not run.quota_shares and not run.quota_caps and not run.throttle_keys
         if fast is not None and (cap is None or run.singleton_key is None) and quotas_fast:
             for _ in range(self.claim_retries + 1):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
                 if started is not None:
                     return started
         room = self._sqlite_room()
-        if room is not None and (cap is None or run.singleton_key is None) and not run.quota_keys:
-            # One INSERT with the backlog check (the SQLite room); the store's clock is the
+        carriers = run.quota_keys or run.throttle_keys
+        if room is not None and (cap is None or run.singleton_key is None) and not carriers:
+            # One INSERT with the backlog check (the SQLite room; a throttle carrier's memberships
+            # are the ORM path's, X6); the store's clock is the
             # process's, read without a statement (R8).
             if stamp and run.created_at.tzinfo is not None:
                 run, backlog_wake_at = _stamped(run, backlog_wake_at, self.now())
@@ -708,7 +726,8 @@ class DjangoStore(BaseStore):
         :meth:`start_run` and :func:`~.turns.add_notices` in :meth:`in_transaction`."""
         fast = self._fast()
         notice_queue = queue or DEFAULT_QUEUE
-        if fast is not None and (cap is None or run.singleton_key is None) and not run.quota_keys:
+        carries = run.quota_keys or run.throttle_keys
+        if fast is not None and (cap is None or run.singleton_key is None) and not carries:
             for _ in range(self.claim_retries + 1):
                 started = self._retrying(
                     lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp, notice_queue=notice_queue)
@@ -788,7 +807,8 @@ class DjangoStore(BaseStore):
         results: dict[int, tuple[RunRecord, bool] | BaseException] = {}
         first: dict[str, RunRecord] = {}  # the plain runs' first entry per id, in batch order
         for i, run in enumerate(runs):
-            if not run.quota_keys and (run.singleton_key is None or caps.get(run.workflow_name) is None):
+            plain = not run.quota_keys and not run.throttle_keys
+            if plain and (run.singleton_key is None or caps.get(run.workflow_name) is None):
                 first.setdefault(run.run_id, run)
                 continue
             try:
@@ -1026,6 +1046,7 @@ class DjangoStore(BaseStore):
             input=run.input,
             tags=stored_tags(run.user_tags, run.quota_keys),
             quota_keys=[list(q) for q in run.quota_keys],
+            throttle_keys=[list(t) for t in run.throttle_keys],
             singleton_key=run.singleton_key,
             singleton_limit=run.singleton_limit,
             singleton_slot=SlotState.WAITER if run.singleton_key is not None and run.tracked else None,
@@ -1045,8 +1066,8 @@ class DjangoStore(BaseStore):
 
     def _insert(self, run: RunRecord) -> None:
         """Insert the run and, if it carries quotas, one membership per quota key,
-        a waiter, in one transaction (X3b)."""
-        if not run.quota_keys:
+        a waiter, and one per throttle key (X6), in one transaction (X3b)."""
+        if not run.quota_keys and not run.throttle_keys:
             self._row(run).save(using=self.db, force_insert=True)
             return
         shares = {name: (sub_key, weight) for name, sub_key, weight in run.quota_shares}  # X4
@@ -1068,6 +1089,12 @@ class DjangoStore(BaseStore):
                         tag=tags.get((name, key), 0),
                     )
                     for name, key in run.quota_keys
+                ]
+            )
+            ThrottleMembership.objects.using(self.db).bulk_create(
+                [
+                    ThrottleMembership(run_id=run.run_id, throttle=name, key=key, created_at=run.created_at)
+                    for name, key, _limit, _period in run.throttle_keys
                 ]
             )
 
@@ -1599,8 +1626,12 @@ class DjangoStore(BaseStore):
         return {
             row.run_id: _Carrier(row, places[row.run_id])
             for row in rows
-            if row.singleton_key is None
-            or (row.workflow_name, row.singleton_key) == (run.workflow_name, run.singleton_key)
+            # A throttle carrier is admitted by its own claim only, which records the admission (X6).
+            if not row.throttle_keys
+            and (
+                row.singleton_key is None
+                or (row.workflow_name, row.singleton_key) == (run.workflow_name, run.singleton_key)
+            )
         }
 
     def _admit_carriers(self, carriers: Sequence[_Carrier]) -> list[RunRecord]:
@@ -1701,6 +1732,9 @@ class DjangoStore(BaseStore):
                 TurnState.RUN, taken.evolve(admitted=keyed, tracked=keyed, quota_tokens=tuple(sorted(tokens.items())))
             )
         with transaction.atomic(using=self.db):
+            # Its throttle keys first (only a claim locks them), then its quota keys and its
+            # singleton key: the lock order (X3e, X6).
+            throttle_rows = self._lock_throttle_keys(record.throttle_keys)
             quota_rows = self._lock_quota_keys(record.quota_keys)
             key_row = self.lock_key(row.workflow_name, row.singleton_key) if row.singleton_key is not None else None
             self._lock_run(row.run_id)
@@ -1722,6 +1756,17 @@ class DjangoStore(BaseStore):
             fronts = [self._quota_front(name, key, key_row_q, limits, ttls) for (name, key), key_row_q in quota_rows]
             reaches = all(quota_front_reaches(row.run_id, waiters, free) for free, waiters in fronts)
             at_front = all(row.run_id in waiters for _, waiters in fronts)
+            now = database_now(self.db) if throttle_rows else None
+            throttled = [self._throttle_front(t, key_row_t, limits, now, ttls) for t, key_row_t in throttle_rows]
+            # Every throttle key must have room and reach it, oldest first (X6, X3d).
+            reaches = reaches and all(quota_front_reaches(row.run_id, waiters, free) for free, waiters, _ in throttled)
+            at_front = at_front and all(row.run_id in waiters for _, waiters, _ in throttled)
+            # The throttle keys that do not reach it: it waits for their openings (X6d).
+            opens = [
+                (opening, t[0])
+                for (t, _), (free, waiters, opening) in zip(throttle_rows, throttled, strict=True)
+                if opening is not None and not quota_front_reaches(row.run_id, waiters, free)
+            ]
             granted: list[RunRecord] = []
             token = 0
             if reaches and key_row is not None:
@@ -1732,7 +1777,8 @@ class DjangoStore(BaseStore):
                 reaches = bool(token)
                 at_front = front is not None
             if reaches:
-                take.update(quota_slot=SlotState.HOLDER, admitted_at=DbNow())
+                # A throttled admission's time is the one its throttle keys record (X6).
+                take.update(quota_slot=SlotState.HOLDER, admitted_at=now if now is not None else DbNow())
                 if token:
                     take["fencing_token"] = token
                 if not runs.filter(self._as_read(row), quota_slot=SlotState.WAITER, cancel_requested=False).update(
@@ -1741,6 +1787,15 @@ class DjangoStore(BaseStore):
                     transaction.set_rollback(True, using=self.db)  # changed under us: grant nothing (R5a)
                     return Turn(TurnState.SKIPPED, record)
                 tokens = self._take_quota_tokens(memberships, quota_rows)
+                if throttle_rows:
+                    assert now is not None
+                    # The admission counts in each throttle key's window from now on (X6).
+                    ThrottleAdmission.objects.using(self.db).bulk_create(
+                        [
+                            ThrottleAdmission(throttle=name, key=key, run_id=row.run_id, admitted_at=now)
+                            for (name, key, _limit, _period), _row in throttle_rows
+                        ]
+                    )
                 run = taken.evolve(
                     admitted=keyed,
                     tracked=keyed,
@@ -1754,14 +1809,106 @@ class DjangoStore(BaseStore):
                 # (X3d): each key's front as read above, less the claimant and the slot it took.
                 exclude = {row.run_id, *(g.run_id for g in others)}
                 ids: list[str] = []
-                for free, waiters in fronts:
+                for free, waiters in [*fronts, *((f, w) for f, w, _ in throttled)]:
                     behind = [i for i in waiters if i != row.run_id][: max(free - 1, 0)]
                     ids.extend(i for i in behind if i not in exclude and i not in ids)
                 others += self._quota_records(ids)
                 return Turn(TurnState.RUN, run, recovered=recovered, granted=tuple(others), admitted=True)
+            if opens:
+                # Over the rate: not due until the window lets it in, so it blocks no waiter of
+                # its other limits meanwhile (X5), and the tick sends it then (X6, S8).
+                opening, name = max(opens)
+                parked = self._park_throttled(row, opening)
+                if not parked:
+                    return Turn(TurnState.SKIPPED, record, granted=tuple(granted))
+                at = record.evolve(status=RunStatus.SUSPENDED, wake_at=opening, not_before=opening)
+                return Turn(TurnState.PARKED, at, granted=tuple(granted), throttled=name)
             delay = retry.seconds if at_front else retry.backlog_seconds
             parked = self._park_waiter(row, delay, retry, quota_slot=SlotState.WAITER)
             return Turn(TurnState.PARKED if parked else TurnState.SKIPPED, record, granted=tuple(granted))
+
+    # -- throttles (X6) ------------------------------------------------------------
+    def _lock_throttle_keys(
+        self, throttle_keys: Iterable[tuple[str, str, int, float]]
+    ) -> list[tuple[tuple[str, str, int, float], dict[str, Any]]]:
+        """Lock the rows of the throttle keys ``throttle_keys`` in the one global order,
+        sorted by (name, key), before any quota key, singleton key and run row: only a
+        claim locks them, so no transaction waits for a throttle key while holding
+        another limit's lock (X3e, X6, S13). Returns (throttle key, key row) pairs."""
+        return [
+            ((name, key, limit, period), self.lock_key(throttle_lock_name(name), key))
+            for name, key, limit, period in sorted(set(throttle_keys))
+        ]
+
+    def _throttle_front(
+        self,
+        throttle: tuple[str, str, int, float],
+        key_row: Mapping[str, Any],
+        limits: Limits,
+        now: datetime | None,
+        ttls: QueueTtls | None,
+    ) -> tuple[int, list[str], datetime | None]:
+        """Read a locked throttle key's free admissions at ``now`` (the database's
+        clock), its first due waiters in admission order (as many as its limit) and,
+        when it is full, its window's opening (:func:`~durable_singleton.admission.throttle_room`,
+        X6). The limit in force: the declared one in ``limits`` under ``throttle:<name>``,
+        else the one the run's start recorded, or the key's override (K2). At most
+        ``limit`` admission rows are read: the newest in the window."""
+        assert now is not None
+        name, key, declared, period = throttle
+        limit = limit_in_force(declared_limit(limits, throttle_lock_name(name), [declared]), key_row["limit_override"])
+        window = ThrottleAdmission.objects.using(self.db).filter(
+            throttle=name, key=key, admitted_at__gt=now - timedelta(seconds=period)
+        )
+        newest = list(window.order_by("-admitted_at").values_list("admitted_at", flat=True)[:limit])
+        free, opening = throttle_room(limit, [_aware(a) for a in newest], period, now, paused=bool(key_row["paused"]))
+        members = ThrottleMembership.objects.using(self.db).filter(throttle=name, key=key)
+        queue = members.filter(throttle_waiter_q(DbNow(), ttls)).order_by("created_at", "run_id")
+        waiters = [str(r) for r in queue.values_list("run_id", flat=True)[:limit]]
+        return free, waiters, opening
+
+    def _park_throttled(self, row: Run, opening: datetime) -> bool:
+        """Park an over-rate waiter until its throttle's window opens (X6): its
+        ``not_before`` and ``wake_at`` at ``opening`` (a time on the database's clock),
+        so every queue skips it until then (X5) and the tick sends its turn then, no
+        poll (S8); a compare-and-set on the run as read (R5a)."""
+        return bool(
+            self._runs()
+            .filter(self._as_read(row), cancel_requested=False, quota_slot=SlotState.WAITER)
+            .update(
+                status=RunStatus.SUSPENDED,
+                attempts=row.attempts + 1,
+                wake_at=opening,
+                not_before=opening,
+                lease_owner=None,
+                lease_expires_at=None,
+                park_reason=ParkReason.SINGLETON,
+                updated_at=DbNow(),
+            )
+        )
+
+    def throttle_state(self, name: str, key: str, period: float) -> tuple[int, datetime | None]:
+        """:meth:`BaseStore.throttle_state`: a count on ``ds_throttle_window_idx``, no lock."""
+        window = ThrottleAdmission.objects.using(self.db).filter(
+            throttle=name, key=key, admitted_at__gt=self.now() - timedelta(seconds=period)
+        )
+        oldest = window.order_by("admitted_at").values_list("admitted_at", flat=True).first()
+        return window.count(), (_aware(oldest) + timedelta(seconds=period)) if oldest is not None else None
+
+    def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
+        """:meth:`BaseStore.prune_throttle_admissions`: per throttle, one bounded delete
+        of rows older than its period on the database's clock (X6)."""
+        deleted = 0
+        admissions = ThrottleAdmission.objects.using(self.db)
+        now = self.now()
+        for name, period in sorted(periods.items()):
+            if deleted >= batch:
+                break
+            stale = admissions.filter(throttle=name, admitted_at__lte=now - timedelta(seconds=period))
+            ids = list(stale.order_by("admitted_at").values_list("pk", flat=True)[: batch - deleted])
+            if ids:
+                deleted += admissions.filter(pk__in=ids).delete()[0]
+        return deleted
 
     def _take_quota_tokens(
         self, memberships: Any, quota_rows: Sequence[tuple[tuple[str, str], Mapping[str, Any]]]
@@ -2065,7 +2212,7 @@ class DjangoStore(BaseStore):
         if row is None:
             return None
         memberships = QuotaMembership.objects.using(self.db).filter(run_id=run_id)
-        carries = memberships.exists()
+        carries = memberships.exists() or bool(row.throttle_keys)  # a throttle carrier waits as one (X6)
         changes: dict[str, Any] = {
             "status": RunStatus.PENDING,
             "error": None,

@@ -6,7 +6,7 @@ clock of its leases (R5)."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -28,6 +28,8 @@ from ..admission import (
     quota_lock_name,
     retry_delay,
     superseded,
+    throttle_lock_name,
+    throttle_room,
     turn_on_its_way,
     waiter_expired,
 )
@@ -74,6 +76,7 @@ class MemoryStore(BaseStore):
     supports_on_busy = True
     supports_quotas = True
     supports_debounce = True
+    supports_throttles = True
     supports_schedules = True  # the default in-memory state lives as long as the store
 
     def __init__(
@@ -92,6 +95,7 @@ class MemoryStore(BaseStore):
         self._quota_tokens: dict[str, dict[str, int]] = {}  # run id -> quota name -> token (X3f)
         self._quota_tags: dict[tuple[str, str], int] = {}  # (run id, quota name) -> fair tag (X4)
         self._folded: dict[str, str] = {}  # a folded start's explicit run id -> the run it went into (X7c)
+        self._throttle_admissions: dict[tuple[str, str], list[datetime]] = {}  # (throttle, key) -> admissions (X6)
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
         self._control_records: list[ControlChangeRecord] = []
         self.redelivery_seconds = redelivery_seconds
@@ -509,6 +513,17 @@ class MemoryStore(BaseStore):
         fronts = [self._quota_front(name, qkey, limits, ttls) for name, qkey in run.quota_keys]
         reaches = all(quota_front_reaches(run.run_id, waiters, free) for free, waiters in fronts)
         in_front = all(run.run_id in waiters for _, waiters in fronts)
+        carried = sorted(set(run.throttle_keys))
+        throttled = [self._throttle_front(t, limits, ttls) for t in carried]
+        # Every throttle key must have room and reach it, oldest first (X6, X3d).
+        reaches = reaches and all(quota_front_reaches(run.run_id, waiters, free) for free, waiters, _ in throttled)
+        in_front = in_front and all(run.run_id in waiters for _, waiters, _ in throttled)
+        # The throttle keys that do not reach it: it waits for their openings (X6d).
+        opens = [
+            (opening, t[0])
+            for t, (free, waiters, opening) in zip(carried, throttled, strict=True)
+            if opening is not None and not quota_front_reaches(run.run_id, waiters, free)
+        ]
         granted: list[RunRecord] = []
         token = 0
         if reaches and key is not None:
@@ -519,9 +534,31 @@ class MemoryStore(BaseStore):
             taken = self._replace(
                 run, quota_slot=SlotState.HOLDER, fencing_token=token or None, admitted_at=now, **take
             )
+            for name, tkey, _limit, _period in run.throttle_keys:
+                self._throttle_admissions.setdefault((name, tkey), []).append(now)  # counted from now on (X6)
             # Waiters it no longer blocks, within its quota keys' free slots, get their turn (X3d).
             granted += self._quota_turns(run.quota_keys, limits, {run.run_id, *(g.run_id for g in granted)}, ttls)
+            exclude = {run.run_id, *(g.run_id for g in granted)}
+            for free, waiters, _ in throttled:
+                behind = [i for i in waiters if i not in exclude][: max(free - 1, 0)]
+                granted += [self._runs[i] for i in behind]
+                exclude.update(behind)
             return Turn(TurnState.RUN, taken, recovered=recovered, granted=tuple(granted), admitted=True)
+        if opens:
+            # Over the rate: not due until the window lets it in, so it blocks no waiter of its
+            # other limits meanwhile (X5), and the tick sends it then (X6, S8).
+            opening, name = max(opens)
+            parked = self._replace(
+                run,
+                status=RunStatus.SUSPENDED,
+                attempts=run.attempts + 1,
+                wake_at=opening,
+                not_before=opening,
+                lease_owner=None,
+                lease_expires_at=None,
+                park_reason=ParkReason.SINGLETON,
+            )
+            return Turn(TurnState.PARKED, parked, granted=tuple(granted), throttled=name)
         parked = self._replace(
             run,
             status=RunStatus.SUSPENDED,
@@ -533,6 +570,54 @@ class MemoryStore(BaseStore):
             park_reason=ParkReason.SINGLETON,
         )
         return Turn(TurnState.PARKED, parked, granted=tuple(granted))
+
+    # -- throttles (X6) ------------------------------------------------------------------
+    def _throttle_front(
+        self, throttle: tuple[str, str, int, float], limits: Limits, ttls: QueueTtls | None
+    ) -> tuple[int, list[str], datetime | None]:
+        """A throttle key's free admissions now, its due waiters in admission order (as
+        many as its limit) and, when full, its window's opening; see DjangoStore._throttle_front."""
+        name, key, declared, period = throttle
+        control = self.controls.get((throttle_lock_name(name), key), {})
+        declared_now = declared_limit(limits, throttle_lock_name(name), [declared])
+        limit = limit_in_force(declared_now, control.get("limit_override"))
+        now = self.clock()
+        admissions = self._throttle_admissions.get((name, key), [])
+        free, opening = throttle_room(limit, admissions, period, now, paused=bool(control.get("paused", False)))
+        waiters = sorted(
+            (
+                r
+                for r in self._runs.values()
+                if r.quota_slot == SlotState.WAITER
+                and not r.is_terminal
+                and any(t[0] == name and t[1] == key for t in r.throttle_keys)
+                and is_due(r.not_before, now)
+                and not waiter_expired(r.created_at, (ttls or {}).get(r.workflow_name), now)
+            ),
+            key=lambda r: (r.created_at, r.run_id),
+        )
+        return free, [r.run_id for r in waiters][:limit], opening
+
+    def throttle_state(self, name: str, key: str, period: float) -> tuple[int, datetime | None]:
+        with self._critical():
+            cutoff = self.clock() - timedelta(seconds=period)
+            counted = sorted(a for a in self._throttle_admissions.get((name, key), []) if a > cutoff)
+            return len(counted), (counted[0] + timedelta(seconds=period)) if counted else None
+
+    def throttle_admissions(self, name: str, key: str) -> list[datetime]:
+        """Return the recorded admission times of a throttle key, oldest first (X6; tests)."""
+        with self._critical():
+            return sorted(self._throttle_admissions.get((name, key), []))
+
+    def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
+        with self._critical():
+            now, deleted = self.clock(), 0
+            for (name, key), times in self._throttle_admissions.items():
+                if name in periods:
+                    kept = [a for a in times if a > now - timedelta(seconds=periods[name])]
+                    deleted += len(times) - len(kept)
+                    self._throttle_admissions[(name, key)] = kept
+            return deleted
 
     def quota_queue(self, name: str, key: str, run_id: str) -> tuple[int | None, int, list[str]]:
         with self._critical():
@@ -685,6 +770,7 @@ class MemoryStore(BaseStore):
             if (carrier := self._runs[run_id]).is_parked
             and not carrier.cancel_requested
             and carrier.quota_slot == SlotState.WAITER
+            and not carrier.throttle_keys  # its own claim admits it and records the admission (X6)
             and (
                 carrier.singleton_key is None
                 or (carrier.workflow_name, carrier.singleton_key) == (run.workflow_name, run.singleton_key)
@@ -739,7 +825,8 @@ class MemoryStore(BaseStore):
                 output=None,
                 admitted=False,
                 tracked=run.singleton_key is not None,
-                quota_slot=SlotState.WAITER if run.quota_keys else None,  # back in line in every quota (X3g)
+                # Back in line in every quota and throttle (X3g, X6).
+                quota_slot=SlotState.WAITER if run.quota_keys or run.throttle_keys else None,
                 wake_at=self.clock() + timedelta(seconds=redelivery_seconds),
                 recoveries=0,
                 finished_at=None,

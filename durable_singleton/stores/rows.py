@@ -10,7 +10,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..admission import quota_keys_of, user_tags_of
+from ..admission import quota_keys_of, throttle_keys_of, user_tags_of
 from ..records import RunRecord
 from ..statuses import SlotState
 
@@ -53,6 +53,7 @@ COLUMNS = (
     "quota_keys",
     "debounce_key",
     "debounce_until",
+    "throttle_keys",
 )
 
 
@@ -112,9 +113,12 @@ def run_record(
         stored_keys,
         debounce_key,
         debounce_until,
+        stored_throttles,
     ) = row[: len(COLUMNS)]
     if json_text:
-        input, output, error, tags, stored_keys = map(json_value, (input, output, error, tags, stored_keys))
+        input, output, error, tags, stored_keys, stored_throttles = map(
+            json_value, (input, output, error, tags, stored_keys, stored_throttles)
+        )
     keys = quota_keys if quota_keys is not None else quota_keys_of(stored_keys)
     return RunRecord(
         run_id=run_id,
@@ -152,4 +156,5 @@ def run_record(
         trace_parent=trace_parent,
         debounce_key=debounce_key,
         debounce_until=debounce_until,
+        throttle_keys=throttle_keys_of(stored_throttles),
     )

@@ -251,6 +251,7 @@ class Room:
             "quota_keys": _json_param([list(q) for q in run.quota_keys]),
             "debounce_key": run.debounce_key,
             "debounce_until": _maybe_time(run.debounce_until),
+            "throttle_keys": _json_param([list(t) for t in run.throttle_keys]),
             "wake_at": _maybe_time(run.wake_at),
             "backlog_wake_at": _maybe_time(backlog_wake_at),
             "park_reason": run.park_reason,

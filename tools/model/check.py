@@ -147,6 +147,22 @@ CONFIGS = [
         model="quotas.pml",
     ),
     Config(
+        "quota-throttle",
+        "3 runs over a singleton key (cap 1), two quotas (caps 2, 1) and a throttle key (1 admission per window), "
+        "needing {key, q1, t}, {key, t}, {q2, t}: the window's admissions never over the throttle's "
+        "limit, no limit over its cap, no deadlock, no waiter left without a turn (X6b, X6c, X6d)",
+        {"THROTTLE": 1, "NR": 3, "NEED0": 11, "NEED1": 9, "NEED2": 12},
+        model="quotas.pml",
+    ),
+    Config(
+        "broken-quota-throttle-handoff",
+        "a settle admits a throttle carrier as a quota carrier, without its throttle key's lock: "
+        "over-admission in the window must be found (X6c)",
+        {"THROTTLE": 1, "BROKEN_THROTTLE_HANDOFF": 1, "NR": 3, "NEED0": 11, "NEED1": 9, "NEED2": 12},
+        model="quotas.pml",
+        expect_violation=True,
+    ),
+    Config(
         "broken-quota-order",
         "odd runs lock their key rows in descending order: a deadlock must be found",
         {"BROKEN_ORDER": 1},

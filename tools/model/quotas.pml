@@ -36,12 +36,29 @@
  * BROKEN_NO_WAKE (no turn is sent: a lost waiter) and BROKEN_FIRST_ONLY (a
  * claim checks only its lowest limit: over-admission) must each yield a
  * counterexample.
+ *
+ * THROTTLE (SPEC X6) adds limit 3, a throttle key: its "holders" are the
+ * admissions in its window (adm), which an admission adds to and only the
+ * window's passing takes away (the expiry process, at any moment, without a
+ * lock, as time passes under a claim's read: a claim that read a full window
+ * only ever admits less than it could). A settle neither frees nor locks it,
+ * and never admits a run that carries it (X6c: only the run's own claim
+ * does, under its lock); the window's opening sends a turn to the waiters its
+ * free admissions reach (the tick's wake at the opening, X6d). Checked: the
+ * admissions in the window never exceed the throttle's limit, and every run
+ * ends. BROKEN_THROTTLE_HANDOFF (a settle admits a throttle carrier as a
+ * quota carrier, without counting it) must yield a counterexample.
  */
 
 #ifndef NR
 #define NR 4
 #endif
+#ifdef THROTTLE
+#define NL 4
+#define TL 3
+#else
 #define NL 3
+#endif
 #define FREE 255
 #define CANCELLER NR
 
@@ -53,6 +70,9 @@
 #endif
 #ifndef CAP2
 #define CAP2 1
+#endif
+#ifndef CAP3
+#define CAP3 1
 #endif
 /* the limits each run carries, as bit masks (bit l: limit l) */
 #ifndef NEED0
@@ -84,16 +104,49 @@ byte owner[NL];  /* who holds the key row's lock */
    FAIR a fixed other order, as the tags of a fair quota give (tag, created_at) */
 byte ord[NR];
 byte byord[NR];
+byte adm;        /* THROTTLE: the admissions in the throttle key's window (X6b) */
 
 #define HAS(r, l) (((need[r] >> (l)) & 1) == 1)
+/* the limits of run r a transaction by "who" locks: a settle or a cancel locks no throttle
+   key, only a claim (CLAIM) does (X6c) */
+#ifdef THROTTLE
+#define LOCKS(who, r, l) (HAS(r, l) && (l != TL || who == CLAIM))
+#else
+#define LOCKS(who, r, l) HAS(r, l)
+#endif
+#define CLAIM 254
+/* the waiters a settle never admits: a throttle carrier (X6c), unless BROKEN_THROTTLE_HANDOFF */
+#ifdef THROTTLE
+#ifndef BROKEN_THROTTLE_HANDOFF
+#define HANDOFF_SKIPS(w) HAS(w, TL)
+#endif
+#endif
+#ifndef HANDOFF_SKIPS
+#define HANDOFF_SKIPS(w) false
+#endif
 
 /* n = the holders of limit l */
 inline count_holders(l, n, j) {
   n = 0; j = 0;
+#ifdef THROTTLE
+  if
+  :: l == TL -> n = adm; j = NR  /* a throttle counts its window's admissions, not its holders */
+  :: else
+  fi;
+#endif
   do
   :: j < NR -> if :: HAS(j, l) && state[j] == HOLDER -> n++ :: else fi; j++
   :: else -> break
   od
+}
+
+/* THROTTLE: an admission of run r counts in its throttle key's window (X6b) */
+inline count_admission(r) {
+#ifdef THROTTLE
+  if :: HAS(r, TL) -> adm++ :: else fi
+#else
+  skip
+#endif
 }
 
 /* ok = run me is within the free slots of every limit it carries (X3d) */
@@ -124,7 +177,7 @@ inline reaches(me, ok, l, n, j, pos) {
 }
 
 /* send a turn to the waiters within the free slots of each limit of run r (X3g, X3h) */
-inline wake_fronts(r, l, n, j, k) {
+inline wake_fronts(how, r, l, n, j, k) {
 #ifdef BROKEN_NO_WAKE
   skip
 #else
@@ -132,7 +185,7 @@ inline wake_fronts(r, l, n, j, k) {
   do
   :: l < NL ->
      if
-     :: HAS(r, l) ->
+     :: LOCKS(how, r, l) ->  /* a settle's or a cancel's turns leave a throttle key alone (X6c) */
         count_holders(l, n, j);
         k = 0; j = 0;
         do
@@ -151,20 +204,20 @@ inline wake_fronts(r, l, n, j, k) {
 }
 
 /* lock the key rows of run r's limits in the global order (X3e) */
-inline lock_all(who, r, l) {
+inline lock_all(who, how, r, l) {
 #ifdef BROKEN_ORDER
   if
   :: who % 2 == 1 && who != CANCELLER ->
      l = NL;
      do
-     :: l > 0 -> l--; if :: HAS(r, l) -> atomic { owner[l] == FREE -> owner[l] = who } :: else fi
+     :: l > 0 -> l--; if :: LOCKS(how, r, l) -> atomic { owner[l] == FREE -> owner[l] = who } :: else fi
      :: else -> break
      od
   :: else ->
 #endif
      l = 0;
      do
-     :: l < NL -> if :: HAS(r, l) -> atomic { owner[l] == FREE -> owner[l] = who } :: else fi; l++
+     :: l < NL -> if :: LOCKS(how, r, l) -> atomic { owner[l] == FREE -> owner[l] = who } :: else fi; l++
      :: else -> break
      od
 #ifdef BROKEN_ORDER
@@ -209,9 +262,10 @@ inline admit_carriers(r, w, l, n, j, pos, ok) {
         od;
         if :: ok -> state[byord[w]] = HOLDER; check_limits(byord[w], l, n, j) :: else fi
 #else
-     :: state[byord[w]] == WAITER && (need[byord[w]] & need[r]) == need[byord[w]] ->
+     /* a throttle carrier: only its own claim admits it (X6c) */
+     :: state[byord[w]] == WAITER && (need[byord[w]] & need[r]) == need[byord[w]] && !HANDOFF_SKIPS(byord[w]) ->
         reaches(byord[w], ok, l, n, j, pos);
-        if :: ok -> state[byord[w]] = HOLDER; check_limits(byord[w], l, n, j) :: else fi
+        if :: ok -> state[byord[w]] = HOLDER; count_admission(byord[w]); check_limits(byord[w], l, n, j) :: else fi
 #endif
      :: else
      fi;
@@ -238,12 +292,12 @@ proctype claimer(byte me) {
      /* a turn arrives (or the run ended or was admitted by a handoff meanwhile: its turn
         then skips, and an admitted run goes on as a holder) */
      atomic { (turn[me] || state[me] != WAITER) -> turn[me] = false };
-     lock_all(me, me, l);
+     lock_all(me, CLAIM, me, l);
      if
      :: state[me] == WAITER ->
         reaches(me, ok, l, n, j, pos);
         if
-        :: ok -> state[me] = HOLDER; check_limits(me, l, n, j); wake_fronts(me, l, n, j, k)
+        :: ok -> state[me] = HOLDER; count_admission(me); check_limits(me, l, n, j); wake_fronts(CLAIM, me, l, n, j, k)
         :: else  /* parked: it waits for a turn */
         fi
      :: else
@@ -251,10 +305,10 @@ proctype claimer(byte me) {
      unlock_all(me, l)
   :: state[me] == HOLDER ->
      /* the body ran; the settle frees every slot at once */
-     lock_all(me, me, l);
+     lock_all(me, me, me, l);
      state[me] = DONE;
      admit_carriers(me, w, l, n, j, pos, ok);
-     wake_fronts(me, l, n, j, k);
+     wake_fronts(me, me, l, n, j, k);
      unlock_all(me, l)
   od
 }
@@ -269,10 +323,10 @@ end:
      :: r < NR - 1 -> r++
      :: break
      od;
-     lock_all(CANCELLER, r, l);
+     lock_all(CANCELLER, CANCELLER, r, l);
      c++;  /* one cancel request: it settles the run if it is still a waiter */
      if
-     :: state[r] == WAITER -> state[r] = DONE; wake_fronts(r, l, n, j, k)
+     :: state[r] == WAITER -> state[r] = DONE; wake_fronts(CANCELLER, r, l, n, j, k)
      :: else
      fi;
      unlock_all(CANCELLER, l);
@@ -280,10 +334,36 @@ end:
   od
 }
 
+#ifdef THROTTLE
+/* the window's passing: the oldest admission leaves it at any moment, with no lock (time
+   passes under a claim), and the waiters its free admissions reach are sent their turns (the
+   tick's wake at the opening, X6d) */
+active proctype window() {
+  byte l, n, j, k;
+end:
+  do
+  :: atomic {
+       adm > 0 -> adm--;
+       l = TL; count_holders(l, n, j);
+       k = 0; j = 0;
+       do
+       :: j < NR ->
+          if :: HAS(byord[j], TL) && state[byord[j]] == WAITER && k + n < cap[TL] -> turn[byord[j]] = true; k++ :: else fi;
+          j++
+       :: else -> break
+       od
+     }
+  od
+}
+#endif
+
 init {
   byte i;
   atomic {
     cap[0] = CAP0; cap[1] = CAP1; cap[2] = CAP2;
+#ifdef THROTTLE
+    cap[TL] = CAP3;
+#endif
     need[0] = NEED0; need[1] = NEED1; need[2] = NEED2;
 #if NR > 3
     need[3] = NEED3;

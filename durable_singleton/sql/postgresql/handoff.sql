@@ -77,6 +77,7 @@ carriers_admitted AS (                         -- of them, parked, not cancelled
     WHERE r.status IN ('pending', 'suspended', 'blocked')
       AND NOT r.cancel_requested
       AND r.quota_slot = 'waiter'
+      AND COALESCE(r.throttle_keys, '[]'::jsonb) = '[]'::jsonb  -- X6: a throttle carrier's own claim admits it
       AND (r.singleton_key IS NULL OR EXISTS (SELECT 1 FROM within_slots sg WHERE sg.run_id = r.run_id))
 ),}},
 all_grants AS (                                -- the singleton grants and the carriers without a singleton key

@@ -55,7 +55,7 @@ singleton_key, singleton_limit, singleton_slot, singleton_tracked,
 lease_owner, lease_expires_at, started_at, finished_at, admitted_at,
 attempts, recoveries, parent_run_id, cancel_requested,
 deadline_at, fencing_token, step_count, not_before, quota_slot, trace_parent,
-quota_keys, debounce_key, debounce_until
+quota_keys, debounce_key, debounce_until, throttle_keys
 
 -- fragment: start_values
 -- Their values, in start_columns' order. A time is as given or, given NULL, the database's
@@ -69,7 +69,7 @@ COALESCE(%(updated_at)s, STATEMENT_TIMESTAMP() + make_interval(secs => %(updated
 %(attempts)s, %(recoveries)s, %(parent_run_id)s, %(cancel_requested)s,
 COALESCE(%(deadline_at)s, STATEMENT_TIMESTAMP() + make_interval(secs => %(deadline_at_in)s::float8)),
 %(fencing_token)s, %(step_count)s, %(not_before)s, %(quota_slot)s, %(trace_parent)s,
-%(quota_keys)s::jsonb, %(debounce_key)s, %(debounce_until)s
+%(quota_keys)s::jsonb, %(debounce_key)s, %(debounce_until)s, %(throttle_keys)s::jsonb
 
 -- fragment: insert_run
 -- Insert a run without a key's backlog check, unless its run_id exists (R3, S16).

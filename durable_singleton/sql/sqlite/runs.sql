@@ -20,7 +20,7 @@ r.singleton_key, r.singleton_limit, r.singleton_slot, r.singleton_tracked,
 r.wake_at, r.lease_owner, r.lease_expires_at, r.started_at, r.finished_at, r.admitted_at,
 r.attempts, r.recoveries, r.parent_run_id, r.park_reason, r.cancel_requested,
 r.deadline_at, r.fencing_token, r.step_count, r.not_before, r.quota_slot, r.trace_parent,
-r.quota_keys, r.debounce_key, r.debounce_until
+r.quota_keys, r.debounce_key, r.debounce_until, r.throttle_keys
 
 -- fragment: returned_columns
 -- The same columns in a RETURNING clause, which names them without the table's alias (SQLite).
@@ -30,7 +30,7 @@ singleton_key, singleton_limit, singleton_slot, singleton_tracked,
 wake_at, lease_owner, lease_expires_at, started_at, finished_at, admitted_at,
 attempts, recoveries, parent_run_id, park_reason, cancel_requested,
 deadline_at, fencing_token, step_count, not_before, quota_slot, trace_parent,
-quota_keys, debounce_key, debounce_until
+quota_keys, debounce_key, debounce_until, throttle_keys
 
 -- fragment: finish_owned
 -- The owner's compare-and-set of a settle: its lease unexpired by the clock after the lock (R5a).
