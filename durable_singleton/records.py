@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .admission import ADMITTED_TAG, TRACKED_TAG, holds_quota_slot, holds_slot, key_tag, quota_tag
+from .admission import ADMITTED_TAG, TRACKED_TAG, holds_quota_slot, holds_slot, key_tag, queue_place, quota_tag
 from .statuses import PARKED_STATUSES, TERMINAL_STATUSES
 
 __all__ = ["PurgeReport", "RunRecord", "SignalRecord", "StepRecord"]
@@ -77,6 +77,8 @@ class RunRecord:
     #: The latest start time a later start of the burst may give the run: the burst's first
     #: start plus ``max_seconds``, on the store's clock (X7); None when not debounced.
     debounce_until: datetime | None = None
+    #: The run's priority inside its key (X8): -100 to 100, higher admitted first; fixed at start.
+    priority: int = 0
 
     @property
     def tags(self) -> list[str]:
@@ -102,6 +104,12 @@ class RunRecord:
         """Tell whether the run holds a slot of each quota key it carries (X3c):
         :func:`~durable_singleton.admission.holds_quota_slot`."""
         return holds_quota_slot(self.status, self.quota_slot)
+
+    @property
+    def queue_place(self) -> tuple[int, datetime, str]:
+        """Return the run's sort key in its key's queue, higher priority first, then oldest
+        (S5 step 3, X8): :func:`~durable_singleton.admission.queue_place`."""
+        return queue_place(self.priority, self.created_at, self.run_id)
 
     @property
     def is_terminal(self) -> bool:

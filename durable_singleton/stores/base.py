@@ -180,10 +180,10 @@ class Finish:
 
 def handed_off(granted: Iterable[RunRecord], turns: Iterable[RunRecord]) -> tuple[RunRecord, ...]:
     """Return the runs a handoff sends a turn, in the order every store sends them (S7, X3h):
-    the ones it admitted (``granted``) oldest first, by (``created_at``, ``run_id``), the
-    order of their tokens in each limit; then the waiters sent a turn as they are
-    (``turns``, in their place), each once."""
-    admitted = sorted(granted, key=lambda g: (g.created_at, g.run_id))
+    the ones it admitted (``granted``) in their queue order (:attr:`RunRecord.queue_place`:
+    higher priority first, then oldest, X8), the order of their tokens in each limit; then
+    the waiters sent a turn as they are (``turns``, in their place), each once."""
+    admitted = sorted(granted, key=lambda g: g.queue_place)
     seen = {g.run_id for g in admitted}
     rest: list[RunRecord] = []
     for run in turns:
@@ -745,7 +745,7 @@ class BaseStore(ABC):
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
         limit = limit_in_force(limits.get(run.workflow_name, run.singleton_limit))
         candidates = [
-            Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before)
+            Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before, r.priority)
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)
         ]
         if decide_admission(candidates, run_id, limit, self.now(), (ttls or {}).get(run.workflow_name)):

@@ -58,8 +58,10 @@ from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from ..admission import (
+    QUEUE_ORDER,
     QUOTA_ORDER,
     QUOTA_PREFIX,
+    ahead_q,
     cap_in_force,
     debounce_lock_name,
     debounce_open_q,
@@ -176,6 +178,7 @@ def record_of(row: Run) -> RunRecord:
         deadline_at=row.deadline_at,
         fencing_token=row.fencing_token,
         step_count=row.step_count,
+        priority=row.priority,
         not_before=row.not_before,
         quota_keys=quota_keys,
         quota_slot=row.quota_slot,
@@ -869,7 +872,7 @@ class DjangoStore(BaseStore):
                 existing = self._locking(runs.filter(pk=run.run_id)).first()
                 if existing is not None:
                     return Superseding(record_of(existing), False)
-                active = list(self._locking(runs.for_key(workflow_name, key).active().order_by("created_at", "run_id")))
+                active = list(self._locking(runs.for_key(workflow_name, key).active().order_by(*QUEUE_ORDER)))
                 holders = [r for r in active if self._holds_slot(r)]
                 waiters = [r for r in active if not self._holds_slot(r)]
                 limit = self._limit(workflow_name, key_row, limits, run.singleton_limit)
@@ -1072,6 +1075,7 @@ class DjangoStore(BaseStore):
             trace_parent=run.trace_parent,
             debounce_key=run.debounce_key,
             debounce_until=run.debounce_until,
+            priority=run.priority,
         )
 
     def _insert(self, run: RunRecord) -> None:
@@ -1097,6 +1101,7 @@ class DjangoStore(BaseStore):
                         sub_key=shares.get(name, ("", 1))[0],
                         weight=shares.get(name, ("", 1))[1],
                         tag=tags.get((name, key), 0),
+                        priority=run.priority,
                     )
                     for name, key in run.quota_keys
                 ]
@@ -1567,8 +1572,9 @@ class DjangoStore(BaseStore):
         self, name: str, key: str, key_row: Mapping[str, Any], limits: Limits, ttls: QueueTtls | None = None
     ) -> tuple[int, list[str]]:
         """Read a locked quota key's free slots and its first due waiters' run
-        ids in admission order, as many as its limit (X3c, X3d, X4): by
-        (``tag``, ``created_at``, ``run_id``), oldest first in a quota without
+        ids in admission order, as many as its limit (X3c, X3d, X4, X8): by
+        :data:`~durable_singleton.admission.QUOTA_ORDER` (``tag``, then the higher
+        priority, then oldest), by priority then oldest in a quota without
         ``fair_key`` (:func:`~durable_singleton.admission.fair_tag`).
         The limit in force is the declared one in ``limits`` under
         ``quota:<name>`` (1 if this process does not declare it) or the key's
@@ -1813,16 +1819,11 @@ class DjangoStore(BaseStore):
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = [str(r) for r in members.filter(holds_quota_slot_q()).values_list("run_id", flat=True)[:20]]
         queue = members.filter(quota_waiter_q(DbNow()))
-        mine = queue.filter(run_id=run_id).values_list("tag", "created_at").first()
+        fields = [f.lstrip("-") for f in QUOTA_ORDER]
+        mine = queue.filter(run_id=run_id).values(*fields).first()
         position = None
         if mine is not None:
-            tag, created_at = mine
-            ahead = (
-                Q(tag__lt=tag)
-                | Q(tag=tag, created_at__lt=created_at)
-                | Q(tag=tag, created_at=created_at, run_id__lt=run_id)
-            )
-            position = queue.filter(ahead).count() + 1
+            position = queue.filter(ahead_q(QUOTA_ORDER, mine)).count() + 1
         return position, queue.count(), holders
 
     def quota_tokens(self, run_id: str) -> dict[str, int]:
@@ -2322,7 +2323,7 @@ class DjangoStore(BaseStore):
 
     # -- reads -----------------------------------------------------------------------
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
-        rows = self._runs().for_key(workflow_name, key).active().order_by("created_at", "run_id")
+        rows = self._runs().for_key(workflow_name, key).active().order_by(*QUEUE_ORDER)
         return [record_of(r) for r in rows]
 
     def _count_active(self, workflow_name: str, key: str, namespace: str | None, cap: int) -> int:

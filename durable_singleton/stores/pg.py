@@ -139,6 +139,7 @@ COLUMNS = (
     "quota_slot",
     "trace_parent",
     "quota_keys",
+    "priority",
 )
 
 
@@ -182,6 +183,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         quota_slot,
         trace_parent,
         quota_keys,
+        priority,
     ) = row[: len(COLUMNS)]
     return RunRecord(
         run_id=run_id,
@@ -217,6 +219,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         quota_keys=quota_keys_of(_json(quota_keys)),
         quota_slot=quota_slot,
         trace_parent=trace_parent,
+        priority=priority,
     )
 
 
@@ -688,6 +691,7 @@ class FastPath:
             "quota_slot": run.quota_slot,
             "trace_parent": run.trace_parent,
             "quota_keys": _json_param([list(q) for q in run.quota_keys]),
+            "priority": run.priority,
         }
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)
