@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .admission import free_slots, is_due, is_due_q, limit_in_force, queue_ttl_expires_at
+from .admission import QUEUE_ORDER, ahead_q, free_slots, is_due, is_due_q, limit_in_force, queue_ttl_expires_at
 from .core import Core
 from .exceptions import UnknownWorkflowError
 from .renewals import LeaseState, lease_state
@@ -121,6 +121,10 @@ class Explanation:
     park_reason: str = ""
     not_before: datetime | None = None
     not_due_ahead: int = 0
+    #: The run's priority inside its key (X8), and a waiter's 1-based position among the key's
+    #: due waiters of that priority (None for a run not waiting in line).
+    priority: int = 0
+    priority_position: int | None = None
     #: The run is running and its lease was not renewed for this many seconds, longer
     #: than the renewal interval (:func:`~durable_singleton.renewals.lease_state`); None otherwise.
     not_renewed_seconds: float | None = None
@@ -212,6 +216,8 @@ class _QueueFacts:
     depth: int
     position: int | None
     not_due_ahead: int = 0
+    # the run's 1-based position among the due waiters of its own priority (X8)
+    priority_position: int | None = None
 
 
 def _since(admitted_at: datetime | None, started_at: datetime | None, attempts: int) -> datetime | None:
@@ -219,6 +225,15 @@ def _since(admitted_at: datetime | None, started_at: datetime | None, attempts: 
     if admitted_at is not None:
         return admitted_at
     return started_at if attempts <= 1 else None
+
+
+def _priority_words(run: RunRecord, facts: _QueueFacts) -> str:
+    """ ", position 2 among priority 10" for a waiter whose priority orders its place (X8):
+    its priority is not 0, or a waiter of another priority is ahead of it; else nothing."""
+    peers = facts.priority_position
+    if peers is None or (run.priority == 0 and peers == facts.position):
+        return ""
+    return f" (position {peers} among priority {run.priority})"
 
 
 def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
@@ -254,26 +269,32 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
         count = len(rows) if len(rows) <= NAMED_HOLDERS else runs.holders().count()
         from .querysets import DbNow
 
-        ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
+        ahead = ahead_q(QUEUE_ORDER, {"priority": run.priority, "created_at": run.created_at, "run_id": run.run_id})
         waiting = runs.filter(singleton_slot=SlotState.WAITER)
         due = is_due_q(DbNow())
         totals = waiting.aggregate(
-            depth=Count("pk"), ahead=Count("pk", filter=ahead & due), not_due=Count("pk", filter=ahead & ~due)
+            depth=Count("pk"),
+            ahead=Count("pk", filter=ahead & due),
+            not_due=Count("pk", filter=ahead & ~due),
+            peers=Count("pk", filter=ahead & due & Q(priority=run.priority)),
         )
         holders = [(r[0], r[1], _since(r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows[:NAMED_HOLDERS]]
         is_waiter = run.tracked and not run.admitted
         position = totals["ahead"] + 1 if is_waiter else None
-        return _QueueFacts(holders, count, totals["depth"], position, totals["not_due"])
+        peers = totals["peers"] + 1 if is_waiter else None
+        return _QueueFacts(holders, count, totals["depth"], position, totals["not_due"], peers)
     active = list(store.active_runs_for_key(run.workflow_name, run.singleton_key))
     held = sorted(
         (r for r in active if r.holds_slot),
         key=lambda r: (r.created_at, r.run_id),
     )
-    waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: (r.created_at, r.run_id))
+    waiters = sorted((r for r in active if r.tracked and not r.admitted), key=lambda r: r.queue_place)
     now = store.now()
-    earlier = [w for w in waiters if (w.created_at, w.run_id) < (run.created_at, run.run_id)]
+    earlier = [w for w in waiters if w.queue_place < run.queue_place]
     due_ahead = sum(1 for w in earlier if is_due(w.not_before, now))
-    position = due_ahead + 1 if any(w.run_id == run.run_id for w in waiters) else None
+    peers_ahead = sum(1 for w in earlier if is_due(w.not_before, now) and w.priority == run.priority)
+    queued = any(w.run_id == run.run_id for w in waiters)
+    position = due_ahead + 1 if queued else None
     holders = [
         (
             r.run_id,
@@ -285,7 +306,9 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
         )
         for r in held[:NAMED_HOLDERS]
     ]
-    return _QueueFacts(holders, len(held), len(waiters), position, len(earlier) - due_ahead)
+    return _QueueFacts(
+        holders, len(held), len(waiters), position, len(earlier) - due_ahead, peers_ahead + 1 if queued else None
+    )
 
 
 def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
@@ -398,6 +421,7 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
         "not_before": run.not_before,
         "debounce_key": run.debounce_key,
         "debounce_until": run.debounce_until,
+        "priority": run.priority,
     }
     if run.is_terminal:
         sentence = f"Run {run.run_id} is {run.status} (finished at {_at(run.finished_at)}): it waits for nothing."
@@ -597,13 +621,14 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
         else ""
     )
     sentence = (
-        f"Run {run.run_id} is waiting: position {position} of {facts.depth} in line for {key_words}, "
-        f"{behind} ({', '.join(reasons)}){wait_words}{skipped}{ttl_words}."
+        f"Run {run.run_id} is waiting: position {position} of {facts.depth} in line for {key_words}"
+        f"{_priority_words(run, facts)}, {behind} ({', '.join(reasons)}){wait_words}{skipped}{ttl_words}."
     )
     return Explanation(
         state=ExplainState.WAITER,
         sentence=sentence,
         position=position,
+        priority_position=facts.priority_position,
         estimated_wait_seconds=estimate,
         estimate_is_lower_bound=at_least,
         recent_durations=len(durations),
