@@ -303,8 +303,8 @@ def superseded[R](
     """Return (the waiters a new start replaces, the holders it asks to stop) (X1).
 
     ``free`` is the key's free slots (:func:`free_slots`), ``holders`` and
-    ``waiters`` its active runs, waiters oldest first by (``created_at``,
-    ``run_id``). ``"replace_queued"`` replaces the waiters queued behind the
+    ``waiters`` its active runs, waiters in queue order (:func:`queue_place`:
+    higher priority first, then oldest, X8). ``"replace_queued"`` replaces the waiters queued behind the
     holders, those beyond the free slots (the ones within them are being
     admitted) and those within them that ``carries_quotas`` (a grant does not
     admit such a run: it may wait for a quota, X3h), so at most one run, the
