@@ -11,14 +11,20 @@ keeps only the indexes of the model's state, dropping 0009's partial
 met the same choice). The indexes are rebuilt in place: ``ds_run_queue_idx`` and
 ``ds_run_key_idx`` take ``priority DESC`` after the slot, ``ds_quota_order_idx``
 after the fair tag, so the front of a queue is still read in order and the read
-stops after ``2 x limit`` rows (S5, S13).
+stops after ``2 x limit`` rows (S5, S13). On MySQL/MariaDB the room's
+``ds_grant_waiters`` (0017) is created again, ordering its queue read by priority
+too; reversed, the room's 0017 procedures are dropped (their text before this
+migration is gone): the ORM path serves until 0017's procedures are created again.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from django.db import migrations, models
+from django.db import DatabaseError, migrations, models
+
+logger = logging.getLogger("durable_singleton.migrations")
 
 RUN_FIELDS = ["workflow_name", "singleton_key", "singleton_slot", "-priority", "created_at", "run_id", "not_before"]
 KEY_FIELDS = ["singleton_key", "workflow_name", "singleton_slot", "-priority", "created_at", "run_id", "not_before"]
@@ -64,6 +70,33 @@ def _add_priority(model_name: str) -> list[migrations.operations.base.Operation]
     ]
 
 
+def grant_by_priority(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor != "mysql":
+        return
+    from durable_singleton.stores import mysql
+
+    try:
+        mysql.install(schema_editor.connection, ("ds_grant_waiters",))
+    except DatabaseError as exc:
+        # The user may not create (or drop) routines; the ORM path serves (S14-style fallback).
+        if not mysql.not_allowed(exc):
+            raise
+        logger.warning("durable_singleton: ds_grant_waiters not re-created (%s); the ORM path serves MySQL", exc)
+
+
+def drop_room(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor != "mysql":
+        return
+    from durable_singleton.stores import mysql
+
+    try:
+        mysql.uninstall(schema_editor.connection, mysql.PROCEDURES_0017)
+    except DatabaseError as exc:
+        if not mysql.not_allowed(exc):
+            raise
+        logger.warning("durable_singleton: stored procedures not dropped (%s)", exc)
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("durable_singleton", "0018_debounce"),
@@ -83,4 +116,5 @@ class Migration(migrations.Migration):
                 fields=["quota", "key", "slot", "tag", "-priority", "created_at", "run"], name="ds_quota_order_idx"
             ),
         ),
+        migrations.RunPython(grant_by_priority, drop_room, atomic=False),
     ]
