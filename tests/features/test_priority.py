@@ -118,7 +118,7 @@ def test_a_run_found_by_its_run_id_keeps_the_priority_it_was_started_with() -> N
 @pytest.mark.django_db(transaction=True)
 def test_a_row_an_older_release_inserts_without_the_column_gets_priority_zero() -> None:
     """X8, S12 (rolling upgrade): the column has a database default, so an INSERT
-    that does not name it (a process of the release before migration 0018) writes
+    that does not name it (a process of the release before migration 0019) writes
     a run of priority 0, which queues by creation among the runs of priority 0."""
     stamp = timezone.now()
     table = connection.ops.quote_name(Run._meta.db_table)

@@ -205,7 +205,7 @@ def test_the_reads_stay_bounded_and_the_handoff_admits_by_priority_with_mixed_pr
     """X8, S5, S8a: the same deep key with its 10,000 waiters spread over seven
     priorities (-3 to 3): the claim, the start of a waiter of priority 5 and the
     handoff still read at most ``BOUND`` rows per plan node (the queue indexes
-    carry ``priority DESC``, migration 0018), and the handoff admits the waiter of
+    carry ``priority DESC``, migration 0019), and the handoff admits the waiter of
     the highest priority, the latest started. Fails without the index change (the
     front is sorted from every run of the key)."""
     _deep_key(engine, priorities="mod(n, 7) - 3")

@@ -94,7 +94,7 @@ def test_the_procedure_dropped_while_a_worker_runs_falls_back_to_the_orm_path_an
     served on the ORM path: the run completes, nothing is left half-claimed. Created
     again (as ``migrate`` forwards does), they serve a new store. The procedures are
     dropped with ``mysql.uninstall``, the reverse of migrations 0016 and 0017: a
-    ``migrate`` backwards past 0018 would also drop ``Run.priority``, which this
+    ``migrate`` backwards past 0019 would also drop ``Run.priority``, which this
     release's code writes (X8)."""
     from durable_singleton.stores import mysql
 

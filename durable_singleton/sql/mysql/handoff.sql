@@ -12,7 +12,7 @@
 -- The queue's front is one read of ds_run_queue_idx, at most twice the limit in force
 -- rows: the holders first ('holder' sorts before 'waiter'), then the due waiters in
 -- admission order (priority DESC, created_at, run_id: admission.QUEUE_ORDER, X8; re-created
--- by migration 0018_run_priority), a waiter past its queue_ttl left out (X2). Each grant is a
+-- by migration 0019_run_priority), a waiter past its queue_ttl left out (X2). Each grant is a
 -- compare-and-set on the waiter as read with the next token of the key (K1); a waiter
 -- that carries quotas keeps its place and is only named, its own claim decides under
 -- the locks of all its limits (X3h). OUT: the claimant's token if it is within the
