@@ -106,7 +106,7 @@ def record(row: Sequence[Any]) -> RunRecord:
     """Return the :class:`RunRecord` of a row of the ``run_columns`` fragment (stores.pg.COLUMNS' order)."""
     v: list[Any] = [
         _json(x) if i in _JSON else _time(x) if i in _TIMES else x
-        for i, x in enumerate(row[:33])  # the 33 columns of the fragment
+        for i, x in enumerate(row[:34])  # the 34 columns of the fragment
     ]
     quota_keys = quota_keys_of(v[32])
     return RunRecord(
@@ -143,6 +143,7 @@ def record(row: Sequence[Any]) -> RunRecord:
         quota_keys=quota_keys,
         quota_slot=v[30],
         trace_parent=v[31],
+        priority=v[33],
     )
 
 
@@ -274,6 +275,7 @@ class Room:
             "quota_slot": run.quota_slot,
             "trace_parent": run.trace_parent,
             "quota_keys": _json_param([list(q) for q in run.quota_keys]),
+            "priority": run.priority,
             "wake_at": _maybe_time(run.wake_at),
             "backlog_wake_at": _maybe_time(backlog_wake_at),
             "park_reason": run.park_reason,
