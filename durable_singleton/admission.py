@@ -4,7 +4,8 @@ Who holds a slot is :func:`holds_slot`; whether a run may be admitted yet
 (its delayed start, X5) is :func:`is_due`; whether a waiter outlived its
 key's ``queue_ttl`` (X2) is :func:`queue_ttl_expired`; the limit in force on a key is
 :func:`limit_in_force`; the slots it has free, :func:`free_slots`; the queue
-cap ``start`` applies, :func:`cap_in_force`; the runs a superseding start
+cap ``start`` applies, :func:`cap_in_force`; a key's queue order (X8), :func:`queue_place`
+with :data:`QUEUE_ORDER` and :func:`queue_order_sql_text`; the runs a superseding start
 (``on_busy``, X1) ends or stops, :func:`superseded`. Each has its SQL twin, an
 expression over the run table's columns for the code that decides in a
 query: :func:`holds_slot_q`, :func:`is_due_q`, :func:`limit_in_force_sql`,
@@ -25,7 +26,9 @@ admission decides with :func:`decide_admission`.
 
 from __future__ import annotations
 
+import functools
 import math
+import operator
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +39,7 @@ from django.db.models import Case, DateTimeField, ExpressionWrapper, F, IntegerF
 from django.db.models.functions import Coalesce, Greatest
 from django.db.models.lookups import Exact, GreaterThan
 
-from .exceptions import InvalidNotBeforeError, SingletonKeyError
+from .exceptions import InvalidNotBeforeError, InvalidPriorityError, SingletonKeyError
 from .statuses import ACTIVE_STATUSES, OnBusy, RunStatus, SlotState
 from .values import MAX_SECONDS
 
@@ -48,7 +51,10 @@ __all__ = [
     "HOLDING_LEGACY_STATUSES",
     "KEY_MAX_LENGTH",
     "KEY_TAG_PREFIX",
+    "MAX_PRIORITY",
     "MAX_WEIGHT",
+    "MIN_PRIORITY",
+    "QUEUE_ORDER",
     "QUOTA_KEY_MAX_LENGTH",
     "QUOTA_NAME_MAX_LENGTH",
     "QUOTA_ORDER",
@@ -57,8 +63,10 @@ __all__ = [
     "THROTTLE_PREFIX",
     "TRACKED_TAG",
     "Candidate",
+    "ahead_q",
     "cap_in_force",
     "check_not_before",
+    "check_priority",
     "compute_debounce_key",
     "compute_quota_key",
     "compute_singleton_key",
@@ -91,7 +99,11 @@ __all__ = [
     "limit_in_force",
     "limit_in_force_sql",
     "limit_in_force_sql_text",
+    "order_expressions",
+    "order_sql_text",
     "queue_cap",
+    "queue_order_sql_text",
+    "queue_place",
     "queue_ttl_expired",
     "queue_ttl_expired_q",
     "queue_ttl_expired_sql_text",
@@ -133,6 +145,65 @@ KEY_MAX_LENGTH = 191
 #: An untracked run (created by an older release) in one of these statuses
 #: counts as a holder, so a rolling upgrade never over-admits (S12).
 HOLDING_LEGACY_STATUSES = (RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED)
+#: The lowest and the highest priority of a run inside its key (X8), Django's task bounds;
+#: a start without one has the priority 0.
+MIN_PRIORITY = -100
+MAX_PRIORITY = 100
+#: A key's queue order as ``order_by`` fields (S5 step 3, X8): the higher priority first, then
+#: the oldest by (``created_at``, ``run_id``). :func:`queue_place` is its Python spelling,
+#: :func:`queue_order_sql_text` its SQL text; ``ds_run_queue_idx`` serves it.
+QUEUE_ORDER = ("-priority", "created_at", "run_id")
+
+
+def queue_place(priority: int, created_at: datetime, run_id: str) -> tuple[int, datetime, str]:
+    """Return a waiter's sort key in its key's queue (S5 step 3, X8): higher ``priority``
+    first, FIFO by (``created_at``, ``run_id``) within a priority; the one definition,
+    :data:`QUEUE_ORDER` its ORM twin, :func:`queue_order_sql_text` its SQL text."""
+    return (-priority, created_at, run_id)
+
+
+def order_sql_text(order: Sequence[str], table: str) -> str:
+    """SQL text of the ``order_by`` fields ``order`` (``-`` descending) as an ORDER BY list
+    on the table named (or aliased) ``table``: :data:`QUEUE_ORDER`, :data:`QUOTA_ORDER`."""
+    return ", ".join(f"{table}.{f[1:]} DESC" if f.startswith("-") else f"{table}.{f}" for f in order)
+
+
+def order_expressions(order: Sequence[str]) -> list[Any]:
+    """Return the ``order_by`` fields ``order`` (``-`` descending) as expressions, for a
+    window's ``order_by`` (:data:`QUEUE_ORDER`, :data:`QUOTA_ORDER`)."""
+    return [F(f[1:]).desc() if f.startswith("-") else F(f).asc() for f in order]
+
+
+def queue_order_sql_text(table: str) -> str:
+    """SQL text of :data:`QUEUE_ORDER` (an ORDER BY list) on the run table named (or
+    aliased) ``table`` (S5 step 3, X8): ``priority DESC, created_at, run_id``."""
+    return order_sql_text(QUEUE_ORDER, table)
+
+
+def ahead_q(order: Sequence[str], place: Mapping[str, Any], prefix: str = "") -> Q:
+    """Return the condition "before ``place`` in ``order``" (S5 step 3, X8, X3d): ``order``
+    ``order_by`` fields (:data:`QUEUE_ORDER`, :data:`QUOTA_ORDER`; ``-`` descending), ``place``
+    the run's value of each field (named without the ``-``), ``prefix`` a lookup path before
+    each field. Its count plus one is the run's position in that order."""
+    terms: list[Q] = []
+    equal: dict[str, Any] = {}
+    for spelled in order:
+        field = spelled.lstrip("-")
+        lookup = "gt" if spelled.startswith("-") else "lt"
+        terms.append(Q(**equal, **{f"{prefix}{field}__{lookup}": place[field]}))
+        equal[f"{prefix}{field}"] = place[field]
+    return functools.reduce(operator.or_, terms)
+
+
+def check_priority(value: object) -> int:
+    """Return ``value`` as a run's priority inside its key (X8): an int (not a bool) from
+    :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`. Raises
+    :class:`~durable_singleton.exceptions.InvalidPriorityError` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidPriorityError(f"priority must be an int, got {type(value).__name__} {value!r} (X8)")
+    if not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise InvalidPriorityError(f"priority must be from {MIN_PRIORITY} to {MAX_PRIORITY}, got {value} (X8)")
+    return int(value)
 
 
 def declared_limit(limits: Mapping[str, int], name: str, stored: Iterable[int | None] = ()) -> int | None:
@@ -258,8 +329,8 @@ def superseded[R](
     """Return (the waiters a new start replaces, the holders it asks to stop) (X1).
 
     ``free`` is the key's free slots (:func:`free_slots`), ``holders`` and
-    ``waiters`` its active runs, waiters oldest first by (``created_at``,
-    ``run_id``). ``"replace_queued"`` replaces the waiters queued behind the
+    ``waiters`` its active runs, waiters in queue order (:func:`queue_place`:
+    higher priority first, then oldest, X8). ``"replace_queued"`` replaces the waiters queued behind the
     holders, those beyond the free slots (the ones within them are being
     admitted) and those within them that ``carries_quotas`` (a grant does not
     admit such a run: it may wait for a quota, X3h), so at most one run, the
@@ -463,11 +534,12 @@ class Candidate:
     status: str
     tags: Sequence[str]
     not_before: datetime | None = None
+    priority: int = 0
 
     @property
-    def order(self) -> tuple[datetime, str]:
-        """Admission order: oldest first by (``created_at``, ``run_id``) (S5 step 3)."""
-        return (self.created_at, self.run_id)
+    def order(self) -> tuple[int, datetime, str]:
+        """Admission order: :func:`queue_place` (S5 step 3, X8)."""
+        return queue_place(self.priority, self.created_at, self.run_id)
 
 
 def is_legacy_holder(status: str, *, key: str | None, tracked: bool) -> bool:
@@ -725,10 +797,10 @@ def quota_waiter_sql_text(membership: str, run: str, now: str, ttls: str = "") -
     )
 
 
-#: The admission order of a quota key's waiters, by membership (X3d, X4): the one order
+#: The admission order of a quota key's waiters, by membership (X3d, X4, X8): the one order
 #: :meth:`DjangoStore._quota_front <durable_singleton.stores.django.DjangoStore._quota_front>`
-#: reads and :func:`fair_tag` feeds.
-QUOTA_ORDER = ("tag", "created_at", "run_id")
+#: reads and :func:`fair_tag` feeds; after the fair tag, :data:`QUEUE_ORDER`.
+QUOTA_ORDER = ("tag", *QUEUE_ORDER)
 
 
 #: Largest weight of a sub-key inside a fair quota (slots per round, X4).

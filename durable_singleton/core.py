@@ -30,6 +30,7 @@ from .admission import (
     QUOTA_PREFIX,
     RESERVED_TAGS,
     check_not_before,
+    check_priority,
     compute_debounce_key,
     compute_quota_key,
     compute_singleton_key,
@@ -335,12 +336,14 @@ class Core:
         parent_run_id: str | None,
         namespace: str | None,
         not_before: datetime | float | None = None,
+        priority: int = 0,
     ) -> tuple[RunRecord, WorkflowDefinition, int | None]:
         """Validate a start and build its run; return (run, definition, cap). Writes nothing.
 
         A delayed start (``not_before`` in the future, X5) gets ``wake_at`` =
         ``not_before``: the tick sends its first turn when it is due.
         """
+        priority = check_priority(priority)
         if namespace is not None:
             check_text(namespace, "namespace")
         definition = self.registry.get(name, version)
@@ -430,6 +433,7 @@ class Core:
                 (q.name, q.limit, q.max_queue_depth) for q in definition.quotas if q.max_queue_depth is not None
             ),
             trace_parent=tracing.traceparent(),
+            priority=priority,
         )
         if due_at is not None and due_at > now:
             run = run.evolve(wake_at=due_at)
@@ -447,6 +451,7 @@ class Core:
         parent_run_id: str | None = None,
         namespace: str | None = None,
         not_before: datetime | float | None = None,
+        priority: int = 0,
     ) -> RunRecord:
         """Create a run and dispatch its first turn after commit; never blocks (S3).
 
@@ -471,9 +476,14 @@ class Core:
         claimed nor admitted before ``not_before`` by the store's clock (the
         database's, R5), and blocks none of the due waiters behind it; no turn
         is sent before then: the tick sends it when it is due (S8).
+        ``priority``: an int from -100 to 100 (default 0): among its key's due
+        waiters a higher priority is admitted first, oldest first within a
+        priority; a holder is never preempted (X8, docs/priority.rst). A
+        run found by its ``run_id`` keeps the priority it was started with.
 
         Raises :class:`InvalidRunIdError`, :class:`UnknownWorkflowError`,
         :class:`InvalidInputError`, :class:`InvalidNotBeforeError` (X5),
+        :class:`InvalidPriorityError` (X8),
         :class:`SingletonKeyError`, :class:`SingletonQueueFullError` (S15; its
         subclass :class:`QuotaQueueFullError` for a quota key's cap, X3j),
         :class:`SingletonBusyError` (a workflow declared ``on_busy="skip"``
@@ -484,6 +494,7 @@ class Core:
         ``"cancel_in_progress"`` the start also ends or stops the key's other
         runs, under the key's lock with its insert (X1; docs/on_busy.rst).
         """
+        check_priority(priority)
         if run_id is not None:
             self._check_run_id(run_id)
             existing = self.store.get_run(run_id)
@@ -520,6 +531,7 @@ class Core:
             parent_run_id=parent_run_id,
             namespace=namespace,
             not_before=not_before,
+            priority=priority,
         )
         delayed = _delayed(record)
         # Behind `limit` holders and `limit` waiters the run is created parked and
@@ -712,6 +724,7 @@ class Core:
         *,
         run_ids: Sequence[str | None] | None = None,
         not_before: datetime | float | None = None,
+        priority: int = 0,
     ) -> list[RunRecord | SingletonQueueFullError | RunIdInUseError]:
         """Start one run per input of workflow ``name``: one INSERT per batch where the
         store supports it (``supports_bulk_start``), and with the Celery dispatcher one
@@ -724,11 +737,13 @@ class Core:
         ``scope_reads``, as its :class:`RunIdInUseError` (D10); under
         ``on_busy="skip"`` a refused run is its :class:`SingletonBusyError`
         (X1). ``not_before`` delays every run of the batch as :meth:`start`
-        does (X5). A workflow declared ``on_busy="replace_queued"`` or
+        does (X5); ``priority`` is every run's priority inside its key, as
+        :meth:`start`'s (X8; :class:`InvalidPriorityError`). A workflow declared ``on_busy="replace_queued"`` or
         ``"cancel_in_progress"`` starts its runs one by one, in order, each
         superseding the ones before it (X1). Any other
         invalid input raises before anything is written.
         """
+        check_priority(priority)
         ids = list(run_ids) if run_ids is not None else [None] * len(inputs)
         if len(ids) != len(inputs):
             raise ValidationError("run_ids must have one entry per input")
@@ -750,6 +765,7 @@ class Core:
                 parent_run_id=None,
                 namespace=None,
                 not_before=not_before,
+                priority=priority,
             )
             caps[definition.name] = cap
             records.append(record)
@@ -1452,19 +1468,23 @@ class Core:
         payload: Any = None,
         tags: Iterable[str] = (),
         signal_id: str | None = None,
+        priority: int = 0,
     ) -> RunRecord:
         """Start (idempotent by ``run_id``), then signal the run (S18).
 
-        On a busy key the run queues like any other; the signal is buffered
+        On a busy key the run queues like any other, in the place its
+        ``priority`` gives it (X8, as :meth:`start`'s); the signal is buffered
         and seen by the body only once admitted. ``signal_id`` dedupes the
         signal as :meth:`signal`'s does, so a retried call starts once and
-        signals once (D2).
+        signals once (D2). Raises what :meth:`start` raises, before anything
+        is written.
         """
+        check_priority(priority)
         payload = self._check_input(payload, "signal payload")
         check_text(signal, "signal name")
         if signal_id is not None:
             check_text(signal_id, "signal_id", RUN_ID_MAX_LENGTH)
-        run = self.start(name, input, run_id=run_id, tags=tags)
+        run = self.start(name, input, run_id=run_id, tags=tags, priority=priority)
         return self.signal(run.run_id, signal, payload, signal_id=signal_id)
 
     def emit(self, event: str, payload: Any = None, *, event_id: str | None = None) -> list[RunRecord]:

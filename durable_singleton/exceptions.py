@@ -17,6 +17,7 @@ __all__ = [
     "InvalidInputError",
     "InvalidInputTypeError",
     "InvalidNotBeforeError",
+    "InvalidPriorityError",
     "InvalidRunIdError",
     "InvalidWorkflowError",
     "LeaseLostError",
@@ -103,6 +104,11 @@ class InvalidNotBeforeError(ValidationError):
     """A delayed start's ``not_before`` is neither None, an aware datetime nor a
     finite number of seconds >= 0, or is farther than ``MAX_SECONDS`` (100 years)
     from now (X5); nothing was written."""
+
+
+class InvalidPriorityError(ValidationError):
+    """A start's ``priority`` is not an int (a bool is refused too) from -100 to 100
+    (X8); nothing was written."""
 
 
 class SingletonKeyError(ValidationError):

@@ -23,7 +23,14 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .admission import declared_limit, free_slots, is_due, limit_in_force, queue_ttl_expires_at, throttle_lock_name
+from .admission import (
+    declared_limit,
+    free_slots,
+    is_due,
+    limit_in_force,
+    queue_ttl_expires_at,
+    throttle_lock_name,
+)
 from .core import Core
 from .exceptions import UnknownWorkflowError
 from .records import since_admitted
@@ -123,6 +130,10 @@ class Explanation:
     park_reason: str = ""
     not_before: datetime | None = None
     not_due_ahead: int = 0
+    #: The run's priority inside its key (X8), and a waiter's 1-based position among the key's
+    #: due waiters of that priority (None for a run not waiting in line).
+    priority: int = 0
+    priority_position: int | None = None
     #: The run is running and its lease was not renewed for this many seconds, longer
     #: than the renewal interval (:func:`~durable_singleton.renewals.lease_state`); None otherwise.
     not_renewed_seconds: float | None = None
@@ -219,6 +230,17 @@ class _QueueFacts:
     depth: int
     position: int | None
     not_due_ahead: int = 0
+    # the run's 1-based position among the due waiters of its own priority (X8)
+    priority_position: int | None = None
+
+
+def _priority_words(run: RunRecord, facts: _QueueFacts) -> str:
+    """ ", position 2 among priority 10" for a waiter whose priority orders its place (X8):
+    its priority is not 0, or a waiter of another priority is ahead of it; else nothing."""
+    peers = facts.priority_position
+    if peers is None or (run.priority == 0 and peers == facts.position):
+        return ""
+    return f" (position {peers} among priority {run.priority})"
 
 
 def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
@@ -234,7 +256,8 @@ def _queue_facts(store: BaseStore, run: RunRecord) -> _QueueFacts:
     queue = store.key_queue(run, NAMED_HOLDERS)
     holders = [(h.run_id, h.status, h.since, h.namespace, h.lease_owner, h.lease_expires_at) for h in queue.holders]
     position = queue.due_ahead + 1 if queue.waiting else None
-    return _QueueFacts(holders, queue.holder_count, queue.depth, position, queue.not_due_ahead)
+    peers = queue.peers_ahead + 1 if queue.waiting else None
+    return _QueueFacts(holders, queue.holder_count, queue.depth, position, queue.not_due_ahead, peers)
 
 
 def _recent_durations(store: BaseStore, workflow: str, key: str) -> list[float]:
@@ -359,6 +382,7 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
         "not_before": run.not_before,
         "debounce_key": run.debounce_key,
         "debounce_until": run.debounce_until,
+        "priority": run.priority,
     }
     if run.is_terminal:
         sentence = f"Run {run.run_id} is {run.status} (finished at {_at(run.finished_at)}): it waits for nothing."
@@ -558,13 +582,14 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
         else ""
     )
     sentence = (
-        f"Run {run.run_id} is waiting: position {position} of {facts.depth} in line for {key_words}, "
-        f"{behind} ({', '.join(reasons)}){wait_words}{skipped}{ttl_words}."
+        f"Run {run.run_id} is waiting: position {position} of {facts.depth} in line for {key_words}"
+        f"{_priority_words(run, facts)}, {behind} ({', '.join(reasons)}){wait_words}{skipped}{ttl_words}."
     )
     return Explanation(
         state=ExplainState.WAITER,
         sentence=sentence,
         position=position,
+        priority_position=facts.priority_position,
         estimated_wait_seconds=estimate,
         estimate_is_lower_bound=at_least,
         recent_durations=len(durations),

@@ -36,14 +36,22 @@ from typing import Any
 from django.db.models import Case, Count, F, Q, RowRange, Sum, Value, When, Window
 from django.db.models.functions import Coalesce, RowNumber
 
-from .admission import holds_quota_slot, holds_quota_slot_q, holds_slot, holds_slot_q, limit_in_force, quota_waiter_q
+from .admission import (
+    QUOTA_ORDER,
+    holds_quota_slot,
+    holds_quota_slot_q,
+    holds_slot,
+    holds_slot_q,
+    limit_in_force,
+    order_expressions,
+    quota_waiter_q,
+)
 from .conf import Settings
 from .definitions import Registry, registry
 from .exceptions import InvalidInputError
 from .models import QuotaMembership, Run
 from .querysets import DbNow
 from .queues import (
-    QUOTA_ORDER,
     Cause,
     QueueRow,
     QuotaRow,
@@ -402,7 +410,7 @@ def quota_lanes(
     in the window, up to ``max_keys`` in all, each group in key order; ``first_key``
     first. A span is its run's, from ``admitted_at`` (the admission in every limit at
     once, X3) to ``finished_at``; waiters are the due ones in the quota's admission
-    order (``queues.QUOTA_ORDER``), each with its cause. The
+    order (``admission.QUOTA_ORDER``), each with its cause. The
     limit is the key's in force (K2), the declared ``Quota.limit`` for a key without
     active members, 1 for a quota this process does not declare. Four queries.
 
@@ -530,7 +538,7 @@ def _quota_waiters(
     memberships: Any, rows: dict[tuple[str, str], QuotaRow], per_key: int
 ) -> tuple[dict[tuple[str, str], list[tuple[str, Member]]], dict[tuple[str, str], dict[Cause, int]]]:
     """Return the first ``per_key`` due waiters of each quota key of ``rows`` in the quota's
-    admission order (``queues.QUOTA_ORDER``, X3d, X5 on the
+    admission order (``admission.QUOTA_ORDER``, X3d, X5 on the
     database's clock) with their causes, and each key's due waiters counted by cause,
     in one query whatever the queues' lengths.
 
@@ -551,7 +559,7 @@ def _quota_waiters(
         if row.free_slots > 0:
             reach |= Q(quota=quota, key=key, place=row.free_slots)
     partition = [F("quota"), F("key")]
-    order = [F(name).asc() for name in QUOTA_ORDER]
+    order = order_expressions(QUOTA_ORDER)
     keyed = Case(When(run__singleton_slot=SlotState.WAITER, then=Value(1)), default=Value(0))
     numbered = (
         memberships.filter(chosen)

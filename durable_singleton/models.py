@@ -114,6 +114,10 @@ class Run(models.Model):
     #: seconds], ...]``, written once at its start beside its memberships (X6); empty without
     #: throttles. A run that carries one carries the quota marker (``quota_slot``) too.
     throttle_keys = models.JSONField(_("throttle keys"), default=list, blank=True, null=True)
+    #: The run's priority inside its key (X8), -100 to 100: among the key's due waiters the higher
+    #: is admitted first (``admission.QUEUE_ORDER``). The database's default 0 is what a row an
+    #: older release's process inserts during a rolling upgrade gets.
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
 
     objects = RunQuerySet.as_manager()
 
@@ -122,10 +126,19 @@ class Run(models.Model):
         verbose_name_plural = _("runs")
         ordering = ["-created_at", "-run_id"]
         indexes = [
-            # The queue: holders and waiters of one key in admission order (S5); its
-            # front skips the waiters not due yet (X5) on the index entries' not_before.
+            # The queue: holders and waiters of one key in admission order (S5, X8:
+            # admission.QUEUE_ORDER); its front skips the waiters not due yet (X5) on the
+            # index entries' not_before.
             models.Index(
-                fields=["workflow_name", "singleton_key", "singleton_slot", "created_at", "run_id", "not_before"],
+                fields=[
+                    "workflow_name",
+                    "singleton_key",
+                    "singleton_slot",
+                    "-priority",
+                    "created_at",
+                    "run_id",
+                    "not_before",
+                ],
                 name="ds_run_queue_idx",
             ),
             # Untracked active runs of an older release count as holders (S12): PostgreSQL reads
@@ -148,7 +161,15 @@ class Run(models.Model):
             # A debounced start finds its key's open run (X7a).
             models.Index(fields=["debounce_key", "workflow_name", "status"], name="ds_run_debounce_idx"),
             models.Index(
-                fields=["singleton_key", "workflow_name", "singleton_slot", "created_at", "run_id", "not_before"],
+                fields=[
+                    "singleton_key",
+                    "workflow_name",
+                    "singleton_slot",
+                    "-priority",
+                    "created_at",
+                    "run_id",
+                    "not_before",
+                ],
                 name="ds_run_key_idx",
             ),
         ]
@@ -272,13 +293,17 @@ class QuotaMembership(models.Model):
     weight = models.PositiveIntegerField(_("weight"), default=1)
     #: The admission order's first term (``admission.fair_tag``, X4): 0 in a quota without ``fair_key``.
     tag = models.BigIntegerField(_("fair tag"), default=0)
+    #: The run's priority (X8), the admission order's second term (``admission.QUOTA_ORDER``).
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
 
     class Meta:
         verbose_name = _("quota membership")
         verbose_name_plural = _("quota memberships")
         ordering = ["quota", "key", "created_at", "run"]
         indexes = [
-            models.Index(fields=["quota", "key", "slot", "tag", "created_at", "run"], name="ds_quota_order_idx"),
+            models.Index(
+                fields=["quota", "key", "slot", "tag", "-priority", "created_at", "run"], name="ds_quota_order_idx"
+            ),
             # A sub-key's last tag: one probe (X4).
             models.Index(fields=["quota", "key", "sub_key", "tag"], name="ds_quota_fair_idx"),
         ]

@@ -14,7 +14,7 @@ from django.db import connections, models
 from django.db.models import ExpressionWrapper, Func, Value
 from django.db.models.expressions import CombinedExpression
 
-from .admission import holds_slot_q, is_due_q, is_due_sql_text, legacy_holder_q
+from .admission import QUEUE_ORDER, holds_slot_q, is_due_q, is_due_sql_text, legacy_holder_q, queue_order_sql_text
 from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
 
 if TYPE_CHECKING:
@@ -110,8 +110,9 @@ class RunQuerySet(models.QuerySet["Run"]):
         return legacy_holder_q()
 
     def waiting(self) -> RunQuerySet:
-        """Active runs waiting for a slot, in admission order (S5 step 3), due or not (X5)."""
-        return self.filter(singleton_slot=SlotState.WAITER).order_by("created_at", "run_id")
+        """Active runs waiting for a slot, in admission order (S5 step 3, X8:
+        :data:`~durable_singleton.admission.QUEUE_ORDER`), due or not (X5)."""
+        return self.filter(singleton_slot=SlotState.WAITER).order_by(*QUEUE_ORDER)
 
     def admissible(self) -> RunQuerySet:
         """Runs whose delayed start has come by the database's clock (X5, R5):
@@ -128,7 +129,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         return self.waiting().admissible()
 
     def queue_front(self) -> RunQuerySet:
-        """Holders, then due waiters in admission order: one read of ``ds_run_queue_idx`` (S5, X5).
+        """Holders, then due waiters in admission order: one read of ``ds_run_queue_idx`` (S5, X5, X8).
 
         'holder' sorts before 'waiter', so the first ``limit`` rows hold every
         holder when there are fewer than ``limit``, followed by exactly the
@@ -138,7 +139,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         return (
             self.filter(singleton_slot__isnull=False)
             .filter(models.Q(singleton_slot=SlotState.HOLDER) | is_due_q(DbNow()))
-            .order_by("singleton_slot", "created_at", "run_id")
+            .order_by("singleton_slot", *QUEUE_ORDER)
         )
 
     @staticmethod
@@ -149,7 +150,7 @@ class RunQuerySet(models.QuerySet["Run"]):
         due = is_due_sql_text(table, now)
         holder = f"{table}.singleton_slot = '{SlotState.HOLDER.value}'"
         condition = f"{table}.singleton_slot IS NOT NULL AND ({holder} OR {due})"
-        return condition, f"{table}.singleton_slot, {table}.created_at, {table}.run_id"
+        return condition, f"{table}.singleton_slot, {queue_order_sql_text(table)}"
 
     def due(self) -> RunQuerySet:
         """Parked runs whose ``wake_at`` has come by the database's clock (S8, R5)."""

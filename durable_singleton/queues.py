@@ -5,7 +5,8 @@ keys and runs: the queue table is one grouped query (its totals computed by
 window functions in the same query) and one for the runtime controls of the
 page's keys (K2), a key's page four.
 The order of a key's waiters is the claim's order,
-``Run.objects.for_key(...).waiting()`` by (``created_at``, ``run_id``) (S5),
+``Run.objects.for_key(...).waiting()``: higher priority first, then by
+(``created_at``, ``run_id``) (S5, X8, ``admission.QUEUE_ORDER``),
 and its holders are ``holders()``: admitted runs and untracked runs of an
 older release (S12). Nothing here writes.
 """
@@ -42,6 +43,9 @@ from django.db.models.functions import Cast, Coalesce, RowNumber
 
 from .admission import (
     ACTIVE_STATUSES,
+    QUEUE_ORDER,
+    QUOTA_ORDER,
+    ahead_q,
     free_slots,
     free_slots_sql,
     holds_quota_slot_q,
@@ -50,6 +54,7 @@ from .admission import (
     key_only_waiter_q,
     limit_in_force,
     limit_in_force_sql,
+    order_expressions,
     queue_cap,
     queue_ttl_expires_at,
     quota_lock_name,
@@ -681,13 +686,10 @@ def run_place(run: Run, *, using: str | None = None) -> Place:
         return Place("not-due", holders=holders, not_before=run.not_before)
     # Its position among the due waiters, as the claim and explain count it (S5 step 3, X5, K3).
     waiting = runs.due_waiting()
-    ahead = waiting.filter(Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id))
+    ahead = waiting.filter(
+        ahead_q(QUEUE_ORDER, {"priority": run.priority, "created_at": run.created_at, "run_id": run.run_id})
+    )
     return Place(SlotState.WAITER, position=ahead.count() + 1, holders=holders)
-
-
-#: A quota key's admission order (X3d, X4): the fair tag, then creation, then run id, the
-#: order in which the store's quota grant takes waiters and ``quota_queue`` counts positions.
-QUOTA_ORDER = ("tag", "created_at", "run_id")
 
 
 @dataclass(frozen=True)
@@ -879,12 +881,17 @@ def queue_members(
     for workflow, key in sorted(pairs):
         chosen |= Q(workflow_name=workflow, singleton_key=key)
     runs = (Run.objects.using(using) if using else Run.objects.all()).filter(chosen)
-    order = [F("created_at").asc(), F("run_id").asc()]
+    # Holders in creation order, waiters in the claim's (S5 step 3, X8).
+    orders = {"holders": ("created_at", "run_id"), "waiters": QUEUE_ORDER}
     for queryset, field in ((runs.holders(), "holders"), (runs.waiting(), "waiters")):
         numbered = queryset.annotate(
-            place=Window(RowNumber(), partition_by=[F("workflow_name"), F("singleton_key")], order_by=order)
+            place=Window(
+                RowNumber(),
+                partition_by=[F("workflow_name"), F("singleton_key")],
+                order_by=order_expressions(orders[field]),
+            )
         ).filter(place__lte=per_key)
-        for name, tagged, run_id in numbered.order_by("created_at", "run_id").values_list(
+        for name, tagged, run_id in numbered.order_by(*orders[field]).values_list(
             "workflow_name", "singleton_key", "run_id"
         ):
             getattr(members[name, str(tagged)], field).append(run_id)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from .admission import ADMITTED_TAG, TRACKED_TAG, holds_quota_slot, holds_slot, key_tag, quota_tag
+from .admission import ADMITTED_TAG, TRACKED_TAG, holds_quota_slot, holds_slot, key_tag, queue_place, quota_tag
 from .statuses import PARKED_STATUSES, TERMINAL_STATUSES
 
 __all__ = [
@@ -92,6 +92,8 @@ class RunRecord:
     #: The latest start time a later start of the burst may give the run: the burst's first
     #: start plus ``max_seconds``, on the store's clock (X7); None when not debounced.
     debounce_until: datetime | None = None
+    #: The run's priority inside its key (X8): -100 to 100, higher admitted first; fixed at start.
+    priority: int = 0
 
     @property
     def tags(self) -> list[str]:
@@ -117,6 +119,12 @@ class RunRecord:
         """Tell whether the run holds a slot of each quota key it carries (X3c):
         :func:`~durable_singleton.admission.holds_quota_slot`."""
         return holds_quota_slot(self.status, self.quota_slot)
+
+    @property
+    def queue_place(self) -> tuple[int, datetime, str]:
+        """Return the run's sort key in its key's queue, higher priority first, then oldest
+        (S5 step 3, X8): :func:`~durable_singleton.admission.queue_place`."""
+        return queue_place(self.priority, self.created_at, self.run_id)
 
     @property
     def is_terminal(self) -> bool:
@@ -198,7 +206,9 @@ class KeyQueue:
     ``holders``: the oldest holders, at most the number asked for;
     ``holder_count``: all of them; ``depth``: every waiter of the key;
     ``due_ahead``/``not_due_ahead``: the waiters queued before the run whose
-    delayed start is due / not due yet (X5: one not due blocks no one);
+    delayed start is due / not due yet (X5: one not due blocks no one), in
+    the queue's order (``admission.QUEUE_ORDER``: priority, then creation,
+    X8); ``peers_ahead``: those of ``due_ahead`` of the run's own priority;
     ``waiting``: the run itself waits for a slot of its key."""
 
     holders: tuple[QueueHolder, ...]
@@ -207,6 +217,7 @@ class KeyQueue:
     due_ahead: int
     not_due_ahead: int
     waiting: bool
+    peers_ahead: int = 0
 
 
 @dataclass(frozen=True)

@@ -100,15 +100,19 @@ class DurableSingletonBackend(BaseTaskBackend):
     a non-empty str (S1). Supports async task functions, result retrieval
     from any process and ``run_after``, a delayed start of the run
     (``not_before``, X5: not run before it by the database's clock, and no
-    blocker of the due tasks behind it on its key); not priorities (other
-    than 0: admission per key is FIFO, S5). A task's ``queue_name`` (one of ``QUEUES``, checked by Django) is kept with
-    its run and read back by :meth:`get_result`; it does not route turns,
-    which go to the engine's dispatcher.
+    blocker of the due tasks behind it on its key) and priorities: a task's
+    ``priority`` (-100 to 100, checked by Django) is its run's priority inside
+    its key (X8: among the key's waiters the higher is admitted first, oldest
+    first within one; a holder is never preempted). A task's ``queue_name``
+    (one of ``QUEUES``, checked by Django) is kept with its run and read back
+    by :meth:`get_result`; it does not route turns, which go to the engine's
+    dispatcher.
     """
 
     supports_async_task = True
     supports_get_result = True
     supports_defer = True
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
@@ -121,7 +125,8 @@ class DurableSingletonBackend(BaseTaskBackend):
         The run is created now and its first turn dispatched after the current
         transaction commits (S3); with the task's ``run_after`` (an aware
         datetime, checked by Django) the run's ``not_before`` is that time and
-        the tick sends its first turn when it is due (X5). Arguments are normalized as Django's
+        the tick sends its first turn when it is due (X5); the task's ``priority`` is the run's
+        (X8). Arguments are normalized as Django's
         ``TaskResult`` does (tuples become lists). Raises
         :class:`~django.tasks.exceptions.InvalidTask` for a task this backend
         cannot run, :class:`~durable_singleton.exceptions.InvalidInputTypeError`
@@ -146,7 +151,9 @@ class DurableSingletonBackend(BaseTaskBackend):
             input["queue_name"] = task.queue_name
         engine = get_engine()
         definition = self.definition_for(task, engine.registry)
-        run = engine.start(definition.name, input, version=definition.version, not_before=task.run_after)
+        run = engine.start(
+            definition.name, input, version=definition.version, not_before=task.run_after, priority=task.priority
+        )
         result = self._result(task, run, [])
         task_enqueued.send(type(self), task_result=result)
         return result
@@ -267,6 +274,8 @@ class DurableSingletonBackend(BaseTaskBackend):
                 task = task.using(queue_name=queue_name)
         if run.not_before is not None and task.run_after != run.not_before:
             task = task.using(run_after=run.not_before)  # the task as enqueued (X5)
+        if task.priority != run.priority:
+            task = task.using(priority=run.priority)  # the task as enqueued (X8)
         result: TaskResult[P, R] = TaskResult(
             task=task,
             id=run.run_id,

@@ -135,23 +135,43 @@ class BaseWorkflow:
         raise NotImplementedError(f"{type(self).__qualname__}.run")
 
     @classmethod
-    def start(cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None) -> RunRecord:
-        """Start a run of this workflow; see :meth:`Engine.start`. Never blocks (S3)."""
+    def start(
+        cls,
+        input: Any,
+        *,
+        run_id: str | None = None,
+        tags: Iterable[str] = (),
+        engine: Any = None,
+        priority: int = 0,
+    ) -> RunRecord:
+        """Start a run of this workflow; see :meth:`Engine.start`. Never blocks (S3).
+
+        ``priority``: an int from -100 to 100, the run's place among its key's
+        waiters (X8); raises :class:`~durable_singleton.exceptions.InvalidPriorityError`
+        otherwise, writing nothing."""
         return (engine or get_engine()).start(
-            cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version
+            cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version, priority=priority
         )
 
     dispatch = start
 
     @classmethod
     async def astart(
-        cls, input: Any, *, run_id: str | None = None, tags: Iterable[str] = (), engine: Any = None
+        cls,
+        input: Any,
+        *,
+        run_id: str | None = None,
+        tags: Iterable[str] = (),
+        engine: Any = None,
+        priority: int = 0,
     ) -> RunRecord:
         """Start a run of this workflow off the event loop, for async views; see ``Engine.astart``.
 
-        Raises what :meth:`start` raises, each writing nothing (S15, section 7).
+        Raises what :meth:`start` raises, each writing nothing (S15, X8, section 7).
         """
         runner = engine or get_engine()
-        return await runner.astart(cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version)
+        return await runner.astart(
+            cls.definition.name, input, run_id=run_id, tags=tags, version=cls.definition.version, priority=priority
+        )
 
     adispatch = astart

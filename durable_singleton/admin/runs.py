@@ -96,7 +96,7 @@ class RunAdmin(StorableInputMixin, QueuePagesMixin, LanePagesMixin, EngineAction
                 )
             },
         ),
-        (_("Singleton"), {"fields": ("singleton_key", "limit_display", "place_display")}),
+        (_("Singleton"), {"fields": ("singleton_key", "priority", "limit_display", "place_display")}),
         (_("Data"), {"fields": ("input_display", "output_display", "error_display")}),
         (_("Times"), {"fields": ("times_display",)}),
         (

@@ -193,10 +193,10 @@ class Finish:
 
 def handed_off(granted: Iterable[RunRecord], turns: Iterable[RunRecord]) -> tuple[RunRecord, ...]:
     """Return the runs a handoff sends a turn, in the order every store sends them (S7, X3h):
-    the ones it admitted (``granted``) oldest first, by (``created_at``, ``run_id``), the
-    order of their tokens in each limit; then the waiters sent a turn as they are
-    (``turns``, in their place), each once."""
-    admitted = sorted(granted, key=lambda g: (g.created_at, g.run_id))
+    the ones it admitted (``granted``) in their queue order (:attr:`RunRecord.queue_place`:
+    higher priority first, then oldest, X8), the order of their tokens in each limit; then
+    the waiters sent a turn as they are (``turns``, in their place), each once."""
+    admitted = sorted(granted, key=lambda g: g.queue_place)
     seen = {g.run_id for g in admitted}
     rest: list[RunRecord] = []
     for run in turns:
@@ -767,7 +767,7 @@ class BaseStore(ABC):
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
         limit = limit_in_force(declared_limit(limits, run.workflow_name, (run.singleton_limit,)))
         candidates = [
-            Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before)
+            Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before, r.priority)
             for r in self.active_runs_for_key(run.workflow_name, run.singleton_key)
         ]
         if decide_admission(candidates, run_id, limit, self.now(), (ttls or {}).get(run.workflow_name)):
@@ -1097,10 +1097,11 @@ class BaseStore(ABC):
         active = list(self.active_runs_for_key(run.workflow_name, run.singleton_key))
         order = attrgetter("created_at", "run_id")
         held = sorted((r for r in active if r.holds_slot), key=order)
-        waiters = sorted((r for r in active if r.tracked and not r.admitted), key=order)
+        waiters = sorted((r for r in active if r.tracked and not r.admitted), key=attrgetter("queue_place"))
         now = self.now()
-        earlier = [w for w in waiters if (w.created_at, w.run_id) < (run.created_at, run.run_id)]
+        earlier = [w for w in waiters if w.queue_place < run.queue_place]
         due_ahead = sum(1 for w in earlier if is_due(w.not_before, now))
+        peers_ahead = sum(1 for w in earlier if is_due(w.not_before, now) and w.priority == run.priority)
         holders = tuple(
             QueueHolder(
                 r.run_id,
@@ -1113,7 +1114,7 @@ class BaseStore(ABC):
             for r in held[:named]
         )
         waiting = any(w.run_id == run.run_id for w in waiters)
-        return KeyQueue(holders, len(held), len(waiters), due_ahead, len(earlier) - due_ahead, waiting)
+        return KeyQueue(holders, len(held), len(waiters), due_ahead, len(earlier) - due_ahead, waiting, peers_ahead)
 
     def recent_completions(self, workflow_name: str, key: str, count: int) -> list[tuple[datetime | None, datetime]]:
         """Return (admitted or started, finished) of the last ``count`` (>= 0)

@@ -59,8 +59,10 @@ from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from ..admission import (
+    QUEUE_ORDER,
     QUOTA_ORDER,
     QUOTA_PREFIX,
+    ahead_q,
     cap_in_force,
     debounce_lock_name,
     debounce_open_q,
@@ -858,7 +860,7 @@ class DjangoStore(BaseStore):
                 existing = self._locking(runs.filter(pk=run.run_id)).first()
                 if existing is not None:
                     return Superseding(record_of(existing), False)
-                active = list(self._locking(runs.for_key(workflow_name, key).active().order_by("created_at", "run_id")))
+                active = list(self._locking(runs.for_key(workflow_name, key).active().order_by(*QUEUE_ORDER)))
                 holders = [r for r in active if self._holds_slot(r)]
                 waiters = [r for r in active if not self._holds_slot(r)]
                 limit = self._limit(workflow_name, key_row, limits, (run.singleton_limit,))
@@ -1062,6 +1064,7 @@ class DjangoStore(BaseStore):
             trace_parent=run.trace_parent,
             debounce_key=run.debounce_key,
             debounce_until=run.debounce_until,
+            priority=run.priority,
         )
 
     def _insert(self, run: RunRecord) -> None:
@@ -1087,6 +1090,7 @@ class DjangoStore(BaseStore):
                         sub_key=shares.get(name, ("", 1))[0],
                         weight=shares.get(name, ("", 1))[1],
                         tag=tags.get((name, key), 0),
+                        priority=run.priority,
                     )
                     for name, key in run.quota_keys
                 ]
@@ -1563,8 +1567,9 @@ class DjangoStore(BaseStore):
         self, name: str, key: str, key_row: Mapping[str, Any], limits: Limits, ttls: QueueTtls | None = None
     ) -> tuple[int, list[str]]:
         """Read a locked quota key's free slots and its first due waiters' run
-        ids in admission order, as many as its limit (X3c, X3d, X4): by
-        (``tag``, ``created_at``, ``run_id``), oldest first in a quota without
+        ids in admission order, as many as its limit (X3c, X3d, X4, X8): by
+        :data:`~durable_singleton.admission.QUOTA_ORDER` (``tag``, then the higher
+        priority, then oldest), by priority then oldest in a quota without
         ``fair_key`` (:func:`~durable_singleton.admission.fair_tag`).
         The limit in force is the declared one in ``limits`` under
         ``quota:<name>`` (1 if this process does not declare it) or the key's
@@ -1929,16 +1934,11 @@ class DjangoStore(BaseStore):
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
         holders = [str(r) for r in members.filter(holds_quota_slot_q()).values_list("run_id", flat=True)[:20]]
         queue = members.filter(quota_waiter_q(DbNow()))
-        mine = queue.filter(run_id=run_id).values_list("tag", "created_at").first()
+        fields = [f.lstrip("-") for f in QUOTA_ORDER]
+        mine = queue.filter(run_id=run_id).values(*fields).first()
         position = None
         if mine is not None:
-            tag, created_at = mine
-            ahead = (
-                Q(tag__lt=tag)
-                | Q(tag=tag, created_at__lt=created_at)
-                | Q(tag=tag, created_at=created_at, run_id__lt=run_id)
-            )
-            position = queue.filter(ahead).count() + 1
+            position = queue.filter(ahead_q(QUOTA_ORDER, mine)).count() + 1
         return position, queue.count(), holders
 
     def quota_tokens(self, run_id: str) -> dict[str, int]:
@@ -2438,7 +2438,7 @@ class DjangoStore(BaseStore):
 
     # -- reads -----------------------------------------------------------------------
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
-        rows = self._runs().for_key(workflow_name, key).active().order_by("created_at", "run_id")
+        rows = self._runs().for_key(workflow_name, key).active().order_by(*QUEUE_ORDER)
         return [record_of(r) for r in rows]
 
     def _count_active(self, workflow_name: str, key: str, namespace: str | None, cap: int) -> int:
@@ -2545,16 +2545,19 @@ class DjangoStore(BaseStore):
             )[: named + 1]
         )
         count = len(rows) if len(rows) <= named else runs.holders().count()
-        ahead = Q(created_at__lt=run.created_at) | Q(created_at=run.created_at, run_id__lt=run.run_id)
+        ahead = ahead_q(QUEUE_ORDER, {"priority": run.priority, "created_at": run.created_at, "run_id": run.run_id})
         due = is_due_q(DbNow())
         totals = runs.filter(singleton_slot=SlotState.WAITER).aggregate(
-            depth=Count("pk"), ahead=Count("pk", filter=ahead & due), not_due=Count("pk", filter=ahead & ~due)
+            depth=Count("pk"),
+            ahead=Count("pk", filter=ahead & due),
+            not_due=Count("pk", filter=ahead & ~due),
+            peers=Count("pk", filter=ahead & due & Q(priority=run.priority)),
         )
         holders = tuple(
             QueueHolder(r[0], r[1], since_admitted(r[2], r[3], r[4]), r[5], r[6], r[7]) for r in rows[:named]
         )
         waiting = run.tracked and not run.admitted
-        return KeyQueue(holders, count, totals["depth"], totals["ahead"], totals["not_due"], waiting)
+        return KeyQueue(holders, count, totals["depth"], totals["ahead"], totals["not_due"], waiting, totals["peers"])
 
     def recent_completions(self, workflow_name: str, key: str, count: int) -> list[tuple[datetime | None, datetime]]:
         rows = (

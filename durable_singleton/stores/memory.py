@@ -125,7 +125,7 @@ class MemoryStore(BaseStore):
         """The key's due waiters in admission order (S5 step 3, X5)."""
         now = self.clock()
         runs = [r for r in self._key_runs(workflow_name, key) if not r.holds_slot and is_due(r.not_before, now)]
-        return sorted(runs, key=lambda r: (r.created_at, r.run_id))
+        return sorted(runs, key=lambda r: r.queue_place)
 
     def _expired(self, run: RunRecord) -> bool:
         return run.lease_expires_at is None or run.lease_expires_at <= self.clock()
@@ -177,7 +177,7 @@ class MemoryStore(BaseStore):
             existing = self._runs.get(run.run_id)
             if existing is not None:
                 return Superseding(existing, False)
-            active = sorted(self._key_runs(workflow_name, key), key=lambda r: (r.created_at, r.run_id))
+            active = sorted(self._key_runs(workflow_name, key), key=lambda r: r.queue_place)
             # A running run holds its slot (S4), marked or not: a subclass on the
             # S14 fallback claim marks none, and a running run is never replaced.
             holders = [r for r in active if r.holds_slot or r.status == RunStatus.RUNNING]
@@ -451,7 +451,8 @@ class MemoryStore(BaseStore):
         self, name: str, members: Sequence[RunRecord], now: datetime, ttls: QueueTtls | None = None
     ) -> list[str]:
         """The due waiters among ``members`` of the quota ``name`` in admission order,
-        by (tag, ``created_at``, ``run_id``) (X3d, X4, :func:`~durable_singleton.admission.fair_tag`);
+        by (tag, priority descending, ``created_at``, ``run_id``) (X3d, X4, X8,
+        :func:`~durable_singleton.admission.fair_tag`);
         with ``ttls``, none past its workflow's TTL (X2: every grant skips them)."""
         waiters = (
             r
@@ -460,7 +461,7 @@ class MemoryStore(BaseStore):
             and is_due(r.not_before, now)
             and not waiter_expired(r.created_at, (ttls or {}).get(r.workflow_name), now)
         )
-        ordered = sorted(waiters, key=lambda r: (self._quota_tags.get((r.run_id, name), 0), r.created_at, r.run_id))
+        ordered = sorted(waiters, key=lambda r: (self._quota_tags.get((r.run_id, name), 0), *r.queue_place))
         return [r.run_id for r in ordered]
 
     def _quota_turns(
@@ -972,7 +973,7 @@ class MemoryStore(BaseStore):
     # -- reads ---------------------------------------------------------------------------
     def active_runs_for_key(self, workflow_name: str, key: str) -> Sequence[RunRecord]:
         with self._critical():
-            return sorted(self._key_runs(workflow_name, key), key=lambda r: (r.created_at, r.run_id))
+            return sorted(self._key_runs(workflow_name, key), key=lambda r: r.queue_place)
 
     def count_active_for_key(self, workflow_name: str, key: str, namespace: str | None) -> int:
         with self._critical():

@@ -582,6 +582,7 @@ class FastPath:
             "debounce_key": run.debounce_key,
             "debounce_until": run.debounce_until,
             "throttle_keys": _json_param([list(t) for t in run.throttle_keys]),
+            "priority": run.priority,
         }
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)

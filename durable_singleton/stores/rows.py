@@ -54,6 +54,7 @@ COLUMNS = (
     "debounce_key",
     "debounce_until",
     "throttle_keys",
+    "priority",
 )
 
 
@@ -114,6 +115,7 @@ def run_record(
         debounce_key,
         debounce_until,
         stored_throttles,
+        priority,
     ) = row[: len(COLUMNS)]
     if json_text:
         input, output, error, tags, stored_keys, stored_throttles = map(
@@ -157,4 +159,5 @@ def run_record(
         debounce_key=debounce_key,
         debounce_until=debounce_until,
         throttle_keys=throttle_keys_of(stored_throttles),
+        priority=priority,
     )

@@ -115,8 +115,8 @@ def _json_param(value: Any) -> str | None:
 
 def record(row: Sequence[Any]) -> RunRecord:
     """Return the :class:`RunRecord` of a row of the ``run_columns`` fragment
-    (:data:`durable_singleton.stores.rows.COLUMNS`' order): SQLite returns
-    its times as text, decoded here; the rest is :func:`~durable_singleton.stores.rows.run_record`."""
+    (``stores.rows.COLUMNS``' order): SQLite returns
+    its times as text, decoded here; the rest is ``stores.rows.run_record``."""
     values = [_time(x) if i in _TIMES else x for i, x in enumerate(row[: len(COLUMNS)])]
     return run_record(values, json_text=True)
 
@@ -252,6 +252,7 @@ class Room:
             "debounce_key": run.debounce_key,
             "debounce_until": _maybe_time(run.debounce_until),
             "throttle_keys": _json_param([list(t) for t in run.throttle_keys]),
+            "priority": run.priority,
             "wake_at": _maybe_time(run.wake_at),
             "backlog_wake_at": _maybe_time(backlog_wake_at),
             "park_reason": run.park_reason,

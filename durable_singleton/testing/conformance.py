@@ -3,7 +3,7 @@
 Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 (S5, S9, R6), FIFO admission (S5 step 3), the handoff (S7, S7a), fencing
 (R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
-(D5), cancel (D6), the delayed start (X5), the queue TTL (X2, for a store
+(D5), cancel (D6), the delayed start (X5), priority inside a key (X8), the queue TTL (X2, for a store
 with ``supports_queue_ttl``: the tick ends a waiter past it, and no grant
 admits one, given the declared TTLs), the strategies of a busy start (X1:
 ``on_busy``; a store without ``supports_on_busy`` refuses the superseding
@@ -370,6 +370,77 @@ class StoreConformance:
         tokens = [t for t in bodies.tokens if t is not None]
         assert bodies.entered == ["r0", "r1", "r2"]
         assert len(tokens) == len(bodies.tokens) and tokens == sorted(tokens) and len(set(tokens)) == 3
+
+    # -- priority inside a key -----------------------------------------------------------
+    def test_waiters_are_admitted_by_priority_then_oldest(self, engine: Engine, bodies: _Bodies) -> None:
+        """X8, S5 step 3, S7: a key's waiters are admitted higher priority first and
+        oldest first within a priority, whatever order their turns arrive in."""
+        priorities = {"r0": 0, "r1": 0, "r2": 5, "r3": 5, "r4": -3, "r5": 10, "r6": -100, "r7": 100}
+        for run_id, priority in priorities.items():
+            engine.start("conf-1", {"k": "K"}, run_id=run_id, priority=priority)
+        assert engine.get("r7").priority == 100 and engine.get("r6").priority == -100
+        for run_id in ("r0", "r6", "r4", "r3", "r1", "r7", "r2", "r5"):
+            engine.execute(run_id)
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        assert bodies.entered == ["r7", "r5", "r2", "r3", "r0", "r1", "r4", "r6"]
+        assert bodies.highest["K"] == 1
+
+    def test_a_holder_is_never_preempted_and_the_handoff_grants_the_highest_priority(
+        self, engine: Engine, bodies: _Bodies
+    ) -> None:
+        """X8, S5, S7, K1: a waiter of priority 100 started after a holder of priority
+        -100 parks behind it (the holder keeps its slot); the holder's settle grants
+        the slot, with a larger token, to the highest-priority waiter, in the same
+        write, ahead of an older waiter of priority 0."""
+        engine.start("conf-1", {"k": "K"}, run_id="low", priority=-100)
+        held = self._turn(engine, "low", "w")
+        assert held.state is TurnState.RUN
+        engine.start("conf-1", {"k": "K"}, run_id="old", priority=0)
+        engine.start("conf-1", {"k": "K"}, run_id="high", priority=100)
+        assert self._turn(engine, "high", "w2").state is TurnState.PARKED
+        assert engine.get("low").admitted and not engine.get("high").admitted
+        engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+        done = engine.store.finish(engine.get("low"), "w", RunStatus.COMPLETED, limits=engine.limits())
+        assert [g.run_id for g in done.granted] == ["high"]
+        assert engine.get("high").admitted and not engine.get("old").admitted
+        assert engine.get("high").fencing_token > held.run.fencing_token
+
+    def test_a_quota_admits_its_waiters_by_priority_then_oldest(self, engine: Engine, bodies: _Bodies) -> None:
+        """X8, X3d: a quota key's waiters (across workflows) are admitted higher
+        priority first, oldest first within one. A store that does not admit quotas
+        refuses the start (checked by the shared-quota case)."""
+        if not engine.store.admits_quotas:
+            pytest.skip("this store does not admit quotas (X3)")
+        starts = [("q0", 0), ("q1", 0), ("q2", 7), ("q3", -1), ("q4", 7)]
+        for n, (run_id, priority) in enumerate(starts):
+            workflow = "conf-quota" if n % 2 else "conf-quota-keyed"
+            engine.start(workflow, {"k": "K", "s": f"s{n}"}, run_id=run_id, priority=priority)
+        for run_id in ("q0", "q3", "q1", "q4", "q2"):
+            engine.execute(run_id)
+        _settle_all(engine)
+        assert bodies.entered == ["q2", "q4", "q0", "q1", "q3"]
+        assert bodies.highest["K"] == 1
+
+    def test_a_bad_priority_raises_and_writes_nothing(self, engine: Engine) -> None:
+        """X8, section 7: a priority that is not an int from -100 to 100 (a bool, a
+        float, a str, None, 101, -101) raises InvalidPriorityError from start,
+        start_many and signal_with_start, and nothing is written."""
+        from ..exceptions import InvalidPriorityError, ValidationError
+
+        for bad in (True, False, 1.0, "1", None, 101, -101, 10**6):
+            with pytest.raises(InvalidPriorityError):
+                engine.start("conf-1", {"k": "K"}, run_id="A", priority=bad)  # type: ignore[arg-type]
+            with pytest.raises(ValidationError):
+                engine.start_many("conf-1", [{"k": "K"}], run_ids=["B"], priority=bad)  # type: ignore[arg-type]
+            with pytest.raises(InvalidPriorityError):
+                engine.signal_with_start(
+                    "conf-1",
+                    {"k": "K"},
+                    run_id="C",
+                    signal="go",
+                    priority=bad,  # type: ignore[arg-type]
+                )
+        assert engine.store.list_runs() == []
 
     # -- the delayed start -------------------------------------------------------------
     def test_a_waiter_not_due_blocks_no_one_and_runs_when_due(self, engine: Engine, bodies: _Bodies) -> None:

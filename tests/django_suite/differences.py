@@ -20,10 +20,6 @@ _SYNC_IN_ASYNC = (
     "stand-in's results); Django refuses database access from an event loop (SynchronousOnlyOperation). "
     "The async twins (aget_result, arefresh) work"
 )
-_PRIORITY = (
-    "priorities are not supported (supports_priority is False): admission per key is FIFO by creation "
-    "(S5), and no dispatcher orders turns across keys"
-)
 _RUN_AFTER = (
     "the durable backend supports run_after (supports_defer, a delayed start: SPEC X5); the immediate "
     "backend's stand-in is the durable backend, so it does not refuse it"
@@ -58,8 +54,5 @@ DIFFERENCES: dict[str, tuple[str, bool]] = {
     _TASKS + "test_enqueue_task_async": (_SYNC_IN_ASYNC, True),
     _TASKS + "test_get_missing_result": (_SYNC_IN_ASYNC, True),
     _TASKS + "test_refresh_result": (_SYNC_IN_ASYNC, True),
-    _TASKS + "test_using_priority": (_PRIORITY, True),
-    _TASKS + "test_invalid_priority": (_PRIORITY + "; the refusal comes before the range check", True),
-    _TASKS + "test_chained_using": (_PRIORITY, True),
     _IMMEDIATE + "test_cannot_pass_run_after": (_RUN_AFTER, True),
 }

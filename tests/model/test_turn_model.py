@@ -12,7 +12,9 @@ Invariants after every step:
 
 * at most ``limit`` holders per key, counting the limit in force when each
   holder was admitted (a lowered limit never evicts, K2, S8b);
-* admission is FIFO among the key's due waiters (S5 step 3, X5);
+* admission follows the queue order among the key's due waiters: higher
+  priority first, FIFO within a priority (S5 step 3, X5, X8; starts draw a
+  priority from -1, 0 and 1);
 * a run whose not_before has not come is never claimed or admitted (X5);
 * no body of a cancelled run resumes (D6, F13);
 * a run the tick ended by its queue TTL was never admitted, and is
@@ -115,14 +117,15 @@ class TurnProtocol(RuleBasedStateMachine):
         key = self.key_of[run.run_id]
         if run.run_id in self.admitted_order[key]:
             return
-        # FIFO (S5 step 3): every older waiter of the key was admitted or ended first.
+        # The queue order (S5 step 3, X8): every due waiter of the key ahead of it by
+        # (priority DESC, created_at, run_id) was admitted or ended first.
         for other in self.created:
             if other == run.run_id or self.key_of[other] != key:
                 continue
             older = self._run(other)
-            if (older.created_at, older.run_id) < (run.created_at, run.run_id) and self._is_due(older):
+            if older.queue_place < run.queue_place and self._is_due(older):
                 assert other in self.admitted_order[key] or older.is_terminal or older.admitted, (
-                    f"{run.run_id} admitted before older due waiter {other}"
+                    f"{run.run_id} admitted before due waiter {other} ahead of it in the queue order"
                 )
         self.admitted_order[key].append(run.run_id)
         assert run.fencing_token is not None
@@ -138,11 +141,11 @@ class TurnProtocol(RuleBasedStateMachine):
             self._record_admission(run)
 
     # -- rules ---------------------------------------------------------------------
-    @rule(key=st.sampled_from(KEYS))
-    def start(self, key: str) -> None:
+    @rule(key=st.sampled_from(KEYS), priority=st.sampled_from((0, 1, -1)))
+    def start(self, key: str, priority: int) -> None:
         self.n += 1
         self.clock.now += timedelta(microseconds=10)
-        run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}")
+        run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}", priority=priority)
         self.created.append(run.run_id)
         self.key_of[run.run_id] = key
 

@@ -109,9 +109,10 @@ def _wide(plans: list[dict[str, Any]]) -> list[str]:
     return wide
 
 
-def _copy(source: str, count: int, *, run_id: str, key: str | None = None) -> None:
+def _copy(source: str, count: int, *, run_id: str, key: str | None = None, priority: str = "r.priority") -> None:
     """Insert ``count`` copies of the run ``source``, each a new id (``run_id`` || n)
-    and a later ``created_at``, and with ``key`` (|| n) its key if given."""
+    and a later ``created_at``, and with ``key`` (|| n) its key if given; ``priority``:
+    the SQL of each copy's priority (of n, the copy's number; X8)."""
     columns = list(pg.COLUMNS)
     values = []
     for c in columns:
@@ -121,6 +122,8 @@ def _copy(source: str, count: int, *, run_id: str, key: str | None = None) -> No
             values.append("r.created_at + make_interval(secs => n / 1000.0)")
         elif c == "singleton_key" and key is not None:
             values.append("%s || n::text")
+        elif c == "priority":
+            values.append(priority)
         else:
             values.append(f"r.{c}")
     params: list[Any] = [run_id] + ([key] if key is not None else []) + [source]
@@ -149,9 +152,10 @@ def engine() -> Engine:
     return _engine()
 
 
-def _deep_key(engine: Engine) -> None:
+def _deep_key(engine: Engine, priorities: str = "r.priority") -> None:
     """The many keys of one finished run each, the deep key's parked holder and
-    ``DEPTH`` parked waiters (the last one, ``tail``, created parked), then ANALYZE."""
+    ``DEPTH`` parked waiters (the last one, ``tail``, created parked), then ANALYZE;
+    ``priorities``: the SQL of each copied waiter's priority (X8)."""
     # Many keys, one finished run each: a many-keys workload's statistics.
     engine.start("deep", {"k": "many"}, run_id="many")
     engine.execute("many")
@@ -165,7 +169,7 @@ def _deep_key(engine: Engine) -> None:
     engine.start("deep", {"k": "deep"}, run_id="waiter")
     engine.execute("waiter")
     assert Run.objects.get(pk="waiter").singleton_slot == "waiter"
-    _copy("waiter", DEPTH - 2, run_id="waiter-")
+    _copy("waiter", DEPTH - 2, run_id="waiter-", priority=priorities)
     engine.start("deep", {"k": "deep"}, run_id="tail")
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
     with connection.cursor() as cursor:
@@ -191,6 +195,30 @@ def test_the_claim_the_handoff_and_the_start_read_a_bounded_number_of_rows_at_an
     handoff = _explained(lambda: engine.execute("holder"))
     assert engine.get("holder").status == RunStatus.COMPLETED
     assert Run.objects.get(pk="waiter").singleton_slot == "holder"
+
+    for name, plans in (("claim", claim), ("start", start), ("handoff", handoff)):
+        assert plans, name
+        assert not _wide(plans), (name, _wide(plans))
+
+
+def test_the_reads_stay_bounded_and_the_handoff_admits_by_priority_with_mixed_priorities(engine: Engine) -> None:
+    """X8, S5, S8a: the same deep key with its 10,000 waiters spread over seven
+    priorities (-3 to 3): the claim, the start of a waiter of priority 5 and the
+    handoff still read at most ``BOUND`` rows per plan node (the queue indexes
+    carry ``priority DESC``, migration 0019), and the handoff admits the waiter of
+    the highest priority, the latest started. Fails without the index change (the
+    front is sorted from every run of the key)."""
+    _deep_key(engine, priorities="mod(n, 7) - 3")
+
+    claim = _explained(lambda: engine.execute("tail"))
+    assert Run.objects.get(pk="tail").status == RunStatus.SUSPENDED
+    start = _explained(lambda: engine.start("deep", {"k": "deep"}, run_id="urgent", priority=5))
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    engine.signal("holder", "go", 1)
+    handoff = _explained(lambda: engine.execute("holder"))
+    assert engine.get("holder").status == RunStatus.COMPLETED
+    assert Run.objects.get(pk="urgent").singleton_slot == "holder"
+    assert Run.objects.filter(singleton_key="deep", singleton_slot="holder").count() == 1
 
     for name, plans in (("claim", claim), ("start", start), ("handoff", handoff)):
         assert plans, name

@@ -245,7 +245,7 @@ def test_the_quota_fragments_are_the_python_rules() -> None:
     assert _words(sql.fragment("quota_waiter")) == (
         admission.quota_waiter_sql_text("m", "mr", pg.NOW, "%(ttls)s::jsonb")
     )
-    assert _words(sql.fragment("quota_order")) == ", ".join(f"m.{c}" for c in admission.QUOTA_ORDER)
+    assert _words(sql.fragment("quota_order")) == admission.order_sql_text(admission.QUOTA_ORDER, "m")
     assert _words(sql.fragment("quota_name")) == f"substr(k0.workflow_name, {len(admission.QUOTA_PREFIX) + 1})"
 
 

@@ -89,12 +89,13 @@ def test_the_procedure_dropped_while_a_worker_runs_falls_back_to_the_orm_path_an
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """S6, R5a (a80a945; docs/operations.rst): a store that found ``ds_take_lease``
-    keeps using it; when the procedure is dropped under it (``migrate`` backwards,
-    an operator), the next claim is refused by the server, logged once, and served
-    on the ORM path: the run completes, nothing is left half-claimed. ``migrate``
-    forwards creates it again."""
-    from django.core.management import call_command
-
+    keeps using it; when the procedures are dropped under it (an operator, or
+    ``migrate`` backwards), the next claim is refused by the server, logged once, and
+    served on the ORM path: the run completes, nothing is left half-claimed. Created
+    again (as ``migrate`` forwards does), they serve a new store. The procedures are
+    dropped with ``mysql.uninstall``, the reverse of migrations 0016 and 0017: a
+    ``migrate`` backwards past 0019 would also drop ``Run.priority``, which this
+    release's code writes (X8)."""
     from durable_singleton.stores import mysql
 
     registry = Registry()
@@ -105,7 +106,7 @@ def test_the_procedure_dropped_while_a_worker_runs_falls_back_to_the_orm_path_an
     assert engine.get(first).status == RunStatus.COMPLETED
     assert engine.store._mysql_room() is not None  # type: ignore[attr-defined]
     try:
-        call_command("migrate", "durable_singleton", "0015", verbosity=0)
+        mysql.uninstall(connection)
         assert not mysql.installed(connection.alias)
         second = engine.start("room-plain", {}).run_id
         with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
@@ -113,7 +114,7 @@ def test_the_procedure_dropped_while_a_worker_runs_falls_back_to_the_orm_path_an
         assert engine.get(second).status == RunStatus.COMPLETED, engine.get(second)
         assert any("room off" in r.getMessage() for r in caplog.records), caplog.records
     finally:
-        call_command("migrate", "durable_singleton", verbosity=0)
+        mysql.install(connection)
     assert mysql.installed(connection.alias)
     fresh = make_engine(DjangoStore(), registry=registry)
     third = fresh.start("room-plain", {}).run_id

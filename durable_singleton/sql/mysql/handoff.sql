@@ -7,11 +7,12 @@
 -- UTC_TIMESTAMP(6), read per statement inside a procedure (R5, R8).
 
 -- name: ds_grant_waiters
--- Give a locked key's free slots to its oldest due waiters (S5, S7, S12, K1, K2, X2, X5),
+-- Give a locked key's free slots to its first due waiters (S5, S7, S12, K1, K2, X2, X5, X8),
 -- inside the caller's transaction, after the caller locked the key's row (S13).
 -- The queue's front is one read of ds_run_queue_idx, at most twice the limit in force
 -- rows: the holders first ('holder' sorts before 'waiter'), then the due waiters in
--- admission order, a waiter past its queue_ttl left out (X2). Each grant is a
+-- admission order (priority DESC, created_at, run_id: admission.QUEUE_ORDER, X8; re-created
+-- by migration 0019_run_priority), a waiter past its queue_ttl left out (X2). Each grant is a
 -- compare-and-set on the waiter as read with the next token of the key (K1); a waiter
 -- that carries quotas keeps its place and is only named, its own claim decides under
 -- the locks of all its limits (X3h). OUT: the claimant's token if it is within the
@@ -68,7 +69,7 @@ BEGIN
         DECLARE row_quota_slot VARCHAR(16) CHARACTER SET utf8mb4;
         DECLARE row_holds BOOLEAN;
         DECLARE front_rows INTEGER DEFAULT 2 * limit_in_force;
-        -- The holders and the queue's front, in its order (S5, X5; QuerySet.queue_front).
+        -- The holders and the queue's front, in its order (S5, X5, X8; QuerySet.queue_front).
         DECLARE queue CURSOR FOR
             SELECT q.run_id, q.status, q.singleton_slot, q.quota_slot,
                    (q.singleton_slot = 'holder' AND q.status IN ('pending', 'running', 'suspended', 'blocked'))
@@ -79,7 +80,7 @@ BEGIN
                AND (q.singleton_slot = 'holder' OR q.not_before IS NULL OR q.not_before <= UTC_TIMESTAMP(6))
                AND (q.singleton_slot <> 'waiter' OR ttl_microseconds IS NULL     -- X2: past its TTL, no slot
                     OR q.created_at > UTC_TIMESTAMP(6) - INTERVAL ttl_microseconds MICROSECOND)
-             ORDER BY q.singleton_slot, q.created_at, q.run_id
+             ORDER BY q.singleton_slot, q.priority DESC, q.created_at, q.run_id
              LIMIT front_rows;
         DECLARE CONTINUE HANDLER FOR NOT FOUND SET done = TRUE;
         OPEN queue;

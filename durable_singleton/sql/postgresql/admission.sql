@@ -52,7 +52,7 @@ legacy_holders AS (                            -- an older release's untracked h
       {{skip_legacy}}
 ),
 front AS (                                     -- the holders and the queue's front, in its order (S5, X5)
-    SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at,
+    SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at, q0.priority,
            {{holds_slot: run = q0}} AS holds
     FROM durable_singleton_run q0
     WHERE q0.workflow_name = {{wf}} AND q0.singleton_key = {{key}}
@@ -67,8 +67,8 @@ key_slots AS (                                 -- the key's free slots (S5, K2)
            {{free_slots: lim = k.lim; holders = (SELECT count(*) FROM front q WHERE q.holds) + (SELECT lg.n FROM legacy_holders lg); paused = k.paused}} AS free
     FROM key_row k
 ),
-waiters AS (                                   -- the waiters of the front in admission order, oldest first (S5)
-    SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos
+waiters AS (                                   -- the waiters of the front in admission order (S5, X8)
+    SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY {{queue_place: run = q}}) AS pos
     FROM front q
     WHERE q.singleton_slot = 'waiter'
 )

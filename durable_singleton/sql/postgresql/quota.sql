@@ -12,8 +12,8 @@
 (m.slot = 'waiter' AND mr.status IN ('pending', 'running', 'suspended', 'blocked') AND (mr.not_before IS NULL OR mr.not_before <= STATEMENT_TIMESTAMP()) AND NOT COALESCE(mr.created_at <= STATEMENT_TIMESTAMP() - make_interval(secs => (%(ttls)s::jsonb ->> mr.workflow_name)::float8), FALSE))
 
 -- fragment: quota_order
--- A quota key's admission order (X3c, X3d): admission.QUOTA_ORDER on m.
-m.tag, m.created_at, m.run_id
+-- A quota key's admission order (X3c, X3d, X8): admission.QUOTA_ORDER on m, ds_quota_order_idx's.
+m.tag, m.priority DESC, m.created_at, m.run_id
 
 -- fragment: quota_name
 -- The quota's name of the quota key row k0 (its workflow_name is quota:<name>, X3b).

@@ -19,7 +19,7 @@ r.singleton_key, r.singleton_limit, r.singleton_slot, r.singleton_tracked,
 r.wake_at, r.lease_owner, r.lease_expires_at, r.started_at, r.finished_at, r.admitted_at,
 r.attempts, r.recoveries, r.parent_run_id, r.park_reason, r.cancel_requested,
 r.deadline_at, r.fencing_token, r.step_count, r.not_before, r.quota_slot, r.trace_parent,
-r.quota_keys, r.debounce_key, r.debounce_until, r.throttle_keys
+r.quota_keys, r.debounce_key, r.debounce_until, r.throttle_keys, r.priority
 
 -- fragment: is_due
 -- The run r's delayed start has come by the message's clock (X5): admission.is_due_sql_text.

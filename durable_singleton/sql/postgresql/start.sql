@@ -8,9 +8,15 @@
 q0.singleton_slot IS NOT NULL
 AND (q0.singleton_slot = 'holder' OR (q0.not_before IS NULL OR q0.not_before <= STATEMENT_TIMESTAMP()))
 
+-- fragment: queue_place
+-- A key's waiters' order (S5 step 3, X8): the higher priority first, then the oldest by
+-- (created_at, run_id), on the run {{run}}: admission.queue_order_sql_text(run).
+{{run}}.priority DESC, {{run}}.created_at, {{run}}.run_id
+
 -- fragment: queue_order
--- The queue's order: holders before waiters, then oldest first (S5): queue_front_sql_text's order.
-q0.singleton_slot, q0.created_at, q0.run_id
+-- The queue's order: holders before waiters, then queue_place (S5, X8): queue_front_sql_text's
+-- order, ds_run_queue_idx's.
+q0.singleton_slot, {{queue_place: run = q0}}
 
 -- fragment: started_key_limit
 -- The limit in force on the started run's key: the key's runtime override, else the declared
@@ -55,7 +61,7 @@ singleton_key, singleton_limit, singleton_slot, singleton_tracked,
 lease_owner, lease_expires_at, started_at, finished_at, admitted_at,
 attempts, recoveries, parent_run_id, cancel_requested,
 deadline_at, fencing_token, step_count, not_before, quota_slot, trace_parent,
-quota_keys, debounce_key, debounce_until, throttle_keys
+quota_keys, debounce_key, debounce_until, throttle_keys, priority
 
 -- fragment: start_values
 -- Their values, in start_columns' order. A time is as given or, given NULL, the database's
@@ -69,7 +75,7 @@ COALESCE(%(updated_at)s, STATEMENT_TIMESTAMP() + make_interval(secs => %(updated
 %(attempts)s, %(recoveries)s, %(parent_run_id)s, %(cancel_requested)s,
 COALESCE(%(deadline_at)s, STATEMENT_TIMESTAMP() + make_interval(secs => %(deadline_at_in)s::float8)),
 %(fencing_token)s, %(step_count)s, %(not_before)s, %(quota_slot)s, %(trace_parent)s,
-%(quota_keys)s::jsonb, %(debounce_key)s, %(debounce_until)s, %(throttle_keys)s::jsonb
+%(quota_keys)s::jsonb, %(debounce_key)s, %(debounce_until)s, %(throttle_keys)s::jsonb, %(priority)s
 
 -- fragment: insert_run
 -- Insert a run without a key's backlog check, unless its run_id exists (R3, S16).
@@ -110,9 +116,10 @@ RETURNING {{run_columns}}
 
 -- fragment: insert_members
 -- The inserted run's memberships: one per quota key (the mquota and mkey arrays), a waiter,
--- in its quota's order by the run's creation time (X3b). Nothing when nothing was inserted.
-INSERT INTO durable_singleton_quotamembership (run_id, quota, key, slot, fencing_token, created_at, sub_key, weight, tag)
-SELECT inserted.run_id, mq.quota, mq.key, 'waiter', NULL, inserted.created_at, '', 1, 0
+-- in its quota's order by the run's priority and creation time (X3b, X8). Nothing when nothing
+-- was inserted.
+INSERT INTO durable_singleton_quotamembership (run_id, quota, key, slot, fencing_token, created_at, sub_key, weight, tag, priority)
+SELECT inserted.run_id, mq.quota, mq.key, 'waiter', NULL, inserted.created_at, '', 1, 0, inserted.priority
 FROM inserted,
      unnest(%(mquota)s::text[], %(mkey)s::text[]) mq(quota, key)
 

@@ -20,7 +20,7 @@ r.singleton_key, r.singleton_limit, r.singleton_slot, r.singleton_tracked,
 r.wake_at, r.lease_owner, r.lease_expires_at, r.started_at, r.finished_at, r.admitted_at,
 r.attempts, r.recoveries, r.parent_run_id, r.park_reason, r.cancel_requested,
 r.deadline_at, r.fencing_token, r.step_count, r.not_before, r.quota_slot, r.trace_parent,
-r.quota_keys, r.debounce_key, r.debounce_until, r.throttle_keys
+r.quota_keys, r.debounce_key, r.debounce_until, r.throttle_keys, r.priority
 
 -- fragment: returned_columns
 -- The same columns in a RETURNING clause, which names them without the table's alias (SQLite).
@@ -30,7 +30,7 @@ singleton_key, singleton_limit, singleton_slot, singleton_tracked,
 wake_at, lease_owner, lease_expires_at, started_at, finished_at, admitted_at,
 attempts, recoveries, parent_run_id, park_reason, cancel_requested,
 deadline_at, fencing_token, step_count, not_before, quota_slot, trace_parent,
-quota_keys, debounce_key, debounce_until, throttle_keys
+quota_keys, debounce_key, debounce_until, throttle_keys, priority
 
 -- fragment: finish_owned
 -- The owner's compare-and-set of a settle: its lease unexpired by the clock after the lock (R5a).
@@ -112,7 +112,7 @@ legacy_holders AS MATERIALIZED (               -- an older release's untracked h
       {{skip_legacy}}
 ),
 front AS MATERIALIZED (                        -- the holders and the queue's front, in its order (S5, X5)
-    SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at,
+    SELECT q0.run_id, q0.status, q0.singleton_slot, q0.quota_slot, q0.created_at, q0.priority,
            {{holds_slot: run = q0}} AS holds
     FROM durable_singleton_run q0
     WHERE q0.workflow_name = {{wf}} AND q0.singleton_key = {{key}}
@@ -120,7 +120,7 @@ front AS MATERIALIZED (                        -- the holders and the queue's fr
       AND (q0.singleton_slot = 'holder' OR q0.not_before IS NULL OR q0.not_before <= ds_now(0))
       {{skip_front}}
       AND (q0.singleton_slot <> 'waiter' OR {{ttl}} IS NULL OR q0.created_at > ds_now(-{{ttl}}))  -- X2
-    ORDER BY q0.singleton_slot, q0.created_at, q0.run_id
+    ORDER BY q0.singleton_slot, q0.priority DESC, q0.created_at, q0.run_id   -- S5, X8: QUEUE_ORDER
     LIMIT (SELECT 2 * k.lim FROM key_row k)
 ),
 key_slots AS MATERIALIZED (                    -- the key's free slots (S5, K2), its counter behind (K1)
@@ -129,8 +129,8 @@ key_slots AS MATERIALIZED (                    -- the key's free slots (S5, K2),
            COALESCE({{holders_token: wf = {{wf}}; key = {{key}}}} > k.last_token, FALSE) AS behind
     FROM key_row k
 ),
-waiters AS MATERIALIZED (                      -- the waiters of the front in admission order, oldest first (S5)
-    SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.created_at, q.run_id) AS pos
+waiters AS MATERIALIZED (                      -- the waiters of the front in admission order (S5, X8)
+    SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.priority DESC, q.created_at, q.run_id) AS pos
     FROM front q
     WHERE q.singleton_slot = 'waiter'
 )

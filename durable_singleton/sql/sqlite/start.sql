@@ -25,7 +25,7 @@ deep AS MATERIALIZED (                         -- S8a: is the key's queue deep
           AND q0.workflow_name = %(workflow_name)s AND q0.singleton_key = %(singleton_key)s
           AND q0.singleton_slot IS NOT NULL
           AND (q0.singleton_slot = 'holder' OR q0.not_before IS NULL OR q0.not_before <= %(now)s)
-        ORDER BY q0.singleton_slot, q0.created_at, q0.run_id
+        ORDER BY q0.singleton_slot, q0.priority DESC, q0.created_at, q0.run_id   -- S5, X8
         LIMIT 2 * (SELECT k.lim FROM key_limit k)
     ) front
 )
@@ -36,7 +36,7 @@ INSERT INTO durable_singleton_run (
     lease_owner, lease_expires_at, started_at, finished_at, admitted_at,
     attempts, recoveries, parent_run_id, cancel_requested,
     deadline_at, fencing_token, step_count, not_before, quota_slot, trace_parent,
-    quota_keys, debounce_key, debounce_until, throttle_keys, wake_at, park_reason
+    quota_keys, debounce_key, debounce_until, throttle_keys, priority, wake_at, park_reason
 )
 SELECT %(run_id)s, %(workflow_name)s, %(workflow_version)s, %(namespace)s, %(status)s, %(input)s,
        %(created_at)s, %(updated_at)s, %(output)s, %(error)s, %(tags)s,
@@ -44,7 +44,7 @@ SELECT %(run_id)s, %(workflow_name)s, %(workflow_version)s, %(namespace)s, %(sta
        NULL, NULL, NULL, NULL, NULL,
        0, 0, %(parent_run_id)s, FALSE,
        %(deadline_at)s, NULL, 0, %(not_before)s, %(quota_slot)s, %(trace_parent)s,
-       %(quota_keys)s, %(debounce_key)s, %(debounce_until)s, %(throttle_keys)s,
+       %(quota_keys)s, %(debounce_key)s, %(debounce_until)s, %(throttle_keys)s, %(priority)s,
        CASE WHEN d.parks THEN %(backlog_wake_at)s ELSE %(wake_at)s END,     -- S8a: parked for its key
        CASE WHEN d.parks THEN 'singleton' ELSE %(park_reason)s END
 FROM deep d
