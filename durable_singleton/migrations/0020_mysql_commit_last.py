@@ -34,7 +34,7 @@ def create(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("durable_singleton", "0018_debounce"),
+        ("durable_singleton", "0019_throttle"),
     ]
 
     operations = [
