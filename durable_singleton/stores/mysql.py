@@ -4,7 +4,7 @@ The decisions are the ORM path's (:mod:`durable_singleton.stores.django`); this
 room carries them out in fewer round trips. Each procedure lives in a named
 block of ``durable_singleton/sql/mysql/*.sql`` (``-- name: <procedure>``, read
 by the one loader, :mod:`durable_singleton.sql`), created by migrations
-``0016_mysql_procedures`` and ``0017_mysql_settle`` on MySQL/MariaDB only
+``0016_mysql_procedures``, ``0017_mysql_settle`` and ``0021_mysql_commit_last`` on MySQL/MariaDB only
 (:func:`install`): ``ds_claim``, a turn's claim without a read first (a run
 without a key takes its lease, a tracked waiter is admitted or parked under its
 key's lock; any other run is only read and the ORM path decides);

@@ -82,7 +82,9 @@ END
 -- 'skipped' (the park's compare failed), 'refused' (the admission's compare
 -- failed: nothing written) or 'read' (with ``ds_due`` and ``ds_expired``;
 -- no row: no such run), then the run's columns as stored; then a row per
--- waiter 'granted' a slot and per waiter sent a 'turn' (X3h).
+-- waiter 'granted' a slot and per waiter sent a 'turn' (X3h). An admission's and a
+-- park's result sets are sent before their COMMIT: a CALL refused in them
+-- (ds_send_runs missing) leaves nothing written, and the ORM path claims.
 CREATE PROCEDURE ds_claim(
     IN run_to_claim VARCHAR(191) CHARACTER SET utf8mb4,
     IN new_owner VARCHAR(191) CHARACTER SET utf8mb4,
@@ -205,10 +207,12 @@ BEGIN
                         ROLLBACK;                      -- changed under us: grant nothing (R5a)
                         SELECT 'refused' AS ds_role, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
                     ELSE
-                        COMMIT;
+                        -- The result sets before the COMMIT: a refused CALL (ds_send_runs missing)
+                        -- rolls the whole claim back and the ORM path makes it (S4, R5a).
                         SELECT 'admitted' AS ds_role, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
                         CALL ds_send_runs('granted', granted_ids);
                         CALL ds_send_runs('turn', turn_ids);
+                        COMMIT;
                     END IF;
                 ELSE
                     -- Denied: parked with its retry delay, a compare-and-set on the waiter as read (S5 step 5).
@@ -227,11 +231,11 @@ BEGIN
                        AND NOT cancel_requested
                        AND singleton_slot = 'waiter';
                     SET written = ROW_COUNT();
-                    COMMIT;
                     SELECT IF(written > 0, 'parked', 'skipped') AS ds_role, r.*
                       FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
                     CALL ds_send_runs('granted', granted_ids);
                     CALL ds_send_runs('turn', turn_ids);
+                    COMMIT;                            -- after the result sets, as an admission's
                 END IF;
             END IF;
         ELSE

@@ -18,7 +18,7 @@
 -- the locks of all its limits (X3h). OUT: the claimant's token if it is within the
 -- free slots (0: not; it is not written here), whether it is at the queue's front
 -- (within the limit: its retry delay), and the run ids granted and sent a turn, as
--- JSON arrays, for the caller to return after its COMMIT.
+-- JSON arrays, for the caller to send before its COMMIT.
 CREATE PROCEDURE ds_grant_waiters(
     IN wf VARCHAR(191) CHARACTER SET utf8mb4,
     IN key_name VARCHAR(191) CHARACTER SET utf8mb4,
@@ -136,8 +136,9 @@ BEGIN
 END
 
 -- name: ds_send_runs
--- The result sets of a grant, after the caller's COMMIT: one row per run id of the JSON
--- array ``ids``, its columns as stored, headed by ``role`` ('granted' or 'turn').
+-- The result sets of a grant, inside the caller's transaction, before its COMMIT (a refused
+-- CALL of it rolls the caller's writes back): one row per run id of the JSON array ``ids``,
+-- its columns as stored, headed by ``role`` ('granted' or 'turn').
 CREATE PROCEDURE ds_send_runs(
     IN role VARCHAR(16) CHARACTER SET utf8mb4,
     IN ids LONGTEXT CHARACTER SET utf8mb4
@@ -158,7 +159,8 @@ END
 -- in one transaction (S7, S12, R5a, K1, S13): the key's row locked first (created if a
 -- run of an older release left none), then the settle, a compare-and-set on the owner's
 -- unexpired lease judged after the lock, every marker dropped in the same write; then
--- the key's free slots granted (ds_grant_waiters). Result sets: none with a row when
+-- the key's free slots granted (ds_grant_waiters); the result sets are sent before the
+-- COMMIT, so a refused CALL in them leaves nothing written. Result sets: none with a row when
 -- the compare failed (nothing written: another owner, a lost lease); else one
 -- 'settled' row, then a row per waiter 'granted' a slot, then a row per waiter sent a
 -- 'turn' as it is (it carries quotas, X3h), each with the run's columns as stored.
@@ -225,9 +227,11 @@ BEGIN
     ELSE
         CALL ds_grant_waiters(wf, key_name, key_id, declared_limit, ttl_microseconds, NULL,
                               redelivery_microseconds, claimant_token, claimant_front, granted_ids, turn_ids);
-        COMMIT;
+        -- The result sets before the COMMIT: a refused CALL (ds_send_runs missing) rolls the
+        -- settle and its grants back and the ORM path settles (S7, R5a).
         SELECT 'settled' AS ds_role, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_settle;
         CALL ds_send_runs('granted', granted_ids);
         CALL ds_send_runs('turn', turn_ids);
+        COMMIT;
     END IF;
 END

@@ -1,0 +1,43 @@
+"""The MariaDB/MySQL room's ``ds_claim`` and ``ds_settle_handoff`` created again
+(durable_singleton.stores.mysql, sql/mysql/*.sql): their result sets, the CALLs of
+``ds_send_runs`` included, are sent before their COMMIT, so a CALL refused in them
+(``ds_send_runs`` missing) leaves nothing written and the ORM path serves whole (S4,
+S7, R5a). Before, a claim or a settle committed and then failed: the store took the
+ORM path over a run the procedure had already admitted or settled.
+
+Created on MySQL/MariaDB only; nothing on the other databases. A database user
+without ``CREATE ROUTINE`` gets a warning and no procedure: the store then takes
+the ORM path (docs/operations.rst)."""
+
+import logging
+
+from django.db import DatabaseError, migrations
+
+logger = logging.getLogger("durable_singleton.migrations")
+
+PROCEDURES = ("ds_settle_handoff", "ds_claim")
+
+
+def create(apps, schema_editor):
+    if schema_editor.connection.vendor != "mysql":
+        return
+    from durable_singleton.stores import mysql
+
+    try:
+        mysql.install(schema_editor.connection, PROCEDURES)
+    except DatabaseError as exc:
+        # The user may not create (or drop) routines; the ORM path serves (S14-style fallback).
+        if not mysql.not_allowed(exc):
+            raise
+        logger.warning("durable_singleton: stored procedures not created (%s); the ORM path serves MySQL", exc)
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("durable_singleton", "0020_run_priority"),
+    ]
+
+    operations = [
+        # Backwards: the text of 0017 is not kept; the procedures as they are serve as well.
+        migrations.RunPython(create, migrations.RunPython.noop, elidable=False),
+    ]
