@@ -214,6 +214,21 @@ def drain(engine: Any) -> None:
     engine.dispatcher.drain()
 
 
+def queued(engine: Any) -> Any:
+    """The turns queued on a manual dispatcher, oldest first (a deque of run ids)."""
+    return engine.dispatcher.queue
+
+
+def quota_body(ctx: Any, input: dict[str, Any]) -> dict[str, int]:
+    """A body that waits for the signal ``go`` when its input says ``hold``, fails
+    when it says ``fail``, and returns the quota tokens it ran under (X3, K1)."""
+    if input.get("hold"):
+        ctx.wait_for_signal("go")
+    if input.get("fail"):
+        raise RuntimeError("boom")
+    return dict(ctx.quota_tokens)
+
+
 def holding_body(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
     """A body that waits for the signal ``go`` when its input says ``hold``, then
     appends its run id to ``log`` and returns it: the order bodies ran in."""
@@ -240,3 +255,66 @@ def running_run(run_id: str, workflow: str, owner: str, now: datetime, expires_i
         lease_owner=owner,
         lease_expires_at=now + timedelta(seconds=expires_in),
     )
+
+
+def fresh_django_store(clock: Any) -> Any:
+    """A Django store on emptied run and key tables, for each example of a
+    model-based test (``clock`` is the machine's; the Django store reads the
+    database's clock, R5)."""
+    from durable_singleton.models import SingletonKey
+    from durable_singleton.stores.django import DjangoStore
+
+    Run.objects.all().delete()
+    SingletonKey.objects.all().delete()
+    return DjangoStore()
+
+
+def run_machine(protocol: type, make_store: Callable[[Any], Any], **overrides: Any) -> None:
+    """Run the hypothesis state machine ``protocol`` as a test on the stores that
+    ``make_store(clock)`` returns, with no deadline, no example database and
+    ``overrides`` to hypothesis's settings (``max_examples``, ...)."""
+    from hypothesis import HealthCheck, settings
+    from hypothesis.stateful import run_state_machine_as_test
+
+    machine = type("Machine", (protocol,), {"make_store": staticmethod(make_store)})
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+            **overrides,
+        ),
+    )
+
+
+def execute_racing(engines: list[Any], ids: list[str], done: Any, rounds: int = 40, timeout: float = 240.0) -> None:
+    """Execute the runs ``ids`` from one thread per engine, each thread its own
+    share first and then every run, ``rounds`` times or until ``done`` (what the
+    bodies record as finished) holds as many as ``ids``; a redelivered turn of
+    a finished or held run is a no-op (S5, S9, R6). Raises AssertionError with
+    what any thread raised."""
+    from .conftest import run_threads
+
+    def worker(i: int) -> None:
+        for _ in range(rounds):
+            for run_id in ids[i :: len(engines)] + ids:
+                engines[i].execute(run_id)
+            if len(done) >= len(ids):
+                return
+
+    results = run_threads(len(engines), worker, timeout=timeout)
+    assert [r for r in results if isinstance(r, BaseException)] == []
+
+
+def plant_run_fields(store: Any, run_id: str, **fields: Any) -> None:
+    """Write ``fields`` (e.g. ``lease_expires_at``, ``wake_at``) of run ``run_id``
+    straight into ``store``'s row, unfenced, as a dead worker or a passing clock
+    leaves them: the in-memory store's record or the ``Run`` table (D4, S8)."""
+    from durable_singleton.stores.memory import MemoryStore
+
+    if isinstance(store, MemoryStore):
+        with store._critical():
+            store._runs[run_id] = store._runs[run_id].evolve(**fields)
+    else:
+        Run.objects.filter(pk=run_id).update(**fields)

@@ -49,13 +49,15 @@ CHROMIUM_ARGS = [
 WIDE = "sync-inventory-wide"  # limit 2, no cap
 CAPPED = "sync-inventory"  # limit 1, max_queue_depth 2
 
-pytestmark = [
+#: The marks of every browser test: slow, skipped without chromium, on the live server's database.
+BROWSER_TEST = [
     pytest.mark.slow,
     pytest.mark.skipif(
         not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (tools/services.py install)"
     ),
     pytest.mark.django_db(transaction=True),
 ]
+pytestmark = BROWSER_TEST
 
 
 class Chromium:

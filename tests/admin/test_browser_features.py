@@ -9,31 +9,12 @@ import time
 from typing import Any
 from urllib.parse import quote
 
-import pytest
-
 from durable_singleton.engine import Engine
 from durable_singleton.models import ScheduleState
 from durable_singleton.schedules import fire_due_schedules
-from tests.admin.test_browser_admin import (
-    ARTIFACTS,
-    CAPPED,
-    CHROMIUM,
-    Browser,
-    browser,
-    chromium,
-    thread_workers,
-    wait_until,
-)
+from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, CAPPED, Browser, wait_until
 
-__all__ = ["browser", "chromium", "thread_workers"]  # fixtures, imported for this module's tests
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (tools/services.py install)"
-    ),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = BROWSER_TEST
 
 
 def _log_in(browser: Browser, django_user_model: Any, next_url: str) -> None:

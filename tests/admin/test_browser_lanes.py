@@ -19,19 +19,11 @@ from durable_singleton.models import QuotaMembership, Run
 from durable_singleton.runtime import get_engine
 from durable_singleton.testing import make_engine
 from tests.admin.test_admin_pages import CAPPED, start_queue
-from tests.admin.test_browser_admin import ARTIFACTS, CHROMIUM, Browser, browser, chromium, thread_workers, wait_until
+from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, Browser, wait_until
 from tests.admin.test_quota_pages import SHARED
 from tests.helpers import drain, holding_body, settle
 
-__all__ = ["browser", "chromium", "thread_workers"]  # fixtures, imported for this module's tests
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (tools/services.py install)"
-    ),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = BROWSER_TEST
 
 DEMO = "demo-sync-inventory"  # limit 1, no cap
 

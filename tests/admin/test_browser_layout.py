@@ -21,18 +21,10 @@ from django.utils import timezone
 
 from durable_singleton.definitions import Singleton, registry
 from durable_singleton.models import Run
-from tests.admin.test_browser_admin import ARTIFACTS, CHROMIUM, Browser, browser, chromium
+from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, Browser
 from tests.factories import RunFactory, StepFactory
 
-__all__ = ["browser", "chromium"]  # fixtures, imported for this module's tests
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (tools/services.py install)"
-    ),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = BROWSER_TEST
 
 TASK = "task:inventory.tasks.sync_store"
 KEYS = ["store:north-east-distribution-centre-0001", "store:south-west-distribution-centre-0002"]

@@ -13,23 +13,15 @@ import re
 import time
 from typing import Any
 
-import pytest
-
 from durable_singleton.runtime import get_engine
-from tests.admin.test_browser_admin import CHROMIUM, Browser, browser, chromium, wait_until
+from tests.admin.test_browser_admin import BROWSER_TEST, Browser, wait_until
 from tests.helpers import admitted, claim
-
-__all__ = ["browser", "chromium"]  # the fixtures, imported for this module's tests
 
 #: The cell's brief words; its title carries the renewal interval too (issue #19 item 4).
 UNRENEWED = r"lease not renewed for \d+ s; recovered at \d\d:\d\d:\d\d"
 UNRENEWED_TITLE = r"lease not renewed for \d+ s \(renewed every 10 s\); recovered at \d\d:\d\d:\d\d"
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
-    pytest.mark.django_db(transaction=True),
-]
+pytestmark = BROWSER_TEST
 
 
 def test_key_page_keeps_saying_the_holder_is_unrenewed_and_the_retry_overdue(

@@ -20,10 +20,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidInputError, SingletonKeyError
 from durable_singleton.values import ID_MAX_LENGTH, derived_id
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
+from tests.helpers import drain as _drain
 
 
 def _all_runs(engine: Engine) -> list[str]:

@@ -31,7 +31,7 @@ from durable_singleton.exceptions import (
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import Monitor, run_threads, spawn, vendor
-from tests.helpers import audited, claim, free_slot_without_handoff, waiter_behind_a_freed_slot
+from tests.helpers import audited, claim, free_slot_without_handoff, plant_run_fields, waiter_behind_a_freed_slot
 
 django_only = pytest.mark.django_db(transaction=True)
 
@@ -279,14 +279,7 @@ def test_crashed_holders_are_recovered_while_due_waiters_fill_a_batch(make: Call
 
 
 def _make_due(engine: Engine, run_id: str) -> None:
-    when = engine.store.now() - timedelta(seconds=1)
-    if isinstance(engine.store, MemoryStore):
-        with engine.store._critical():
-            engine.store._runs[run_id] = engine.store._runs[run_id].evolve(wake_at=when)
-    else:
-        from durable_singleton.models import Run
-
-        Run.objects.filter(pk=run_id).update(wake_at=when)
+    plant_run_fields(engine.store, run_id, wake_at=engine.store.now() - timedelta(seconds=1))
 
 
 # -- defect 7: the same run id racing on a capped key (R3, S16) --------------------------------

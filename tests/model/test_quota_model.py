@@ -37,17 +37,16 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from durable_singleton import Quota, signals
 from durable_singleton.definitions import Registry
 from durable_singleton.exceptions import QuotaQueueFullError
 from durable_singleton.stores.base import TurnState
-from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
+from tests.helpers import fresh_django_store, plant_run_fields, run_machine
 from tests.model.test_turn_model import Clock
 
 QUOTA_KEYS = ("P", "Q")
@@ -204,14 +203,7 @@ class QuotaProtocol(RuleBasedStateMachine):
         """A worker dies: its lease expires; the next turn takes over with new tokens (D4, X3f)."""
         run_id = data.draw(st.sampled_from(sorted(self.owner)))
         self.owner.pop(run_id)
-        past = self.store.now() - timedelta(seconds=1)
-        if isinstance(self.store, MemoryStore):
-            with self.store._critical():
-                self.store._runs[run_id] = self.store._runs[run_id].evolve(lease_expires_at=past)
-        else:
-            from durable_singleton.models import Run
-
-            Run.objects.filter(pk=run_id).update(lease_expires_at=past)
+        plant_run_fields(self.store, run_id, lease_expires_at=self.store.now() - timedelta(seconds=1))
 
     @rule()
     def tick(self) -> None:
@@ -269,17 +261,7 @@ class QuotaProtocol(RuleBasedStateMachine):
 
 
 def _run_machine(make_store: Any) -> None:
-    machine = type("Machine", (QuotaProtocol,), {"make_store": staticmethod(make_store)})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=20,
-            stateful_step_count=35,
-            deadline=None,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
-    )
+    run_machine(QuotaProtocol, make_store, max_examples=20, stateful_step_count=35)
 
 
 @pytest.mark.vendor_agnostic
@@ -291,11 +273,4 @@ def test_quota_model_on_the_memory_store() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_quota_model_on_the_django_store() -> None:
     """X3d, X3f, X3g, X4: the quota machine on the Django store of the DATABASE_URL database."""
-    from durable_singleton.models import Run, SingletonKey
-
-    def fresh(clock: Any) -> DjangoStore:
-        Run.objects.all().delete()
-        SingletonKey.objects.all().delete()
-        return DjangoStore()
-
-    _run_machine(fresh)
+    _run_machine(fresh_django_store)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from soak.check import check, render
+from tests.model.soak_history import write_history
 
 pytestmark = pytest.mark.vendor_agnostic
 
@@ -22,16 +23,7 @@ T0 = 1_800_000_000.0
 
 def _write(folder: Path, audit: list[dict[str, Any]], events: list[dict[str, Any]], runs: list[dict[str, Any]],
            keys: list[dict[str, Any]] | None = None) -> Path:  # fmt: skip
-    (folder / "audit.jsonl").write_text("".join(json.dumps(a) + "\n" for a in audit))
-    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    if keys is None:
-        tokens: dict[tuple[str, str], int] = {}
-        for a in audit:
-            if a["e"] == "enter":
-                tokens[(a["wf"], a["key"])] = max(tokens.get((a["wf"], a["key"]), 0), a["token"])
-        keys = [{"workflow_name": wf, "key": k, "last_token": t} for (wf, k), t in tokens.items()]
-    (folder / "final.json").write_text(json.dumps({"runs": runs, "steps": [], "keys": keys}))
-    return folder
+    return write_history(folder, audit, events, runs, keys)
 
 
 def _run(run_id: str, created: float, status: str = "completed", wf: str = "soak-l1", **extra: Any) -> dict[str, Any]:

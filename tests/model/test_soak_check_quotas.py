@@ -7,13 +7,13 @@ break (X2, X3c, X3d, X3f, X4b). Files only: no database, no workers.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from soak.check import QUEUE_TTL_OF, QUOTA_LIMIT_OF, check, render
+from tests.model.soak_history import write_history
 
 pytestmark = pytest.mark.vendor_agnostic
 
@@ -64,24 +64,7 @@ def _start(run: str, t_req: float, *, wf: str = "soak-qa", key: str = "qa") -> d
 def _write(folder: Path, audit: list[dict[str, Any]], events: list[dict[str, Any]], runs: list[dict[str, Any]],
            memberships: list[dict[str, Any]], keys: list[dict[str, Any]] | None = None) -> Path:  # fmt: skip
     """Write the three files; the key rows' counters default to the highest token seen."""
-    (folder / "audit.jsonl").write_text("".join(json.dumps(a) + "\n" for a in audit))
-    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
-    if keys is None:
-        tokens: dict[tuple[str, str], int] = {}
-        for a in audit:
-            if a["e"] == "enter":
-                if a["key"] is not None:
-                    tokens[(a["wf"], a["key"])] = max(tokens.get((a["wf"], a["key"]), 0), a["token"])
-                for name, qtoken in a["qtokens"].items():
-                    row = (f"quota:{name}", a["quotas"][name])
-                    tokens[row] = max(tokens.get(row, 0), qtoken)
-        for m in memberships:
-            row = (f"quota:{m['quota']}", m["key"])
-            tokens[row] = max(tokens.get(row, 0), m["fencing_token"] or 0)
-        keys = [{"workflow_name": wf, "key": k, "last_token": t} for (wf, k), t in tokens.items()]
-    final = {"runs": runs, "steps": [], "keys": keys, "memberships": memberships}
-    (folder / "final.json").write_text(json.dumps(final))
-    return folder
+    return write_history(folder, audit, events, runs, keys, memberships=memberships)
 
 
 def _rules(folder: Path) -> set[str]:

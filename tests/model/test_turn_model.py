@@ -39,15 +39,15 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase, settings
+from hypothesis import Phase
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from durable_singleton.definitions import Registry
 from durable_singleton.stores.base import StepRecord, TurnState
-from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
+from tests.helpers import fresh_django_store, plant_run_fields, run_machine
 
 KEYS = ("A", "B")
 #: The queue TTL (X2): longer than the hours the teardown moves the clock, so
@@ -261,14 +261,7 @@ class TurnProtocol(RuleBasedStateMachine):
         """The worker dies; its lease expires (the store's clock moves, or the row's expiry)."""
         run_id = data.draw(st.sampled_from(sorted(self.owner)))
         self.owner.pop(run_id)
-        past = self.store.now() - timedelta(seconds=1)
-        if isinstance(self.store, MemoryStore):
-            with self.store._critical():
-                self.store._runs[run_id] = self.store._runs[run_id].evolve(lease_expires_at=past)
-        else:
-            from durable_singleton.models import Run
-
-            Run.objects.filter(pk=run_id).update(lease_expires_at=past)
+        plant_run_fields(self.store, run_id, lease_expires_at=self.store.now() - timedelta(seconds=1))
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())
@@ -410,17 +403,12 @@ class TurnProtocol(RuleBasedStateMachine):
 
 
 def _run_machine(make_store: Any) -> None:
-    machine = type("Machine", (TurnProtocol,), {"make_store": staticmethod(make_store)})
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            deadline=None,
-            database=None,
-            phases=[Phase.explicit, Phase.reuse, Phase.generate] if os.environ.get("DS_NO_SHRINK") else list(Phase),
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-        ),
+    run_machine(
+        TurnProtocol,
+        make_store,
+        max_examples=EXAMPLES,
+        stateful_step_count=STEPS,
+        phases=[Phase.explicit, Phase.reuse, Phase.generate] if os.environ.get("DS_NO_SHRINK") else list(Phase),
     )
 
 
@@ -433,11 +421,4 @@ def test_protocol_model_on_the_memory_store() -> None:
 @pytest.mark.django_db(transaction=True)
 def test_protocol_model_on_the_django_store() -> None:
     """Issue #8: the model-based test on the Django store of the DATABASE_URL database."""
-    from durable_singleton.models import Run, SingletonKey
-
-    def fresh(clock: Any) -> DjangoStore:
-        Run.objects.all().delete()
-        SingletonKey.objects.all().delete()
-        return DjangoStore()
-
-    _run_machine(fresh)
+    _run_machine(fresh_django_store)

@@ -36,6 +36,9 @@ from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads
+from tests.helpers import drain as _drain
+from tests.helpers import queued as _queue
+from tests.helpers import quota_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,19 +58,7 @@ _SEEN_LOCK = threading.Lock()
 def _body(ctx: Any, input: dict[str, Any]) -> dict[str, int]:
     with _SEEN_LOCK:
         SEEN.append((str(input.get("_e", "")), ctx.run_id, dict(ctx.quota_tokens), ctx.fencing_token))
-    if input.get("hold"):
-        ctx.wait_for_signal("go")
-    if input.get("fail"):
-        raise RuntimeError("boom")
-    return dict(ctx.quota_tokens)
-
-
-def _queue(engine: Engine) -> Any:
-    return engine.dispatcher.queue  # type: ignore[attr-defined]
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    return quota_body(ctx, input)
 
 
 POOL = Quota("ha-pool", key=lambda i: i["p"], limit=2)

@@ -30,10 +30,7 @@ from durable_singleton.exceptions import (
 from durable_singleton.records import RunRecord
 from durable_singleton.schedules import Schedule, fire_due_schedules, schedule_store_for
 from tests.conftest import run_threads
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
+from tests.helpers import drain as _drain
 
 
 def _settle_all(engine: Engine, rounds: int = 3) -> None:

@@ -28,6 +28,7 @@ from durable_singleton.exceptions import (
 )
 from tests.conftest import run_threads
 from tests.helpers import drain as _drain
+from tests.helpers import execute_racing
 from tests.helpers import holding_body as _holding
 
 STRIPE = Quota("stripe-api", key=lambda i: i.get("account", "*"), limit=1)
@@ -235,15 +236,7 @@ def test_racing_claims_never_exceed_a_quota(
     for e in engines:
         e.dispatcher.queue.clear()  # type: ignore[attr-defined]
 
-    def worker(i: int) -> None:
-        for _ in range(40):
-            for run_id in ids[i::4] + ids:
-                engines[i].execute(run_id)
-            if len(done) >= len(ids):
-                return
-
-    results = run_threads(4, worker, timeout=240)
-    assert [r for r in results if isinstance(r, BaseException)] == []
+    execute_racing(engines, ids, done)
     assert inside["max"] <= 2
     assert sorted(done) == sorted(ids)
     assert all(engines[0].get(r).status == "completed" for r in ids)

@@ -22,6 +22,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.models import Run
 from durable_singleton.queues import queue_table
 from durable_singleton.testing import make_engine
+from tests.helpers import drain as _drain
 
 ERP = Quota("erp-api", key=lambda i: i["tenant"], limit=1)
 
@@ -30,10 +31,6 @@ def _body(ctx: Any, input: dict[str, Any]) -> str:
     if input.get("hold"):
         ctx.wait_for_signal("go")
     return str(ctx.run_id)
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
 
 
 def test_a_keyed_waiter_blocked_by_its_quota_is_not_sent_a_turn_by_every_tick(

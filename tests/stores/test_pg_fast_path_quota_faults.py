@@ -38,26 +38,13 @@ from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads, spawn
+from tests.helpers import drain as _drain
+from tests.helpers import queued as _queue
+from tests.helpers import quota_body as _body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 STORES: dict[str, Callable[[], DjangoStore]] = {"fast": DjangoStore, "orm": lambda: DjangoStore(raw_sql=False)}
-
-
-def _body(ctx: Any, input: dict[str, Any]) -> dict[str, int]:
-    if input.get("hold"):
-        ctx.wait_for_signal("go")
-    if input.get("fail"):
-        raise RuntimeError("boom")
-    return dict(ctx.quota_tokens)
-
-
-def _queue(engine: Engine) -> Any:
-    return engine.dispatcher.queue  # type: ignore[attr-defined]
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
 
 
 def _members(run_id: str) -> list[tuple[str, str, Any, Any]]:

@@ -28,7 +28,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
-from tests.conftest import run_threads
+from tests.helpers import execute_racing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -225,15 +225,7 @@ def test_fast_and_orm_claims_over_crossing_quota_keys_never_deadlock_or_over_adm
 
     before = deadlocks()
 
-    def worker(i: int) -> None:
-        for _ in range(40):
-            for run_id in ids[i::4] + ids:
-                engines[i].execute(run_id)
-            if len(done) >= len(ids):
-                return
-
-    results = run_threads(4, worker, timeout=240)
-    assert [r for r in results if isinstance(r, BaseException)] == []
+    execute_racing(engines, ids, done)
     assert sorted(done) == sorted(ids)
     assert max(v for k, v in peak.items() if k.startswith("pool:")) <= 2
     assert max(v for k, v in peak.items() if k.startswith("other:")) <= 1

@@ -22,6 +22,7 @@ from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
 from tests.helpers import claim
+from tests.helpers import drain as _drain
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -33,10 +34,6 @@ def _hold(ctx: Any, input: dict[str, Any]) -> str:
     if input.get("hold"):
         ctx.wait_for_signal("go")
     return str(ctx.run_id)
-
-
-def _drain(engine: Engine) -> None:
-    engine.dispatcher.drain()  # type: ignore[attr-defined]
 
 
 @pytest.fixture
