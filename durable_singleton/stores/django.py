@@ -62,6 +62,7 @@ from ..admission import (
     QUOTA_ORDER,
     QUOTA_PREFIX,
     cap_in_force,
+    debounce_fair_shares,
     debounce_lock_name,
     debounce_open_q,
     declared_limit,
@@ -947,6 +948,7 @@ class DjangoStore(BaseStore):
                     self._runs()
                     .filter(
                         workflow_name=run.workflow_name,
+                        workflow_version=run.workflow_version,
                         debounce_key=run.debounce_key,
                         namespace=run.namespace,
                         singleton_key=run.singleton_key,
@@ -957,6 +959,10 @@ class DjangoStore(BaseStore):
                 for row in opened[:8]:
                     if quota_keys_of(row.quota_keys) != run.quota_keys or row.debounce_until is None:
                         continue
+                    if run.quota_shares and debounce_fair_shares(
+                        QuotaMembership.objects.using(self.db).filter(run_id=row.run_id).values_list("quota", "sub_key")
+                    ) != debounce_fair_shares(run.quota_shares):
+                        continue  # another tenant's run of a fair quota (X4, X7a)
                     starts = min(now + timedelta(seconds=seconds), _aware(row.debounce_until))
                     deadline = starts + timedelta(seconds=timeout) if timeout is not None else None
                     changed = (

@@ -301,3 +301,65 @@ def test_cancel_racing_folds_never_leaves_a_folded_start_without_a_live_run(regi
     n, run_id, _ = answered[-1]
     last = engine.get(run_id)
     assert last.input["n"] == n
+
+
+@pytest.mark.parametrize("store_name", ["memory", "django"])
+def test_a_start_of_another_version_starts_its_own_run(registry: Registry, store_name: str) -> None:
+    """X7a, R1: during a rolling deploy the new release starts version 2 of a
+    debounced workflow while version 1's run of the key is open. The version 2
+    start must not fold into the version 1 run (whose body would then get an
+    input of the new shape): it starts its own run, and each body runs with its
+    own version's input."""
+    from datetime import timedelta as _td
+
+    from durable_singleton.models import Run
+
+    ran: list[tuple[str, Any]] = []
+    options = {"debounce": Debounce(key=lambda i: i["store"], seconds=600, max_seconds=1800)}
+    registry.add("sync", "1", lambda ctx, input: ran.append(("1", input)), **options)
+    registry.add("sync", "2", lambda ctx, input: ran.append(("2", input)), **options)
+    engine = make_engine(store_name, registry=registry)
+    old = engine.start("sync", {"store": "A", "n": 0}, version="1")
+    new = engine.start("sync", {"store": "A", "shape": "v2"}, version="2")
+    assert new.run_id != old.run_id
+    assert engine.get(old.run_id).input == {"store": "A", "n": 0}
+    assert engine.get(new.run_id).workflow_version == "2"
+    if store_name == "django":
+        past = engine.store.now() - _td(seconds=1)
+        Run.objects.update(not_before=past, wake_at=past)
+        for run_id in (old.run_id, new.run_id):
+            engine.execute(run_id)
+        assert sorted(ran) == [("1", {"store": "A", "n": 0}), ("2", {"store": "A", "shape": "v2"})]
+
+
+@pytest.mark.parametrize("store_name", ["memory", "django"])
+def test_a_start_of_another_tenant_of_a_fair_quota_starts_its_own_run(registry: Registry, store_name: str) -> None:
+    """X7a, X4: a debounced workflow under a fair quota (sub-key = the input's
+    tenant). A start whose input gives another tenant must not fold into the
+    open run of the first tenant: that run's quota membership counts it as the
+    first tenant's, so the fold would run tenant B's work on tenant A's share.
+    It starts its own run, counted under its own tenant."""
+    from durable_singleton import Quota
+
+    quota = Quota("api", limit=1, fair_key=lambda i: i["tenant"])
+    registry.add(
+        "sync",
+        "1",
+        lambda ctx, input: None,
+        quotas=[quota],
+        debounce=Debounce(key=lambda i: i["store"], seconds=600, max_seconds=1800),
+    )
+    engine = make_engine(store_name, registry=registry)
+    first = engine.start("sync", {"store": "A", "tenant": "a", "n": 0})
+    same = engine.start("sync", {"store": "A", "tenant": "a", "n": 1})
+    other = engine.start("sync", {"store": "A", "tenant": "b", "n": 2})
+    assert same.run_id == first.run_id
+    assert other.run_id != first.run_id
+    assert engine.get(first.run_id).input["tenant"] == "a"
+    if store_name == "django":
+        from durable_singleton.models import QuotaMembership
+
+        assert dict(QuotaMembership.objects.values_list("run_id", "sub_key")) == {
+            first.run_id: "a",
+            other.run_id: "b",
+        }
