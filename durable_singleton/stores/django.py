@@ -954,6 +954,7 @@ class DjangoStore(BaseStore):
                         singleton_key=run.singleton_key,
                     )
                     .filter(debounce_open_q(now))
+                    .filter(*self._debounce_members_q(run))
                     .order_by("-created_at", "-run_id")
                 )
                 for row in opened[:8]:
@@ -994,6 +995,21 @@ class DjangoStore(BaseStore):
                 return Debounced(stored_run, created)
 
         return self._retrying(start)
+
+    def _debounce_members_q(self, run: RunRecord) -> list[Exists]:
+        """The open runs a start of ``run`` may fold into hold a membership of each of
+        its quota keys, under its fair sub-key (X7a, X4): found in SQL, so the key's
+        open runs of other quota keys or tenants, however many, never hide it."""
+        shares = {name: sub for name, sub in debounce_fair_shares(run.quota_shares)}
+        members = QuotaMembership.objects.using(self.db)
+        return [
+            Exists(
+                members.filter(
+                    run_id=OuterRef("pk"), quota=name, key=key, **({"sub_key": shares[name]} if name in shares else {})
+                )
+            )
+            for name, key in run.quota_keys
+        ]
 
     def _settle_row(self, row: Run, error: Mapping[str, str]) -> RunRecord | None:
         """Settle a parked run ``cancelled`` with ``error`` by compare-and-set on its

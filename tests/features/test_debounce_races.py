@@ -363,3 +363,26 @@ def test_a_start_of_another_tenant_of_a_fair_quota_starts_its_own_run(registry: 
             first.run_id: "a",
             other.run_id: "b",
         }
+
+
+@pytest.mark.parametrize("store_name", ["memory", "django"])
+def test_a_start_finds_its_tenants_run_among_many_open_runs_of_the_key(registry: Registry, store_name: str) -> None:
+    """X7a, X4, X7b: twelve tenants of a fair quota each open a run of one debounce
+    key; a second start of the first tenant folds into that tenant's run, however
+    many newer open runs of other tenants the key has (no second run of one
+    burst), and so does every tenant's second start."""
+    from durable_singleton import Quota
+
+    registry.add(
+        "sync",
+        "1",
+        lambda ctx, input: None,
+        quotas=[Quota("api", limit=1, fair_key=lambda i: i["tenant"])],
+        debounce=Debounce(key=lambda i: i["store"], seconds=600, max_seconds=1800),
+    )
+    engine = make_engine(store_name, registry=registry)
+    first = {t: engine.start("sync", {"store": "A", "tenant": f"t{t}", "n": 0}).run_id for t in range(12)}
+    assert len(set(first.values())) == 12
+    again = {t: engine.start("sync", {"store": "A", "tenant": f"t{t}", "n": 1}).run_id for t in range(12)}
+    assert again == first
+    assert len(engine.store.list_runs(workflow_name="sync")) == 12
