@@ -70,6 +70,7 @@ __all__ = [
     "compute_debounce_key",
     "compute_quota_key",
     "compute_singleton_key",
+    "debounce_fair_shares",
     "debounce_lock_name",
     "debounce_open",
     "debounce_open_q",
@@ -642,6 +643,14 @@ def debounce_open(run: Any, now: datetime) -> bool:
         and run.not_before is not None
         and run.not_before > now
     )
+
+
+def debounce_fair_shares(shares: Iterable[Sequence[Any]]) -> frozenset[tuple[str, str]]:
+    """Return the (quota, sub-key) pairs of a run's fair quotas (X4) from its
+    ``(quota, sub_key, ...)`` rows, the empty sub-keys of plain quotas left out:
+    a start folds into an open run only if they are equal (X7a), since the
+    run's memberships count it under those sub-keys and a fold changes none."""
+    return frozenset((str(row[0]), str(row[1])) for row in shares if row[1])
 
 
 def debounce_open_q(now: Any) -> Q:

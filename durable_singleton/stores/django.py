@@ -64,6 +64,7 @@ from ..admission import (
     QUOTA_PREFIX,
     ahead_q,
     cap_in_force,
+    debounce_fair_shares,
     debounce_lock_name,
     debounce_open_q,
     declared_limit,
@@ -949,16 +950,22 @@ class DjangoStore(BaseStore):
                     self._runs()
                     .filter(
                         workflow_name=run.workflow_name,
+                        workflow_version=run.workflow_version,
                         debounce_key=run.debounce_key,
                         namespace=run.namespace,
                         singleton_key=run.singleton_key,
                     )
                     .filter(debounce_open_q(now))
+                    .filter(*self._debounce_members_q(run))
                     .order_by("-created_at", "-run_id")
                 )
                 for row in opened[:8]:
                     if quota_keys_of(row.quota_keys) != run.quota_keys or row.debounce_until is None:
                         continue
+                    if run.quota_shares and debounce_fair_shares(
+                        QuotaMembership.objects.using(self.db).filter(run_id=row.run_id).values_list("quota", "sub_key")
+                    ) != debounce_fair_shares(run.quota_shares):
+                        continue  # another tenant's run of a fair quota (X4, X7a)
                     starts = min(now + timedelta(seconds=seconds), _aware(row.debounce_until))
                     deadline = starts + timedelta(seconds=timeout) if timeout is not None else None
                     changed = (
@@ -990,6 +997,21 @@ class DjangoStore(BaseStore):
                 return Debounced(stored_run, created)
 
         return self._retrying(start)
+
+    def _debounce_members_q(self, run: RunRecord) -> list[Exists]:
+        """The open runs a start of ``run`` may fold into hold a membership of each of
+        its quota keys, under its fair sub-key (X7a, X4): found in SQL, so the key's
+        open runs of other quota keys or tenants, however many, never hide it."""
+        shares = {name: sub for name, sub in debounce_fair_shares(run.quota_shares)}
+        members = QuotaMembership.objects.using(self.db)
+        return [
+            Exists(
+                members.filter(
+                    run_id=OuterRef("pk"), quota=name, key=key, **({"sub_key": shares[name]} if name in shares else {})
+                )
+            )
+            for name, key in run.quota_keys
+        ]
 
     def _settle_row(self, row: Run, error: Mapping[str, str]) -> RunRecord | None:
         """Settle a parked run ``cancelled`` with ``error`` by compare-and-set on its

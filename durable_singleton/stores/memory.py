@@ -16,6 +16,7 @@ from django.utils import timezone
 from ..admission import (
     QUOTA_PREFIX,
     cap_in_force,
+    debounce_fair_shares,
     debounce_open,
     declared_limit,
     fair_tag,
@@ -218,10 +219,12 @@ class MemoryStore(BaseStore):
                     r
                     for r in self._runs.values()
                     if r.workflow_name == run.workflow_name
+                    and r.workflow_version == run.workflow_version
                     and r.debounce_key == run.debounce_key
                     and r.namespace == run.namespace
                     and r.singleton_key == run.singleton_key
                     and r.quota_keys == run.quota_keys
+                    and debounce_fair_shares(r.quota_shares) == debounce_fair_shares(run.quota_shares)
                     and debounce_open(r, now)
                 ),
                 key=lambda r: (r.created_at, r.run_id),
