@@ -3,7 +3,9 @@
 ``ds_send_runs`` included, are sent before their COMMIT, so a CALL refused in them
 (``ds_send_runs`` missing) leaves nothing written and the ORM path serves whole (S4,
 S7, R5a). Before, a claim or a settle committed and then failed: the store took the
-ORM path over a run the procedure had already admitted or settled.
+ORM path over a run the procedure had already admitted or settled. ``ds_grant_waiters``
+is created again too: its queue read's row count (twice the key's limit) is a BIGINT, as a
+limit up to MAX_LIMIT doubles past INT ("Out of range value for column 'front_rows'").
 
 Created on MySQL/MariaDB only; nothing on the other databases. A database user
 without ``CREATE ROUTINE`` gets a warning and no procedure: the store then takes
@@ -15,7 +17,7 @@ from django.db import DatabaseError, migrations
 
 logger = logging.getLogger("durable_singleton.migrations")
 
-PROCEDURES = ("ds_settle_handoff", "ds_claim")
+PROCEDURES = ("ds_grant_waiters", "ds_settle_handoff", "ds_claim")
 
 
 def create(apps, schema_editor):

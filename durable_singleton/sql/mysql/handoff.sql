@@ -68,7 +68,7 @@ BEGIN
         DECLARE row_slot VARCHAR(16) CHARACTER SET utf8mb4;
         DECLARE row_quota_slot VARCHAR(16) CHARACTER SET utf8mb4;
         DECLARE row_holds BOOLEAN;
-        DECLARE front_rows INTEGER DEFAULT 2 * limit_in_force;
+        DECLARE front_rows BIGINT DEFAULT 2 * limit_in_force;   -- BIGINT: a limit up to MAX_LIMIT doubles past INT
         -- The holders and the queue's front, in its order (S5, X5, X8; QuerySet.queue_front).
         DECLARE queue CURSOR FOR
             SELECT q.run_id, q.status, q.singleton_slot, q.quota_slot,
