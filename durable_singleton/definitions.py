@@ -431,7 +431,12 @@ class Throttle:
                 "throttles.limit",
                 f"of throttle {name!r} must be an int from 1 to {MAX_LIMIT}, got {self.limit!r:.80}",
             )
-        _seconds(workflow, "throttles.period", self.period)
+        try:
+            _seconds(workflow, "throttles.period", self.period)
+        except InvalidWorkflowError as exc:
+            # Name the throttle, as the limit's and the key's messages do.
+            problem = str(exc).removeprefix(f"workflow {workflow!r}: throttles.period: ")
+            raise InvalidWorkflowError(workflow, "throttles.period", f"of throttle {name!r} {problem}") from None
         return self
 
     @property
