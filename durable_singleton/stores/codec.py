@@ -411,6 +411,12 @@ class CodecStore(BaseStore):
     def recent_completions(self, workflow_name: str, key: str, count: int) -> list[tuple[datetime | None, datetime]]:
         return self.inner.recent_completions(workflow_name, key, count)
 
+    def throttle_state(self, name: str, key: str, period: float) -> tuple[int, datetime | None]:
+        return self.inner.throttle_state(name, key, period)
+
+    def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
+        return self.inner.prune_throttle_admissions(periods, batch)
+
     def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
         return self.inner.hand_back_leases(run_ids, owner_prefix)
 
