@@ -624,7 +624,8 @@ class BaseStore(ABC):
             from ..admission import limit_in_force
 
             override = self.key_control_state(run.workflow_name, run.singleton_key)[1]
-            if self.queue_is_deep(run.workflow_name, run.singleton_key, limit_in_force(deep_limit, override)):
+            limit = limit_in_force(deep_limit, override)
+            if self.queue_is_deep(run.workflow_name, run.singleton_key, limit, priority=run.priority):
                 run = replace(run, wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
         return self.create_run(run, cap=cap, cap_namespace=cap_namespace)
 
@@ -712,8 +713,10 @@ class BaseStore(ABC):
         """Return the run, or None."""
 
     @abstractmethod
-    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
-        """Tell whether the key already has ``limit`` holders and ``limit`` waiters (S8a)."""
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int, *, priority: int = 0) -> bool:
+        """Tell whether the key already has ``limit`` holders and ``limit`` waiters
+        that a start of ``priority`` queues behind, those of a priority at least
+        its own (S8a, X8)."""
 
     # -- a turn ----------------------------------------------------------------
     def begin_turn(

@@ -241,8 +241,8 @@ class CodecStore(BaseStore):
     def get_run(self, run_id: str) -> RunRecord | None:
         return self._out(self.inner.get_run(run_id))  # type: ignore[no-any-return]
 
-    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
-        return self.inner.queue_is_deep(workflow_name, key, limit)
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int, *, priority: int = 0) -> bool:
+        return self.inner.queue_is_deep(workflow_name, key, limit, priority=priority)
 
     def begin_turn(
         self,

@@ -768,21 +768,24 @@ class DjangoStore(BaseStore):
         key_row = SingletonKey.objects.using(self.db).filter(workflow_name=run.workflow_name, key=run.singleton_key)
         override_sql, override_params = key_row.values("limit_override")[:1].query.get_compiler(self.db).as_sql()
         front = self._runs().for_key(run.workflow_name, run.singleton_key).queue_front()
-        front_sql, front_params = front.values("singleton_slot")[: 2 * deep_limit].query.get_compiler(self.db).as_sql()
-        slot = connection.ops.quote_name("singleton_slot")
+        front_rows = front.values("singleton_slot", "priority")[: 2 * deep_limit]
+        front_sql, front_params = front_rows.query.get_compiler(self.db).as_sql()
+        slot, place = connection.ops.quote_name("singleton_slot"), connection.ops.quote_name("priority")
         sql = (
             f"SELECT {db_now} AS database_now, ({override_sql}) AS limit_override, "
             f"COUNT(CASE WHEN queue_front.{slot} = %s THEN 1 END) AS holders, "
-            f"COUNT(CASE WHEN queue_front.{slot} = %s THEN 1 END) AS waiters "
+            # the waiters a start of its priority queues behind (X8)
+            f"COUNT(CASE WHEN queue_front.{slot} = %s AND queue_front.{place} >= %s THEN 1 END) AS waiters "
             f"FROM ({front_sql}) queue_front"
         )
+        params = [*override_params, SlotState.HOLDER.value, SlotState.WAITER.value, run.priority, *front_params]
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*override_params, SlotState.HOLDER.value, SlotState.WAITER.value, *front_params])
+            cursor.execute(sql, params)
             value, override, holders, waiters = cursor.fetchone()
         now = self.now() if value is None else _aware(value)
         limit = limit_in_force(deep_limit, override)
         if limit != deep_limit:
-            return now, self.queue_is_deep(run.workflow_name, run.singleton_key, limit)
+            return now, self.queue_is_deep(run.workflow_name, run.singleton_key, limit, priority=run.priority)
         return now, holders >= limit and waiters >= limit
 
     @property
@@ -1124,17 +1127,23 @@ class DjangoStore(BaseStore):
                 ]
             )
 
-    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
-        """Tell whether the key already has ``limit`` holders and ``limit`` waiters (S8a).
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int, *, priority: int = 0) -> bool:
+        """Tell whether the key already has ``limit`` holders and ``limit`` waiters
+        that a start of ``priority`` queues behind (a priority at least its own; S8a, X8).
 
         One index read of at most ``2 * limit`` rows, whatever the queue's length.
         """
         # Rows of the queue index carry a slot marker, so are tracked: such a row holds
         # its slot exactly when it is marked a holder (holds_slot, S12); read from the index alone.
-        slots = list(
-            self._runs().for_key(workflow_name, key).queue_front().values_list("singleton_slot", flat=True)[: 2 * limit]
+        rows = list(
+            self._runs()
+            .for_key(workflow_name, key)
+            .queue_front()
+            .values_list("singleton_slot", "priority")[: 2 * limit]
         )
-        return slots.count(SlotState.HOLDER) >= limit and slots.count(SlotState.WAITER) >= limit
+        holders = sum(1 for slot, _ in rows if slot == SlotState.HOLDER)
+        before = sum(1 for slot, place in rows if slot == SlotState.WAITER and place >= priority)
+        return holders >= limit and before >= limit
 
     def get_run(self, run_id: str) -> RunRecord | None:
         row = self._runs().filter(pk=run_id).first()

@@ -286,10 +286,11 @@ class MemoryStore(BaseStore):
             self._quota_tags[(run.run_id, name)] = fair_tag(max(holding, default=0), max(mine, default=None), weight)
         self._runs[run.run_id] = run
 
-    def queue_is_deep(self, workflow_name: str, key: str, limit: int) -> bool:
+    def queue_is_deep(self, workflow_name: str, key: str, limit: int, *, priority: int = 0) -> bool:
         with self._critical():
             holders = sum(1 for r in self._key_runs(workflow_name, key) if r.holds_slot)
-            return holders >= limit and len(self._waiters(workflow_name, key)) >= limit
+            before = sum(1 for r in self._waiters(workflow_name, key) if r.priority >= priority)
+            return holders >= limit and before >= limit
 
     def get_run(self, run_id: str) -> RunRecord | None:
         with self._critical():

@@ -221,3 +221,31 @@ def test_a_tasks_priority_is_its_runs_priority_and_orders_its_key(settings: Any)
     engine.dispatcher.drain()  # type: ignore[attr-defined]
     audits = BodyAudit.objects.filter(run_id__in=[low.id, plain.id, high.id]).order_by("entered_at")
     assert [a.run_id for a in audits] == [high.id, plain.id, low.id]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_a_start_that_queues_before_the_waiters_is_not_parked_as_behind_a_deep_queue(kind: str) -> None:
+    """S8a, X8: a start is created parked for the handoff (the backlog's late
+    retry) only behind ``limit`` holders and ``limit`` waiters it queues behind.
+    A start of a higher priority than every waiter queues first, so its key is
+    not deep for it: it gets its turn as any start does. Before, the depth check
+    counted every waiter and parked it with the hour's fallback at position 1
+    (found by a new user on SQLite; the same count stood on every store path)."""
+    registry = Registry()
+
+    def body(ctx: Any, input: Any) -> None:
+        if input.get("park"):
+            ctx.wait_for_signal("go")  # a holder parked with its slot (D2, S6)
+
+    registry.add("wf", "1", body, singleton={"key": lambda i: i["k"], "limit": 1, "max_queue_depth": None})
+    engine = make_engine(STORES[kind](), registry=registry)
+    engine.start("wf", {"k": "K", "park": True}, run_id="holder")
+    engine.execute("holder")
+    assert engine.get("holder").status == RunStatus.SUSPENDED
+    engine.start("wf", {"k": "K"}, run_id="low")
+    engine.start("wf", {"k": "K"}, run_id="same", priority=0)
+    engine.start("wf", {"k": "K"}, run_id="high", priority=10)
+    assert engine.get("same").park_reason == "singleton"  # behind the holder and "low": deep
+    high = engine.get("high")
+    assert not high.park_reason and high.status == RunStatus.PENDING, (high.park_reason, high.wake_at)

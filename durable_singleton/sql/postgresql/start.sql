@@ -39,12 +39,14 @@ q0.singleton_slot, {{queue_place: run = q0}}
 ) END)
 
 -- fragment: queue_is_deep
--- Is the started run's key's queue deep: limit holders and limit waiters in the first
--- 2 * limit rows of its queue front, limit the limit in force (S8a, K2): queue_is_deep.
+-- Is the started run's key's queue deep: limit holders and limit waiters that come before it
+-- (a priority at least its own, X8) in the first 2 * limit rows of its queue front, limit the
+-- limit in force (S8a, K2): queue_is_deep.
 SELECT count(*) FILTER (WHERE front.singleton_slot = 'holder') >= {{started_key_limit}}
-       AND count(*) FILTER (WHERE front.singleton_slot = 'waiter') >= {{started_key_limit}}
+       AND count(*) FILTER (WHERE front.singleton_slot = 'waiter'
+                            AND front.priority >= %(priority)s) >= {{started_key_limit}}
 FROM (
-    SELECT q0.singleton_slot
+    SELECT q0.singleton_slot, q0.priority
     FROM durable_singleton_run q0
     WHERE q0.workflow_name = %(workflow_name)s::varchar
       AND q0.singleton_key = %(singleton_key)s::varchar

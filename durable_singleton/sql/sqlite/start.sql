@@ -16,10 +16,11 @@ key_limit AS MATERIALIZED (                    -- the limit in force on the key 
 deep AS MATERIALIZED (                         -- S8a: is the key's queue deep
     SELECT %(deep_limit)s IS NOT NULL
            AND count(CASE WHEN front.singleton_slot = 'holder' THEN 1 END) >= (SELECT k.lim FROM key_limit k)
-           AND count(CASE WHEN front.singleton_slot = 'waiter' THEN 1 END) >= (SELECT k.lim FROM key_limit k)
+           AND count(CASE WHEN front.singleton_slot = 'waiter' AND front.priority >= %(priority)s THEN 1 END)
+               >= (SELECT k.lim FROM key_limit k)   -- the waiters before it (X8)
            AS parks
     FROM (
-        SELECT q0.singleton_slot
+        SELECT q0.singleton_slot, q0.priority
         FROM durable_singleton_run q0
         WHERE %(deep_limit)s IS NOT NULL
           AND q0.workflow_name = %(workflow_name)s AND q0.singleton_key = %(singleton_key)s
