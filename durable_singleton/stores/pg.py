@@ -71,14 +71,13 @@ from .. import sql
 from ..admission import (
     declared_limit,
     quota_lock_name,
-    stored_tags,
 )
 from ..models import QuotaMembership, Run, SingletonKey
 from ..querysets import PG_NOW_SQL
 from ..records import RunRecord, StepRecord
 from ..statuses import SlotState
 from .base import Finish, Limits, Turn, TurnState, handed_off
-from .rows import COLUMNS, json_value, run_record
+from .rows import COLUMNS, json_param, json_value, run_record, start_params
 
 
 class Store(Protocol):
@@ -417,10 +416,6 @@ def _in_place(rows: Sequence[Sequence[Any]], tag: int) -> list[RunRecord]:
     return [record(r[1:]) for r in sorted((r for r in rows if r[0] == tag), key=lambda r: (r[-2], r[-1]))]
 
 
-def _json_param(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, allow_nan=False)
-
-
 class FastPath:
     """The raw statements of one :class:`~durable_singleton.stores.django.DjangoStore` on PostgreSQL.
 
@@ -544,46 +539,8 @@ class FastPath:
         (a run without quotas), the same statement writes the run's turn notice
         for that queue if it inserted the run unparked (O1a). None: the id's row was
         deleted between the conflict and its read; the caller starts again."""
-        params: dict[str, Any] = {
-            "run_id": run.run_id,
-            "workflow_name": run.workflow_name,
-            "workflow_version": run.workflow_version,
-            "namespace": run.namespace,
-            "status": run.status,
-            "input": _json_param(run.input),
-            "created_at": run.created_at,
-            "updated_at": run.updated_at,
-            "output": _json_param(run.output),
-            "error": _json_param(run.error),
-            "tags": _json_param(stored_tags(run.user_tags, run.quota_keys)),
-            "singleton_key": run.singleton_key,
-            "singleton_limit": run.singleton_limit,
-            "singleton_slot": SlotState.WAITER.value if run.singleton_key is not None and run.tracked else None,
-            "singleton_tracked": run.tracked,
-            "wake_at": run.wake_at,
-            "backlog_wake_at": backlog_wake_at,
-            "lease_owner": None,
-            "lease_expires_at": None,
-            "started_at": None,
-            "finished_at": None,
-            "admitted_at": None,
-            "attempts": 0,
-            "recoveries": 0,
-            "parent_run_id": run.parent_run_id,
-            "park_reason": run.park_reason,
-            "cancel_requested": False,
-            "deadline_at": run.deadline_at,
-            "fencing_token": None,
-            "step_count": 0,
-            "not_before": run.not_before,
-            "quota_slot": run.quota_slot,
-            "trace_parent": run.trace_parent,
-            "quota_keys": _json_param([list(q) for q in run.quota_keys]),
-            "debounce_key": run.debounce_key,
-            "debounce_until": run.debounce_until,
-            "throttle_keys": _json_param([list(t) for t in run.throttle_keys]),
-            "priority": run.priority,
-        }
+        params = start_params(run, lambda moment: moment)
+        params["backlog_wake_at"] = backlog_wake_at
         times = {"created_at": run.created_at, "updated_at": run.updated_at, "deadline_at": run.deadline_at}
         times.update(wake_at=run.wake_at, backlog_wake_at=backlog_wake_at)
         for name, value in times.items():
@@ -771,8 +728,8 @@ class FastPath:
             "run_id": run.run_id,
             "owner": owner,
             "final": status,
-            "output": _json_param(output),
-            "error": _json_param(error),
+            "output": json_param(output),
+            "error": json_param(error),
             "finished_at": finished_at,
         }
         with self._cursor() as cursor:

@@ -57,12 +57,11 @@ from typing import Any
 from django.db import connections
 
 from .. import sql
-from ..admission import stored_tags
 from ..querysets import sqlite_now
 from ..records import RunRecord, StepRecord
-from ..statuses import RunStatus, SlotState
+from ..statuses import RunStatus
 from .base import Finish, Limits, QueueTtls, Turn, TurnState, handed_off
-from .rows import COLUMNS, run_record
+from .rows import COLUMNS, json_param, run_record, start_params
 
 __all__ = ["Room", "ds_now", "ds_time", "lock_key", "record", "room_of"]
 
@@ -107,10 +106,6 @@ def _time(value: Any) -> datetime | None:
         return None
     moment = datetime.fromisoformat(value) if isinstance(value, str) else value
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
-
-
-def _json_param(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, allow_nan=False)
 
 
 def record(row: Sequence[Any]) -> RunRecord:
@@ -185,8 +180,8 @@ class Room:
             "run_id": run.run_id,
             "owner": owner,
             "final": status,
-            "output": _json_param(output),
-            "error": _json_param(error),
+            "output": json_param(output),
+            "error": json_param(error),
             "finished_at": None if finished_at is None else ds_time(finished_at),
         }
         if run.singleton_key is None:
@@ -227,38 +222,12 @@ class Room:
         stored, whether this statement inserted it) (R3, S16). None: the id's row was deleted
         between the conflict and its read; the caller starts again."""
         keyed = run.singleton_key is not None and deep_limit is not None
-        params = {
-            "run_id": run.run_id,
-            "workflow_name": run.workflow_name,
-            "workflow_version": run.workflow_version,
-            "namespace": run.namespace,
-            "status": run.status,
-            "input": _json_param(run.input),
-            "created_at": ds_time(run.created_at),
-            "updated_at": ds_time(run.updated_at),
-            "output": _json_param(run.output),
-            "error": _json_param(run.error),
-            "tags": _json_param(stored_tags(run.user_tags, run.quota_keys)),
-            "singleton_key": run.singleton_key,
-            "singleton_limit": run.singleton_limit,
-            "singleton_slot": SlotState.WAITER.value if run.singleton_key is not None and run.tracked else None,
-            "singleton_tracked": run.tracked,
-            "parent_run_id": run.parent_run_id,
-            "deadline_at": _maybe_time(run.deadline_at),
-            "not_before": _maybe_time(run.not_before),
-            "quota_slot": run.quota_slot,
-            "trace_parent": run.trace_parent,
-            "quota_keys": _json_param([list(q) for q in run.quota_keys]),
-            "debounce_key": run.debounce_key,
-            "debounce_until": _maybe_time(run.debounce_until),
-            "throttle_keys": _json_param([list(t) for t in run.throttle_keys]),
-            "priority": run.priority,
-            "wake_at": _maybe_time(run.wake_at),
-            "backlog_wake_at": _maybe_time(backlog_wake_at),
-            "park_reason": run.park_reason,
-            "deep_limit": int(deep_limit) if keyed and deep_limit is not None else None,
-            "now": ds_now(0),
-        }
+        params = start_params(run, _maybe_time)
+        params.update(
+            backlog_wake_at=_maybe_time(backlog_wake_at),
+            deep_limit=int(deep_limit) if keyed and deep_limit is not None else None,
+            now=ds_now(0),
+        )
         with self._cursor() as cursor:
             cursor.execute(START, params)
             row = cursor.fetchone()
