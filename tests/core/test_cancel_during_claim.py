@@ -26,6 +26,9 @@ class _CancelAfterRead(DjangoStore):
     def _fast_claim(self, fast: Any, run_id: str, *args: Any) -> Any:  # the PostgreSQL fast path's read (#17)
         return self._then_cancel(run_id, super()._fast_claim(fast, run_id, *args))
 
+    def _room_claim(self, room: Any, run_id: str, *args: Any) -> Any:  # MariaDB's ds_claim reads (#32)
+        return self._then_cancel(run_id, super()._room_claim(room, run_id, *args))
+
     def _then_cancel(self, run_id: str, read: Any) -> Any:
         if self.armed:
             self.armed = False
