@@ -163,9 +163,19 @@ def test_a_send_the_broker_refuses_is_one_warning_line_per_run_without_a_traceba
         port = probe.getsockname()[1]
     app = Celery("refused", broker=f"redis://127.0.0.1:{port}/0")
     app.conf.broker_connection_retry_on_startup = False
-    with caplog.at_level(logging.DEBUG, logger="durable_singleton"):
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = records.append  # type: ignore[method-assign]
+    # A handler of its own on the package's logger: the suite's LOGGING may stop propagation to caplog's.
+    log = logging.getLogger("durable_singleton")
+    level, log.level = log.level, logging.DEBUG
+    log.addHandler(handler)
+    try:
         dispatch._send_turns(app, ["run-a", "run-b"], None, 500)
-    mine = [r for r in caplog.records if r.name.startswith("durable_singleton")]
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    mine = records
     warnings = [r for r in mine if r.levelno == logging.WARNING]
     assert [r.getMessage().split(" (")[0] for r in warnings] == [
         "could not send turn of run run-a; the tick will re-send it",
