@@ -168,7 +168,8 @@ def test_a_send_the_broker_refuses_is_one_warning_line_per_run_without_a_traceba
     handler.emit = records.append  # type: ignore[method-assign]
     # A handler of its own on the package's logger: the suite's LOGGING may stop propagation to caplog's.
     log = logging.getLogger("durable_singleton")
-    level, log.level = log.level, logging.DEBUG
+    level = log.level
+    log.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears the loggers' level cache
     log.addHandler(handler)
     try:
         dispatch._send_turns(app, ["run-a", "run-b"], None, 500)
