@@ -152,17 +152,9 @@ def test_a_send_the_broker_refuses_is_one_warning_line_per_run_without_a_traceba
     user read the full traceback of a ``celery`` dispatch with no broker as a
     failure of the start); the traceback is kept at DEBUG; nothing is raised."""
     import logging
-    import socket
-
-    from celery import Celery
 
     from durable_singleton import dispatch
 
-    with socket.socket() as probe:  # a loopback port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    app = Celery("refused", broker=f"redis://127.0.0.1:{port}/0")
-    app.conf.broker_connection_retry_on_startup = False
     records: list[logging.LogRecord] = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = records.append  # type: ignore[method-assign]
@@ -172,7 +164,9 @@ def test_a_send_the_broker_refuses_is_one_warning_line_per_run_without_a_traceba
     log.setLevel(logging.DEBUG)  # setLevel, not the attribute: it clears the loggers' level cache
     log.addHandler(handler)
     try:
-        dispatch._send_turns(app, ["run-a", "run-b"], None, 500)
+        # The refusal as _send_turns meets it (a real refused send, through a real broker URL,
+        # is tests/workers/test_celery_faults.py's broken-broker case, which reads the same line).
+        dispatch._send_refused(["run-a", "run-b"], ConnectionRefusedError(111, "Connection refused"))
     finally:
         log.removeHandler(handler)
         log.setLevel(level)
