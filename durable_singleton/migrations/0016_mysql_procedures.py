@@ -4,40 +4,11 @@ Created on MySQL/MariaDB only; nothing on the other databases. A database user
 without ``CREATE ROUTINE`` gets a warning and no procedure: the store then takes
 the ORM path (docs/operations.rst)."""
 
-import logging
+from django.db import migrations
 
-from django.db import DatabaseError, migrations
+from durable_singleton.stores import mysql
 
-logger = logging.getLogger("durable_singleton.migrations")
-
-
-def create(apps, schema_editor):
-    if schema_editor.connection.vendor != "mysql":
-        return
-    from durable_singleton.stores import mysql
-
-    try:
-        mysql.install(schema_editor.connection, mysql.PROCEDURES_0016)
-    except DatabaseError as exc:
-        # The user may not create (or drop) routines; the ORM path serves (S14-style fallback).
-        if not mysql.not_allowed(exc):
-            raise
-        logger.warning("durable_singleton: stored procedures not created (%s); the ORM path serves MySQL", exc)
-
-
-def drop(apps, schema_editor):
-    if schema_editor.connection.vendor != "mysql":
-        return
-    from durable_singleton.stores import mysql
-
-    try:
-        mysql.uninstall(schema_editor.connection, mysql.PROCEDURES_0016)
-    except DatabaseError as exc:
-        # A user without ALTER ROUTINE (MariaDB refuses it even DROP PROCEDURE IF EXISTS): any
-        # procedure a DBA created stays; it writes only columns this migration's predecessors made.
-        if not mysql.not_allowed(exc):
-            raise
-        logger.warning("durable_singleton: stored procedures not dropped (%s)", exc)
+create, drop = mysql.migration_steps(mysql.PROCEDURES_0016)
 
 
 class Migration(migrations.Migration):

@@ -11,27 +11,12 @@ Created on MySQL/MariaDB only; nothing on the other databases. A database user
 without ``CREATE ROUTINE`` gets a warning and no procedure: the store then takes
 the ORM path (docs/operations.rst)."""
 
-import logging
+from django.db import migrations
 
-from django.db import DatabaseError, migrations
-
-logger = logging.getLogger("durable_singleton.migrations")
+from durable_singleton.stores import mysql
 
 PROCEDURES = ("ds_grant_waiters", "ds_settle_handoff", "ds_claim")
-
-
-def create(apps, schema_editor):
-    if schema_editor.connection.vendor != "mysql":
-        return
-    from durable_singleton.stores import mysql
-
-    try:
-        mysql.install(schema_editor.connection, PROCEDURES)
-    except DatabaseError as exc:
-        # The user may not create (or drop) routines; the ORM path serves (S14-style fallback).
-        if not mysql.not_allowed(exc):
-            raise
-        logger.warning("durable_singleton: stored procedures not created (%s); the ORM path serves MySQL", exc)
+create, _drop = mysql.migration_steps(PROCEDURES)
 
 
 class Migration(migrations.Migration):

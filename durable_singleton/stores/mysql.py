@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cache
 from typing import Any
 
-from django.db import OperationalError, connections
+from django.db import DatabaseError, OperationalError, connections
 from django.db.models import DEFERRED
 
 from .. import sql as sql_blocks
@@ -97,6 +97,38 @@ def uninstall(connection: Any, names: Sequence[str] = PROCEDURES) -> None:
     with connection.cursor() as cursor:
         for name in reversed(names):
             cursor.execute(f"DROP PROCEDURE IF EXISTS {name}")
+
+
+def migration_steps(names: Sequence[str]) -> tuple[Callable[[Any, Any], None], Callable[[Any, Any], None]]:
+    """Return the (forwards, backwards) functions of a migration's ``RunPython`` that
+    create, and drop, the procedures ``names`` on MySQL/MariaDB (nothing elsewhere). A
+    user without ``CREATE ROUTINE`` (or ``ALTER ROUTINE``) gets a warning and no change:
+    the store then takes the ORM path (docs/operations.rst)."""
+    migrations_logger = logging.getLogger("durable_singleton.migrations")
+
+    def create(apps: Any, schema_editor: Any) -> None:
+        if schema_editor.connection.vendor != "mysql":
+            return
+        try:
+            install(schema_editor.connection, names)
+        except DatabaseError as exc:
+            if not not_allowed(exc):  # the user may not create routines; the ORM path serves (S14-style)
+                raise
+            migrations_logger.warning(
+                "durable_singleton: stored procedures not created (%s); the ORM path serves MySQL", exc
+            )
+
+    def drop(apps: Any, schema_editor: Any) -> None:
+        if schema_editor.connection.vendor != "mysql":
+            return
+        try:
+            uninstall(schema_editor.connection, names)
+        except DatabaseError as exc:
+            if not not_allowed(exc):
+                raise
+            migrations_logger.warning("durable_singleton: stored procedures not dropped (%s)", exc)
+
+    return create, drop
 
 
 def installed(using: str) -> bool:
