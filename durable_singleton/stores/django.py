@@ -1277,6 +1277,9 @@ class DjangoStore(BaseStore):
         if role == "read":
             return row, bool(row.lease_expired)  # type: ignore[attr-defined]
         record = record_of(row)
+        tokens = mysql.tokens_of(row)
+        if tokens is not None:  # a quota waiter ds_admit_quota admitted: its token in each limit (X3f)
+            record = record.evolve(quota_tokens=tokens)
         others = tuple(record_of(g) for g in granted)
         if role == "taken":
             return Turn(TurnState.RUN, record, recovered=False)
@@ -1362,7 +1365,11 @@ class DjangoStore(BaseStore):
         )
         if row.quota_slot is not None:
             # It carries quotas: admitted, confirmed or recovered under the locks of all its limits (X3).
-            return self._retrying(lambda: self._quota_turn(row, record, taken, take, recovered, limits, retry, ttls))
+            return self._retrying(
+                lambda: self._quota_turn(
+                    row, record, taken, take, recovered, limits, retry, ttls, owner=owner, lease_seconds=lease_seconds
+                )
+            )
         if row.singleton_key is None or self._holds_slot(row):
             # No admission needed: a plain run, or a holder's confirmation (S6).
             if row.singleton_key is not None:
@@ -1735,6 +1742,9 @@ class DjangoStore(BaseStore):
         limits: Limits,
         retry: RetryPolicy,
         ttls: QueueTtls | None = None,
+        *,
+        owner: str = "",
+        lease_seconds: float = 0.0,
     ) -> Turn:
         """Admit, confirm, recover or park a run that carries quotas, in one
         transaction under the locks of all its limits: its quota keys sorted,
@@ -1747,6 +1757,8 @@ class DjangoStore(BaseStore):
         fencing token in every limit in the same transaction (X3c, X3f). Else
         it is parked: with the front delay if it is within the first ``limit``
         waiters of each quota key, else the backlog delay (S5 step 5).
+        ``owner`` and ``lease_seconds`` (the lease ``take`` writes) let a holder's
+        confirmation on MySQL/MariaDB be one CALL (``ds_take_quota_lease``).
         """
         take = dict(take)  # a retried transaction starts from the claim as read
         runs = self._runs()
@@ -1758,7 +1770,29 @@ class DjangoStore(BaseStore):
             # A holder's confirmation (a run a handoff admitted, or one parked with its slots):
             # one compare-and-set on the run as read, after its row lock, with no key's lock:
             # its memberships change only by a recovery, which changes the run's attempts
-            # first, so the compare refuses this claim (R5a, X3f), as pg.TAKE_QUOTA.
+            # first, so the compare refuses this claim (R5a, X3f), as pg.TAKE_QUOTA. On
+            # MySQL/MariaDB one CALL of ds_take_quota_lease (sql/mysql/quota.sql).
+            room = self._mysql_room() if owner and not connections[self.db].in_atomic_block else None
+            taken_tokens = (
+                room.take_quota_lease(
+                    run_id=row.run_id,
+                    status=row.status,
+                    attempts=row.attempts,
+                    cancel_requested=row.cancel_requested,
+                    owner=owner,
+                    lease_seconds=lease_seconds,
+                    takes_slot=keyed,
+                )
+                if room is not None
+                else None
+            )
+            if taken_tokens is False:
+                return Turn(TurnState.SKIPPED, record)
+            if isinstance(taken_tokens, dict):
+                return Turn(
+                    TurnState.RUN,
+                    taken.evolve(admitted=keyed, tracked=keyed, quota_tokens=tuple(sorted(taken_tokens.items()))),
+                )
             with transaction.atomic(using=self.db):
                 self._lock_run(row.run_id)
                 if not runs.filter(self._as_read(row), quota_slot=SlotState.HOLDER).update(**take):
@@ -2080,6 +2114,16 @@ class DjangoStore(BaseStore):
             )
         room = self._mysql_room() if owner is not None and not connections[self.db].in_atomic_block else None
         declared = declared_limit(limits, run.workflow_name)
+        if room is not None and run.quota_keys and (run.singleton_key is None or declared is not None):
+            # One CALL: the settle of a run that carries quotas and the handoff of its slots (X3g, X3h).
+            assert owner is not None
+            done = self._retrying(
+                lambda: self._room_finish_quotas(
+                    room, run, owner, status, output, error, declared, finished_at, limits, ttls
+                )
+            )
+            if done is not None:
+                return done
         if room is not None and run.singleton_key is not None and not run.quota_keys and declared is not None:
             # One CALL: the settle and the handoff of a run with a key and no quotas (S7, R5a, K1).
             # A run that carries quotas, or of a workflow this process does not declare: the ORM path.
@@ -2152,6 +2196,56 @@ class DjangoStore(BaseStore):
         return Finish(
             settled.evolve(finished_at=finished_at or settled.finished_at),
             handed_off([record_of(g) for g in granted], [record_of(t) for t in turns]),
+        )
+
+    def _room_finish_quotas(
+        self,
+        room: mysql.Room,
+        run: RunRecord,
+        owner: str,
+        status: str,
+        output: Any,
+        error: Any,
+        declared: int | None,
+        finished_at: datetime | None,
+        limits: Limits,
+        ttls: QueueTtls | None,
+    ) -> Finish | None:
+        """The settle and handoff of a run that carries quotas in one CALL of
+        ``ds_settle_quotas`` (:meth:`mysql.Room.settle_quotas`): the locks of all its
+        limits, the compare-and-set on ``owner``'s unexpired lease, its slots freed, the
+        waiters a handoff admits admitted with their tokens and the others within the
+        free slots sent a turn, as :meth:`_finish` (S7, S13, R5a, K1, X3e-X3h). None if
+        the room is off (the ORM path)."""
+        done = room.settle_quotas(
+            run_id=run.run_id,
+            owner=owner,
+            status=status,
+            output=output,
+            error=error,
+            finished_at=finished_at,
+            workflow_name=run.workflow_name,
+            key=run.singleton_key,
+            declared_limit=declared,
+            ttl=(ttls or {}).get(run.workflow_name),
+            limits=limits,
+            ttls=ttls or {},
+            redelivery_seconds=self.redelivery_seconds,
+        )
+        if done is None:
+            return None
+        settled_row, granted, turns = done
+        if settled_row is None:
+            return Finish(None)
+        admitted = []
+        for row in granted:
+            record = record_of(row)
+            tokens = mysql.tokens_of(row)
+            admitted.append(record if tokens is None else record.evolve(quota_tokens=tokens))
+        settled = _settled(run, status, output, error)
+        return Finish(
+            settled.evolve(finished_at=finished_at or settled.finished_at),
+            handed_off(admitted, [record_of(t) for t in turns]),
         )
 
     def _finish(

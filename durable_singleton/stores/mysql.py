@@ -4,15 +4,20 @@ The decisions are the ORM path's (:mod:`durable_singleton.stores.django`); this
 room carries them out in fewer round trips. Each procedure lives in a named
 block of ``durable_singleton/sql/mysql/*.sql`` (``-- name: <procedure>``, read
 by the one loader, :mod:`durable_singleton.sql`), created by migrations
-``0016_mysql_procedures``, ``0017_mysql_settle`` and ``0021_mysql_commit_last`` on MySQL/MariaDB only
+``0016_mysql_procedures``, ``0017_mysql_settle``, ``0021_mysql_commit_last`` and
+``0022_mysql_quotas`` on MySQL/MariaDB only
 (:func:`install`): ``ds_claim``, a turn's claim without a read first (a run
 without a key takes its lease, a tracked waiter is admitted or parked under its
 key's lock; any other run is only read and the ORM path decides);
 ``ds_take_lease``, a holder's confirmation (S6); ``ds_settle_handoff``, the
 settle of a run with a key and no quotas and the grant of its slots (S7);
-``ds_grant_waiters``, the grant both share (S5, K1). One CALL each instead of
-five to ten round trips (``SET autocommit``, the locks, the reads, the writes,
-``COMMIT``, ``SET autocommit``).
+``ds_grant_waiters``, the grant both share (S5, K1). The shared quotas (X3),
+``sql/mysql/quota.sql``, migration ``0022_mysql_quotas``: ``ds_admit_quota``, a
+quota waiter's claim (``ds_claim`` calls it); ``ds_take_quota_lease``, a quota
+holder's confirmation; ``ds_settle_quotas``, the settle of a run that carries
+quotas and the handoff of its slots. One CALL each instead of five to thirty
+round trips (``SET autocommit``, the locks, the reads, the writes, ``COMMIT``,
+``SET autocommit``). A run that carries throttles (X6) takes the ORM path.
 
 Where the procedures are missing (the database user could not create them,
 docs/operations.rst) or cannot be called (no ``EXECUTE``), the store takes
@@ -43,6 +48,7 @@ __all__ = [
     "not_allowed",
     "room_of",
     "statements",
+    "tokens_of",
     "uninstall",
 ]
 
@@ -52,8 +58,20 @@ logger = logging.getLogger(__name__)
 PROCEDURES_0016 = ("ds_take_lease",)
 #: The procedures migration ``0017_mysql_settle`` creates, in order (a procedure after those it calls).
 PROCEDURES_0017 = ("ds_grant_waiters", "ds_send_runs", "ds_settle_handoff", "ds_claim")
+#: The procedures migration ``0022_mysql_quotas`` creates (``sql/mysql/quota.sql``), in order,
+#: and those it creates again: ``ds_grant_waiters`` takes the carriers a handoff admits, its
+#: callers pass them, and ``ds_claim`` calls ``ds_admit_quota``.
+PROCEDURES_0022 = (
+    "ds_lock_key",
+    "ds_quota_keys_of",
+    "ds_quota_front",
+    "ds_send_granted",
+    "ds_admit_quota",
+    "ds_take_quota_lease",
+    "ds_settle_quotas",
+)
 #: The procedures this room calls.
-PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017
+PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017 + PROCEDURES_0022
 
 # The server's refusals of a CALL that mean "not installed" (docs/operations.rst): no such
 # procedure; no EXECUTE; access denied (database, table); its definer no longer exists.
@@ -241,7 +259,10 @@ class Room:
         ``limits``: the declared limit of each workflow by name (None: undeclared);
         ``ttls``: the ``queue_ttl`` seconds of those that declare one (X2);
         ``delays``: the retry delays (seconds) of a parked waiter at the front and in
-        the backlog; ``redelivery_seconds``: the grants' turn window (S7a).
+        the backlog; ``redelivery_seconds``: the grants' turn window (S7a). A quota
+        waiter's claim is ``ds_admit_quota``'s (X3c-X3i; its ``"admitted"`` row carries its
+        quota tokens, :func:`tokens_of`; ``limits`` then holds the quotas' under
+        ``quota:<name>``).
         Returns (what happened: ``"taken"``, ``"admitted"``, ``"parked"``, ``"skipped"``,
         ``"refused"`` or ``"read"``; the run's row as stored after it, None if there is
         no such run, its ``ds_due`` and ``ds_expired`` set when only read; the waiters
@@ -252,8 +273,8 @@ class Room:
                 run_id,
                 owner,
                 _microseconds(lease_seconds),
-                json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None}),
-                json.dumps({name: _microseconds(ttl) for name, ttl in ttls.items() if ttl is not None}),
+                _limits_json(limits),
+                _ttls_json(ttls),
                 _microseconds(delays[0]),
                 _microseconds(delays[1]),
                 _microseconds(redelivery_seconds),
@@ -266,6 +287,84 @@ class Room:
         roles = _by_role(self.using, sets[1:])
         run = _runs_of(self.using, columns, rows)[0] if rows else None
         return role, run, [*roles.get("granted", []), *roles.get("turn", [])]
+
+    def settle_quotas(
+        self,
+        *,
+        run_id: str,
+        owner: str,
+        status: str,
+        output: Any,
+        error: Any,
+        finished_at: Any,
+        workflow_name: str,
+        key: str | None,
+        declared_limit: int | None,
+        ttl: float | None,
+        limits: Mapping[str, int | None],
+        ttls: Mapping[str, float],
+        redelivery_seconds: float,
+    ) -> tuple[Run | None, list[Run], list[Run]] | None:
+        """``ds_settle_quotas``: settle a run that carries quotas by compare-and-set on
+        ``owner``'s unexpired lease, free its slots and hand them off, one CALL (S7, S12,
+        R5a, K1, X3g, X3h, S13). ``key``: its singleton key or None; ``declared_limit``:
+        its workflow's declared limit (needed with a key); ``ttl``: its ``queue_ttl``
+        seconds or None; ``limits``: the declared limits by name (quotas under
+        ``quota:<name>``); ``ttls``: the ``queue_ttl`` seconds by workflow name (X2);
+        the rest as :meth:`settle_handoff`. Returns (the settled row or None if the compare
+        failed, the waiters admitted, each with ``ds_tokens`` its quota tokens, the waiters
+        sent a turn as they are), or None if the room is off (the ORM path)."""
+        connection = connections[self.using]
+        fields = Run._meta
+        sets = self._call_sets(
+            "ds_settle_quotas",
+            [
+                run_id,
+                owner,
+                status,
+                fields.get_field("output").get_db_prep_value(output, connection),
+                fields.get_field("error").get_db_prep_value(error, connection),
+                connection.ops.adapt_datetimefield_value(finished_at),
+                workflow_name,
+                key,
+                declared_limit,
+                _microseconds(ttl),
+                _limits_json(limits),
+                _ttls_json(ttls),
+                _microseconds(redelivery_seconds),
+            ],
+        )
+        if sets is None:
+            return None
+        roles = _by_role(self.using, sets)
+        settled = roles.get("settled", [])
+        return (settled[0] if settled else None), roles.get("granted", []), roles.get("turn", [])
+
+    def take_quota_lease(
+        self,
+        *,
+        run_id: str,
+        status: str,
+        attempts: int,
+        cancel_requested: bool,
+        owner: str,
+        lease_seconds: float,
+        takes_slot: bool,
+    ) -> dict[str, int] | bool | None:
+        """``ds_take_quota_lease``: a quota holder's confirmation, one CALL (S6, R5, R5a, X3f).
+        The run as read: ``status`` (parked), ``attempts``, ``cancel_requested``;
+        ``takes_slot``: it has a singleton key (it keeps that slot too). Returns its quota
+        tokens by name if the lease is ours, False if the run changed under the turn
+        (nothing written), None if the room is off (the caller takes the ORM path)."""
+        rows = self._call(
+            "ds_take_quota_lease",
+            [run_id, status, attempts, cancel_requested, owner, _microseconds(lease_seconds), takes_slot],
+        )
+        if rows is None:
+            return None
+        if not rows or not rows[0][0]:
+            return False
+        return {str(name): int(token) for name, token in json.loads(rows[0][1] or "{}").items()}
 
     def _call(self, name: str, params: list[Any]) -> list[tuple[Any, ...]] | None:
         """CALL ``name`` outside any transaction of the caller's (the procedure commits its
@@ -325,6 +424,25 @@ class Room:
         return bool(rows and rows[0][0])
 
 
+def _limits_json(limits: Mapping[str, int | None]) -> str:
+    """The declared limits by name as the procedures read them: a JSON object, None left out."""
+    return json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None})
+
+
+def _ttls_json(ttls: Mapping[str, float | None]) -> str:
+    """The ``queue_ttl`` of each workflow as the procedures read them: microseconds, JSON (X2)."""
+    return json.dumps({name: _microseconds(ttl) for name, ttl in ttls.items() if ttl is not None})
+
+
+def tokens_of(run: Run) -> tuple[tuple[str, int], ...] | None:
+    """The quota tokens a procedure sent with ``run`` (its ``ds_tokens`` column), sorted by
+    quota name, or None if it sent none (X3f)."""
+    raw = getattr(run, "tokens", None)
+    if raw is None:
+        return None
+    return tuple(sorted((str(name), int(token)) for name, token in json.loads(raw).items()))
+
+
 def _microseconds(seconds: float | None) -> int | None:
     """Seconds as whole microseconds, the unit of the procedures' intervals (None stays None)."""
     return None if seconds is None else round(float(seconds) * 1_000_000)
@@ -363,6 +481,8 @@ def _runs_of(using: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) 
         if "due" in extra:
             run.due = bool(extra["due"])  # type: ignore[attr-defined]
             run.lease_expired = bool(extra["expired"])  # type: ignore[attr-defined]
+        if "tokens" in extra:
+            run.tokens = extra["tokens"]  # type: ignore[attr-defined]  # tokens_of reads it
         runs.append(run)
     return runs
 

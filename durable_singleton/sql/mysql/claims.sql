@@ -73,9 +73,12 @@ END
 -- DjangoStore._admit: the key's free slots go to its oldest due waiters
 -- (ds_grant_waiters); the claimant takes its lease as a holder with its token
 -- if it is among them, else it is parked with the retry delay of a waiter at
--- the front (within the limit) or of the backlog. Every other run is only
+-- the front (within the limit) or of the backlog. A parked, due quota waiter
+-- without throttles, not cancelled (with a singleton key: tracked, of a
+-- declared workflow) is admitted or parked by ds_admit_quota (migration
+-- 0022_mysql_quotas, sql/mysql/quota.sql). Every other run is only
 -- read: the store's ORM path decides (a holder's confirmation, a cancel, a
--- recovery, a delayed start, a run that carries quotas, a workflow this
+-- recovery, a delayed start, a run that carries throttles, a workflow this
 -- process does not declare), and so it does when the claimant changed
 -- between the read and its lock (nothing written). Result sets: the first
 -- row's ``ds_role`` says what happened: 'taken', 'admitted', 'parked',
@@ -116,6 +119,9 @@ BEGIN
     DECLARE claimant_front BOOLEAN;
     DECLARE granted_ids LONGTEXT CHARACTER SET utf8mb4;
     DECLARE turn_ids LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE quota_keys_read INTEGER;
+    DECLARE throttle_keys_read INTEGER;
+    DECLARE decided BOOLEAN DEFAULT FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         ROLLBACK;  -- never a transaction left open on the caller's connection
@@ -123,9 +129,11 @@ BEGIN
     END;
     SELECT COUNT(*), MAX(r.status), MAX(r.attempts), MAX(r.cancel_requested), MAX(r.workflow_name),
            MAX(r.singleton_key), MAX(r.singleton_slot), MAX(r.singleton_tracked), MAX(r.quota_slot),
-           MAX(r.not_before IS NULL OR r.not_before <= UTC_TIMESTAMP(6))              -- X5: admission.is_due
+           MAX(r.not_before IS NULL OR r.not_before <= UTC_TIMESTAMP(6)),             -- X5: admission.is_due
+           MAX(COALESCE(JSON_LENGTH(r.quota_keys), 0)), MAX(COALESCE(JSON_LENGTH(r.throttle_keys), 0))
       INTO found, status_read, attempts_read, cancel_read, wf,
-           key_name, slot_read, tracked_read, quota_slot_read, due
+           key_name, slot_read, tracked_read, quota_slot_read, due,
+           quota_keys_read, throttle_keys_read
       FROM durable_singleton_run r
      WHERE r.run_id = run_to_claim;
     IF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
@@ -184,7 +192,8 @@ BEGIN
                 SET found = 0;
             ELSE
                 CALL ds_grant_waiters(wf, key_name, key_id, declared_limit, ttl_microseconds, run_to_claim,
-                                      redelivery_microseconds, claimant_token, claimant_front, granted_ids, turn_ids);
+                                      redelivery_microseconds, JSON_ARRAY(), claimant_token, claimant_front,
+                                      granted_ids, turn_ids);
                 IF claimant_token > 0 THEN
                     UPDATE durable_singleton_run
                        SET status = 'running',
@@ -237,6 +246,18 @@ BEGIN
                     CALL ds_send_runs('turn', turn_ids);
                     COMMIT;                            -- after the result sets, as an admission's
                 END IF;
+            END IF;
+        ELSEIF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
+               AND quota_slot_read = 'waiter' AND quota_keys_read > 0 AND throttle_keys_read = 0
+               AND (key_name IS NULL
+                    OR (tracked_read AND slot_read = 'waiter' AND declared_limit IS NOT NULL)) THEN
+            -- A quota waiter: admitted or parked under the locks of all its limits (X3c-X3i, sql/mysql/quota.sql).
+            CALL ds_admit_quota(run_to_claim, new_owner, lease_microseconds, limits_json, ttls_json,
+                                front_delay_microseconds, backlog_delay_microseconds, redelivery_microseconds,
+                                status_read, attempts_read, wf, key_name, declared_limit, ttl_microseconds,
+                                decided);
+            IF NOT decided THEN
+                SET found = 0;                         -- changed since the read: the ORM path decides
             END IF;
         ELSE
             SET found = 0;

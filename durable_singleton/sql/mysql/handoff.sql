@@ -1,5 +1,5 @@
 -- The MariaDB/MySQL room's grants and handoffs (durable_singleton.stores.mysql).
--- Shipped by migration 0017_mysql_settle, only on MySQL/MariaDB; one
+-- Shipped by migration 0017_mysql_settle (again by 0021 and 0022), only on MySQL/MariaDB; one
 -- ``-- name:`` block per procedure, loaded by name (durable_singleton.sql). The
 -- rules are the ORM path's (DjangoStore._grant, DjangoStore._finish), carried
 -- out here in one CALL: the decision who is admitted is the same, the SQL
@@ -15,7 +15,9 @@
 -- by migration 0019_run_priority), a waiter past its queue_ttl left out (X2). Each grant is a
 -- compare-and-set on the waiter as read with the next token of the key (K1); a waiter
 -- that carries quotas keeps its place and is only named, its own claim decides under
--- the locks of all its limits (X3h). OUT: the claimant's token if it is within the
+-- the locks of all its limits (X3h), unless it is one of ``carrier_ids`` (a JSON array:
+-- the carriers a handoff admits, ds_settle_quotas), which takes its quota slot with the
+-- grant (the caller gives its quota tokens). OUT: the claimant's token if it is within the
 -- free slots (0: not; it is not written here), whether it is at the queue's front
 -- (within the limit: its retry delay), and the run ids granted and sent a turn, as
 -- JSON arrays, for the caller to send before its COMMIT.
@@ -27,6 +29,7 @@ CREATE PROCEDURE ds_grant_waiters(
     IN ttl_microseconds BIGINT,
     IN claimant VARCHAR(191) CHARACTER SET utf8mb4,
     IN redelivery_microseconds BIGINT,
+    IN carrier_ids LONGTEXT CHARACTER SET utf8mb4,
     OUT claimant_token BIGINT,
     OUT claimant_front BOOLEAN,
     OUT granted_ids LONGTEXT CHARACTER SET utf8mb4,
@@ -105,7 +108,8 @@ BEGIN
                     IF row_id = claimant THEN
                         SET token = token + 1;
                         SET claimant_token = token;     -- written by the caller's compare-and-set
-                    ELSEIF row_quota_slot IS NOT NULL THEN
+                    ELSEIF row_quota_slot IS NOT NULL
+                           AND NOT COALESCE(JSON_CONTAINS(carrier_ids, JSON_QUOTE(row_id)), FALSE) THEN
                         SET turn_ids = JSON_ARRAY_APPEND(turn_ids, '$', row_id);   -- X3h
                     ELSE
                         SET token = token + 1;          -- as DjangoStore._grant: a lost compare skips it
@@ -115,12 +119,13 @@ BEGIN
                                fencing_token = token,
                                admitted_at = UTC_TIMESTAMP(6),
                                wake_at = UTC_TIMESTAMP(6) + INTERVAL redelivery_microseconds MICROSECOND,
-                               updated_at = UTC_TIMESTAMP(6)
+                               updated_at = UTC_TIMESTAMP(6),
+                               quota_slot = IF(row_quota_slot IS NULL, NULL, 'holder')   -- a carrier's quota slot
                          WHERE run_id = row_id
                            AND status = row_status               -- the compare: the waiter as read (R5a)
                            AND singleton_slot = 'waiter'
                            AND NOT cancel_requested
-                           AND quota_slot IS NULL;
+                           AND IF(row_quota_slot IS NULL, quota_slot IS NULL, quota_slot = 'waiter');
                         IF ROW_COUNT() > 0 THEN
                             SET granted_ids = JSON_ARRAY_APPEND(granted_ids, '$', row_id);
                         END IF;
@@ -226,7 +231,8 @@ BEGIN
         ROLLBACK;
     ELSE
         CALL ds_grant_waiters(wf, key_name, key_id, declared_limit, ttl_microseconds, NULL,
-                              redelivery_microseconds, claimant_token, claimant_front, granted_ids, turn_ids);
+                              redelivery_microseconds, JSON_ARRAY(), claimant_token, claimant_front,
+                              granted_ids, turn_ids);
         -- The result sets before the COMMIT: a refused CALL (ds_send_runs missing) rolls the
         -- settle and its grants back and the ORM path settles (S7, R5a).
         SELECT 'settled' AS ds_role, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_settle;
