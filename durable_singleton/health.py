@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from .admission import QUOTA_PREFIX
 from .audit import AuditReport, audit_slots
 from .explain import lease_words
-from .renewals import lease_state, unrenewed_q
-from .statuses import RunStatus, SlotState
+from .renewals import lease_state
 from .stores.base import BaseStore
 
 __all__ = ["HealthReport", "Problem", "check_health"]
@@ -94,15 +94,16 @@ def check_health(
     tick; ``backlog_seconds``: how long a run other than a key waiter may stay
     ``pending`` without a first turn; ``repair``: let the audit repair its
     safe findings (K4). Leases are judged on the store's clock, read once
-    (R5), whatever ``now`` says. Only the Django store is checked.
+    (R5), whatever ``now`` says. Every count is the store's (its methods
+    for the services), so every store is checked; one that keeps no
+    heartbeat reports ``stale_tick``.
     """
     from .heartbeat import last_tick
-    from .models import Run
 
+    store = engine.store
     now = now or engine.now()
     audit = audit_slots(engine, repair=repair, now=now)
-    db = engine.store.database
-    beat = last_tick(engine.store)
+    beat = last_tick(store)
     report = HealthReport(
         checked_at=now,
         last_tick_at=beat.at if beat is not None else None,
@@ -111,8 +112,6 @@ def check_health(
         waiting=0,
         audit=audit,
     )
-    if db is None:
-        return report
     if beat is None:
         report.problems.append(Problem("stale_tick", "no tick: none has ever completed on this database"))
     elif (now - beat.at).total_seconds() > stale_seconds:
@@ -125,14 +124,9 @@ def check_health(
             )
         )
     if engine.settings.DISPATCH == "worker":
-        _check_workers(report, engine.store, engine.settings.WORKER_DEAD_SECONDS)
-    runs = Run.objects.using(db)
-    report.waiting = runs.filter(singleton_slot=SlotState.WAITER).count()
-    report.backlog = (
-        runs.filter(status=RunStatus.PENDING, attempts=0, created_at__lte=now - timedelta(seconds=backlog_seconds))
-        .exclude(singleton_slot=SlotState.WAITER)
-        .count()
-    )
+        _check_workers(report, store, engine.settings.WORKER_DEAD_SECONDS)
+    report.waiting = sum(c.waiters for c in store.slot_counts() if not c.name.startswith(QUOTA_PREFIX))
+    report.backlog = store.count_backlog(now - timedelta(seconds=backlog_seconds))
     if report.backlog:
         report.problems.append(
             Problem("backlog", f"{report.backlog} runs not started {backlog_seconds:g} s after their creation")
@@ -140,21 +134,18 @@ def check_health(
     for finding in audit.findings:
         if not finding.repaired:
             report.problems.append(Problem(str(finding.kind), finding.detail))
-    db_now = engine.store.now()
-    unrenewed = runs.filter(unrenewed_q(settings=engine.settings, now=db_now))
-    report.unrenewed_leases = unrenewed.count()
-    rows = unrenewed.order_by("lease_expires_at", "run_id").values_list(
-        "run_id", "workflow_name", "singleton_key", "status", "lease_owner", "lease_expires_at"
-    )
-    for run_id, workflow, key, status, owner, expires_at in rows[:MAX_WARNINGS] if report.unrenewed_leases else ():
-        lease = lease_state(status, owner, expires_at, settings=engine.settings, now=db_now)
+    db_now = store.now()
+    counts, unrenewed = store.unrenewed_leases(settings=engine.settings, now=db_now, limit=MAX_WARNINGS)
+    report.unrenewed_leases = sum(counts.values())
+    for run in unrenewed:
+        lease = lease_state(run.status, run.lease_owner, run.lease_expires_at, settings=engine.settings, now=db_now)
         if lease is None:
             continue
-        where = f" (key {key!r})" if key is not None else ""
+        where = f" (key {run.singleton_key!r})" if run.singleton_key is not None else ""
         report.warnings.append(
             Problem(
                 "unrenewed_lease",
-                f"run {run_id} of {workflow}{where}: lease of {owner} {lease_words(lease)}",
+                f"run {run.run_id} of {run.workflow_name}{where}: lease of {run.lease_owner} {lease_words(lease)}",
             )
         )
     return report

@@ -33,7 +33,8 @@ def record_tick(engine: Any, now: datetime, seconds: float = 0.0) -> bool:
     (which the metrics count), and the
     heartbeat row (at most every :data:`HEARTBEAT_EVERY_SECONDS` per engine).
     The store keeps it (:meth:`~durable_singleton.stores.base.BaseStore.record_beat`;
-    the Django store in its database, other stores none); returns True if
+    the Django store in its database, the in-memory store in its memory,
+    other stores none); returns True if
     this call wrote the row. Never raises for a database error (the
     tick goes on; a missing heartbeat is what health reports)."""
     signals.tick_finished.send_robust(sender=type(engine), seconds=max(0.0, seconds))

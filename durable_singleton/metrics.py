@@ -5,11 +5,16 @@ never by key: keys are unbounded. A shared quota (X3) is labelled as the
 workflow ``quota:<name>``, as the key controls and the audit name it: its
 holders, waiters and oldest wait are over all its keys.
 
-Read from the database at each scrape, so they are the same whichever process
-is scraped: the holders, waiters and oldest wait in one grouped query over the
-runs and one over the quota memberships, the unrenewed leases in one (after a
-read of the database's clock), the audit's findings in the several queries of
-a full slot audit (:func:`~durable_singleton.audit.audit_slots`, K4):
+Read from the engine's store at each scrape, so they are the same whichever
+process is scraped: the holders, waiters and oldest wait
+(:meth:`~durable_singleton.stores.base.BaseStore.slot_counts`; on the Django
+store one grouped query over the runs and one over the quota memberships),
+the unrenewed leases
+(:meth:`~durable_singleton.stores.base.BaseStore.unrenewed_leases`, one
+grouped query after a read of the store's clock), the audit's findings in the
+several reads of a full slot audit
+(:func:`~durable_singleton.audit.audit_slots`, K4); ages are on the store's
+clock:
 
 * ``durable_singleton_holders{workflow}``: active runs holding a slot;
 * ``durable_singleton_waiters{workflow}``: active runs waiting for a slot;
@@ -49,9 +54,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .admission import holds_quota_slot_q, holds_slot_q, legacy_holder_q, quota_lock_name, quota_waiting_q
-from .renewals import unrenewed_q
-from .statuses import SlotState
+from .admission import quota_lock_name
 
 __all__ = [
     "ADMISSIONS",
@@ -170,73 +173,31 @@ class DatabaseCollector(Collector):
         )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        from django.db.models import Count, Min, Q
-        from django.utils import timezone
-
         from .audit import FindingKind, audit_slots
-        from .models import QuotaMembership, Run
         from .runtime import get_engine
 
         engine = get_engine()
-        db = engine.store.database
+        store = engine.store
         holders, waiters, oldest, findings, unrenewed = self._families()
         workflows = sorted(d.name for d in list(engine.registry.latest.values()) if d.singleton is not None)
         workflows += sorted(quota_lock_name(name) for name in list(engine.registry.quotas))
         seen: dict[str, dict[str, float]] = {"holder": {}, "waiter": {}}
-        if db is not None:
-            now = timezone.now()
-            waiting = Q(singleton_slot=SlotState.WAITER)
-            groups = (
-                Run.objects.using(db)
-                .filter(Q(singleton_slot__isnull=False) | legacy_holder_q())
-                .values("workflow_name")
-                .annotate(
-                    holders=Count("pk", filter=holds_slot_q()),
-                    waiters=Count("pk", filter=waiting),
-                    first=Min("created_at", filter=waiting),
-                )
-                .order_by()
-            )
-            for group in groups:
-                seen["holder"][group["workflow_name"]] = group["holders"]
-                seen["waiter"][group["workflow_name"]] = group["waiters"]
-                if group["waiters"]:
-                    oldest.add_metric([group["workflow_name"]], (now - group["first"]).total_seconds())
-            # The quotas (X3j), labelled as the key table and the controls name them: quota:<name>.
-            memberships = QuotaMembership.objects.using(db)
-            quota_waiting = quota_waiting_q()
-            quota_groups = (
-                memberships.filter(slot__isnull=False)
-                .values("quota")
-                .annotate(
-                    holders=Count("pk", filter=holds_quota_slot_q()),
-                    waiters=Count("pk", filter=quota_waiting),
-                    first=Min("created_at", filter=quota_waiting),
-                )
-                .order_by()
-            )
-            for quota_group in quota_groups:
-                name = quota_lock_name(quota_group["quota"])
-                seen["holder"][name] = quota_group["holders"]
-                seen["waiter"][name] = quota_group["waiters"]
-                if quota_group["waiters"]:
-                    oldest.add_metric([name], (now - quota_group["first"]).total_seconds())
-            counts = audit_slots(engine).by_workflow()
-            names = sorted({*workflows, *(workflow for workflow, _ in counts)})
-            for workflow in names:
-                for kind in FindingKind:
-                    findings.add_metric([workflow, str(kind)], counts.get((workflow, str(kind)), 0))
-            # Judged on the database's clock (R5).
-            stale = dict(
-                Run.objects.using(db)
-                .filter(unrenewed_q(settings=engine.settings, now=engine.store.now()))
-                .values("workflow_name")
-                .annotate(n=Count("pk"))
-                .order_by()
-                .values_list("workflow_name", "n")
-            )
-            for workflow in sorted({*workflows, *stale}):
-                unrenewed.add_metric([workflow], stale.get(workflow, 0))
+        # Ages and leases on the store's clock, read once (R5).
+        now = store.now()
+        # The workflows, and the quotas (X3j) labelled as the key table and the controls name them: quota:<name>.
+        for count in store.slot_counts():
+            seen["holder"][count.name] = count.holders
+            seen["waiter"][count.name] = count.waiters
+            if count.waiters and count.oldest_waiter_at is not None:
+                oldest.add_metric([count.name], (now - count.oldest_waiter_at).total_seconds())
+        counts = audit_slots(engine).by_workflow()
+        names = sorted({*workflows, *(workflow for workflow, _ in counts)})
+        for workflow in names:
+            for kind in FindingKind:
+                findings.add_metric([workflow, str(kind)], counts.get((workflow, str(kind)), 0))
+        stale, _ = store.unrenewed_leases(settings=engine.settings, now=now, limit=0)
+        for workflow in sorted({*workflows, *stale}):
+            unrenewed.add_metric([workflow], stale.get(workflow, 0))
         for workflow in sorted({*workflows, *seen["holder"], *seen["waiter"]}):
             holders.add_metric([workflow], seen["holder"].get(workflow, 0))
             waiters.add_metric([workflow], seen["waiter"].get(workflow, 0))

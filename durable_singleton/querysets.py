@@ -14,8 +14,18 @@ from django.db import connections, models
 from django.db.models import ExpressionWrapper, Func, Value
 from django.db.models.expressions import CombinedExpression
 
-from .admission import QUEUE_ORDER, holds_slot_q, is_due_q, is_due_sql_text, legacy_holder_q, queue_order_sql_text
-from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, RunStatus, SlotState
+from .admission import (
+    QUEUE_ORDER,
+    holds_slot_q,
+    is_due_q,
+    is_due_sql_text,
+    key_only_waiter_q,
+    legacy_holder_q,
+    queue_order_sql_text,
+)
+from .conf import Settings
+from .renewals import unrenewed_q
+from .statuses import ACTIVE_STATUSES, PARKED_STATUSES, WAKEABLE_STATUSES, RunStatus, SlotState
 
 if TYPE_CHECKING:
     from .models import Run  # noqa: F401  (the queryset's type argument, as a string)
@@ -170,3 +180,35 @@ class RunQuerySet(models.QuerySet["Run"]):
     def overdue(self) -> RunQuerySet:
         """Active runs whose execution deadline passed by the database's clock (D5, R5)."""
         return self.active().filter(deadline_at__lte=DbNow())
+
+    def backlog(self, created_by: datetime) -> RunQuerySet:
+        """``pending`` runs never started, created at or before ``created_by``,
+        that do not wait for a slot of their key: no worker took their first turn (O3)."""
+        return self.filter(status=RunStatus.PENDING, attempts=0, created_at__lte=created_by).exclude(
+            singleton_slot=SlotState.WAITER
+        )
+
+    def unrenewed(self, *, settings: Settings, now: datetime) -> RunQuerySet:
+        """Running runs whose lease was not renewed for longer than the renewal
+        interval at ``now``, a time read from the database's clock (K3, R5):
+        :func:`~durable_singleton.renewals.unrenewed_q`."""
+        return self.filter(unrenewed_q(settings=settings, now=now))
+
+    def inactive_holders(self) -> RunQuerySet:
+        """Runs marked as holding a slot that are not active (K4): the check
+        constraint ``ds_run_slot_only_active`` refuses them where it stands."""
+        return self.filter(singleton_slot=SlotState.HOLDER).exclude(status__in=ACTIVE_STATUSES)
+
+    def overdue_waiters(self, since: datetime) -> RunQuerySet:
+        """Waiters a free slot of their key alone admits (X3d), ``pending`` or
+        ``suspended``, due by the database's clock (X5, R5), whose ``wake_at``
+        is unset or not after ``since`` (K4)."""
+        overdue = models.Q(wake_at__isnull=True) | models.Q(wake_at__lte=since)
+        return self.admissible().filter(overdue, key_only_waiter_q(), status__in=WAKEABLE_STATUSES)
+
+    def unredriven(self, since: datetime) -> RunQuerySet:
+        """Running runs whose lease expired at or before ``since`` and whose
+        ``wake_at`` is unset or not after it: no tick re-drove them (K4, D4)."""
+        return self.filter(status=RunStatus.RUNNING, lease_expires_at__lte=since).filter(
+            models.Q(wake_at__isnull=True) | models.Q(wake_at__lte=since)
+        )

@@ -4,9 +4,10 @@ stored (R1), a memoized step (R4) and a buffered signal (D2).
 :mod:`durable_singleton.stores.base` names them too; they live here, below
 the seam, so the declarations (:mod:`durable_singleton.definitions`) can name
 a run without importing the store seam; :class:`PurgeReport` is what a
-retention purge deleted (O2). :class:`KeyQueue`, :class:`WorkerRecord` and
-:class:`Beat` are what the store's reads for the services return (explain,
-the worker registry, the tick's heartbeat).
+retention purge deleted (O2). :class:`KeyQueue`, :class:`WorkerRecord`,
+:class:`Beat`, :class:`SlotCount` and :class:`KeyCount` are what the store's
+reads for the services return (explain, the worker registry, the tick's
+heartbeat, the metrics, health and the slot audit).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from .statuses import PARKED_STATUSES, TERMINAL_STATUSES
 
 __all__ = [
     "Beat",
+    "KeyCount",
     "KeyQueue",
     "PurgeReport",
     "QueueHolder",
     "RunRecord",
     "SignalRecord",
+    "SlotCount",
     "StepRecord",
     "WorkerRecord",
 ]
@@ -248,3 +251,33 @@ def since_admitted(admitted_at: datetime | None, started_at: datetime | None, at
     if admitted_at is not None:
         return admitted_at
     return started_at if attempts <= 1 else None
+
+
+@dataclass(frozen=True)
+class SlotCount:
+    """The holders and waiters of one workflow's singleton keys, or of one quota's
+    keys (``name`` ``quota:<name>``, X3j), over all its keys (O4): ``holders``
+    hold a slot (S5, S12; a quota's: X3c), ``waiters`` wait for one, due or not
+    (X5); ``oldest_waiter_at`` is the ``created_at`` of the oldest waiter (None:
+    no waiter)."""
+
+    name: str
+    holders: int
+    waiters: int
+    oldest_waiter_at: datetime | None
+
+
+@dataclass(frozen=True)
+class KeyCount:
+    """A count on one key of a limit (K4): ``name`` is its workflow, or its
+    quota or throttle as ``quota:<name>`` or ``throttle:<name>`` (X3j, X6);
+    ``count`` what the read counted (its holders, its waiters, or a throttle's
+    admissions within a window); ``last_admitted_at`` the latest admission
+    among them (None: none stamped); ``stored_limit`` the largest limit stored
+    on its runs (None: none stored, or not a singleton key)."""
+
+    name: str
+    key: str
+    count: int
+    last_admitted_at: datetime | None = None
+    stored_limit: int | None = None

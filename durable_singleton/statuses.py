@@ -20,6 +20,7 @@ __all__ = [
     "SUPERSEDING",
     "TERMINAL_STATUSES",
     "WAITING",
+    "WAKEABLE_STATUSES",
     "OnBusy",
     "Outcome",
     "ParkReason",
@@ -47,6 +48,8 @@ class RunStatus(models.TextChoices):
 ACTIVE_STATUSES: tuple[str, ...] = (RunStatus.PENDING, RunStatus.RUNNING, RunStatus.SUSPENDED, RunStatus.BLOCKED)
 #: Active and not running: no lease is held (D1-D3).
 PARKED_STATUSES: tuple[str, ...] = (RunStatus.PENDING, RunStatus.SUSPENDED, RunStatus.BLOCKED)
+#: Parked waiting for a slot and not blocked on an event: the waiters the slot audit may wake (K4).
+WAKEABLE_STATUSES: tuple[str, ...] = (RunStatus.PENDING, RunStatus.SUSPENDED)
 #: Terminal statuses (R2): a terminal run never changes status again.
 TERMINAL_STATUSES: tuple[str, ...] = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD)
 

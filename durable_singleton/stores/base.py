@@ -34,22 +34,34 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from ..admission import is_due, queue_ttl_expired
+from ..admission import is_due, queue_ttl_expired, quota_lock_name
 from ..codecs import Codec
+from ..conf import Settings
 from ..exceptions import UnsupportedByStoreError
 from ..records import (
     Beat,
+    KeyCount,
     KeyQueue,
     PurgeReport,
     QueueHolder,
     RunRecord,
     SignalRecord,
+    SlotCount,
     StepRecord,
     WorkerRecord,
     since_admitted,
 )
+from ..renewals import lease_state
 from ..schedule_specs import Schedule
-from ..statuses import TERMINAL_STATUSES, ParkReason, RunStatus, Verdict
+from ..statuses import (
+    ACTIVE_STATUSES,
+    TERMINAL_STATUSES,
+    WAKEABLE_STATUSES,
+    ParkReason,
+    RunStatus,
+    SlotState,
+    Verdict,
+)
 
 T = TypeVar("T")
 
@@ -1169,6 +1181,191 @@ class BaseStore(ABC):
     def beat(self, name: str) -> Beat | None:
         """Return heartbeat ``name``, or None if it was never written (or the store keeps none)."""
         return None
+
+    # -- reads and writes for the metrics, health and the slot audit (O3, O4, K4) --
+    # The defaults answer from :meth:`list_runs` (a scan, as :meth:`select_runs`
+    # does); the Django store answers each in one bounded or grouped query.
+
+    def slot_counts(self) -> list[SlotCount]:
+        """Return the holders, waiters and oldest waiter of every workflow with
+        a singleton run, and of every quota with a member (labelled
+        ``quota:<name>``, X3j), over all their keys, by name (O4, S5, X3c)."""
+        groups: dict[str, list[Any]] = {}
+
+        def count(name: str, holds: bool, waits: bool, created_at: datetime) -> None:
+            group = groups.setdefault(name, [0, 0, None])
+            group[0] += holds
+            group[1] += waits
+            if waits and (group[2] is None or created_at < group[2]):
+                group[2] = created_at
+
+        for r in self.list_runs():
+            if r.is_terminal:
+                continue
+            if r.singleton_key is not None and (r.tracked or r.holds_slot):
+                count(r.workflow_name, r.holds_slot, r.tracked and not r.admitted, r.created_at)
+            if r.quota_slot is not None:
+                for name in sorted({name for name, _ in r.quota_keys}):
+                    count(quota_lock_name(name), r.holds_quota_slots, r.quota_slot == SlotState.WAITER, r.created_at)
+        return [SlotCount(name, *groups[name]) for name in sorted(groups)]
+
+    def count_backlog(self, created_by: datetime) -> int:
+        """Count the ``pending`` runs never started (no attempt) created at or
+        before ``created_by`` that do not wait for a slot of their key: no
+        worker took their first turn (O3)."""
+        return sum(
+            1
+            for r in self.list_runs()
+            if r.status == RunStatus.PENDING
+            and r.attempts == 0
+            and r.created_at <= created_by
+            and not (r.singleton_key is not None and r.tracked and not r.admitted)
+        )
+
+    def unrenewed_leases(
+        self, *, settings: Settings, now: datetime, limit: int
+    ) -> tuple[dict[str, int], list[RunRecord]]:
+        """Return the running runs whose lease was not renewed for longer than
+        the renewal interval (:func:`~durable_singleton.renewals.lease_state`,
+        K3) at ``now``, a time the caller read from :meth:`now` (R5): their
+        number by workflow name, and the first ``limit`` (>= 0) of them by
+        lease expiry, then run id. ``settings`` gives ``LEASE_SECONDS`` and
+        ``LEASE_RENEW_SECONDS``."""
+        found = []
+        for r in self.list_runs():
+            lease = lease_state(r.status, r.lease_owner, r.lease_expires_at, settings=settings, now=now)
+            if lease is not None and lease.unrenewed:
+                found.append(r)
+        counts: dict[str, int] = {}
+        for r in found:
+            counts[r.workflow_name] = counts.get(r.workflow_name, 0) + 1
+        found.sort(key=lambda r: (r.lease_expires_at, r.run_id))
+        return counts, found[:limit]
+
+    def controlled_keys(self) -> dict[tuple[str, str], tuple[bool, int | None]]:
+        """Return (paused, limit override or None) of every key that is paused
+        or overridden, by (workflow or ``quota:``/``throttle:`` name, key) (K2).
+        The default: none (``supports_key_controls`` False)."""
+        return {}
+
+    def limit_changed_at(self, workflow: str, key: str) -> datetime | None:
+        """Return when the limit override of ``(workflow, key)`` last changed,
+        its own or its workflow-wide one (K2), or None if it never did (the
+        default: a store that keeps no key controls)."""
+        return None
+
+    def key_holder_counts(self) -> list[KeyCount]:
+        """Return, for every key with a holder, the number of holders, their
+        latest admission and the largest limit stored on them: the singleton
+        keys (S5, S12), then the quota keys as ``quota:<name>`` (X3c, X3j)."""
+        singles: dict[tuple[str, str], list[Any]] = {}
+        quotas: dict[tuple[str, str], list[Any]] = {}
+
+        def count(groups: dict[tuple[str, str], list[Any]], ident: tuple[str, str], r: RunRecord) -> None:
+            group = groups.setdefault(ident, [0, None, None])
+            group[0] += 1
+            if r.admitted_at is not None and (group[1] is None or r.admitted_at > group[1]):
+                group[1] = r.admitted_at
+            if r.singleton_limit and (group[2] is None or r.singleton_limit > group[2]):
+                group[2] = r.singleton_limit
+
+        for r in self.list_runs():
+            if r.holds_slot and r.singleton_key is not None:
+                count(singles, (r.workflow_name, r.singleton_key), r)
+            if r.holds_quota_slots:
+                for name, key in r.quota_keys:
+                    count(quotas, (quota_lock_name(name), key), r)
+        return [
+            KeyCount(name, key, n, last, stored if groups is singles else None)
+            for groups in (singles, quotas)
+            for (name, key), (n, last, stored) in sorted(groups.items())
+        ]
+
+    def throttle_window_counts(self, name: str, since: datetime) -> list[KeyCount]:
+        """Return, for every key of the throttle ``name`` with an admission
+        recorded after ``since``, their number and the latest, named
+        ``throttle:<name>`` (X6). The default: none (``supports_throttles`` False)."""
+        return []
+
+    def inactive_holders(self, limit: int) -> list[RunRecord]:
+        """Return at most ``limit`` (>= 0) runs marked as holding a slot that
+        are not active (K4, S12), oldest first."""
+        return [r for r in self.list_runs() if r.admitted and r.status not in ACTIVE_STATUSES][:limit]
+
+    def overdue_waiter_keys(self, since: datetime) -> list[KeyCount]:
+        """Return the singleton keys with a waiter that carries no quota (X3d),
+        ``pending`` or ``suspended``, due by its ``not_before`` on the store's
+        clock (X5, R5), whose ``wake_at`` is unset or not after ``since``:
+        their number and the largest limit stored on them (K4)."""
+        now = self.now()
+        groups: dict[tuple[str, str], list[Any]] = {}
+        for r in self.list_runs():
+            if (
+                r.singleton_key is not None
+                and r.tracked
+                and not r.admitted
+                and r.quota_slot is None
+                and r.status in WAKEABLE_STATUSES
+                and is_due(r.not_before, now)
+                and (r.wake_at is None or r.wake_at <= since)
+            ):
+                group = groups.setdefault((r.workflow_name, r.singleton_key), [0, None])
+                group[0] += 1
+                if r.singleton_limit and (group[1] is None or r.singleton_limit > group[1]):
+                    group[1] = r.singleton_limit
+        return [KeyCount(w, k, n, None, stored) for (w, k), (n, stored) in sorted(groups.items())]
+
+    def key_freed_since(self, workflow_name: str, key: str, since: datetime) -> bool:
+        """Tell whether a run of singleton key ``key`` finished after ``since`` (K4)."""
+        return any(
+            r.singleton_key == key and r.finished_at is not None and r.finished_at > since
+            for r in self.list_runs(workflow_name=workflow_name)
+        )
+
+    def due_waiters(self, workflow_name: str, key: str, limit: int) -> list[RunRecord]:
+        """Return the first ``limit`` (>= 0) waiters of singleton key ``key``
+        that are due on the store's clock, in admission order: the ones its
+        free slots go to (S5 step 3, X5, X8)."""
+        now = self.now()
+        waiters = [
+            r
+            for r in self.active_runs_for_key(workflow_name, key)
+            if r.tracked and not r.admitted and is_due(r.not_before, now)
+        ]
+        return sorted(waiters, key=attrgetter("queue_place"))[:limit]
+
+    def unredriven_leases(self, since: datetime, limit: int) -> list[RunRecord]:
+        """Return at most ``limit`` (>= 0) ``running`` runs whose lease expired
+        at or before ``since`` and whose ``wake_at`` is unset or not after it:
+        no tick re-drove them (K4, D4); the earliest expiry first."""
+        found = [
+            r
+            for r in self.list_runs()
+            if r.status == RunStatus.RUNNING
+            and r.lease_expires_at is not None
+            and r.lease_expires_at <= since
+            and (r.wake_at is None or r.wake_at <= since)
+        ]
+        return sorted(found, key=lambda r: (r.lease_expires_at, r.run_id))[:limit]
+
+    def drop_holder_marker(self, run_id: str) -> bool:
+        """Drop the holder marker of run ``run_id`` if it is still marked and
+        not active (K4's repair of an inactive holder, R5a); return whether it
+        was dropped. The default drops none (a store that cannot repair)."""
+        return False
+
+    def wake_waiter(self, run_id: str) -> bool:
+        """Make run ``run_id`` due now on the store's clock (R8) if it is still
+        ``pending`` or ``suspended`` (K4's repair of a stalled waiter, R5a);
+        return whether it was woken. The default wakes none."""
+        return False
+
+    def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:
+        """Make run ``run_id`` due now on the store's clock (R8) if it is still
+        ``running`` with the lease expiry read, ``lease_expires_at`` (K4's
+        repair of an expired lease no tick re-drove, D4, R5a); return whether
+        it was. The default re-drives none."""
+        return False
 
 
 _schedule_states: weakref.WeakKeyDictionary[BaseStore, ScheduleStore] = weakref.WeakKeyDictionary()

@@ -31,7 +31,8 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from ..codecs import Codec
-from ..records import Beat, KeyQueue, PurgeReport, WorkerRecord
+from ..conf import Settings
+from ..records import Beat, KeyCount, KeyQueue, PurgeReport, SlotCount, WorkerRecord
 from .base import (
     BaseStore,
     ControlChange,
@@ -442,3 +443,51 @@ class CodecStore(BaseStore):
         return self.inner.purge_finished(
             before=before, statuses=statuses, workflow_name=workflow_name, key=key, limit=limit, dry_run=dry_run
         )
+
+    def slot_counts(self) -> list[SlotCount]:
+        return self.inner.slot_counts()
+
+    def count_backlog(self, created_by: datetime) -> int:
+        return self.inner.count_backlog(created_by)
+
+    def unrenewed_leases(
+        self, *, settings: Settings, now: datetime, limit: int
+    ) -> tuple[dict[str, int], list[RunRecord]]:
+        counts, runs = self.inner.unrenewed_leases(settings=settings, now=now, limit=limit)
+        return counts, self._out(runs)
+
+    def controlled_keys(self) -> dict[tuple[str, str], tuple[bool, int | None]]:
+        return self.inner.controlled_keys()
+
+    def limit_changed_at(self, workflow: str, key: str) -> datetime | None:
+        return self.inner.limit_changed_at(workflow, key)
+
+    def key_holder_counts(self) -> list[KeyCount]:
+        return self.inner.key_holder_counts()
+
+    def throttle_window_counts(self, name: str, since: datetime) -> list[KeyCount]:
+        return self.inner.throttle_window_counts(name, since)
+
+    def inactive_holders(self, limit: int) -> list[RunRecord]:
+        return self._out(self.inner.inactive_holders(limit))  # type: ignore[no-any-return]
+
+    def overdue_waiter_keys(self, since: datetime) -> list[KeyCount]:
+        return self.inner.overdue_waiter_keys(since)
+
+    def key_freed_since(self, workflow_name: str, key: str, since: datetime) -> bool:
+        return self.inner.key_freed_since(workflow_name, key, since)
+
+    def due_waiters(self, workflow_name: str, key: str, limit: int) -> list[RunRecord]:
+        return self._out(self.inner.due_waiters(workflow_name, key, limit))  # type: ignore[no-any-return]
+
+    def unredriven_leases(self, since: datetime, limit: int) -> list[RunRecord]:
+        return self._out(self.inner.unredriven_leases(since, limit))  # type: ignore[no-any-return]
+
+    def drop_holder_marker(self, run_id: str) -> bool:
+        return self.inner.drop_holder_marker(run_id)
+
+    def wake_waiter(self, run_id: str) -> bool:
+        return self.inner.wake_waiter(run_id)
+
+    def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:
+        return self.inner.redrive_lease(run_id, lease_expires_at)

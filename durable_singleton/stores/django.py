@@ -46,6 +46,8 @@ from django.db.models import (
     Count,
     Exists,
     F,
+    Max,
+    Min,
     Model,
     OuterRef,
     Q,
@@ -76,6 +78,7 @@ from ..admission import (
     holds_slot,
     holds_slot_q,
     is_due_q,
+    legacy_holder_q,
     limit_in_force,
     limit_in_force_sql,
     queue_ttl_expired_q,
@@ -93,6 +96,7 @@ from ..admission import (
     turn_on_its_way_q,
 )
 from ..codecs import Codec
+from ..conf import Settings
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..models import (
     DebouncedStart,
@@ -107,8 +111,17 @@ from ..models import (
     WorkerProcess,
 )
 from ..querysets import DbNow, RunQuerySet, database_now, db_now_plus
-from ..records import Beat, KeyQueue, PurgeReport, QueueHolder, WorkerRecord, since_admitted
-from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, TERMINAL_STATUSES, ParkReason, RunStatus, SlotState, Verdict
+from ..records import Beat, KeyCount, KeyQueue, PurgeReport, QueueHolder, SlotCount, WorkerRecord, since_admitted
+from ..statuses import (
+    ACTIVE_STATUSES,
+    PARKED_STATUSES,
+    TERMINAL_STATUSES,
+    WAKEABLE_STATUSES,
+    ParkReason,
+    RunStatus,
+    SlotState,
+    Verdict,
+)
 from . import key_controls, mysql, pg, retention, sqlite
 from .base import (
     CANCELLED_ERROR,
@@ -2742,3 +2755,131 @@ class DjangoStore(BaseStore):
             limit=limit,
             dry_run=dry_run,
         )
+
+    def slot_counts(self) -> list[SlotCount]:
+        """One grouped query over the runs and one over the quota memberships (O4)."""
+        waiting = Q(singleton_slot=SlotState.WAITER)
+        groups = (
+            self._runs()
+            .filter(Q(singleton_slot__isnull=False) | legacy_holder_q())
+            .values("workflow_name")
+            .annotate(
+                holders=Count("pk", filter=holds_slot_q()),
+                waiters=Count("pk", filter=waiting),
+                first=Min("created_at", filter=waiting),
+            )
+            .order_by()
+        )
+        counts = [SlotCount(g["workflow_name"], g["holders"], g["waiters"], g["first"]) for g in groups]
+        quota_waiting = quota_waiting_q()
+        quota_groups = (
+            QuotaMembership.objects.using(self.db)
+            .filter(slot__isnull=False)
+            .values("quota")
+            .annotate(
+                holders=Count("pk", filter=holds_quota_slot_q()),
+                waiters=Count("pk", filter=quota_waiting),
+                first=Min("created_at", filter=quota_waiting),
+            )
+            .order_by()
+        )
+        counts += [SlotCount(quota_lock_name(g["quota"]), g["holders"], g["waiters"], g["first"]) for g in quota_groups]
+        return sorted(counts, key=attrgetter("name"))
+
+    def count_backlog(self, created_by: datetime) -> int:
+        return self._runs().backlog(created_by).count()
+
+    def unrenewed_leases(
+        self, *, settings: Settings, now: datetime, limit: int
+    ) -> tuple[dict[str, int], list[RunRecord]]:
+        """One grouped count, and a read of the first ``limit`` only when there are any (K3, R5)."""
+        unrenewed = self._runs().unrenewed(settings=settings, now=now)
+        counts = dict(
+            unrenewed.values("workflow_name").annotate(n=Count("pk")).order_by().values_list("workflow_name", "n")
+        )
+        if not counts or limit <= 0:
+            return counts, []
+        return counts, [record_of(r) for r in unrenewed.order_by("lease_expires_at", "run_id")[:limit]]
+
+    def controlled_keys(self) -> dict[tuple[str, str], tuple[bool, int | None]]:
+        return key_controls.controlled(self)
+
+    def limit_changed_at(self, workflow: str, key: str) -> datetime | None:
+        return key_controls.limit_changed_at(self, workflow, key)
+
+    def key_holder_counts(self) -> list[KeyCount]:
+        """One grouped query over the runs and one over the quota memberships (K4)."""
+        holders = (
+            self._runs()
+            .filter(holds_slot_q())
+            .values("workflow_name", "singleton_key")
+            .annotate(n=Count("pk"), stored_limit=Max("singleton_limit"), last_admitted=Max("admitted_at"))
+            .order_by("workflow_name", "singleton_key")
+        )
+        counts = [
+            KeyCount(g["workflow_name"], g["singleton_key"], g["n"], g["last_admitted"], g["stored_limit"])
+            for g in holders
+            if g["singleton_key"] is not None  # a slot needs a key (constraint ds_run_slot_only_active)
+        ]
+        quota_holders = (
+            QuotaMembership.objects.using(self.db)
+            .filter(holds_quota_slot_q())
+            .values("quota", "key")
+            .annotate(n=Count("pk"), last_admitted=Max("run__admitted_at"))
+            .order_by("quota", "key")
+        )
+        counts += [KeyCount(quota_lock_name(g["quota"]), g["key"], g["n"], g["last_admitted"]) for g in quota_holders]
+        return counts
+
+    def throttle_window_counts(self, name: str, since: datetime) -> list[KeyCount]:
+        """One grouped count on ``ds_throttle_window_idx`` (X6)."""
+        windows = (
+            ThrottleAdmission.objects.using(self.db)
+            .filter(throttle=name, admitted_at__gt=since)
+            .values("key")
+            .annotate(n=Count("pk"), last_admitted=Max("admitted_at"))
+            .order_by("key")
+        )
+        return [KeyCount(throttle_lock_name(name), w["key"], w["n"], w["last_admitted"]) for w in windows]
+
+    def inactive_holders(self, limit: int) -> list[RunRecord]:
+        return [record_of(r) for r in self._runs().inactive_holders().order_by("created_at", "run_id")[:limit]]
+
+    def overdue_waiter_keys(self, since: datetime) -> list[KeyCount]:
+        """One grouped query; the waiters' ``not_before`` judged on the database's clock (X5, R5)."""
+        groups = (
+            self._runs()
+            .overdue_waiters(since)
+            .values("workflow_name", "singleton_key")
+            .annotate(n=Count("pk"), stored_limit=Max("singleton_limit"))
+            .order_by("workflow_name", "singleton_key")
+        )
+        return [
+            KeyCount(g["workflow_name"], g["singleton_key"], g["n"], None, g["stored_limit"])
+            for g in groups
+            if g["singleton_key"] is not None
+        ]
+
+    def key_freed_since(self, workflow_name: str, key: str, since: datetime) -> bool:
+        return bool(self._runs().for_key(workflow_name, key).filter(finished_at__gt=since).exists())
+
+    def due_waiters(self, workflow_name: str, key: str, limit: int) -> list[RunRecord]:
+        """One read of ``ds_run_queue_idx`` in admission order, due on the database's clock (X5, R5)."""
+        return [record_of(r) for r in self._runs().for_key(workflow_name, key).due_waiting()[:limit]]
+
+    def unredriven_leases(self, since: datetime, limit: int) -> list[RunRecord]:
+        return [record_of(r) for r in self._runs().unredriven(since).order_by("lease_expires_at", "run_id")[:limit]]
+
+    def drop_holder_marker(self, run_id: str) -> bool:
+        """A compare-and-set: still marked and not active (R5a)."""
+        return bool(self._runs().inactive_holders().filter(pk=run_id).update(singleton_slot=None))
+
+    def wake_waiter(self, run_id: str) -> bool:
+        """A compare-and-set on the status, ``wake_at`` on the database's clock (R5a, R8)."""
+        woken = self._runs().filter(pk=run_id, status__in=WAKEABLE_STATUSES)
+        return bool(woken.update(wake_at=DbNow(), updated_at=DbNow()))
+
+    def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:
+        """A compare-and-set on the lease as read, ``wake_at`` on the database's clock (R5a, R8)."""
+        expired = self._runs().filter(pk=run_id, status=RunStatus.RUNNING, lease_expires_at=lease_expires_at)
+        return bool(expired.update(wake_at=DbNow()))

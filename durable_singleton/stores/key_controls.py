@@ -16,14 +16,14 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import F, Q
+from django.db.models import F, Max, Q
 
 from ..admission import QUOTA_PREFIX
 from ..models import KeyControlChange, QuotaMembership, Run, SingletonKey
 from ..statuses import ACTIVE_STATUSES
 from .base import ControlChange, ControlChangeRecord, ControlResult, control_records
 
-__all__ = ["apply", "history", "state"]
+__all__ = ["apply", "controlled", "history", "limit_changed_at", "state"]
 
 
 def apply(
@@ -124,3 +124,21 @@ def history(store: Any, workflow: str, key: str | None, limit: int) -> list[Cont
         )
         for r in rows.order_by("-changed_at", "-pk")[:limit]
     ]
+
+
+def controlled(store: Any) -> dict[tuple[str, str], tuple[bool, int | None]]:
+    """Return (paused, override) of every paused or overridden key on ``store``'s database."""
+    rows = SingletonKey.objects.using(store.db).filter(Q(paused=True) | Q(limit_override__isnull=False))
+    return {
+        (workflow, key): (bool(paused), override)
+        for workflow, key, paused, override in rows.values_list("workflow_name", "key", "paused", "limit_override")
+    }
+
+
+def limit_changed_at(store: Any, workflow: str, key: str) -> datetime | None:
+    """Return when the limit override of ``(workflow, key)`` (or its workflow-wide one) last changed."""
+    changes = KeyControlChange.objects.using(store.db).filter(
+        workflow_name=workflow, key__in=(key, ""), field="limit_override"
+    )
+    at: datetime | None = changes.aggregate(at=Max("changed_at"))["at"]
+    return at

@@ -35,7 +35,8 @@ from ..admission import (
     waiter_expired,
 )
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
-from ..statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState, Verdict
+from ..records import Beat, KeyCount
+from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, WAKEABLE_STATUSES, ParkReason, RunStatus, SlotState, Verdict
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -99,6 +100,7 @@ class MemoryStore(BaseStore):
         self._throttle_admissions: dict[tuple[str, str], list[datetime]] = {}  # (throttle, key) -> admissions (X6)
         self.controls: dict[tuple[str, str], dict[str, Any]] = {}
         self._control_records: list[ControlChangeRecord] = []
+        self._beats: dict[str, Beat] = {}  # heartbeats by name (O3)
         self.redelivery_seconds = redelivery_seconds
         self.clock = clock or timezone.now
 
@@ -1043,6 +1045,65 @@ class MemoryStore(BaseStore):
             for run in held:
                 self._replace(run, lease_expires_at=now, wake_at=now)
             return len(held)
+
+    def record_beat(self, name: str, at: datetime, owner: str) -> bool:
+        """Keep heartbeat ``name`` in this store's memory, as long as the store lives (O3)."""
+        with self._critical():
+            self._beats[name] = Beat(name, at, owner)
+            return True
+
+    def beat(self, name: str) -> Beat | None:
+        with self._critical():
+            return self._beats.get(name)
+
+    def controlled_keys(self) -> dict[tuple[str, str], tuple[bool, int | None]]:
+        with self._critical():
+            states = {
+                ident: (bool(c.get("paused", False)), c.get("limit_override")) for ident, c in self.controls.items()
+            }
+            return {ident: state for ident, state in states.items() if state[0] or state[1] is not None}
+
+    def limit_changed_at(self, workflow: str, key: str) -> datetime | None:
+        with self._critical():
+            changes = [
+                r.at
+                for r in self._control_records
+                if r.workflow == workflow and r.key in (key, "") and r.field == "limit_override"
+            ]
+            return max(changes, default=None)
+
+    def throttle_window_counts(self, name: str, since: datetime) -> list[KeyCount]:
+        with self._critical():
+            counts = []
+            for (throttle, key), times in sorted(self._throttle_admissions.items()):
+                counted = [a for a in times if a > since]
+                if throttle == name and counted:
+                    counts.append(KeyCount(throttle_lock_name(name), key, len(counted), max(counted)))
+            return counts
+
+    def drop_holder_marker(self, run_id: str) -> bool:
+        with self._critical():
+            run = self._runs.get(run_id)
+            if run is None or not run.admitted or run.status in ACTIVE_STATUSES:
+                return False
+            self._replace(run, admitted=False)
+            return True
+
+    def wake_waiter(self, run_id: str) -> bool:
+        with self._critical():
+            run = self._runs.get(run_id)
+            if run is None or run.status not in WAKEABLE_STATUSES:
+                return False
+            self._replace(run, wake_at=self.clock())
+            return True
+
+    def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:
+        with self._critical():
+            run = self._runs.get(run_id)
+            if run is None or run.status != RunStatus.RUNNING or run.lease_expires_at != lease_expires_at:
+                return False
+            self._runs[run_id] = run.evolve(wake_at=self.clock())
+            return True
 
     def list_runs(self, *, workflow_name: str | None = None, namespace: str | None = None) -> list[RunRecord]:
         with self._critical():

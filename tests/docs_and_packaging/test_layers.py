@@ -192,22 +192,15 @@ DATABASE_ALIAS_READERS = {
     "durable_singleton/celery_tick.py": "the tick's lease (stores.turns) on the store's database",
     "durable_singleton/management/commands/durable_reencode.py": "refuses a codec store without a database",
 }
-#: Services that still query the models behind ``store.database`` (issue 32,
-#: item 5): this set may only shrink.
-DATABASE_ORM_READERS_LEFT = {
-    "durable_singleton/audit.py",
-    "durable_singleton/health.py",
-    "durable_singleton/metrics.py",
-}
 
 
 def test_services_read_through_the_store_not_its_database() -> None:
     """No module outside stores/ reads a store's ``database`` alias to query
     the models behind it: the store has a method for each read and write a
     service needs (STYLE "Seams and roots", "Rooms and SQL"; issue 32 counted
-    9 such sites, one of them writing run rows in worker.py). The modules that
-    read the alias are listed with their reason; those still querying through
-    it may only go."""
+    9 such sites, one of them writing run rows in worker.py; the slot audit,
+    health and the metrics were the last). The modules that read the alias
+    are listed with their reason, and none queries through it."""
     found = set()
     for path in sorted((ROOT / "durable_singleton").rglob("*.py")):
         if path.is_relative_to(ROOT / "durable_singleton" / "stores"):
@@ -217,7 +210,7 @@ def test_services_read_through_the_store_not_its_database() -> None:
                 owner = ast.unparse(node.value).split(".")[-1]
                 if owner in ("store", "inner") or owner.endswith("store"):
                     found.add(str(path.relative_to(ROOT)))
-    assert found == set(DATABASE_ALIAS_READERS) | DATABASE_ORM_READERS_LEFT
+    assert found == set(DATABASE_ALIAS_READERS)
 
 
 def test_a_run_row_becomes_a_record_in_one_place() -> None:

@@ -84,12 +84,16 @@ def test_recent_completions_give_the_latest_finish_first(engine: Engine, registr
 
 def test_the_worker_registry_and_the_heartbeat(engine: Engine, store_kind: str) -> None:
     """O3, O6: the Django store keeps the worker registry and the heartbeat
-    rows; the memory store keeps neither (None, False)."""
+    rows; the memory store keeps the heartbeat in its memory (so health sees
+    its ticks) and no worker registry (None)."""
     store = engine.store
     at = store.now()
     if store_kind == "memory":
         assert store.worker_processes() is None
-        assert store.record_beat("tick", at, "me") is False and store.beat("tick") is None
+        assert store.beat("tick") is None
+        assert store.record_beat("tick", at, "me") is True
+        assert store.record_beat("tick", at + timedelta(seconds=1), "you") is True
+        assert store.beat("tick") == Beat("tick", at + timedelta(seconds=1), "you")
         return
     from durable_singleton.models import WorkerProcess
 
