@@ -480,6 +480,12 @@ class BaseStore(ABC):
         True when :meth:`expire_waiter` ends a waiter by a compare-and-set
         that refuses a run admitted meanwhile (X2). False (the default): the
         tick ends no waiter by its ``queue_ttl`` and logs a warning once.
+    ``supports_slot_repairs``
+        True when the slot audit's repairs (:meth:`drop_holder_marker`,
+        :meth:`wake_waiter`, :meth:`redrive_lease`) write their
+        compare-and-sets (K4). False (the default): each returns False and
+        writes nothing, so ``audit_slots(repair=True)`` reports its findings
+        unrepaired.
 
     Times: every "now" comparison (lease expiry, wake times, deadlines) is
     made on the store's clock (:meth:`now`), never the caller's (R5).
@@ -494,6 +500,7 @@ class BaseStore(ABC):
     supports_quotas: bool = False
     supports_debounce: bool = False
     supports_throttles: bool = False
+    supports_slot_repairs: bool = False
 
     @property
     def admits_quotas(self) -> bool:
@@ -1351,20 +1358,20 @@ class BaseStore(ABC):
     def drop_holder_marker(self, run_id: str) -> bool:
         """Drop the holder marker of run ``run_id`` if it is still marked and
         not active (K4's repair of an inactive holder, R5a); return whether it
-        was dropped. The default drops none (a store that cannot repair)."""
+        was dropped. The default drops none (``supports_slot_repairs`` False)."""
         return False
 
     def wake_waiter(self, run_id: str) -> bool:
         """Make run ``run_id`` due now on the store's clock (R8) if it is still
         ``pending`` or ``suspended`` (K4's repair of a stalled waiter, R5a);
-        return whether it was woken. The default wakes none."""
+        return whether it was woken. The default wakes none (``supports_slot_repairs`` False)."""
         return False
 
     def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:
         """Make run ``run_id`` due now on the store's clock (R8) if it is still
         ``running`` with the lease expiry read, ``lease_expires_at`` (K4's
         repair of an expired lease no tick re-drove, D4, R5a); return whether
-        it was. The default re-drives none."""
+        it was. The default re-drives none (``supports_slot_repairs`` False)."""
         return False
 
 

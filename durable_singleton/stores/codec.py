@@ -72,6 +72,7 @@ class CodecStore(BaseStore):
         self.supports_on_busy = inner.supports_on_busy
         self.supports_quotas = inner.supports_quotas
         self.supports_debounce = inner.supports_debounce
+        self.supports_slot_repairs = inner.supports_slot_repairs
         self.writes_turn_notices = inner.writes_turn_notices
 
     # -- encoding ------------------------------------------------------------------

@@ -291,6 +291,7 @@ class DjangoStore(BaseStore):
     supports_quotas = True
     supports_debounce = True
     supports_throttles = True
+    supports_slot_repairs = True
     supports_schedules = True
     supports_queue_ttl = True
 

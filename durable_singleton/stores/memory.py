@@ -79,6 +79,7 @@ class MemoryStore(BaseStore):
     supports_quotas = True
     supports_debounce = True
     supports_throttles = True
+    supports_slot_repairs = True
     supports_schedules = True  # the default in-memory state lives as long as the store
 
     def __init__(

@@ -5,7 +5,8 @@ Any :class:`~durable_singleton.stores.base.BaseStore` must pass it: the claim
 (R5, R5a, K1), the queue cap (S15, R3), recovery (D4), execution timeouts
 (D5), cancel (D6), the delayed start (X5), priority inside a key (X8), the queue TTL (X2, for a store
 with ``supports_queue_ttl``: the tick ends a waiter past it, and no grant
-admits one, given the declared TTLs), the strategies of a busy start (X1:
+admits one, given the declared TTLs), the reads and repairs of the metrics, health and the slot audit (O3, O4, K4),
+the strategies of a busy start (X1:
 ``on_busy``; a store without ``supports_on_busy`` refuses the superseding
 ones with a typed error and writes nothing), the debounce (X7: a burst of starts is
 one run with the newest input, a retried start changes nothing; a store without
@@ -756,6 +757,69 @@ class StoreConformance:
         assert a.status == RunStatus.CANCELLED and not a.admitted and a.error["code"] == "queue_ttl_expired"
         engine.dispatcher.drain()  # type: ignore[attr-defined]
         assert "A" not in bodies.entered
+
+    # -- the reads and repairs of the services (O3, O4, K4) -----------------------------
+    def test_the_services_reads_count_holders_waiters_and_stranded_runs(self, engine: Engine) -> None:
+        """O3, O4, K3, K4, S5, X3j: what the metrics, health and the slot audit read
+        through the store. Key K: r0 holds, r1 and r2 wait; key J: j0 waits, never sent
+        a turn; quota conf-pool key Q (a store that admits quotas): q0 holds, q1 and q2
+        wait, q2 never sent a turn. A repair writes only with ``supports_slot_repairs``, a
+        compare-and-set on what was read (R5a), on the store's clock (R8)."""
+        from datetime import timedelta
+
+        store = engine.store
+        if not store.supports_atomic_admission:
+            pytest.skip("the S14 fallback marks no holder: its claims decide by a scan")
+        engine.settings = replace(engine.settings, LEASE_SECONDS=30.0, LEASE_RENEW_SECONDS=10.0)
+        lease = engine.settings.LEASE_SECONDS
+        for run_id in ("r0", "r1", "r2"):
+            engine.start("conf-1", {"k": "K"}, run_id=run_id)
+        engine.start("conf-1", {"k": "J"}, run_id="j0")
+        turns = [self._turn(engine, run_id, f"w-{run_id}", lease).state for run_id in ("r0", "r1", "r2")]
+        assert turns == [TurnState.RUN, TurnState.PARKED, TurnState.PARKED]
+        quotas = store.admits_quotas
+        if quotas:
+            for run_id in ("q0", "q1", "q2"):
+                engine.start("conf-quota", {"k": "Q"}, run_id=run_id)
+            turns = [self._turn(engine, run_id, f"w-{run_id}", lease).state for run_id in ("q0", "q1")]
+            assert turns == [TurnState.RUN, TurnState.PARKED]
+        counts = {c.name: (c.holders, c.waiters, c.oldest_waiter_at) for c in store.slot_counts()}
+        assert counts.pop("conf-1") == (1, 3, engine.get("r1").created_at)
+        assert counts == ({"quota:conf-pool": (1, 2, engine.get("q1").created_at)} if quotas else {})
+        held = [(c.name, c.key, c.count, c.stored_limit) for c in store.key_holder_counts()]
+        assert held == [("conf-1", "K", 1, 1)] + ([("quota:conf-pool", "Q", 1, None)] if quotas else [])
+        assert [r.run_id for r in store.due_waiters("conf-1", "K", 5)] == ["r1", "r2"]
+        assert [r.run_id for r in store.due_waiters("conf-1", "K", 1)] == ["r1"]
+        now = store.now()
+        hour, later = timedelta(hours=1), now + timedelta(hours=1)
+        # Ten minutes on, j0's first turn and r1's retry are overdue; r2 retries after the backlog's hour (S8a).
+        soon = now + timedelta(minutes=10)
+        overdue = [(c.name, c.key, c.count, c.stored_limit) for c in store.overdue_waiter_keys(soon)]
+        assert overdue == [("conf-1", "J", 1, 1), ("conf-1", "K", 1, 1)]
+        assert store.overdue_waiter_keys(now - hour) == []
+        assert store.count_backlog(later) == (1 if quotas else 0)  # q2: no first turn, no key to wait for
+        assert store.count_backlog(now - hour) == 0
+        running = ["q0", "r0"] if quotas else ["r0"]
+        assert sorted(r.run_id for r in store.unredriven_leases(later, 10)) == running
+        assert store.unredriven_leases(now - hour, 10) == []
+        assert store.unrenewed_leases(settings=engine.settings, now=now, limit=10) == ({}, [])
+        stale, first = store.unrenewed_leases(settings=engine.settings, now=later, limit=1)
+        assert stale == ({"conf-1": 1, "conf-quota": 1} if quotas else {"conf-1": 1})
+        assert [r.run_id for r in first] == ["r0"]  # the earliest lease expiry first
+        assert store.inactive_holders(10) == []
+        assert store.key_freed_since("conf-1", "K", now - hour) is False
+        r0 = engine.get("r0")
+        assert r0.lease_expires_at is not None
+        assert store.drop_holder_marker("r0") is False  # active: the marker stays
+        assert store.wake_waiter("r0") is False  # running: not a waiter to wake
+        assert store.redrive_lease("r0", r0.lease_expires_at + timedelta(seconds=1)) is False
+        repairs = store.supports_slot_repairs
+        assert store.wake_waiter("j0") is repairs
+        assert store.redrive_lease("r0", r0.lease_expires_at) is repairs
+        if repairs:
+            woken, redriven = engine.get("j0").wake_at, engine.get("r0").wake_at
+            assert woken is not None and woken <= store.now()
+            assert redriven is not None and redriven <= store.now()
 
     # -- the rules: one in Python, its twin in SQL -----------------------------------
     def test_the_rules_agree_in_python_and_sql(self, engine: Engine) -> None:
