@@ -33,15 +33,18 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, IntegerField, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest
 from django.db.models.lookups import Exact, GreaterThan
 
 from .exceptions import InvalidNotBeforeError, InvalidPriorityError, SingletonKeyError
-from .statuses import ACTIVE_STATUSES, OnBusy, RunStatus, SlotState
+from .statuses import ACTIVE_STATUSES, OnBusy, Rung, RunStatus, SlotState
 from .values import MAX_SECONDS
+
+if TYPE_CHECKING:
+    from .records import RunRecord
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -128,6 +131,7 @@ __all__ = [
     "throttle_waiter_q",
     "turn_on_its_way",
     "turn_on_its_way_q",
+    "turn_rung",
     "user_tags_of",
     "waiter_expired",
     "without_singleton_markers",
@@ -574,6 +578,37 @@ def holds_slot_q() -> Q:
     """SQL twin of :func:`holds_slot`, on the run table's columns (S5, S12)."""
     marked = Q(singleton_key__isnull=False, singleton_slot=SlotState.HOLDER, status__in=ACTIVE_STATUSES)
     return marked | legacy_holder_q()
+
+
+def turn_rung(run: RunRecord | None, *, expired: bool, due: bool, max_recoveries: int) -> Rung:
+    """The turn ladder: what a claim of ``run`` does, decided here once for every
+    store (the Django store's rooms and its ORM path, the memory store, the S14
+    fallback). ``run`` is the run as the claim read it (None: there is none);
+    ``expired``: its lease ended on the store's clock (R5); ``due``: its
+    ``not_before`` has come on that clock (:func:`is_due`, X5). The rungs, in
+    order: a run gone, terminal or leased by a live executor is skipped (R6); a
+    requested cancel settles it (S9); a recovery past ``max_recoveries``
+    settles it dead (D4); a delayed start before its time is not claimed (X5);
+    a carrier of quota or throttle keys is admitted under all its limits (X3,
+    X6); a run without a key or a holder takes its lease (S6), a holder whose
+    lease expired with a new token (K1); any other run is a waiter (S4, S5).
+    A store that cannot carry out a rung on its short path hands the turn to
+    its reference path, which stands on the same rung.
+    """
+    if run is None or run.is_terminal or (run.status == RunStatus.RUNNING and not expired):
+        return Rung.SKIP
+    recovered = run.status == RunStatus.RUNNING
+    if run.cancel_requested:
+        return Rung.CANCEL
+    if recovered and run.recoveries >= max_recoveries:
+        return Rung.DEAD
+    if not due and not recovered and not run.holds_slot:
+        return Rung.NOT_DUE
+    if run.quota_slot is not None:
+        return Rung.LIMITS
+    if run.singleton_key is None or run.holds_slot:
+        return Rung.TAKE_OVER if run.singleton_key is not None and recovered else Rung.TAKE
+    return Rung.ADMIT
 
 
 def turn_on_its_way(status: str, park_reason: str, wake_at: datetime | None, now: datetime) -> bool:

@@ -93,6 +93,20 @@ class Outcome(enum.StrEnum):
     INTERRUPTED = "interrupted"  # a store call failed under the body: the run resumes from its stored steps (D4)
 
 
+class Rung(enum.StrEnum):
+    """The step of the turn ladder a claim stands on (:func:`~durable_singleton.admission.turn_rung`):
+    what a turn of a run does, decided once for every store (S4, S5, S6, S9, R6, D4, X3, X5)."""
+
+    SKIP = "skip"  # gone, terminal, or running under a lease that has not expired (R6)
+    CANCEL = "cancel"  # a cancel was requested: settle it cancelled, granting its slot (S9)
+    DEAD = "dead"  # a recovery past max_recoveries: settle it dead, granting its slot (D4)
+    NOT_DUE = "not_due"  # a delayed start before its not_before: no claim, wake_at = not_before (X5)
+    LIMITS = "limits"  # it carries quota or throttle keys: admitted under every limit's lock (X3, X6)
+    TAKE = "take"  # a run without a key, or a holder's confirmation: take the lease (S6)
+    TAKE_OVER = "take_over"  # a holder whose lease expired: take it over with a new token (K1, R5)
+    ADMIT = "admit"  # a waiter: admitted or parked under its key's lock (S4, S5)
+
+
 class Verdict(enum.StrEnum):
     """What a store answered a lease-fenced write of a running run (R5, D6):
     ``BaseStore.check_boundary`` and ``BaseStore.park``."""

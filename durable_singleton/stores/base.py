@@ -58,6 +58,7 @@ from ..statuses import (
     TERMINAL_STATUSES,
     WAKEABLE_STATUSES,
     ParkReason,
+    Rung,
     RunStatus,
     SlotState,
     Verdict,
@@ -775,18 +776,29 @@ class BaseStore(ABC):
         This default, for a store without an atomic claim, is a read followed
         by a decision (S14): it can briefly over-admit.
         """
-        from ..admission import Candidate, decide_admission, declared_limit, limit_in_force, retry_delay
+        from ..admission import Candidate, decide_admission, declared_limit, limit_in_force, retry_delay, turn_rung
 
+        now = self.now()
         seen = self.get_run(run_id)
-        if seen is not None and seen.is_parked and not seen.holds_slot and not is_due(seen.not_before, self.now()):
-            return Turn(TurnState.SKIPPED, seen)  # a delayed start before its time (X5): its wake_at is not_before
+        expired = seen is not None and (seen.lease_expires_at is None or seen.lease_expires_at <= now)
+        due = seen is not None and is_due(seen.not_before, now)
+        rung = turn_rung(seen, expired=expired, due=due, max_recoveries=max_recoveries)
+        if rung is Rung.SKIP or rung is Rung.NOT_DUE:
+            # Gone, finished or leased (R6); or a delayed start before its time (X5): its wake_at is not_before.
+            return Turn(TurnState.SKIPPED, seen)
         turn = self.claim_run(run_id, owner, lease_seconds)
         run = turn.run
-        if turn.state is not TurnState.RUN or run is None or run.singleton_key is None or run.admitted:
+        if turn.state is not TurnState.RUN or run is None:
             return turn
-        if run.cancel_requested:
-            done = self.finish(run, owner, RunStatus.CANCELLED, error=CANCELLED_ERROR, limits=limits, ttls=ttls)
+        if rung is Rung.CANCEL or rung is Rung.DEAD or run.cancel_requested:
+            status, error = RunStatus.CANCELLED, CANCELLED_ERROR
+            if rung is Rung.DEAD and not run.cancel_requested:
+                status, run = RunStatus.DEAD, run.evolve(recoveries=run.recoveries + 1)
+                error = {"code": "max_recoveries", "message": f"lease expired {run.recoveries} times"}
+            done = self.finish(run, owner, status, error=error, limits=limits, ttls=ttls)
             return Turn(TurnState.SETTLED, done.run or run, granted=done.granted)
+        if run.singleton_key is None or run.admitted:
+            return turn  # no key, or a holder (S6); the fallback knows no quota (X3 needs an atomic claim)
         limit = limit_in_force(declared_limit(limits, run.workflow_name, (run.singleton_limit,)))
         candidates = [
             Candidate(r.run_id, r.created_at, r.status, r.tags, r.not_before, r.priority)

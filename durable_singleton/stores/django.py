@@ -94,6 +94,7 @@ from ..admission import (
     throttle_room,
     throttle_waiter_q,
     turn_on_its_way_q,
+    turn_rung,
 )
 from ..codecs import Codec
 from ..conf import Settings
@@ -115,9 +116,9 @@ from ..records import Beat, KeyCount, KeyQueue, PurgeReport, QueueHolder, SlotCo
 from ..statuses import (
     ACTIVE_STATUSES,
     PARKED_STATUSES,
-    TERMINAL_STATUSES,
     WAKEABLE_STATUSES,
     ParkReason,
+    Rung,
     RunStatus,
     SlotState,
     Verdict,
@@ -1333,27 +1334,24 @@ class DjangoStore(BaseStore):
         if row is None:
             return Turn(TurnState.SKIPPED)
         record = record_of(row)
-        if row.status in TERMINAL_STATUSES or (row.status == RunStatus.RUNNING and not expired):
+        rung = turn_rung(record, expired=expired, due=bool(row.due), max_recoveries=max_recoveries)  # type: ignore[attr-defined]
+        if rung is Rung.SKIP:
             return Turn(TurnState.SKIPPED, record)
         recovered = row.status == RunStatus.RUNNING
-        if row.cancel_requested:
+        if rung is Rung.CANCEL or rung is Rung.DEAD:
+            if rung is Rung.CANCEL:
+                status, settled, error = RunStatus.CANCELLED, record, CANCELLED_ERROR
+            else:
+                # The expired lease counts as one more recovery, then the run is dead (D4).
+                status, settled = RunStatus.DEAD, record.evolve(recoveries=row.recoveries + 1)
+                error = {"code": "max_recoveries", "message": f"lease expired {row.recoveries + 1} times"}
             done = self._finish(
-                record, self._as_read(row), RunStatus.CANCELLED, None, CANCELLED_ERROR, limits, ttls=ttls
+                settled, self._as_read(row), status, None, error, limits, recovered=rung is Rung.DEAD, ttls=ttls
             )
             return Turn(
                 TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
             )
-        if recovered and row.recoveries >= max_recoveries:
-            error = {"code": "max_recoveries", "message": f"lease expired {row.recoveries + 1} times"}
-            # The expired lease counts as one more recovery, then the run is dead (D4).
-            dead = record.evolve(recoveries=row.recoveries + 1)
-            done = self._finish(
-                dead, self._as_read(row), RunStatus.DEAD, None, error, limits, recovered=True, ttls=ttls
-            )
-            return Turn(
-                TurnState.SETTLED if done.settled else TurnState.SKIPPED, done.run or record, granted=done.granted
-            )
-        if not row.due and not recovered and not self._holds_slot(row):  # type: ignore[attr-defined]
+        if rung is Rung.NOT_DUE:
             # A delayed start before its time (X5): no claim; the tick sends it at not_before.
             self._runs().filter(self._as_read(row)).update(wake_at=F("not_before"), updated_at=DbNow())
             return Turn(TurnState.SKIPPED, record.evolve(wake_at=row.not_before))
@@ -1377,30 +1375,28 @@ class DjangoStore(BaseStore):
             recoveries=row.recoveries + (1 if recovered else 0),
             started_at=row.started_at or now,
         )
-        if row.quota_slot is not None:
+        if rung is Rung.LIMITS:
             # It carries quotas: admitted, confirmed or recovered under the locks of all its limits (X3).
             return self._retrying(
                 lambda: self._quota_turn(
                     row, record, taken, take, recovered, limits, retry, ttls, owner=owner, lease_seconds=lease_seconds
                 )
             )
-        if row.singleton_key is None or self._holds_slot(row):
-            # No admission needed: a plain run, or a holder's confirmation (S6).
-            if row.singleton_key is not None:
-                take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
-                if recovered:
-                    return self._retrying(lambda: self._take_over(row, record, taken, take))
-            room = self._sqlite_room()
-            if room is not None:
-                # One compare-and-set that returns the run as written (the SQLite room).
-                holder = row.singleton_key is not None
-                return self._retrying(
-                    lambda: room.take(record, owner, lease_seconds, recovered=recovered, holder=holder)
-                )
-            if not self._retrying(lambda: self._take_lease(row, take, owner, lease_seconds)):
-                return Turn(TurnState.SKIPPED, record)
-            return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
-        return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry, ttls))
+        if rung is Rung.ADMIT:
+            return self._retrying(lambda: self._admit(row, record, taken, take, recovered, limits, retry, ttls))
+        # Rung.TAKE or TAKE_OVER: no admission needed, a plain run or a holder's confirmation (S6).
+        if row.singleton_key is not None:
+            take.update(singleton_slot=SlotState.HOLDER, singleton_tracked=True)
+        if rung is Rung.TAKE_OVER:
+            return self._retrying(lambda: self._take_over(row, record, taken, take))
+        room = self._sqlite_room()
+        if room is not None:
+            # One compare-and-set that returns the run as written (the SQLite room).
+            holder = row.singleton_key is not None
+            return self._retrying(lambda: room.take(record, owner, lease_seconds, recovered=recovered, holder=holder))
+        if not self._retrying(lambda: self._take_lease(row, take, owner, lease_seconds)):
+            return Turn(TurnState.SKIPPED, record)
+        return Turn(TurnState.RUN, taken.evolve(admitted=row.singleton_key is not None), recovered=recovered)
 
     def _fast_turn(
         self,
@@ -1432,34 +1428,32 @@ class DjangoStore(BaseStore):
             )
             if admitted is not None:
                 return admitted
+        rung = turn_rung(run, expired=expired, due=due, max_recoveries=max_recoveries)
         if run is None:
             return Turn(TurnState.SKIPPED)
-        if run.is_terminal or (run.status == RunStatus.RUNNING and not expired):
+        if rung is Rung.SKIP:
             return Turn(TurnState.SKIPPED, run)
         recovered = run.status == RunStatus.RUNNING
-        if run.cancel_requested or (recovered and run.recoveries >= max_recoveries):
+        if rung in (Rung.CANCEL, Rung.DEAD, Rung.NOT_DUE, Rung.TAKE_OVER):
+            # A settle, a delayed start's wake_at (X5), a new token from the key's counter (K1):
+            # the ORM path carries them out.
             return None
-        if not due and not recovered and not run.holds_slot:
-            return None  # a delayed start before its time (X5): the ORM path moves its wake_at
-        if run.quota_slot is not None and not run.quota_keys:
-            return (
-                None  # a carrier an older release inserted without quota_keys: the ORM path reads its memberships (X3b)
-            )
-        if run.quota_slot == SlotState.HOLDER and not recovered:
-            # A quota holder's confirmation: one compare-and-set that returns its quota tokens (X3f).
-            holder = run.singleton_key is not None
-            return fast.take(run, owner, lease_seconds, recovered=False, holder=holder, quotas=True)
-        if run.quota_slot is not None:
-            # It carries quotas, and the claim message did not admit it (a quota waiter is admitted
-            # there, under the locks of all its limits): a recovery, or a run that changed between
-            # the message's statements: the ORM path (X3i).
+        if rung is Rung.LIMITS:
+            if not run.quota_keys:
+                # A carrier an older release inserted without quota_keys: the ORM path reads its memberships (X3b).
+                return None
+            if run.quota_slot == SlotState.HOLDER and not recovered:
+                # A quota holder's confirmation: one compare-and-set that returns its quota tokens (X3f).
+                holder = run.singleton_key is not None
+                return fast.take(run, owner, lease_seconds, recovered=False, holder=holder, quotas=True)
+            # The claim message did not admit it (a quota waiter is admitted there, under the locks
+            # of all its limits): a recovery, or a run that changed between the message's
+            # statements: the ORM path (X3i).
             return None
-        if run.singleton_key is None or run.holds_slot:
-            if run.singleton_key is not None and recovered:
-                return None  # a new token from the key's counter: _take_over (K1)
+        if rung is Rung.TAKE:
             return fast.take(run, owner, lease_seconds, recovered=recovered, holder=run.singleton_key is not None)
         if recovered or not run.tracked or run.workflow_name not in limits:
-            return None
+            return None  # Rung.ADMIT of a run this path does not admit: the ORM path
         ttl = (ttls or {}).get(run.workflow_name)
         return self._retrying(lambda: fast.admit(run, owner, lease_seconds, limits, delays, ttl))
 

@@ -32,11 +32,21 @@ from ..admission import (
     throttle_lock_name,
     throttle_room,
     turn_on_its_way,
+    turn_rung,
     waiter_expired,
 )
 from ..exceptions import QuotaQueueFullError, SingletonQueueFullError
 from ..records import Beat, KeyCount
-from ..statuses import ACTIVE_STATUSES, PARKED_STATUSES, WAKEABLE_STATUSES, ParkReason, RunStatus, SlotState, Verdict
+from ..statuses import (
+    ACTIVE_STATUSES,
+    PARKED_STATUSES,
+    WAKEABLE_STATUSES,
+    ParkReason,
+    Rung,
+    RunStatus,
+    SlotState,
+    Verdict,
+)
 from .base import (
     CANCELLED_ERROR,
     QUEUE_TTL_ERROR,
@@ -382,20 +392,22 @@ class MemoryStore(BaseStore):
             run = self._runs.get(run_id)
             if run is None:
                 return Turn(TurnState.SKIPPED)
-            if run.is_terminal or (run.status == RunStatus.RUNNING and not self._expired(run)):
+            now = self.clock()
+            due = is_due(run.not_before, now)
+            rung = turn_rung(run, expired=self._expired(run), due=due, max_recoveries=max_recoveries)
+            if rung is Rung.SKIP:
                 return Turn(TurnState.SKIPPED, run)
             recovered = run.status == RunStatus.RUNNING
-            if run.cancel_requested:
+            if rung is Rung.CANCEL:
                 done = self._settle(run, RunStatus.CANCELLED, None, CANCELLED_ERROR, limits, ttls)
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
-            if recovered and run.recoveries >= max_recoveries:
+            if rung is Rung.DEAD:
                 error = {"code": "max_recoveries", "message": f"lease expired {run.recoveries + 1} times"}
                 # The expired lease counts as one more recovery, then the run is dead (D4).
                 run = self._replace(run, recoveries=run.recoveries + 1)
                 done = self._settle(run, RunStatus.DEAD, None, error, limits, ttls)
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
-            now = self.clock()
-            if not recovered and not run.holds_slot and not is_due(run.not_before, now):
+            if rung is Rung.NOT_DUE:
                 # A delayed start before its time (X5): no claim; the tick sends it at not_before.
                 return Turn(TurnState.SKIPPED, self._replace(run, wake_at=run.not_before))
             take: dict[str, Any] = {
@@ -407,18 +419,20 @@ class MemoryStore(BaseStore):
                 "recoveries": run.recoveries + (1 if recovered else 0),
                 "started_at": run.started_at or now,
             }
-            if run.quota_slot is not None:
+            if rung is Rung.LIMITS:
                 return self._quota_turn(run, take, recovered, limits, retry, ttls)
             key = run.singleton_key
-            if key is None or run.holds_slot:
+            if rung is not Rung.ADMIT:  # Rung.TAKE or TAKE_OVER: a plain run or a holder (S6)
                 if key is not None:
                     take.update(admitted=True, tracked=True)
-                    if recovered:
-                        # A takeover gets a new token: the stalled executor's is smaller (K1, R5).
-                        token = self._tokens.get((run.workflow_name, key), 0) + 1
-                        self._tokens[(run.workflow_name, key)] = token
-                        take.update(fencing_token=token)
+                if rung is Rung.TAKE_OVER:
+                    assert key is not None  # a holder has a key
+                    # A takeover gets a new token: the stalled executor's is smaller (K1, R5).
+                    token = self._tokens.get((run.workflow_name, key), 0) + 1
+                    self._tokens[(run.workflow_name, key)] = token
+                    take.update(fencing_token=token)
                 return Turn(TurnState.RUN, self._replace(run, **take), recovered=recovered)
+            assert key is not None  # a waiter has a key
             if not run.tracked:
                 run = self._replace(run, tracked=True)  # an older release's run joins the queue (S12)
             granted, in_front, token = self._grant(run.workflow_name, key, limits, claimant=run_id, ttls=ttls)

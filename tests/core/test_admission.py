@@ -308,3 +308,53 @@ def test_start_deep_in_a_busy_queue_parks_without_a_turn(engine: Engine, registr
     engine.dispatcher.drain()
     assert monitor.entered == ["h", "w1", "w2"]
     assert engine.get("w2").status == "completed"
+
+
+@pytest.mark.parametrize(
+    ("fields", "expired", "due", "rung"),
+    [
+        ({"status": "completed"}, True, True, "skip"),  # R6: terminal
+        ({"status": "running", "attempts": 1}, False, True, "skip"),  # R6: a live lease
+        ({"status": "pending", "cancel_requested": True}, False, False, "cancel"),  # S9 before X5
+        ({"status": "running", "recoveries": 3, "attempts": 4}, True, True, "dead"),  # D4
+        ({"status": "running", "recoveries": 3, "cancel_requested": True}, True, True, "cancel"),  # S9 before D4
+        ({"status": "pending", "singleton_key": "k"}, False, False, "not_due"),  # X5
+        ({"status": "suspended", "singleton_key": "k", "admitted": True}, False, False, "take"),  # S6: a holder
+        ({"status": "pending", "quota_slot": "waiter"}, False, True, "limits"),  # X3
+        ({"status": "pending"}, False, True, "take"),  # no key
+        ({"status": "running", "singleton_key": "k", "admitted": True, "attempts": 1}, True, True, "take_over"),
+        ({"status": "running", "singleton_key": "k", "tracked": False}, True, True, "take_over"),  # S12 legacy
+        ({"status": "running", "attempts": 1}, True, True, "take"),  # a keyless recovery
+        ({"status": "pending", "singleton_key": "k"}, False, True, "admit"),  # S4, S5
+    ],
+)
+def test_the_turn_ladder_decides_each_rung_once(fields: dict[str, object], expired: bool, due: bool, rung: str) -> None:
+    """The turn ladder (:func:`~durable_singleton.admission.turn_rung`): one
+    decision of what a claim does, which the Django store's ORM path and rooms,
+    the memory store and the S14 fallback all stand on (S4, S5, S6, S9, R6,
+    D4, X3, X5). The order of the rungs is part of the rule: a requested
+    cancel is settled before a recovery is counted dead and before a delayed
+    start waits for its time."""
+    from durable_singleton.admission import turn_rung
+
+    run = RunRecordFactory(**fields)
+    assert turn_rung(run, expired=expired, due=due, max_recoveries=3) == rung
+    assert turn_rung(None, expired=expired, due=due, max_recoveries=3) == "skip"
+
+
+def test_the_fallback_settles_a_requested_cancel_as_every_store_does() -> None:
+    """S9, S14: a run without a key whose cancel was requested before its turn
+    is settled ``cancelled`` by the claim on the S14 fallback too (the turn
+    ladder's cancel rung), as the memory and Django stores do; before the one
+    ladder the fallback claimed it and ran its body."""
+    from durable_singleton.stores.base import RetryPolicy
+    from tests.stores.test_conformance import ScanOnlyStore
+
+    store = ScanOnlyStore()
+    run = RunRecordFactory(run_id="plain", status="pending", cancel_requested=True)
+    store.create_run(run, cap=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingletonFallbackWarning)
+        turn = store.begin_turn("plain", "me", lease_seconds=30, limits={}, max_recoveries=3, retry=RetryPolicy())
+    assert turn.state.name == "SETTLED" and turn.run is not None and turn.run.status == "cancelled"
+    assert store.get_run("plain").status == "cancelled"
