@@ -414,7 +414,9 @@ def test_two_releases_share_keys_without_overlap_and_hand_off_both_ways(deploy: 
         for row in audits
         if row.key in {key for _, key, _ in SHARED_KEYS}
     )
-    print(f"(started by, ran in): bodies {dict(sorted(crossed.items()))}, on shared keys {dict(sorted(shared.items()))}")
+    print(
+        f"(started by, ran in): bodies {dict(sorted(crossed.items()))}, on shared keys {dict(sorted(shared.items()))}"
+    )
     releases = {(RELEASE_OF[started], RELEASE_OF[ran]) for started, ran in crossed}
     assert {("old", "new"), ("new", "old")} <= releases, f"(started by, ran in): bodies {crossed}"
     assert any(ran == "pull" for _, ran in shared), f"the durable_worker ran no body of a shared key: {shared}"
