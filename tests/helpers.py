@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -12,7 +13,7 @@ from durable_singleton import Singleton
 from durable_singleton.definitions import Registry, WorkflowDefinition
 from durable_singleton.models import Run
 
-from .conftest import Monitor
+from .conftest import Monitor, spawn
 
 
 def audited(
@@ -53,6 +54,27 @@ def audited(
             key=lambda i: f"key:{i['k']}", limit=limit, max_queue_depth=max_queue_depth, on_busy=on_busy
         ),
     )
+
+
+@contextmanager
+def body_held(
+    execute: Callable[[str], Any], run_id: str, monitor: Monitor, hold: threading.Event, timeout: float = 60.0
+) -> Iterator[None]:
+    """Run ``execute(run_id)`` in a thread (an :func:`audited` workflow with
+    ``hold``) and yield once its body has entered (``monitor.entered == [run_id]``),
+    so the block runs while it holds its slot; afterwards release ``hold`` and
+    join the thread. Raises AssertionError if the body has not entered in
+    ``timeout`` seconds."""
+    thread = spawn(execute, run_id)
+    try:
+        deadline = time.monotonic() + timeout
+        while monitor.entered != [run_id]:
+            assert time.monotonic() < deadline, f"{run_id}'s body never entered: {monitor.entered}"
+            time.sleep(0.01)
+        yield
+    finally:
+        hold.set()
+        thread.join(10)
 
 
 def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: float = 30.0) -> Any:
