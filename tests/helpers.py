@@ -7,7 +7,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durable_singleton import Singleton
@@ -180,6 +180,22 @@ def control_key(engine: Any, name: str, key: str, action: str, limit: int | None
         engine.resume_key(name, key, by="t")
     else:
         engine.override_limit(name, key, limit, by="t")
+
+
+class HandClock:
+    """A clock a test moves by hand (an engine's or the memory store's one
+    clock, R5): it reads ``now`` (an aware UTC datetime, the real time at
+    creation unless given) until the test moves it."""
+
+    def __init__(self, now: datetime | None = None) -> None:
+        self.now = now if now is not None else datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        self.now += timedelta(seconds=seconds)
 
 
 def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: float = 30.0) -> Any:

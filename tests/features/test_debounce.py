@@ -12,7 +12,7 @@ DATABASE_URL database (SQLite, PostgreSQL, MariaDB), with real commits.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -30,21 +30,12 @@ from durable_singleton.exceptions import (
 from durable_singleton.explain import ExplainState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.values import MAX_SECONDS
+from tests.helpers import HandClock as Clock
 
 from ..conftest import run_threads
 
 SECONDS = 600.0
 MAX = 1800.0
-
-
-class Clock:
-    """A clock an in-memory test moves (the memory store's one clock, R5)."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture

@@ -26,18 +26,9 @@ from durable_singleton.exceptions import InvalidNotBeforeError
 from durable_singleton.explain import ExplainState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
+from tests.helpers import HandClock as Clock
 
 HOUR = 3600.0
-
-
-class Clock:
-    """A clock an in-memory test moves (the memory store's one clock, R5)."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def _declare(registry: Registry, log: list[str], limit: int = 1, **options: Any) -> None:

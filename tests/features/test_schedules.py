@@ -26,6 +26,7 @@ from durable_singleton.schedules import (
     schedule_store_for,
 )
 from tests.conftest import Monitor, run_threads
+from tests.helpers import HandClock as Clock
 from tests.helpers import audited
 
 
@@ -46,22 +47,9 @@ class CatchUp(NamedTuple):
 T0 = datetime(2030, 1, 15, 10, 0, 30, tzinfo=UTC)
 
 
-class Clock:
-    """A frozen clock a test moves by hand."""
-
-    def __init__(self, now: datetime = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 def _plain(registry: Registry, *schedules: Schedule, name: str = "report", singleton: Any = None) -> None:
