@@ -36,9 +36,9 @@ from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads
+from tests.helpers import control_key, quota_body
 from tests.helpers import drain as _drain
 from tests.helpers import queued as _queue
-from tests.helpers import quota_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -240,15 +240,10 @@ def _random_schedule(world: World, rng: random.Random, steps: int, controls: boo
             key = rng.choice("xy" if quota == "ha-pool" else "uv")
             action = rng.choice(["pause", "resume", "up", "down", "clear"])
             what = f"{action} {quota} {key}"
+            limit = {"up": LIMITS[quota] + 1, "down": 1, "clear": None}.get(action)
             for n, e in engines.items():
-                k = f"{n}-{key}"
-                if action == "pause":
-                    e.pause_key(f"quota:{quota}", k, by="t")
-                elif action == "resume":
-                    e.resume_key(f"quota:{quota}", k, by="t")
-                else:
-                    limit = {"up": LIMITS[quota] + 1, "down": 1, "clear": None}[action]
-                    e.override_limit(f"quota:{quota}", k, limit, by="t")
+                control_key(e, f"quota:{quota}", f"{n}-{key}", action, limit)
+                if action not in ("pause", "resume"):
                     prev = world.controls[n].get((quota, key))
                     world.controls[n][(quota, key)] = max(limit or 0, prev or 0) or None
         else:
