@@ -198,6 +198,16 @@ class HandClock:
         self.now += timedelta(seconds=seconds)
 
 
+def seeds(count: int) -> list[Any]:
+    """The seeds ``0 .. count - 1`` of a random-schedule test, for
+    ``pytest.mark.parametrize``: seed 0 runs everywhere, the others are marked
+    ``slow``, so the quick tier (``nox -s quick``) runs one schedule of each
+    test and CI's database passes run them all."""
+    import pytest
+
+    return [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in range(1, count))]
+
+
 def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: float = 30.0) -> Any:
     """Run one claim of ``run_id`` as ``execute`` does, without the body: the
     store's ``begin_turn`` (S5). Returns the :class:`Turn`."""

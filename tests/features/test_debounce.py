@@ -332,6 +332,7 @@ def test_concurrent_starts_of_one_key_create_one_run(timed: Engine, registry: Re
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # four Python processes start Django: not in the quick tier (noxfile QUICK)
 def test_concurrent_starts_from_several_processes_create_one_run(tmp_path: Any) -> None:
     """X7b, S13: four processes, each its own connection and engine, start one
     debounce key at once, ten starts each; the database holds one run of the

@@ -109,6 +109,7 @@ def test_starts_racing_the_due_moment_never_run_an_input_a_fold_replaced(registr
     assert len(runs) >= 2  # the stream outlived at least one burst
 
 
+@pytest.mark.slow  # four Python processes start Django: not in the quick tier (noxfile QUICK)
 def test_processes_bursting_one_key_leave_the_input_of_the_last_commit(tmp_path: Any) -> None:
     """X7b, X7a, S13: four processes start debounce keys at once, fifteen starts
     each, three per key (``K0`` to ``K4``, so every process races each key's

@@ -36,7 +36,7 @@ from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads
-from tests.helpers import control_key, quota_body
+from tests.helpers import control_key, quota_body, seeds
 from tests.helpers import drain as _drain
 from tests.helpers import queued as _queue
 
@@ -288,7 +288,7 @@ def _finish_all(world: World, rounds: int = 60) -> None:
 
 
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "k2-controls"])
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", seeds(3))
 def test_three_stores_agree_on_random_handoff_schedules(seed: int, controls: bool) -> None:
     """X3h, X3d, X3c, X3f, X3g, K2, D9, X5, S9: a random schedule of starts (keyed with
     one quota, keyed limit 2 with two quotas, quota-only with one and two quotas, a
@@ -359,7 +359,7 @@ def _race_registry() -> Registry:
 
 
 @pytest.mark.parametrize("store", ["fast", "orm"])
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", seeds(2))
 def test_racing_engines_never_over_admit_and_tokens_follow_entries(store: str, seed: int) -> None:
     """X3c, X3d, X3f, X3h, K1, S7: 4 threads, each with its own engine (and its own
     connection), execute the turns their handoffs send and stray turns of any active

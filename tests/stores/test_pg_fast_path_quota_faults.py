@@ -38,7 +38,7 @@ from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads, spawn
-from tests.helpers import KeysInside, control_key
+from tests.helpers import KeysInside, control_key, seeds
 from tests.helpers import drain as _drain
 from tests.helpers import queued as _queue
 from tests.helpers import quota_body as _body
@@ -111,7 +111,7 @@ def _diff_registry() -> Registry:
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["quota-controls", "mixed-versions"])
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", seeds(8))
 def test_fast_path_decides_as_the_orm_path_with_key_controls_cancels_and_retries(seed: int, mixed: bool) -> None:
     """X3c, X3d, X3g, X3h, K2, X1, X5, D6, D9: a random schedule of starts (a
     singleton of limit 2 with two quotas, two quotas alone, one quota, a

@@ -28,7 +28,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
-from tests.helpers import KeysInside, execute_racing
+from tests.helpers import KeysInside, execute_racing, seeds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,7 +124,7 @@ def _snapshot(engine: Engine, ids: list[str]) -> list[tuple[Any, ...]]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", seeds(6))
 def test_the_fast_path_decides_as_the_orm_path_on_random_schedules(seed: int) -> None:
     """X3c, X3d, X3f, X3g, X3h, S5, S7, K1: the same random schedule of starts
     (three workflows over a quota of 2, one also on a singleton key, one also on
