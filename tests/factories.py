@@ -1,4 +1,4 @@
-"""factory-boy factories for the stored rows: runs, steps, signals and keys,
+"""factory-boy factories for the stored rows: runs, steps, signals, keys and workers,
 and for the engine's :class:`~durable_singleton.stores.base.RunRecord`.
 
 Rows built here have the shapes the store writes (S5, S12): a holder is
@@ -16,7 +16,7 @@ from typing import Any
 import factory
 from factory.django import DjangoModelFactory
 
-from durable_singleton.models import Run, Signal, SingletonKey, Step
+from durable_singleton.models import Run, Signal, SingletonKey, Step, WorkerProcess
 from durable_singleton.stores.base import RunRecord
 
 __all__ = [
@@ -26,6 +26,7 @@ __all__ = [
     "SignalFactory",
     "SingletonKeyFactory",
     "StepFactory",
+    "WorkerProcessFactory",
     "bulk_queue",
 ]
 
@@ -110,6 +111,23 @@ class SingletonKeyFactory(DjangoModelFactory[SingletonKey]):
     workflow_name = "wf"
     key = factory.Sequence(lambda n: f"key-{n}")
     last_token = 0
+
+
+class WorkerProcessFactory(DjangoModelFactory[WorkerProcess]):
+    """A row of the worker registry (O6): the process ``host:pid`` of a
+    ``durable_worker`` with one thread, seen last at ``last_seen_at``
+    (``started_at`` unless given)."""
+
+    class Meta:
+        model = WorkerProcess
+
+    host = "host"
+    pid = factory.Sequence(lambda n: n + 1)
+    name = factory.LazyAttribute(lambda o: f"{o.host}:{o.pid}")
+    mode = "worker"
+    threads = 1
+    started_at = T0
+    last_seen_at = factory.SelfAttribute("started_at")
 
 
 class RunRecordFactory(factory.Factory[RunRecord]):

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from durable_singleton import Singleton
 from durable_singleton.definitions import Registry, WorkflowDefinition
 from durable_singleton.models import Run
 
-from .conftest import Monitor
+from .conftest import Monitor, spawn
 
 
 def audited(
@@ -53,6 +55,157 @@ def audited(
             key=lambda i: f"key:{i['k']}", limit=limit, max_queue_depth=max_queue_depth, on_busy=on_busy
         ),
     )
+
+
+@contextmanager
+def body_held(
+    execute: Callable[[str], Any], run_id: str, monitor: Monitor, hold: threading.Event, timeout: float = 60.0
+) -> Iterator[None]:
+    """Run ``execute(run_id)`` in a thread (an :func:`audited` workflow with
+    ``hold``) and yield once its body has entered (``monitor.entered == [run_id]``),
+    so the block runs while it holds its slot; afterwards release ``hold`` and
+    join the thread. Raises AssertionError if the body has not entered in
+    ``timeout`` seconds."""
+    thread = spawn(execute, run_id)
+    try:
+        deadline = time.monotonic() + timeout
+        while monitor.entered != [run_id]:
+            assert time.monotonic() < deadline, f"{run_id}'s body never entered: {monitor.entered}"
+            time.sleep(0.01)
+        yield
+    finally:
+        hold.set()
+        thread.join(10)
+
+
+@contextmanager
+def counted_per_run(signal: Any) -> Iterator[Counter[str]]:
+    """Count the sends of the Django signal ``signal`` (``run_created``,
+    ``run_finished``: its ``run`` argument) per run id, whichever thread sent
+    them, while the block runs."""
+    counts: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def receiver(sender: Any, run: Any, **kwargs: Any) -> None:
+        with lock:
+            counts[run.run_id] += 1
+
+    signal.connect(receiver, weak=False)
+    try:
+        yield counts
+    finally:
+        signal.disconnect(receiver)
+
+
+@contextmanager
+def store_method_replaced(engine: Any, name: str, replacement: Callable[..., Any]) -> Iterator[None]:
+    """While the block runs, ``engine.store.<name>`` is ``replacement`` (on this
+    store object only; a replacement calls the real method it read before);
+    afterwards the store's own method is back."""
+    setattr(engine.store, name, replacement)
+    try:
+        yield
+    finally:
+        delattr(engine.store, name)
+
+
+def manual_default_engine(settings: Any) -> Any:
+    """The default engine (``get_engine()``) with the manual dispatcher, its
+    queue emptied (the engine outlives tests: turns of earlier ones are
+    dropped); ``settings`` is pytest-django's fixture. Turns wait for ``drain()``."""
+    from durable_singleton.runtime import get_engine
+
+    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
+    engine = get_engine()
+    engine.dispatcher.queue.clear()
+    return engine
+
+
+def apps_at(targets: list[tuple[str, str]]) -> Any:
+    """Migrate the default database to ``targets`` (``[(app, migration)]``) and
+    return the historical apps there (``apps.get_model`` gives the models as
+    that migration left them)."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(targets)
+    return executor.loader.project_state(targets).apps
+
+
+def migrate_to_latest() -> None:
+    """Migrate the default database forward to this app's last migration."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes("durable_singleton"))
+
+
+class KeysInside:
+    """Counts the bodies inside each key at once (``inside``, ``peak`` per key)
+    and records the runs whose bodies ended (``done``), from any thread; a body
+    calls :meth:`enter` with its keys, then :meth:`leave`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.inside: dict[str, int] = {}
+        self.peak: dict[str, int] = {}
+        self.done: list[str] = []
+
+    def enter(self, keys: list[str]) -> None:
+        with self.lock:
+            for k in keys:
+                self.inside[k] = self.inside.get(k, 0) + 1
+                self.peak[k] = max(self.peak.get(k, 0), self.inside[k])
+
+    def leave(self, keys: list[str], run_id: str) -> None:
+        with self.lock:
+            for k in keys:
+                self.inside[k] -= 1
+            self.done.append(run_id)
+
+    def most(self, prefix: str) -> int:
+        """The most bodies ever inside one key starting with ``prefix`` at once."""
+        return max(v for k, v in self.peak.items() if k.startswith(prefix))
+
+
+def control_key(engine: Any, name: str, key: str, action: str, limit: int | None = None) -> None:
+    """Apply a key control (K2) by ``t`` to key ``key`` of ``name`` (a workflow,
+    or ``quota:<quota name>``): ``action`` ``"pause"``, ``"resume"``, or any
+    other: override the key's limit with ``limit`` (None clears the override)."""
+    if action == "pause":
+        engine.pause_key(name, key, by="t")
+    elif action == "resume":
+        engine.resume_key(name, key, by="t")
+    else:
+        engine.override_limit(name, key, limit, by="t")
+
+
+class HandClock:
+    """A clock a test moves by hand (an engine's or the memory store's one
+    clock, R5): it reads ``now`` (an aware UTC datetime, the real time at
+    creation unless given) until the test moves it."""
+
+    def __init__(self, now: datetime | None = None) -> None:
+        self.now = now if now is not None else datetime.now(UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward."""
+        self.now += timedelta(seconds=seconds)
+
+
+def seeds(count: int) -> list[Any]:
+    """The seeds ``0 .. count - 1`` of a random-schedule test, for
+    ``pytest.mark.parametrize``: seed 0 runs everywhere, the others are marked
+    ``slow``, so the quick tier (``nox -s quick``) runs one schedule of each
+    test and CI's database passes run them all."""
+    import pytest
+
+    return [0, *(pytest.param(seed, marks=pytest.mark.slow) for seed in range(1, count))]
 
 
 def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: float = 30.0) -> Any:
@@ -98,6 +251,18 @@ def waiter_behind_a_freed_slot(engine: Any, registry: Registry, monitor: Monitor
     assert engine.execute("B") == "parked"
     free_slot_without_handoff(engine, "A")
     engine.dispatcher.sent.clear()
+
+
+def two_waiters_behind_freed_slots(engine: Any, workflow: str) -> None:
+    """Key K of ``workflow`` (limit 2): holders H1 and H2 claimed, W1 and W2
+    parked behind them, then both slots freed with no handoff: W1 and W2 wait
+    on a key with two free slots (S5, S7)."""
+    for run_id in ("H1", "H2", "W1", "W2"):
+        engine.start(workflow, {}, run_id=run_id)
+    assert claim(engine, "H1").state.value == "run" and claim(engine, "H2").state.value == "run"
+    assert claim(engine, "W1").state.value == "parked" and claim(engine, "W2").state.value == "parked"
+    free_slot_without_handoff(engine, "H1")
+    free_slot_without_handoff(engine, "H2")
 
 
 def admitted(turn: Any) -> str:
@@ -214,6 +379,36 @@ def drain(engine: Any) -> None:
     engine.dispatcher.drain()
 
 
+def drain_chains(engine: Any) -> None:
+    """Run every turn queued on a manual dispatcher with ``execute_chain``
+    (each turn and the handoffs it runs in line, O6), oldest first."""
+    queue = engine.dispatcher.queue
+    while queue:
+        engine.execute_chain(queue.popleft())
+
+
+def parks_when_asked(ctx: Any, input: dict[str, Any]) -> None:
+    """A body that waits for the signal ``go`` when its input has a true ``park``."""
+    if input.get("park"):
+        ctx.wait_for_signal("go")
+
+
+def holds_when_asked(ctx: Any, input: dict[str, Any]) -> str:
+    """A body that waits for the signal ``go`` when its input has a true
+    ``hold``; returns its run id."""
+    if input.get("hold"):
+        ctx.wait_for_signal("go")
+    return str(ctx.run_id)
+
+
+def keyed_registry(name: str) -> Registry:
+    """A new registry with one workflow ``name``, keyed by ``input['k']``, whose
+    body is :func:`parks_when_asked`."""
+    registry = Registry()
+    registry.add(name, "1", parks_when_asked, singleton={"key": lambda i: i["k"]})
+    return registry
+
+
 def queued(engine: Any) -> Any:
     """The turns queued on a manual dispatcher, oldest first (a deque of run ids)."""
     return engine.dispatcher.queue
@@ -242,14 +437,16 @@ def holding_body(log: list[str]) -> Callable[[Any, dict[str, Any]], str]:
     return body
 
 
-def running_run(run_id: str, workflow: str, owner: str, now: datetime, expires_in: float) -> Run:
-    """Create run ``run_id`` of ``workflow`` running under ``owner``'s lease: created at ``now``
-    (the store's clock, R5) and leased until ``expires_in`` seconds after it."""
+def running_run(
+    run_id: str, workflow: str, owner: str, now: datetime, expires_in: float, status: str = "running"
+) -> Run:
+    """Create run ``run_id`` of ``workflow`` running (or in ``status``) under ``owner``'s lease:
+    created at ``now`` (the store's clock, R5) and leased until ``expires_in`` seconds after it."""
     return Run.objects.create(
         run_id=run_id,
         workflow_name=workflow,
         workflow_version="1",
-        status="running",
+        status=status,
         created_at=now,
         updated_at=now,
         lease_owner=owner,

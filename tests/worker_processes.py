@@ -25,7 +25,7 @@ from testproject.demo.live import database_url
 
 from .celery_workers import REPO, WorkerProcess
 
-__all__ = ["DurableWorkers", "test_database_url", "wait_for", "workers"]
+__all__ = ["DurableWorkers", "start_at_once", "test_database_url", "wait_for", "workers"]
 
 
 def test_database_url(settings_dict: Mapping[str, Any] | None = None) -> str:
@@ -54,6 +54,55 @@ def wait_for(condition: Callable[[], Any], timeout: float, what: str, log: Calla
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} within {timeout:.0f} s\n{log()}")
         time.sleep(0.05)
+
+
+def start_at_once(tmp_path: Path, module: str, *args: str, processes: int = 4, timeout: float = 180.0) -> list[str]:
+    """Run ``processes`` copies of ``python -m module GO_FILE args...`` on the test
+    database and return each one's output, after every one has exited 0.
+
+    Each copy is given the path of a go file as its first argument, prints
+    ``ready`` when it has set up, and waits for the file; the file is written
+    once every copy is ready, so their work starts at once. ``timeout`` (seconds)
+    bounds the wait for ``ready`` and for each exit. Skips the test on an
+    in-memory SQLite database; raises AssertionError (with the outputs) if a copy
+    is not ready in time or exits non-zero.
+    """
+    if connection.vendor == "sqlite" and "memory" in str(connection.settings_dict["NAME"]):
+        pytest.skip("processes need a database file or server")
+    go = tmp_path / "go"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "testproject.settings",
+        "DATABASE_URL": test_database_url(),
+        "DURABLE_DISPATCH": "worker",
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    logs = [tmp_path / f"p{n}.log" for n in range(processes)]
+    procs = []
+    for log in logs:
+        with open(log, "wb") as out:
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", module, str(go), *args],
+                    cwd=REPO,
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            )
+    try:
+        wait_for(lambda: all("ready" in log.read_text() for log in logs), timeout, "every process ready")
+        go.write_text("go")
+        for proc in procs:
+            proc.wait(timeout=timeout)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    texts = [log.read_text() for log in logs]
+    assert [p.returncode for p in procs] == [0] * processes, texts
+    return texts
 
 
 @dataclass

@@ -102,6 +102,13 @@ class Chromium:
         self._thread.join(30)
 
 
+def submit_login(page: Any, username: str = "admin", password: str = "pw-browser") -> None:
+    """On the admin's login page ``page``, fill in ``username`` and ``password`` and submit."""
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+
+
 class Browser:
     """A page in a fresh context of ``chromium``; :meth:`do` runs ``fn(page)`` on chromium's
     thread and returns its result."""
@@ -218,9 +225,7 @@ def test_watch_a_burst_drain_and_cancel_a_waiter(browser: Browser, workers: Engi
     browser.goto("/admin/login/?next=/admin/durable_singleton/run/queues/")
 
     def log_in(page: Any) -> str:
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "pw-browser")
-        page.click("input[type=submit]")
+        submit_login(page)
         page.wait_for_selector("#ds-live")
         return page.inner_text("#ds-live")
 
@@ -334,9 +339,7 @@ def test_view_only_staff_watch_without_actions(browser: Browser, settings: Any, 
     )
 
     def log_in(page: Any) -> str:
-        page.fill("#id_username", "watcher")
-        page.fill("#id_password", "pw-view")
-        page.click("input[type=submit]")
+        submit_login(page, "watcher", "pw-view")
         page.wait_for_selector("#ds-live")
         page.wait_for_function("document.querySelectorAll('tr.ds-waiter').length == 2", timeout=20_000)
         return page.content()
@@ -367,9 +370,7 @@ def test_run_list_fits_a_1400_px_window(browser: Browser, settings: Any, django_
     browser.goto("/admin/login/?next=/admin/durable_singleton/run/")
 
     def measure(page: Any) -> dict[str, Any]:
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "pw-browser")
-        page.click("input[type=submit]")
+        submit_login(page)
         page.wait_for_selector("#result_list")
         return page.evaluate(
             """() => ({

@@ -12,7 +12,7 @@ from urllib.parse import quote
 from durable_singleton.engine import Engine
 from durable_singleton.models import ScheduleState
 from durable_singleton.schedules import fire_due_schedules
-from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, CAPPED, Browser, wait_until
+from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, CAPPED, Browser, submit_login, wait_until
 
 pytestmark = BROWSER_TEST
 
@@ -22,9 +22,7 @@ def _log_in(browser: Browser, django_user_model: Any, next_url: str) -> None:
     browser.goto(f"/admin/login/?next={quote(next_url)}")
 
     def log_in(page: Any) -> None:
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "pw-browser")
-        page.click("input[type=submit]")
+        submit_login(page)
         page.wait_for_load_state()
 
     browser.do(log_in)

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from durable_singleton.definitions import Singleton, registry
 from durable_singleton.models import Run
-from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, Browser
+from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, Browser, submit_login
 from tests.factories import RunFactory, StepFactory
 
 pytestmark = BROWSER_TEST
@@ -148,15 +148,13 @@ def long_names(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     now = timezone.now()
     for k, key in enumerate(KEYS):
         start = now - timedelta(minutes=3, seconds=k)
+        on_key: dict[str, Any] = {"workflow_name": TASK, "singleton_key": key, "singleton_limit": 2, "tags": TAGS}
         for i in range(2):
             created = start + timedelta(seconds=i)
             holder = RunFactory(
                 run_id=f"{TASK}:{key}:holder-{i}",
-                workflow_name=TASK,
-                singleton_key=key,
-                singleton_limit=2,
                 holder=True,
-                tags=TAGS,
+                **on_key,
                 created_at=created,
                 started_at=created,
                 admitted_at=created + timedelta(seconds=1),
@@ -176,23 +174,12 @@ def long_names(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         for i in range(3):
             RunFactory(
                 run_id=f"{TASK}:{key}:waiter-{i}",
-                workflow_name=TASK,
-                singleton_key=key,
-                singleton_limit=2,
                 waiter=True,
-                tags=TAGS,
+                **on_key,
                 created_at=start + timedelta(seconds=10 + i),
                 wake_at=now + timedelta(minutes=59) if i else now + timedelta(seconds=1),
             )
-        RunFactory(
-            run_id=f"{TASK}:{key}:done",
-            workflow_name=TASK,
-            singleton_key=key,
-            singleton_limit=2,
-            finished=True,
-            tags=TAGS,
-            created_at=start - timedelta(minutes=1),
-        )
+        RunFactory(run_id=f"{TASK}:{key}:done", finished=True, created_at=start - timedelta(minutes=1), **on_key)
     yield
     Run.objects.filter(workflow_name=TASK).delete()
 
@@ -203,9 +190,7 @@ def _log_in(browser: Browser, django_user_model: Any, width: int) -> None:
     def log_in(page: Any) -> None:
         page.set_viewport_size({"width": width, "height": 900})
         page.goto(browser.base_url + "/admin/login/")
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "pw-browser")
-        page.click("input[type=submit]")
+        submit_login(page)
         page.wait_for_load_state()
 
     browser.do(log_in)

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from durable_singleton.runtime import get_engine
-from tests.admin.test_browser_admin import BROWSER_TEST, Browser, wait_until
+from tests.admin.test_browser_admin import BROWSER_TEST, Browser, submit_login, wait_until
 from tests.helpers import admitted, claim
 
 #: The cell's brief words; its title carries the renewal interval too (issue #19 item 4).
@@ -58,9 +58,7 @@ def test_key_page_keeps_saying_the_holder_is_unrenewed_and_the_retry_overdue(
     )
 
     def log_in(page: Any) -> None:
-        page.fill("#id_username", "admin")
-        page.fill("#id_password", "pw-browser")
-        page.click("input[type=submit]")
+        submit_login(page)
         page.wait_for_selector("#ds-live")
 
     browser.do(log_in)

@@ -96,22 +96,21 @@ def test_a_handoff_stamped_by_two_clocks_stays_on_one_row() -> None:
     spans still follow one another on the key's one row, joined by the handoff."""
     now = get_engine().now()
     released = now - timedelta(seconds=5)
+    on_key = {"workflow_name": CAPPED, "singleton_key": "store:H"}
     RunFactory(
         run_id="before",
-        workflow_name=CAPPED,
-        singleton_key="store:H",
         finished=True,
         created_at=released - timedelta(seconds=3),
         admitted_at=released - timedelta(seconds=2),
         finished_at=released,
+        **on_key,
     )
     RunFactory(
         run_id="after",
-        workflow_name=CAPPED,
-        singleton_key="store:H",
         holder=True,
         created_at=released - timedelta(seconds=1),
         admitted_at=released - timedelta(microseconds=400),
+        **on_key,
     )
     (lane,) = workflow_lanes(CAPPED, now=now).lanes
     assert [(h.run_id, h.slot) for h in lane.holds] == [("before", 0), ("after", 0)]

@@ -24,7 +24,7 @@ from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import Monitor, spawn
 from tests.factories import RunRecordFactory
-from tests.helpers import audited, holding_body, settle
+from tests.helpers import audited, body_held, holding_body, settle
 
 
 def test_gate_runs_before_the_body_and_parks_a_younger_run(
@@ -53,9 +53,7 @@ def test_front_waiter_retries_in_about_a_second_and_backlog_waits_for_push(
     audited(registry, monitor, hold=hold)
     for run_id in ("holder", "front", "back"):
         engine.start("wf", {"k": "A"}, run_id=run_id)
-    t = spawn(engine.execute, "holder")
-    try:
-        _wait_for(lambda: monitor.entered == ["holder"])
+    with body_held(engine.execute, "holder", monitor, hold):
         before = engine.now()
         assert engine.execute("back") == "parked"
         assert engine.execute("front") == "parked"
@@ -65,9 +63,6 @@ def test_front_waiter_retries_in_about_a_second_and_backlog_waits_for_push(
         # 1 s +/- 250 ms from the claim, which ran between `before` and `after`
         assert before + timedelta(milliseconds=740) <= front.wake_at <= after + timedelta(milliseconds=1260)
         assert back.wake_at - before > timedelta(minutes=30)
-    finally:
-        hold.set()
-        t.join(10)
     assert list(engine.dispatcher.queue)[-1] == "front", "the release pushed the front waiter"
 
 
@@ -80,14 +75,9 @@ def test_holder_keeps_its_slot_against_a_run_with_same_timestamp_and_smaller_id(
     hold = threading.Event()
     audited(registry, monitor, hold=hold)
     engine.start("wf", {"k": "A"}, run_id="b-holder")
-    worker = spawn(engine.execute, "b-holder")
-    try:
-        _wait_for(lambda: monitor.entered == ["b-holder"])
+    with body_held(engine.execute, "b-holder", monitor, hold):
         engine.start("wf", {"k": "A"}, run_id="a-late")
         assert engine.execute("a-late") == "parked"
-    finally:
-        hold.set()
-        worker.join(10)
     assert engine.get("b-holder").status == "completed"
 
 
@@ -156,14 +146,9 @@ def test_key_never_reaches_across_workflows(engine: Engine, registry: Registry, 
     audited(registry, monitor, name="one", hold=hold)
     audited(registry, monitor, name="two")
     engine.start("one", {"k": "A"}, run_id="one-a")
-    t = spawn(engine.execute, "one-a")
-    try:
-        _wait_for(lambda: monitor.entered == ["one-a"])
+    with body_held(engine.execute, "one-a", monitor, hold):
         engine.start("two", {"k": "A"}, run_id="two-a")
         assert engine.execute("two-a") == "completed"
-    finally:
-        hold.set()
-        t.join(10)
 
 
 def test_versions_share_the_key(engine: Engine, registry: Registry, monitor: Monitor) -> None:
@@ -172,14 +157,9 @@ def test_versions_share_the_key(engine: Engine, registry: Registry, monitor: Mon
     audited(registry, monitor, hold=hold)
     registry.add("wf", "2", lambda c, i: None, singleton={"key": lambda i: f"key:{i['k']}"})
     engine.start("wf", {"k": "A"}, run_id="v1", version="1")
-    t = spawn(engine.execute, "v1")
-    try:
-        _wait_for(lambda: monitor.entered == ["v1"])
+    with body_held(engine.execute, "v1", monitor, hold):
         engine.start("wf", {"k": "A"}, run_id="v2", version="2")
         assert engine.execute("v2") == "parked"
-    finally:
-        hold.set()
-        t.join(10)
 
 
 def test_admission_is_global_across_namespaces(
@@ -192,14 +172,9 @@ def test_admission_is_global_across_namespaces(
     acme.namespace, acme.scope_reads = "acme", True
     globex.namespace, globex.scope_reads = "globex", True
     acme.start("wf", {"k": "A"}, run_id="acme-1")
-    t = spawn(acme.execute, "acme-1")
-    try:
-        _wait_for(lambda: monitor.entered == ["acme-1"])
+    with body_held(acme.execute, "acme-1", monitor, hold):
         globex.start("wf", {"k": "A"}, run_id="globex-1")
         assert globex.execute("globex-1") == "parked"
-    finally:
-        hold.set()
-        t.join(10)
 
 
 def test_untracked_active_run_counts_as_holder(engine: Engine, registry: Registry, monitor: Monitor) -> None:

@@ -15,7 +15,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidInputError, InvalidRunIdError, RunNotFoundError, ValidationError
 from durable_singleton.stores.memory import MemoryStore
 from tests.conftest import Monitor, spawn
-from tests.helpers import audited
+from tests.helpers import audited, store_method_replaced
 
 
 def _legacy(engine: Engine, run_id: str, status: str, attempts: int) -> None:
@@ -60,11 +60,8 @@ def test_cancel_landing_between_claim_and_gate_is_never_undone(
         t.join(10)
         return real(run_id, *args, **kwargs)
 
-    engine.store.begin_turn = cancel_first  # type: ignore[method-assign]
-    try:
+    with store_method_replaced(engine, "begin_turn", cancel_first):
         assert engine.execute("B") == "skipped"
-    finally:
-        del engine.store.begin_turn
     assert engine.get("B").status == "cancelled" and monitor.entered == []
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
-from tests.helpers import claim
+from tests.helpers import two_waiters_behind_freed_slots
 
 
 def test_a_slot_granted_by_a_claim_is_not_held_back_by_the_claimants_body(engine: Engine, registry: Registry) -> None:
@@ -25,14 +25,7 @@ def test_a_slot_granted_by_a_claim_is_not_held_back_by_the_claimants_body(engine
             seen["W2 sent while W1 runs"] = "W2" in sent[sent.index("W1-turn-marker") :]
 
     registry.add("wf", "1", body, singleton={"key": lambda i: "K", "limit": 2})
-    for run_id in ("H1", "H2", "W1", "W2"):
-        engine.start("wf", {}, run_id=run_id)
-    assert claim(engine, "H1").state.value == "run" and claim(engine, "H2").state.value == "run"
-    assert claim(engine, "W1").state.value == "parked" and claim(engine, "W2").state.value == "parked"
-    from tests.helpers import free_slot_without_handoff
-
-    free_slot_without_handoff(engine, "H1")
-    free_slot_without_handoff(engine, "H2")
+    two_waiters_behind_freed_slots(engine, "wf")
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
     engine.dispatcher.sent.append("W1-turn-marker")  # type: ignore[attr-defined]
     assert engine.execute_chain("W1") == "completed"

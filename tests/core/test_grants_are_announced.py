@@ -13,7 +13,7 @@ from durable_singleton import metrics, signals
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 
-from ..helpers import claim, free_slot_without_handoff
+from ..helpers import two_waiters_behind_freed_slots
 
 
 def _admissions(workflow: str) -> float:
@@ -33,12 +33,7 @@ def test_a_running_claim_announces_each_waiter_it_grants(engine: Engine, registr
     slot to W2: ``run_admitted`` fires once for W1 and once for W2 (not again at
     W2's own turn), and the admissions metric counts both."""
     registry.add("grants", "1", lambda ctx, i: None, singleton={"key": lambda i: "K", "limit": 2})
-    for run_id in ("H1", "H2", "W1", "W2"):
-        engine.start("grants", {}, run_id=run_id)
-    assert claim(engine, "H1").state.value == "run" and claim(engine, "H2").state.value == "run"
-    assert claim(engine, "W1").state.value == "parked" and claim(engine, "W2").state.value == "parked"
-    free_slot_without_handoff(engine, "H1")
-    free_slot_without_handoff(engine, "H2")
+    two_waiters_behind_freed_slots(engine, "grants")
     metrics.connect()
     before = _admissions("grants")
     admitted: list[str] = []

@@ -29,16 +29,23 @@ from durable_singleton.testing import make_engine
 from tests.helpers import backend_id, kill_backend
 
 
-class FailNextSaveMemoryStore(MemoryStore):
-    """The in-memory store whose next ``save_step`` raises ``ConnectionError`` once, when armed."""
+def _fail_next(base: type, method: str) -> Any:
+    """A subclass of the store class ``base`` whose next call of ``method``
+    raises ``ConnectionError`` once, when its ``armed`` is set."""
 
-    armed = False
-
-    def save_step(self, *args: Any, **kwargs: Any) -> bool:
+    def fail_once(self: Any, *args: Any, **kwargs: Any) -> Any:
         if self.armed:
             self.armed = False
             raise ConnectionError("the store went away")
-        return super().save_step(*args, **kwargs)
+        return getattr(base, method)(self, *args, **kwargs)
+
+    return type(f"FailNext_{method}_{base.__name__}", (base,), {"armed": False, method: fail_once})
+
+
+#: The in-memory store whose next ``save_step`` raises ``ConnectionError`` once, when armed.
+FailNextSaveMemoryStore = _fail_next(MemoryStore, "save_step")
+#: The in-memory store whose next ``finish`` raises ``ConnectionError`` once, when armed.
+FailNextFinishMemoryStore = _fail_next(MemoryStore, "finish")
 
 
 def _kill_after_the_child_insert() -> None:
@@ -137,28 +144,7 @@ def test_a_cancel_that_landed_before_an_interruption_settles_at_once(store_kind:
 def _FailNextSaveDjangoStore() -> Any:  # noqa: N802 - a factory named as the class it builds
     from durable_singleton.stores.django import DjangoStore
 
-    class FailNextSaveDjangoStore(DjangoStore):
-        armed = False
-
-        def save_step(self, *args: Any, **kwargs: Any) -> bool:
-            if self.armed:
-                self.armed = False
-                raise ConnectionError("the store went away")
-            return super().save_step(*args, **kwargs)
-
-    return FailNextSaveDjangoStore()
-
-
-class FailNextFinishMemoryStore(MemoryStore):
-    """The in-memory store whose next ``finish`` raises ``ConnectionError`` once, when armed."""
-
-    armed = False
-
-    def finish(self, *args: Any, **kwargs: Any) -> Any:
-        if self.armed:
-            self.armed = False
-            raise ConnectionError("the store went away")
-        return super().finish(*args, **kwargs)
+    return _fail_next(DjangoStore, "save_step")()
 
 
 def _kill_before_the_next_statement() -> None:

@@ -9,7 +9,6 @@ Real commits, one connection per thread, racers lined up on a barrier.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,7 +20,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.stores.base import RunRecord
 from tests.conftest import Monitor, run_threads
-from tests.helpers import audited
+from tests.helpers import audited, counted_per_run
 
 IDS = 40
 ROUNDS = 4
@@ -30,18 +29,8 @@ ROUNDS = 4
 @pytest.fixture
 def created() -> Iterator[Counter[str]]:
     """Count ``run_created`` per run id, whichever thread sent it."""
-    counts: Counter[str] = Counter()
-    lock = threading.Lock()
-
-    def receiver(sender: Any, run: RunRecord, **kwargs: Any) -> None:
-        with lock:
-            counts[run.run_id] += 1
-
-    signals.run_created.connect(receiver, weak=False)
-    try:
+    with counted_per_run(signals.run_created) as counts:
         yield counts
-    finally:
-        signals.run_created.disconnect(receiver)
 
 
 def _plain(registry: Registry) -> None:

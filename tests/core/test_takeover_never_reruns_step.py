@@ -120,7 +120,7 @@ def test_a_takeover_waiting_on_a_frozen_step_commit_does_not_run_the_stored_step
     for _ in range(5):  # B may have given its turn up: the run is re-driven after A's lease, as by the tick
         if engine.get(run.run_id).is_terminal:
             break
-        time.sleep(1.1)
+        _wait_for(lambda: not Run.objects.filter(pk=run.run_id, lease_expires_at__gt=DbNow()).exists(), "no live lease")
         engine.execute(run.run_id)
     done = engine.get(run.run_id)
     assert (done.status, done.output) == ("completed", {"n": 7, "by": "holder-A"})

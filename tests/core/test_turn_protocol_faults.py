@@ -28,35 +28,28 @@ from durable_singleton.exceptions import (
     SingletonKeyError,
     SingletonQueueFullError,
 )
-from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import Monitor, run_threads, spawn, vendor
-from tests.helpers import audited, claim, free_slot_without_handoff, plant_run_fields, waiter_behind_a_freed_slot
+from tests.helpers import (
+    audited,
+    claim,
+    free_slot_without_handoff,
+    plant_run_fields,
+    store_method_replaced,
+    waiter_behind_a_freed_slot,
+)
 
 django_only = pytest.mark.django_db(transaction=True)
 
 
 def _set_lease(engine: Engine, run_id: str, seconds_from_now: float) -> None:
     """Move a running run's lease expiry on the store's own clock."""
-    when = engine.store.now() + timedelta(seconds=seconds_from_now)
-    if isinstance(engine.store, MemoryStore):
-        with engine.store._critical():
-            engine.store._runs[run_id] = engine.store._runs[run_id].evolve(lease_expires_at=when)
-    else:
-        from durable_singleton.models import Run
-
-        Run.objects.filter(pk=run_id).update(lease_expires_at=when)
+    plant_run_fields(engine.store, run_id, lease_expires_at=engine.store.now() + timedelta(seconds=seconds_from_now))
 
 
 def _set_deadline(engine: Engine, run_id: str, seconds_from_now: float) -> None:
-    when = engine.store.now() + timedelta(seconds=seconds_from_now)
-    if isinstance(engine.store, MemoryStore):
-        with engine.store._critical():
-            engine.store._runs[run_id] = engine.store._runs[run_id].evolve(deadline_at=when)
-    else:
-        from durable_singleton.models import Run
-
-        Run.objects.filter(pk=run_id).update(deadline_at=when)
+    """Move a run's deadline on the store's own clock."""
+    plant_run_fields(engine.store, run_id, deadline_at=engine.store.now() + timedelta(seconds=seconds_from_now))
 
 
 def _gated(registry: Registry, monitor: Monitor, gate: threading.Event, **options: Any) -> None:
@@ -102,11 +95,8 @@ def test_timeout_sweep_never_settles_a_run_claimed_after_it_read_it(
             time.sleep(0.005)
         return stale
 
-    engine.store.overdue_runs = read_then_claim  # type: ignore[method-assign]
-    try:
+    with store_method_replaced(engine, "overdue_runs", read_then_claim):
         report = engine.tick()
-    finally:
-        del engine.store.overdue_runs
     assert "A" not in report.timed_out and engine.get("A").status == "running"
     engine.dispatcher.drain()
     assert monitor.entered == ["A"] and monitor.highest["K"] == 1
@@ -396,11 +386,8 @@ def test_a_cancel_landing_before_a_sleeps_park_settles_the_run(
         spawn(engine.cancel, run_id).join(10)
         return real(run_id, *args, **kwargs)
 
-    engine.store.park = cancel_then_park  # type: ignore[method-assign]
-    try:
+    with store_method_replaced(engine, "park", cancel_then_park):
         assert engine.execute("A") == "cancelled"
-    finally:
-        del engine.store.park
     a = engine.get("A")
     assert a.status == "cancelled" and not a.admitted
     assert engine.get("B").admitted and "B" in engine.dispatcher.queue, "the slot went to B at once"

@@ -29,7 +29,7 @@ from durable_singleton.explain import ExplainState, estimate_wait
 from durable_singleton.renewals import lease_state, renewal_slack, unrenewed_q
 from durable_singleton.runtime import get_engine
 from tests.conftest import Monitor
-from tests.helpers import admitted, audited, claim
+from tests.helpers import admitted, audited, claim, running_run
 
 #: Seconds since the planted lease's last renewal: longer than the 10 s interval.
 SILENT = 15.0
@@ -94,16 +94,7 @@ def test_the_sql_twin_agrees_with_the_rule_on_the_databases_clock() -> None:
         "parked": ("suspended", 45.0),
     }
     for run_id, (status, silent) in cases.items():
-        Run.objects.create(
-            run_id=run_id,
-            workflow_name="wf",
-            workflow_version="1",
-            status=status,
-            created_at=now,
-            updated_at=now,
-            lease_owner="w",
-            lease_expires_at=now + timedelta(seconds=30 - silent),
-        )
+        running_run(run_id, "wf", "w", now, 30 - silent, status=status)
     rows = Run.objects.values_list("run_id", "status", "lease_owner", "lease_expires_at")
     by_rule = {
         run_id

@@ -61,7 +61,11 @@ class TestGroup:
 
 
 def pytest_pass(tmp_path: Path, name: str, source: str = SAMPLE) -> dict[str, Any]:
-    """Run a real pytest on ``source`` as tools/suites.sh runs a pass; return its results line."""
+    """Run a real pytest on ``source`` as tools/suites.sh runs a pass; return its results line.
+
+    The sample needs no plugin: PYTEST_DISABLE_PLUGIN_AUTOLOAD keeps pytest from
+    importing every installed one (Django, hypothesis, Playwright, ...), which took
+    most of each run (27 s of 28 on a loaded machine)."""
     folder = tmp_path / name
     folder.mkdir(exist_ok=True)
     (folder / "test_sample.py").write_text(source)
@@ -71,6 +75,7 @@ def pytest_pass(tmp_path: Path, name: str, source: str = SAMPLE) -> dict[str, An
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:django", str(folder),
          f"--junitxml={junit}", "-o", "junit_family=xunit1", "-c", os.devnull, f"--rootdir={folder}"],
         cwd=folder, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stdout + done.stderr
     return {"kind": "pytest", "name": name, "rc": done.returncode, "ok_rcs": [0], "started": started,

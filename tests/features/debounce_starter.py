@@ -1,9 +1,17 @@
-"""A process that makes debounced starts (X7) on the test database, for
-tests/features/test_debounce.py's race of processes: ``python -m tests.features.debounce_starter
-GO_FILE STARTS``. It declares the workflow ``sync-proc`` (debounce key = the
-input's ``store``), waits until GO_FILE exists (so every process starts at
-once), makes STARTS starts of store ``A`` and prints the run ids it was given,
-one per line. The database is ``DATABASE_URL``'s."""
+"""A process that makes debounced starts (X7) on the test database, for the
+races of processes in tests/features/test_debounce.py and
+test_debounce_races.py: ``python -m tests.features.debounce_starter GO_FILE
+STARTS MODE``. It declares the workflow ``sync-MODE`` (debounce key = the
+input's ``store``), prints ``ready``, waits until GO_FILE exists (so every
+process starts at once) and makes STARTS starts. The database is
+``DATABASE_URL``'s.
+
+* MODE ``proc``: every start is of store ``A``; prints the run id it was
+  given, one per line.
+* MODE ``race``: three starts of each store ``K0``, ``K1``, ... in turn;
+  prints ``start <run id> <n> <the run's start time as returned> <store>`` for
+  each.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +21,7 @@ import time
 from pathlib import Path
 
 
-def main(go_file: str, starts: int) -> int:
+def main(go_file: str, starts: int, mode: str) -> int:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     import django
 
@@ -22,8 +30,9 @@ def main(go_file: str, starts: int) -> int:
     from durable_singleton.definitions import registry
     from durable_singleton.runtime import get_engine
 
+    workflow = f"sync-{mode}"
     registry.add(
-        "sync-proc",
+        workflow,
         "1",
         lambda ctx, input: None,
         debounce=Debounce(key=lambda i: i["store"], seconds=3600, max_seconds=7200),
@@ -35,10 +44,17 @@ def main(go_file: str, starts: int) -> int:
         if time.monotonic() > deadline:
             return 2
         time.sleep(0.01)
-    for n in range(starts):
-        print(engine.start("sync-proc", {"store": "A", "n": os.getpid() * 1000 + n}).run_id, flush=True)
+    for i in range(starts):
+        n = os.getpid() * 1000 + i
+        if mode == "proc":
+            print(engine.start(workflow, {"store": "A", "n": n}).run_id, flush=True)
+            continue
+        store = f"K{i // 3}"  # a new key every third start: every process races its first start
+        run = engine.start(workflow, {"store": store, "n": n})
+        assert run.not_before is not None
+        print("start", run.run_id, n, run.not_before.isoformat(), store, flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), sys.argv[3]))

@@ -29,6 +29,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import DurableSingletonError, InvalidWorkflowError
 from tests.features.test_queue_ttl import backdate
+from tests.helpers import counted_per_run
 from tests.helpers import drain as _drain
 from tests.helpers import holding_body as _body
 
@@ -337,7 +338,6 @@ def test_the_ttl_sweep_racing_a_replacing_start_settles_the_waiter_once(
     replaces it (``replaced``). One compare-and-set settles W: its code is one
     of the two, run_finished is sent once, the new start is the key's only
     waiter, and neither call raises; the holder keeps its slot."""
-    from collections import Counter
 
     from durable_singleton import signals
     from durable_singleton.records import RunRecord
@@ -346,13 +346,7 @@ def test_the_ttl_sweep_racing_a_replacing_start_settles_the_waiter_once(
     log: list[str] = []
     registry.add("rq", "1", _body(log), singleton={"key": lambda i: "K", "queue_ttl": TTL, "on_busy": "replace_queued"})
     engines = [make(), make()]
-    finished: Counter[str] = Counter()
-
-    def receiver(sender: Any, run: RunRecord, **kwargs: Any) -> None:
-        finished[run.run_id] += 1
-
-    signals.run_finished.connect(receiver, weak=False)
-    try:
+    with counted_per_run(signals.run_finished) as finished:
         engines[0].start("rq", {"hold": True}, run_id="H")
         _drain(engines[0])
         for n in range(6):
@@ -377,8 +371,6 @@ def test_the_ttl_sweep_racing_a_replacing_start_settles_the_waiter_once(
             engines[0].start("rq", {}, run_id=f"w{n + 1}")
             assert engines[0].get(new).error["code"] == "replaced"
         assert engines[0].get("H").admitted and log == []
-    finally:
-        signals.run_finished.disconnect(receiver)
 
 
 # -- X3a, X4a: what a key or fair_key function returns ----------------------------------------

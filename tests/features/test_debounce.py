@@ -11,9 +11,8 @@ DATABASE_URL database (SQLite, PostgreSQL, MariaDB), with real commits.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -31,21 +30,12 @@ from durable_singleton.exceptions import (
 from durable_singleton.explain import ExplainState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.values import MAX_SECONDS
+from tests.helpers import HandClock as Clock
 
 from ..conftest import run_threads
 
 SECONDS = 600.0
 MAX = 1800.0
-
-
-class Clock:
-    """A clock an in-memory test moves (the memory store's one clock, R5)."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 @pytest.fixture
@@ -342,55 +332,16 @@ def test_concurrent_starts_of_one_key_create_one_run(timed: Engine, registry: Re
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.slow  # four Python processes start Django: not in the quick tier (noxfile QUICK)
 def test_concurrent_starts_from_several_processes_create_one_run(tmp_path: Any) -> None:
     """X7b, S13: four processes, each its own connection and engine, start one
     debounce key at once, ten starts each; the database holds one run of the
     key, and every start was given its id."""
-    import subprocess
-    import sys
-
-    from django.db import connection
-
     from durable_singleton.models import Run
 
-    from ..celery_workers import REPO
-    from ..worker_processes import test_database_url, wait_for
+    from ..worker_processes import start_at_once
 
-    if connection.vendor == "sqlite" and "memory" in str(connection.settings_dict["NAME"]):
-        pytest.skip("processes need a database file or server")
-    go = tmp_path / "go"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "DATABASE_URL": test_database_url(),
-        "DURABLE_DISPATCH": "worker",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    logs = [tmp_path / f"p{n}.log" for n in range(4)]
-    procs = []
-    for log in logs:
-        with open(log, "wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.features.debounce_starter", str(go), "10"],
-                    cwd=REPO,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    try:
-        wait_for(lambda: all("ready" in log.read_text() for log in logs), 120, "every starter ready")
-        go.write_text("go")
-        for proc in procs:
-            proc.wait(timeout=120)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    texts = [log.read_text() for log in logs]
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], texts
+    texts = start_at_once(tmp_path, "tests.features.debounce_starter", "10", "proc")
     given = {word for text in texts for word in text.split() if len(word) == 32}  # the run ids printed
     runs = list(Run.objects.filter(workflow_name="sync-proc").values_list("run_id", flat=True))
     assert len(runs) == 1 and given == set(runs), texts

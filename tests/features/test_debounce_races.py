@@ -10,15 +10,12 @@ under it orders them.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from durable_singleton import Debounce
 from durable_singleton.definitions import Registry
@@ -112,6 +109,7 @@ def test_starts_racing_the_due_moment_never_run_an_input_a_fold_replaced(registr
     assert len(runs) >= 2  # the stream outlived at least one burst
 
 
+@pytest.mark.slow  # four Python processes start Django: not in the quick tier (noxfile QUICK)
 def test_processes_bursting_one_key_leave_the_input_of_the_last_commit(tmp_path: Any) -> None:
     """X7b, X7a, S13: four processes start debounce keys at once, fifteen starts
     each, three per key (``K0`` to ``K4``, so every process races each key's
@@ -122,44 +120,9 @@ def test_processes_bursting_one_key_leave_the_input_of_the_last_commit(tmp_path:
     start time: the newest commit won."""
     from durable_singleton.models import Run
 
-    from ..celery_workers import REPO
-    from ..worker_processes import test_database_url
+    from ..worker_processes import start_at_once
 
-    if connection.vendor == "sqlite" and "memory" in str(connection.settings_dict["NAME"]):
-        pytest.skip("processes need a database file or server")
-    go = tmp_path / "go"
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "testproject.settings",
-        "DATABASE_URL": test_database_url(),
-        "DURABLE_DISPATCH": "worker",
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
-    logs = [tmp_path / f"p{n}.log" for n in range(4)]
-    procs = []
-    for log in logs:
-        with open(log, "wb") as out:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "tests.features.debounce_race_starter", str(go), "15"],
-                    cwd=REPO,
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                )
-            )
-    try:
-        _wait(lambda: all("ready" in log.read_text() for log in logs), "every starter ready")
-        go.write_text("go")
-        for proc in procs:
-            proc.wait(timeout=180)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    texts = [log.read_text() for log in logs]
-    assert [p.returncode for p in procs] == [0, 0, 0, 0], texts
+    texts = start_at_once(tmp_path, "tests.features.debounce_starter", "15", "race")
     starts = [line.split() for text in texts for line in text.splitlines() if line.startswith("start ")]
     assert len(starts) == 60, texts
     runs = {r.debounce_key: r for r in Run.objects.filter(workflow_name="sync-race")}

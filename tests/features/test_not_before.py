@@ -26,18 +26,9 @@ from durable_singleton.exceptions import InvalidNotBeforeError
 from durable_singleton.explain import ExplainState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
+from tests.helpers import HandClock as Clock
 
 HOUR = 3600.0
-
-
-class Clock:
-    """A clock an in-memory test moves (the memory store's one clock, R5)."""
-
-    def __init__(self) -> None:
-        self.now = datetime.now(UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
 
 
 def _declare(registry: Registry, log: list[str], limit: int = 1, **options: Any) -> None:
@@ -73,6 +64,20 @@ def pass_time(engine: Engine, seconds: float = 2 * HOUR) -> None:
     shift = timedelta(seconds=seconds)
     Run.objects.filter(not_before__isnull=False).update(not_before=F("not_before") - shift)
     Run.objects.filter(wake_at__isnull=False).update(wake_at=F("wake_at") - shift)
+
+
+def _held_with_d_and_w(engine: Engine, registry: Registry) -> list[str]:
+    """Key K of ``wf`` (limit 1): the holder H in its body, waiting for ``go``;
+    behind it D (not before an hour from now) and W (due), started in that
+    order and parked. Returns the log of the bodies that finished."""
+    log: list[str] = []
+    _declare(registry, log)
+    engine.start("wf", {"k": "K", "hold": True}, run_id="H")
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    engine.start("wf", {"k": "K"}, run_id="D", not_before=HOUR)
+    engine.start("wf", {"k": "K"}, run_id="W")
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    return log
 
 
 def test_a_waiter_not_due_is_skipped_while_a_due_one_behind_it_is_admitted(delayed: Engine, registry: Registry) -> None:
@@ -115,13 +120,7 @@ def test_a_due_waiter_is_admitted_past_an_older_one_not_due_on_a_busy_key(delaye
 def test_the_release_handoff_skips_a_waiter_not_due(delayed: Engine, registry: Registry) -> None:
     """X5, S7: the holder's settle grants its slot to W, the oldest due waiter,
     past the older D that is not due; D is not granted and no turn is sent for it."""
-    log: list[str] = []
-    _declare(registry, log)
-    delayed.start("wf", {"k": "K", "hold": True}, run_id="H")
-    delayed.dispatcher.drain()  # type: ignore[attr-defined]
-    delayed.start("wf", {"k": "K"}, run_id="D", not_before=HOUR)
-    delayed.start("wf", {"k": "K"}, run_id="W")
-    delayed.dispatcher.drain()  # type: ignore[attr-defined]
+    log = _held_with_d_and_w(delayed, registry)
     sent = len(delayed.dispatcher.sent)  # type: ignore[attr-defined]
     delayed.signal("H", "go")
     delayed.dispatcher.drain()  # type: ignore[attr-defined]
@@ -133,13 +132,7 @@ def test_the_release_handoff_skips_a_waiter_not_due(delayed: Engine, registry: R
 def test_a_delayed_run_is_admitted_when_due_in_its_creation_place(delayed: Engine, registry: Registry) -> None:
     """X5, S5 step 3: once due, D keeps the place it has had since its creation:
     the holder's release grants D before W, who was created after it."""
-    log: list[str] = []
-    _declare(registry, log)
-    delayed.start("wf", {"k": "K", "hold": True}, run_id="H")
-    delayed.dispatcher.drain()  # type: ignore[attr-defined]
-    delayed.start("wf", {"k": "K"}, run_id="D", not_before=HOUR)
-    delayed.start("wf", {"k": "K"}, run_id="W")
-    delayed.dispatcher.drain()  # type: ignore[attr-defined]
+    log = _held_with_d_and_w(delayed, registry)
     pass_time(delayed)
     delayed.signal("H", "go")
     delayed.dispatcher.drain()  # type: ignore[attr-defined]

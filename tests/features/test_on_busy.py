@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -29,7 +30,7 @@ from durable_singleton.exceptions import ChildWorkflowError, DurableSingletonErr
 from durable_singleton.statuses import ParkReason, RunStatus
 from durable_singleton.stores.base import RunRecord
 from tests.conftest import Monitor, run_threads, spawn
-from tests.helpers import audited, claim, settle
+from tests.helpers import audited, claim, counted_per_run, settle
 
 ROUNDS = 4
 KEY = "key:K"
@@ -38,18 +39,8 @@ KEY = "key:K"
 @pytest.fixture
 def finished() -> Iterator[Counter[str]]:
     """Count ``run_finished`` per run id, whichever thread sent it."""
-    counts: Counter[str] = Counter()
-    lock = threading.Lock()
-
-    def receiver(sender: Any, run: RunRecord, **kwargs: Any) -> None:
-        with lock:
-            counts[run.run_id] += 1
-
-    signals.run_finished.connect(receiver, weak=False)
-    try:
+    with counted_per_run(signals.run_finished) as counts:
         yield counts
-    finally:
-        signals.run_finished.disconnect(receiver)
 
 
 def _active(engine: Engine) -> list[RunRecord]:
@@ -81,6 +72,26 @@ def _holder(engine: Engine, run_id: str) -> None:
     """Start ``run_id`` and claim it without its body: a running holder (S5)."""
     engine.start("wf", {"k": "K"}, run_id=run_id)
     assert claim(engine, run_id).run.admitted
+
+
+def _holder_and_waiter(engine: Engine, round_no: int) -> tuple[str, str, str]:
+    """Round ``round_no`` on key K: the holder ``h<n>`` (:func:`_holder`) and the
+    waiter ``w<n>`` behind it; returns their ids and ``s<n>``, the new start's."""
+    holder, waiter = f"h{round_no}", f"w{round_no}"
+    _holder(engine, holder)
+    engine.start("wf", {"k": "K"}, run_id=waiter)
+    return holder, waiter, f"s{round_no}"
+
+
+def _race_a_start(engines: list[Engine], run_id: str, other: Callable[[], Any]) -> tuple[Any, Any]:
+    """Run ``other()`` and a start of ``run_id`` (key K, on ``engines[1]``) in two
+    threads at once; return what ``other`` returned and the started run."""
+
+    def racer(i: int) -> Any:
+        return other() if i == 0 else engines[1].start("wf", {"k": "K"}, run_id=run_id)
+
+    first, started = run_threads(2, racer)
+    return first, started
 
 
 def _hold_in_body(engine: Engine, monitor: Monitor, run_id: str) -> threading.Thread:
@@ -338,16 +349,8 @@ def test_replace_queued_start_racing_a_release(
     audited(registry, monitor, on_busy="replace_queued")
     engines = [make(), make()]
     for round_no in range(ROUNDS):
-        holder, waiter, new = f"h{round_no}", f"w{round_no}", f"s{round_no}"
-        _holder(engines[0], holder)
-        engines[0].start("wf", {"k": "K"}, run_id=waiter)
-
-        def racer(i: int, h: str = holder, s: str = new) -> Any:
-            if i == 0:
-                return settle(engines[0], h, RunStatus.COMPLETED)
-            return engines[1].start("wf", {"k": "K"}, run_id=s)
-
-        settled, started = run_threads(2, racer)
+        holder, waiter, new = _holder_and_waiter(engines[0], round_no)
+        settled, started = _race_a_start(engines, new, partial(settle, engines[0], holder, RunStatus.COMPLETED))
         assert settled is True and isinstance(started, RunRecord), started
         w = engines[0].get(waiter)
         if w.is_terminal:
@@ -370,16 +373,8 @@ def test_replace_queued_start_racing_a_cancel(
     audited(registry, monitor, on_busy="replace_queued")
     engines = [make(), make()]
     for round_no in range(ROUNDS):
-        holder, waiter, new = f"h{round_no}", f"w{round_no}", f"s{round_no}"
-        _holder(engines[0], holder)
-        engines[0].start("wf", {"k": "K"}, run_id=waiter)
-
-        def racer(i: int, w: str = waiter, s: str = new) -> Any:
-            if i == 0:
-                return engines[0].cancel(w)
-            return engines[1].start("wf", {"k": "K"}, run_id=s)
-
-        cancelled, started = run_threads(2, racer)
+        holder, waiter, new = _holder_and_waiter(engines[0], round_no)
+        cancelled, started = _race_a_start(engines, new, partial(engines[0].cancel, waiter))
         assert isinstance(started, RunRecord) and cancelled.status == RunStatus.CANCELLED
         assert _code(engines[0], waiter) in ("cancelled", "replaced")
         assert finished[waiter] == 1 and _waiters(engines[0]) == [new]
@@ -459,12 +454,7 @@ def test_cancel_in_progress_start_racing_a_release(
         holder, new = f"h{round_no}", f"s{round_no}"
         _holder(engines[0], holder)
 
-        def racer(i: int, h: str = holder, s: str = new) -> Any:
-            if i == 0:
-                return settle(engines[0], h, RunStatus.COMPLETED)
-            return engines[1].start("wf", {"k": "K"}, run_id=s)
-
-        settled, started = run_threads(2, racer)
+        settled, started = _race_a_start(engines, new, partial(settle, engines[0], holder, RunStatus.COMPLETED))
         assert settled is True and isinstance(started, RunRecord), started
         assert engines[0].get(holder).status == RunStatus.COMPLETED
         _drain(*engines)

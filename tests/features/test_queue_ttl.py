@@ -35,6 +35,7 @@ from durable_singleton.explain import ExplainState
 from durable_singleton.records import RunRecord
 from durable_singleton.stores.memory import MemoryStore
 from tests.core.test_database_clock import step_clock
+from tests.helpers import store_method_replaced
 
 TTL = 60.0
 HOUR = 3600.0
@@ -161,11 +162,8 @@ def test_a_waiter_admitted_between_the_sweeps_read_and_write_is_left_alone(engin
         engine.dispatcher.dispatch("W")
         return stale
 
-    engine.store.expired_waiters = read_then_admit  # type: ignore[method-assign]
-    try:
+    with store_method_replaced(engine, "expired_waiters", read_then_admit):
         report = engine.tick()
-    finally:
-        del engine.store.expired_waiters
     assert report.expired == [] and report.errors == []
     assert engine.get("W").admitted and engine.get("W").status != "cancelled"
     engine.dispatcher.drain()  # type: ignore[attr-defined]

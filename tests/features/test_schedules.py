@@ -9,7 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -26,28 +26,30 @@ from durable_singleton.schedules import (
     schedule_store_for,
 )
 from tests.conftest import Monitor, run_threads
+from tests.helpers import HandClock as Clock
 from tests.helpers import audited
+
+
+class CatchUp(NamedTuple):
+    """A case of a catch-up policy (S17): the policy, its limit, the windows
+    that fire (``HH:MM``) and how the missed ones are described (None: none)."""
+
+    policy: str
+    limit: int
+    started: list[str]
+    missed_detail: str | None
+
+    def __str__(self) -> str:
+        return f"{self.policy}-{self.limit}"
+
 
 # In the future of the database clock, so leases stamped from it are live.
 T0 = datetime(2030, 1, 15, 10, 0, 30, tzinfo=UTC)
 
 
-class Clock:
-    """A frozen clock a test moves by hand."""
-
-    def __init__(self, now: datetime = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
 @pytest.fixture
 def clock() -> Clock:
-    return Clock()
+    return Clock(T0)
 
 
 def _plain(registry: Registry, *schedules: Schedule, name: str = "report", singleton: Any = None) -> None:
@@ -102,26 +104,22 @@ def test_cron_windows_are_computed_in_the_schedules_time_zone(
 
 
 @pytest.mark.parametrize(
-    ("policy", "limit", "started", "missed_detail"),
+    "case",
     [
-        ("none", 10, [], "6 window(s)"),
-        ("latest", 10, ["10:06"], "5 window(s)"),
-        ("all", 3, ["10:04", "10:05", "10:06"], "3 window(s)"),
-        ("all", 10, ["10:01", "10:02", "10:03", "10:04", "10:05", "10:06"], None),
+        CatchUp("none", 10, [], "6 window(s)"),
+        CatchUp("latest", 10, ["10:06"], "5 window(s)"),
+        CatchUp("all", 3, ["10:04", "10:05", "10:06"], "3 window(s)"),
+        CatchUp("all", 10, ["10:01", "10:02", "10:03", "10:04", "10:05", "10:06"], None),
     ],
+    ids=str,
 )
 def test_catch_up_policy_chooses_the_missed_windows_that_fire(
-    make: Callable[..., Engine],
-    registry: Registry,
-    clock: Clock,
-    policy: str,
-    limit: int,
-    started: list[str],
-    missed_detail: str | None,
+    make: Callable[..., Engine], registry: Registry, clock: Clock, case: CatchUp
 ) -> None:
     """S17: after six windows passed with no tick, "none" fires nothing older
     than its grace, "latest" fires the newest, "all" fires up to N newest,
     oldest first; the windows left out are recorded as missed, not lost silently."""
+    policy, limit, started, missed_detail = case
     _plain(registry, Schedule("s", every=60, catch_up=policy, catch_up_limit=limit, grace=30))
     engine = make(clock=clock)
     fire_due_schedules(engine, clock(), 10)
@@ -225,27 +223,23 @@ def test_singleton_schedule_serializes_its_windows(
 
 
 @pytest.mark.parametrize(
-    ("policy", "limit", "started", "missed_detail"),
+    "case",
     [
-        ("none", 10, [], "5 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:05:59 UTC"),
-        ("latest", 10, ["10:05"], "4 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:04:59 UTC"),
-        ("all", 2, ["10:04", "10:05"], "3 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:03:59 UTC"),
-        ("all", 10, ["10:01", "10:02", "10:03", "10:04", "10:05"], None),
+        CatchUp("none", 10, [], "5 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:05:59 UTC"),
+        CatchUp("latest", 10, ["10:05"], "4 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:04:59 UTC"),
+        CatchUp("all", 2, ["10:04", "10:05"], "3 window(s) from 2030-01-15 10:01:00 UTC to 2030-01-15 10:03:59 UTC"),
+        CatchUp("all", 10, ["10:01", "10:02", "10:03", "10:04", "10:05"], None),
     ],
+    ids=str,
 )
 def test_pause_stops_firing_and_resume_fires_the_paused_windows_by_the_catch_up_policy(
-    make: Callable[..., Engine],
-    registry: Registry,
-    clock: Clock,
-    policy: str,
-    limit: int,
-    started: list[str],
-    missed_detail: str | None,
+    make: Callable[..., Engine], registry: Registry, clock: Clock, case: CatchUp
 ) -> None:
     """S17: a paused schedule fires nothing; once resumed, the windows that passed
     while it was paused fire as its catch-up policy says, the others are recorded
     as missed (never silently), and the next window fires on time. An unknown
     name is a typed error."""
+    policy, limit, started, missed_detail = case
     _plain(registry, Schedule("s", every=60, catch_up=policy, catch_up_limit=limit, grace=20))
     engine = make(clock=clock)
     pause_schedule(engine, "s")

@@ -38,6 +38,7 @@ from durable_singleton.tasks_backend import (
 )
 from testproject.inventory import jobs
 from testproject.inventory.models import BodyAudit
+from tests.helpers import manual_default_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,10 +46,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def manual(settings: Any) -> Engine:
     """The default engine with the manual dispatcher: turns wait for ``drain()``."""
-    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
-    engine = get_engine()
-    engine.dispatcher.queue.clear()  # the engine outlives tests: drop turns of earlier ones
-    return engine
+    return manual_default_engine(settings)  # type: ignore[no-any-return]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run
-from durable_singleton.runtime import get_engine
+from tests.helpers import manual_default_engine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,10 +45,7 @@ def request(url: str, method: str = "GET", data: dict[str, Any] | None = None, *
 @pytest.fixture
 def engine(settings: Any) -> Engine:
     """The default engine with the manual dispatcher: the view's turns wait for ``drain()``."""
-    settings.DURABLE_SINGLETON = {**settings.DURABLE_SINGLETON, "DISPATCH": "manual"}
-    engine = get_engine()
-    engine.dispatcher.queue.clear()  # the engine outlives tests: drop turns of earlier ones
-    return engine
+    return manual_default_engine(settings)  # type: ignore[no-any-return]
 
 
 def test_post_returns_202_until_the_queue_is_full_then_429_with_retry_after(live_server: Any, engine: Engine) -> None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta
+from datetime import timedelta
 from io import StringIO
 from typing import Any
 
@@ -17,21 +17,9 @@ from durable_singleton.engine import Engine
 from durable_singleton.models import Run, Signal, Step
 from durable_singleton.retention import purge_finished
 from durable_singleton.testing import make_engine
+from tests.helpers import HandClock as Clock
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-class Clock:
-    """A clock a test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = timezone.now()
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
 
 
 def _register(registry: Registry) -> None:

@@ -36,9 +36,9 @@ from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads
+from tests.helpers import control_key, quota_body, seeds
 from tests.helpers import drain as _drain
 from tests.helpers import queued as _queue
-from tests.helpers import quota_body
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -240,15 +240,10 @@ def _random_schedule(world: World, rng: random.Random, steps: int, controls: boo
             key = rng.choice("xy" if quota == "ha-pool" else "uv")
             action = rng.choice(["pause", "resume", "up", "down", "clear"])
             what = f"{action} {quota} {key}"
+            limit = {"up": LIMITS[quota] + 1, "down": 1, "clear": None}.get(action)
             for n, e in engines.items():
-                k = f"{n}-{key}"
-                if action == "pause":
-                    e.pause_key(f"quota:{quota}", k, by="t")
-                elif action == "resume":
-                    e.resume_key(f"quota:{quota}", k, by="t")
-                else:
-                    limit = {"up": LIMITS[quota] + 1, "down": 1, "clear": None}[action]
-                    e.override_limit(f"quota:{quota}", k, limit, by="t")
+                control_key(e, f"quota:{quota}", f"{n}-{key}", action, limit)
+                if action not in ("pause", "resume"):
                     prev = world.controls[n].get((quota, key))
                     world.controls[n][(quota, key)] = max(limit or 0, prev or 0) or None
         else:
@@ -293,7 +288,7 @@ def _finish_all(world: World, rounds: int = 60) -> None:
 
 
 @pytest.mark.parametrize("controls", [False, True], ids=["plain", "k2-controls"])
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", seeds(3))
 def test_three_stores_agree_on_random_handoff_schedules(seed: int, controls: bool) -> None:
     """X3h, X3d, X3c, X3f, X3g, K2, D9, X5, S9: a random schedule of starts (keyed with
     one quota, keyed limit 2 with two quotas, quota-only with one and two quotas, a
@@ -364,7 +359,7 @@ def _race_registry() -> Registry:
 
 
 @pytest.mark.parametrize("store", ["fast", "orm"])
-@pytest.mark.parametrize("seed", range(2))
+@pytest.mark.parametrize("seed", seeds(2))
 def test_racing_engines_never_over_admit_and_tokens_follow_entries(store: str, seed: int) -> None:
     """X3c, X3d, X3f, X3h, K1, S7: 4 threads, each with its own engine (and its own
     connection), execute the turns their handoffs send and stray turns of any active

@@ -9,15 +9,13 @@ declared."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from durable_singleton.definitions import Registry
 from durable_singleton.models import QuotaMembership, Run, SingletonKey
 from durable_singleton.stores.django import record_of
 from durable_singleton.testing import make_engine
-from tests.helpers import claim, settle
+from tests.helpers import apps_at, claim, migrate_to_latest, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,9 +29,7 @@ def _old_release_runs() -> None:
     a run without a key, each with the caller's tag ``quota:billing:acme``, as
     that release stored them; then migrate to this release, and insert one more
     as a process of that release still running would."""
-    executor = MigrationExecutor(connection)
-    executor.migrate(BEFORE_QUOTAS)
-    old_run = executor.loader.project_state(BEFORE_QUOTAS).apps.get_model("durable_singleton", "Run")
+    old_run = apps_at(BEFORE_QUOTAS).get_model("durable_singleton", "Run")
     now = timezone.now()
     common = {"workflow_version": "1", "status": "pending", "input": {}, "tags": OLD_TAGS}
     old_run.objects.create(
@@ -48,7 +44,7 @@ def _old_release_runs() -> None:
         **common,
     )
     old_run.objects.create(run_id="plain", workflow_name="plain", created_at=now, updated_at=now, **common)
-    MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes("durable_singleton"))
+    migrate_to_latest()
     # A process of the older release still running during the rolling upgrade inserts
     # its runs without the columns it does not know.
     old_run.objects.create(run_id="late", workflow_name="plain", created_at=now, updated_at=now, **common)
@@ -86,9 +82,7 @@ def test_migration_0015_copies_the_quota_keys_a_start_recorded_and_keeps_every_c
     ``quota:<name>:<key>`` keeps them as its quota keys (each has a membership),
     and a tag of that spelling without a membership stays the caller's."""
     before = [("durable_singleton", "0011_fair_quotas")]
-    executor = MigrationExecutor(connection)
-    executor.migrate(before)
-    apps = executor.loader.project_state(before).apps
+    apps = apps_at(before)
     old_run = apps.get_model("durable_singleton", "Run")
     old_member = apps.get_model("durable_singleton", "QuotaMembership")
     now = timezone.now()
@@ -104,7 +98,7 @@ def test_migration_0015_copies_the_quota_keys_a_start_recorded_and_keeps_every_c
         updated_at=now,
     )
     old_member.objects.create(run=run, quota="api", key="k1", slot="waiter", created_at=now)
-    MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes("durable_singleton"))
+    migrate_to_latest()
     row = Run.objects.get(pk="carrier")
     # The tags stay as stored (an older release's process reads its quotas from them);
     # the keys are the column's, and the user tags are every tag but those keys' spelling.

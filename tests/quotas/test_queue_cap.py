@@ -30,6 +30,7 @@ from durable_singleton.exceptions import (
 from durable_singleton.records import RunRecord
 from durable_singleton.schedules import Schedule, fire_due_schedules, schedule_store_for
 from tests.conftest import run_threads
+from tests.helpers import KeysInside
 from tests.helpers import drain as _drain
 
 
@@ -641,16 +642,12 @@ def test_racing_executors_drain_a_quota_of_three(
     """X3d, X3e, 19907ad: 3 threads execute the turns of 18 quick runs of a
     quota of limit 3 (two workflows) through their own dispatchers: every run
     completes once, never more than 3 bodies at a time, no deadlock."""
-    inside = {"now": 0, "max": 0}
-    lock = threading.Lock()
+    seen = KeysInside()
 
     def body(ctx: Any, input: Any) -> None:
-        with lock:
-            inside["now"] += 1
-            inside["max"] = max(inside["max"], inside["now"])
+        seen.enter(["three"])
         threading.Event().wait(0.005)
-        with lock:
-            inside["now"] -= 1
+        seen.leave(["three"], ctx.run_id)
 
     pool = Quota("three", limit=3, max_queue_depth=30)
     registry.add("a", "1", body, quotas=[pool])
@@ -670,7 +667,7 @@ def test_racing_executors_drain_a_quota_of_three(
 
     results = run_threads(3, work, timeout=240)
     assert [r for r in results if isinstance(r, BaseException)] == []
-    assert inside["max"] <= 3
+    assert seen.most("three") <= 3
     statuses = {r: engines[0].get(r).status for r in ids}
     assert all(s == "completed" for s in statuses.values()), statuses
 

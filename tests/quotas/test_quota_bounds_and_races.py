@@ -24,6 +24,7 @@ from durable_singleton.values import MAX_LIMIT, MAX_SECONDS
 from tests.conftest import run_threads
 from tests.core.test_database_clock import step_clock
 from tests.features.test_queue_ttl import backdate
+from tests.helpers import counted_per_run
 from tests.helpers import drain as _drain
 from tests.helpers import holding_body as _body
 
@@ -265,10 +266,8 @@ def test_a_quota_handoff_racing_the_ttl_sweep_never_admits_the_expired_waiter(
     Whatever the order: W1 never runs and ends ``queue_ttl_expired``, W2 is
     admitted (before or right after the sweep) and completes, run_finished
     is sent once for W1, and ``qt`` never has two holders. Four rounds."""
-    from collections import Counter
 
     from durable_singleton import signals
-    from durable_singleton.records import RunRecord
 
     log: list[str] = []
     inside = {"now": 0, "most": 0}
@@ -291,13 +290,7 @@ def test_a_quota_handoff_racing_the_ttl_sweep_never_admits_the_expired_waiter(
     registry.add("wf", "1", body, singleton={"key": lambda i: i["k"], "queue_ttl": TTL}, quotas=[qt])
     registry.add("hq", "1", body, quotas=[qt])
     engines = [make(), make()]
-    finished: Counter[str] = Counter()
-
-    def receiver(sender: Any, run: RunRecord, **kwargs: Any) -> None:
-        finished[run.run_id] += 1
-
-    signals.run_finished.connect(receiver, weak=False)
-    try:
+    with counted_per_run(signals.run_finished) as finished:
         for n in range(4):
             h, w1, w2 = f"H{n}", f"X{n}", f"Y{n}"
             engines[0].start("hq", {"hold": True}, run_id=h)
@@ -329,8 +322,6 @@ def test_a_quota_handoff_racing_the_ttl_sweep_never_admits_the_expired_waiter(
             assert finished[w1] == 1, finished
         assert inside["most"] == 1, inside
         assert not [r for r in log if r.startswith("X")], log
-    finally:
-        signals.run_finished.disconnect(receiver)
 
 
 # -- K2 on a quota, workflow-wide, racing claims ----------------------------------------------

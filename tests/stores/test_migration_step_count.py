@@ -5,9 +5,9 @@ skips reading the steps of a run whose count is 0, does not run them again."""
 from __future__ import annotations
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
+
+from tests.helpers import apps_at, migrate_to_latest
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -16,9 +16,7 @@ AFTER = [("durable_singleton", "0008_fill_step_count")]
 
 
 def test_runs_with_steps_stored_before_0004_get_their_step_count() -> None:
-    executor = MigrationExecutor(connection)
-    executor.migrate(BEFORE)
-    apps = executor.loader.project_state(BEFORE).apps
+    apps = apps_at(BEFORE)
     Run = apps.get_model("durable_singleton", "Run")
     Step = apps.get_model("durable_singleton", "Step")
     now = timezone.now()
@@ -30,11 +28,9 @@ def test_runs_with_steps_stored_before_0004_get_their_step_count() -> None:
             run=stepped, position=position, name="s", result={"ok": position}, started_at=now, finished_at=now
         )
     try:
-        executor = MigrationExecutor(connection)
-        executor.migrate(AFTER)
         # The model as of 0008: a later migration's columns do not exist yet.
-        after = executor.loader.project_state(AFTER).apps.get_model("durable_singleton", "Run")
+        after = apps_at(AFTER).get_model("durable_singleton", "Run")
         assert after.objects.get(pk="stepped").step_count == 2
         assert after.objects.get(pk="plain").step_count == 0
     finally:
-        MigrationExecutor(connection).migrate(executor.loader.graph.leaf_nodes("durable_singleton"))
+        migrate_to_latest()

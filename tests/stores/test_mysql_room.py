@@ -6,7 +6,6 @@ real server, each test naming the SPEC rule it attacks.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -17,6 +16,7 @@ from durable_singleton.statuses import RunStatus
 from durable_singleton.stores import mysql
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
+from tests.helpers import holds_when_asked
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -24,16 +24,10 @@ pytestmark = [
 ]
 
 
-def _hold(ctx: Any, input: dict[str, Any]) -> str:
-    if input.get("hold"):
-        ctx.wait_for_signal("go")
-    return str(ctx.run_id)
-
-
 @pytest.fixture
 def engine() -> Engine:
     registry = Registry()
-    registry.add("room-keyed", "1", _hold, singleton={"key": lambda i: i["k"]})
+    registry.add("room-keyed", "1", holds_when_asked, singleton={"key": lambda i: i["k"]})
     return make_engine(DjangoStore(), registry=registry)
 
 

@@ -17,13 +17,13 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run, SingletonKey
 from durable_singleton.statuses import ParkReason, RunStatus
 from durable_singleton.stores.base import TurnState
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
+from tests.helpers import drain_chains, keyed_registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,20 +41,7 @@ def _statements(fn: Callable[[], Any]) -> list[str]:
 
 @pytest.fixture
 def engine() -> Engine:
-    registry = Registry()
-
-    def keyed(ctx: Any, i: dict[str, Any]) -> None:
-        if i.get("park"):
-            ctx.wait_for_signal("go")
-
-    registry.add("short-keyed", "1", keyed, singleton={"key": lambda i: i["k"]})
-    return make_engine(DjangoStore(raw_sql=False), registry=registry)
-
-
-def _drain(engine: Engine) -> None:
-    queued = engine.dispatcher.queue  # type: ignore[attr-defined]
-    while queued:
-        engine.execute_chain(queued.popleft())
+    return make_engine(DjangoStore(raw_sql=False), registry=keyed_registry("short-keyed"))
 
 
 def test_a_start_reads_the_clock_the_override_and_the_depth_in_one_statement(engine: Engine) -> None:
@@ -71,11 +58,11 @@ def test_a_start_on_a_deep_queue_counts_with_the_keys_override(engine: Engine) -
     key declared with limit 1, one holder and one waiter are not a deep queue (the start
     is sent a turn); two holders and two waiters are (the start is created parked)."""
     holder = engine.start("short-keyed", {"k": "deep", "park": True}).run_id
-    _drain(engine)
+    drain_chains(engine)
     assert engine.get(holder).status == RunStatus.SUSPENDED
     SingletonKey.objects.filter(workflow_name="short-keyed", key="deep").update(limit_override=2)
     second = engine.start("short-keyed", {"k": "deep", "park": True}).run_id
-    _drain(engine)  # admitted under the override: two holders
+    drain_chains(engine)  # admitted under the override: two holders
     assert engine.get(second).admitted
     waiter = engine.start("short-keyed", {"k": "deep"})
     assert not ParkReason.SINGLETON.matches(waiter.park_reason), "two holders, no waiter: not deep"
@@ -92,11 +79,11 @@ def test_a_run_admitted_by_a_handoff_without_steps_reads_no_steps(engine: Engine
     """R4: a waiter a handoff admits has stored no step; its claim, a compare-and-set on
     the run as granted, knows it, and its body starts without reading the steps."""
     holder = engine.start("short-keyed", {"k": "handoff", "park": True}).run_id
-    _drain(engine)
+    drain_chains(engine)
     waiter = engine.start("short-keyed", {"k": "handoff"}).run_id
-    _drain(engine)  # denied: parked behind the holder (S5)
+    drain_chains(engine)  # denied: parked behind the holder (S5)
     engine.signal(holder, "go")
-    sent = _statements(lambda: _drain(engine))
+    sent = _statements(lambda: drain_chains(engine))
     assert engine.get(waiter).status == RunStatus.COMPLETED
     # The holder, resumed, reads its steps (it stored one: the signal's); the waiter reads none.
     assert sum(_STEP_TABLE in s and s.lstrip().upper().startswith("SELECT") for s in sent) == 1, sent
@@ -129,13 +116,7 @@ mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="the MySQL/
 
 @pytest.fixture
 def room_engine() -> Engine:
-    registry = Registry()
-
-    def keyed(ctx: Any, i: dict[str, Any]) -> None:
-        if i.get("park"):
-            ctx.wait_for_signal("go")
-
-    registry.add("room-keyed", "1", keyed, singleton={"key": lambda i: i["k"]})
+    registry = keyed_registry("room-keyed")
     registry.add("room-plain", "1", lambda ctx, i: None)
     return make_engine("django", registry=registry)
 
@@ -147,9 +128,9 @@ def test_a_holders_confirmation_is_one_call_on_mysql(room_engine: Engine) -> Non
     own transaction), not SET autocommit, the lock, the update, COMMIT, SET autocommit."""
     engine = room_engine
     holder = engine.start("room-keyed", {"k": "call", "park": True}).run_id
-    _drain(engine)
+    drain_chains(engine)
     waiter = engine.start("room-keyed", {"k": "call"}).run_id
-    _drain(engine)
+    drain_chains(engine)
     # The parked holder ends (as a cancel ends it) and hands its slot to the waiter (S7).
     done = engine.store.finish(engine.get(holder), None, RunStatus.CANCELLED, limits={"room-keyed": 1})
     assert [g.run_id for g in done.granted] == [waiter]
@@ -208,11 +189,11 @@ def test_without_the_procedures_the_claim_takes_the_orm_path(room_engine: Engine
     try:
         engine = make_engine(DjangoStore(), registry=room_engine.registry)
         holder = engine.start("room-keyed", {"k": "fallback", "park": True}).run_id
-        _drain(engine)
+        drain_chains(engine)
         waiter = engine.start("room-keyed", {"k": "fallback"}).run_id
-        _drain(engine)
+        drain_chains(engine)
         engine.signal(holder, "go")
-        sent = _statements(lambda: _drain(engine))
+        sent = _statements(lambda: drain_chains(engine))
         assert not any(s.startswith("CALL") for s in sent), sent
         assert {engine.get(r).status for r in (holder, waiter)} == {RunStatus.COMPLETED}
     finally:
@@ -304,7 +285,9 @@ def test_a_run_on_an_idle_key_is_at_most_four_round_trips_on_mysql(room_engine: 
     engine.store._mysql_room()  # type: ignore[attr-defined]  # the one-off lookup, not per run
     engine.now()  # the engine's clock reads the database's now and then, not per run (as bench.statements)
     run_ids: list[str] = []
-    trips = _round_trips(lambda: (run_ids.append(engine.start("room-keyed", {"k": "idle-4"}).run_id), _drain(engine)))
+    trips = _round_trips(
+        lambda: (run_ids.append(engine.start("room-keyed", {"k": "idle-4"}).run_id), drain_chains(engine))
+    )
     stored = engine.get(run_ids[0])
     assert stored.status == RunStatus.COMPLETED and stored.fencing_token == 1, stored
     assert trips <= 4, trips
@@ -322,9 +305,9 @@ def test_a_handoff_admitted_run_is_at_most_four_round_trips_on_mysql(room_engine
     policy = engine._retry_policy()
     limits = {"room-keyed": 1}
     holder = engine.start("room-keyed", {"k": "handoff-4", "park": True}).run_id
-    _drain(engine)
+    drain_chains(engine)
     first = engine.start("room-keyed", {"k": "handoff-4"}).run_id
-    _drain(engine)
+    drain_chains(engine)
     second: list[str] = []
     start = _round_trips(lambda: second.append(engine.start("room-keyed", {"k": "handoff-4"}).run_id))
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # parked behind the holder (S8a)
@@ -361,9 +344,9 @@ def test_a_settle_with_a_lost_lease_writes_nothing_in_the_procedure(room_engine:
     limits = {"room-keyed": 1}
     policy = engine._retry_policy()
     holder = engine.start("room-keyed", {"k": "stale", "park": True}).run_id
-    _drain(engine)
+    drain_chains(engine)
     waiter = engine.start("room-keyed", {"k": "stale"}).run_id
-    _drain(engine)
+    drain_chains(engine)
     claimed = store.begin_turn(holder, "owner-a", lease_seconds=30, limits=limits, max_recoveries=3, retry=policy)
     assert claimed.state == TurnState.RUN and claimed.run is not None
     before = Run.objects.get(pk=waiter)
@@ -433,9 +416,9 @@ def test_without_the_settle_procedure_the_handoff_takes_the_orm_path_and_says_so
     store = engine.store
     limits = {"room-keyed": 1}
     holder = engine.start("room-keyed", {"k": "dropped", "park": True}).run_id
-    _drain(engine)
+    drain_chains(engine)
     waiter = engine.start("room-keyed", {"k": "dropped"}).run_id
-    _drain(engine)
+    drain_chains(engine)
     claimed = store.begin_turn(
         holder, "tester", lease_seconds=30, limits=limits, max_recoveries=3, retry=engine._retry_policy()
     )

@@ -271,6 +271,24 @@ def _start(engine: Engine, workflow: str, run_id: str, key: str = "K", **kwargs:
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
 
 
+def _execute_from_threads(engine: Any, ids: list[str], threads: int) -> None:
+    """Execute the runs ``ids`` from ``threads`` threads at once, each starting
+    at its own place in ``ids``, until every run completed or 8 s passed;
+    raises AssertionError with what any thread raised."""
+    from tests.conftest import run_threads
+
+    def worker(i: int) -> None:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            if all(engine.get(r).status == RunStatus.COMPLETED for r in ids):
+                return
+            for run_id in ids[i:] + ids[:i]:
+                engine.execute(run_id)
+
+    results = run_threads(threads, worker)
+    assert not [r for r in results if isinstance(r, BaseException)], results
+
+
 def _keyed(registry: Registry, name: str, body: Any = None, **singleton: Any) -> None:
     registry.add(name, "1", body or (lambda ctx, i: None), singleton={"key": lambda i: i["k"], **singleton})
 
@@ -367,18 +385,7 @@ def test_concurrent_turns_on_a_key_admit_in_creation_order_one_at_a_time(registr
     for run_id in ids:
         _start(engine, "cm-fifo", run_id)
 
-    def worker(i: int) -> None:
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
-            if all(engine.get(r).status == RunStatus.COMPLETED for r in ids):
-                return
-            for run_id in ids[i:] + ids[:i]:
-                engine.execute(run_id)
-
-    from tests.conftest import run_threads
-
-    results = run_threads(5, worker)
-    assert not [r for r in results if isinstance(r, BaseException)], results
+    _execute_from_threads(engine, ids, 5)
     assert not overlap, f"two bodies of one key at once: {overlap[:3]}"
     assert entered == ids, entered
     assert all(engine.get(r).status == RunStatus.COMPLETED for r in ids)
@@ -533,18 +540,7 @@ def test_fencing_tokens_strictly_increase_across_concurrent_admissions(registry:
     for run_id in ids:
         _start(engine, "cm-tokens", run_id)
 
-    def worker(i: int) -> None:
-        deadline = time.monotonic() + 8
-        while time.monotonic() < deadline:
-            if all(engine.get(r).status == RunStatus.COMPLETED for r in ids):
-                return
-            for run_id in ids[i:] + ids[:i]:
-                engine.execute(run_id)
-
-    from tests.conftest import run_threads
-
-    results = run_threads(6, worker)
-    assert not [r for r in results if isinstance(r, BaseException)], results
+    _execute_from_threads(engine, ids, 6)
     rows = list(
         Run.objects.filter(run_id__in=ids).values_list(
             "run_id", "fencing_token", "status", "admitted_at", "finished_at"

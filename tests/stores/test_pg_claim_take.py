@@ -219,6 +219,23 @@ def test_a_cancel_requested_flag_on_a_parked_run_settles_it_cancelled(registry: 
     assert engine.get("c").status == RunStatus.CANCELLED and ran == []
 
 
+def _signal_waiter(registry: Registry) -> list[Any]:
+    """Register the workflow ``waiter`` (no key) whose body waits for the signal
+    ``go`` and returns it; return the list each pass past the wait appends the
+    signal's payload to (from any thread)."""
+    after: list[Any] = []
+    lock = threading.Lock()
+
+    def body(ctx: Any, input: Any) -> Any:
+        got = ctx.wait_for_signal("go")
+        with lock:
+            after.append(got)
+        return got
+
+    registry.add("waiter", "1", body)
+    return after
+
+
 # -- D2: a run waiting for a signal ---------------------------------------------------------------
 def test_a_turn_delivered_before_the_signal_does_not_pass_the_wait_nor_lose_it(
     registry: Registry, raw_sql: bool
@@ -226,14 +243,7 @@ def test_a_turn_delivered_before_the_signal_does_not_pass_the_wait_nor_lose_it(
     """D2, R6: a run waiting for a signal gets a turn early (a duplicate): it
     replays to the wait and parks again (one attempt more, no step past the
     wait); the signal sent later is then received, once."""
-    after: list[Any] = []
-
-    def body(ctx: Any, input: Any) -> Any:
-        got = ctx.wait_for_signal("go")
-        after.append(got)
-        return got
-
-    registry.add("waiter", "1", body)
+    after = _signal_waiter(registry)
     engine = _engine(registry, raw_sql)
     engine.start("waiter", {}, run_id="w")
     engine.dispatcher.drain()  # type: ignore[attr-defined]
@@ -253,16 +263,7 @@ def test_a_turn_delivered_before_the_signal_does_not_pass_the_wait_nor_lose_it(
 def test_duplicate_turns_after_a_signal_deliver_it_once(registry: Registry, raw_sql: bool) -> None:
     """D2, R6: after the signal, several deliveries of the wake-up turn at once:
     the body passes the wait once."""
-    after: list[Any] = []
-    lock = threading.Lock()
-
-    def body(ctx: Any, input: Any) -> Any:
-        got = ctx.wait_for_signal("go")
-        with lock:
-            after.append(got)
-        return got
-
-    registry.add("waiter", "1", body)
+    after = _signal_waiter(registry)
     engine = _engine(registry, raw_sql)
     engine.start("waiter", {}, run_id="w")
     engine.dispatcher.drain()  # type: ignore[attr-defined]
@@ -539,14 +540,7 @@ def test_a_signal_landing_while_an_early_turn_parks_is_not_lost(registry: Regist
     duplicate, or its first) reads no signal, then the signal lands before the
     body parks: the park must not strand it: the run completes with it, the
     body passing the wait once."""
-    after: list[Any] = []
-
-    def body(ctx: Any, input: Any) -> Any:
-        got = ctx.wait_for_signal("go")
-        after.append(got)
-        return got
-
-    registry.add("waiter", "1", body)
+    after = _signal_waiter(registry)
     store = _SignalAfterLoad(raw_sql=None if raw_sql else False)
     engine = make_engine(store, registry=registry)
     store.engine = engine

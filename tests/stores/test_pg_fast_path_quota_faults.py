@@ -38,6 +38,7 @@ from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads, spawn
+from tests.helpers import KeysInside, control_key, seeds
 from tests.helpers import drain as _drain
 from tests.helpers import queued as _queue
 from tests.helpers import quota_body as _body
@@ -110,7 +111,7 @@ def _diff_registry() -> Registry:
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["quota-controls", "mixed-versions"])
-@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("seed", seeds(8))
 def test_fast_path_decides_as_the_orm_path_with_key_controls_cancels_and_retries(seed: int, mixed: bool) -> None:
     """X3c, X3d, X3g, X3h, K2, X1, X5, D6, D9: a random schedule of starts (a
     singleton of limit 2 with two quotas, two quotas alone, one quota, a
@@ -192,27 +193,17 @@ def test_fast_path_decides_as_the_orm_path_with_key_controls_cancels_and_retries
             action = rng.choice(["pause", "resume", "up", "down", "clear"])
             what = f"{action} {workflow} {key}"
             for name, e in engines.items():
-                k = f"{name}-{key}"
-                if action == "pause":
-                    e.pause_key(workflow, k, by="t")
-                elif action == "resume":
-                    e.resume_key(workflow, k, by="t")
-                else:
-                    e.override_limit(workflow, k, {"up": 3, "down": 1, "clear": None}[action], by="t")
+                control_key(e, workflow, f"{name}-{key}", action, {"up": 3, "down": 1, "clear": None}.get(action))
         else:
             quota = rng.choice(["bq-pool", "bq-other"])
             key = rng.choice("xy" if quota == "bq-pool" else "uv")
             action = rng.choice(["pause", "resume", "up", "down", "clear"])
             what = f"{action} {quota} {key}"
+            limit = {"up": limits[quota] + 1, "down": 1, "clear": None}.get(action)
             for name, e in engines.items():
                 k = f"{name}-{key}"
-                if action == "pause":
-                    e.pause_key(f"quota:{quota}", k, by="t")
-                elif action == "resume":
-                    e.resume_key(f"quota:{quota}", k, by="t")
-                else:
-                    limit = {"up": limits[quota] + 1, "down": 1, "clear": None}[action]
-                    e.override_limit(f"quota:{quota}", k, limit, by="t")
+                control_key(e, f"quota:{quota}", k, action, limit)
+                if action not in ("pause", "resume"):
                     controls[name][(quota, k)] = limit
         fast = _snapshot(engines["fast"], [f"fast-{i}" for i in ids])
         orm = _snapshot(engines["orm"], [f"orm-{i}" for i in ids])
@@ -547,26 +538,19 @@ def test_fast_and_orm_engines_on_the_same_quota_keys_never_over_admit_and_tokens
     quota-only workflow), on the same keys: at no time more than the limit run
     in a quota key or a singleton key, each admission's token in each quota key
     is larger than every earlier one, and every run completes once."""
-    lock = threading.Lock()
-    inside: dict[str, int] = {}
-    peak: dict[str, int] = {}
+    seen = KeysInside()
+    done = seen.done
     tokens: dict[str, list[int]] = {}
-    done: list[str] = []
 
     def body(ctx: Any, input: dict[str, Any]) -> None:
         keys = [f"p:{input['p']}", f"o:{input['o']}"] + ([f"k:{input['k']}"] if "k" in input else [])
-        with lock:
-            for k in keys:
-                inside[k] = inside.get(k, 0) + 1
-                peak[k] = max(peak.get(k, 0), inside[k])
+        seen.enter(keys)
+        with seen.lock:
             for name, token in ctx.quota_tokens.items():
                 key = input["p"] if name == "mx-pool" else input["o"]
                 tokens.setdefault(f"{name}:{key}", []).append(token)
         threading.Event().wait(0.005)
-        with lock:
-            for k in keys:
-                inside[k] -= 1
-            done.append(ctx.run_id)
+        seen.leave(keys, ctx.run_id)
 
     registry = Registry()
     pool = Quota("mx-pool", key=lambda i: i["p"], limit=2)
@@ -598,9 +582,7 @@ def test_fast_and_orm_engines_on_the_same_quota_keys_never_over_admit_and_tokens
     results = run_threads(6, worker, timeout=120)
     assert [r for r in results if isinstance(r, BaseException)] == []
     assert sorted(done) == sorted(ids)
-    assert max(v for k, v in peak.items() if k.startswith("p:")) <= 2, peak
-    assert max(v for k, v in peak.items() if k.startswith("o:")) <= 1, peak
-    assert max(v for k, v in peak.items() if k.startswith("k:")) <= 2, peak
+    assert seen.most("p:") <= 2 and seen.most("o:") <= 1 and seen.most("k:") <= 2, seen.peak
     for key, seq in tokens.items():
         assert len(set(seq)) == len(seq), (key, seq)
     assert QuotaMembership.objects.filter(slot="holder").count() == 0

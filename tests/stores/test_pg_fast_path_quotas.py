@@ -28,7 +28,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
-from tests.helpers import execute_racing
+from tests.helpers import KeysInside, execute_racing, seeds
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,7 +124,7 @@ def _snapshot(engine: Engine, ids: list[str]) -> list[tuple[Any, ...]]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", seeds(6))
 def test_the_fast_path_decides_as_the_orm_path_on_random_schedules(seed: int) -> None:
     """X3c, X3d, X3f, X3g, X3h, S5, S7, K1: the same random schedule of starts
     (three workflows over a quota of 2, one also on a singleton key, one also on
@@ -183,22 +183,14 @@ def test_fast_and_orm_claims_over_crossing_quota_keys_never_deadlock_or_over_adm
     second quota of 1 on two keys) at once: the quota keys are locked in one
     global order on both paths, so the server's deadlock counter does not move,
     no more than the limit run inside a quota key, and every run completes once."""
-    inside: dict[str, int] = {}
-    peak: dict[str, int] = {}
-    lock = threading.Lock()
-    done: list[str] = []
+    seen = KeysInside()
+    done = seen.done
 
     def body(ctx: Any, input: dict[str, Any]) -> None:
         keys = [f"pool:{input['p']}", f"other:{input['o']}"]
-        with lock:
-            for k in keys:
-                inside[k] = inside.get(k, 0) + 1
-                peak[k] = max(peak.get(k, 0), inside[k])
+        seen.enter(keys)
         threading.Event().wait(0.01)
-        with lock:
-            for k in keys:
-                inside[k] -= 1
-            done.append(ctx.run_id)
+        seen.leave(keys, ctx.run_id)
 
     registry = Registry()
     pool = Quota("fpq-pool", key=lambda i: i["p"], limit=2)
@@ -227,8 +219,8 @@ def test_fast_and_orm_claims_over_crossing_quota_keys_never_deadlock_or_over_adm
 
     execute_racing(engines, ids, done)
     assert sorted(done) == sorted(ids)
-    assert max(v for k, v in peak.items() if k.startswith("pool:")) <= 2
-    assert max(v for k, v in peak.items() if k.startswith("other:")) <= 1
+    assert seen.most("pool:") <= 2
+    assert seen.most("other:") <= 1
     assert all(engines[0].get(r).status == RunStatus.COMPLETED for r in ids)
     assert deadlocks() == before
 

@@ -16,11 +16,11 @@ import pytest
 from django.db import connection
 
 from bench.roundtrips import RoundTrips
-from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run, SingletonKey
 from durable_singleton.statuses import RunStatus
 from durable_singleton.testing import make_engine
+from tests.helpers import drain_chains, keyed_registry
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -30,22 +30,9 @@ pytestmark = [
 
 @pytest.fixture
 def engine() -> Engine:
-    registry = Registry()
-
-    def keyed(ctx: Any, i: dict[str, Any]) -> None:
-        if i.get("park"):
-            ctx.wait_for_signal("go")
-
-    registry.add("room-keyed", "1", keyed, singleton={"key": lambda i: i["k"]})
-    built = make_engine("django", registry=registry)
+    built = make_engine("django", registry=keyed_registry("room-keyed"))
     built.now()  # the engine's clock reads the database's now every few minutes, not per run
     return built
-
-
-def _drain(engine: Engine) -> None:
-    queued = engine.dispatcher.queue  # type: ignore[attr-defined]
-    while queued:
-        engine.execute_chain(queued.popleft())
 
 
 def _count(fn: Callable[[], Any]) -> int:
@@ -58,12 +45,12 @@ def test_a_run_on_an_idle_key_is_at_most_six_statements(engine: Engine) -> None:
     """S5, S7, S8a, K1: a keyed run on a key nobody holds (its start, its claim with
     admission, its settle) is at most six statements on SQLite, and completes."""
     engine.start("room-keyed", {"k": "warm"})
-    _drain(engine)
+    drain_chains(engine)
     ids: list[str] = []
 
     def run(n: int) -> None:
         ids.append(engine.start("room-keyed", {"k": f"idle-{n}"}).run_id)
-        _drain(engine)
+        drain_chains(engine)
 
     counts = [_count(lambda n=n: run(n)) for n in range(3)]  # type: ignore[misc]
     assert max(counts) <= 6, counts
@@ -78,12 +65,12 @@ def test_a_run_admitted_by_a_handoff_is_at_most_six_statements(engine: Engine) -
     def chain(waiters: int) -> tuple[int, list[str]]:
         key = f"hot-{waiters}"
         holder = engine.start("room-keyed", {"k": key, "park": True}).run_id
-        _drain(engine)
+        drain_chains(engine)
 
         def work() -> None:
             ids.extend(engine.start("room-keyed", {"k": key}).run_id for _ in range(waiters))
             engine.signal(holder, "go")
-            _drain(engine)
+            drain_chains(engine)
 
         ids = [holder]
         return _count(work), ids
@@ -104,15 +91,15 @@ def test_a_key_counter_behind_a_holders_token_is_moved_before_a_grant(engine: En
     that key is still past every token handed out: the room writes nothing on a key whose
     counter is behind, and the ORM path's key lock moves the counter first."""
     holder = engine.start("room-keyed", {"k": "behind", "park": True}).run_id
-    _drain(engine)
+    drain_chains(engine)
     held = engine.get(holder)
     assert held is not None and held.fencing_token is not None
     # As a crash between a claim and its bump_token leaves it.
     SingletonKey.objects.filter(workflow_name="room-keyed", key="behind").update(last_token=0)
     waiter = engine.start("room-keyed", {"k": "behind"}).run_id
-    _drain(engine)  # denied: parked behind the holder (S5)
+    drain_chains(engine)  # denied: parked behind the holder (S5)
     engine.signal(holder, "go")
-    _drain(engine)
+    drain_chains(engine)
     granted = Run.objects.get(pk=waiter)
     assert granted.status == RunStatus.COMPLETED
     assert granted.fencing_token is not None and granted.fencing_token > held.fencing_token

@@ -21,7 +21,8 @@ from durable_singleton.models import QuotaMembership, Run
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
-from tests.helpers import claim
+from tests.conftest import run_threads
+from tests.helpers import claim, holds_when_asked
 from tests.helpers import drain as _drain
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,16 +31,20 @@ ERP = Quota("erp-api", key=lambda i: i["tenant"], limit=1)
 mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="the MySQL/MariaDB room's stored procedures")
 
 
-def _hold(ctx: Any, input: dict[str, Any]) -> str:
-    if input.get("hold"):
-        ctx.wait_for_signal("go")
-    return str(ctx.run_id)
+def _completes_with_the_room_off(engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    """A start of ``room-plain`` runs to completed on the ORM path, and the
+    store logs a warning that the MariaDB room is off."""
+    run_id = engine.start("room-plain", {}).run_id
+    with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
+        _drain(engine)
+    assert engine.get(run_id).status == RunStatus.COMPLETED, engine.get(run_id)
+    assert any("room off" in r.getMessage() for r in caplog.records), caplog.records
 
 
 @pytest.fixture
 def quota_engine() -> Engine:
     registry = Registry()
-    registry.add("charge", "1", _hold, quotas=[ERP])
+    registry.add("charge", "1", holds_when_asked, quotas=[ERP])
     return make_engine("django", registry=registry)
 
 
@@ -105,11 +110,7 @@ def test_the_procedure_dropped_while_a_worker_runs_falls_back_to_the_orm_path_an
     try:
         mysql.uninstall(connection)
         assert not mysql.installed(connection.alias)
-        second = engine.start("room-plain", {}).run_id
-        with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
-            _drain(engine)
-        assert engine.get(second).status == RunStatus.COMPLETED, engine.get(second)
-        assert any("room off" in r.getMessage() for r in caplog.records), caplog.records
+        _completes_with_the_room_off(engine, caplog)
     finally:
         mysql.install(connection)
     assert mysql.installed(connection.alias)
@@ -167,30 +168,20 @@ def test_racing_starts_under_a_raised_override_never_pass_limit_plus_the_cap() -
     from durable_singleton.models import SingletonKey
 
     registry = Registry()
-    registry.add("capped", "1", _hold, singleton=Singleton(key=lambda i: "K", limit=1, max_queue_depth=1))
+    registry.add("capped", "1", holds_when_asked, singleton=Singleton(key=lambda i: "K", limit=1, max_queue_depth=1))
     engine = make_engine("django", registry=registry)
     engine.start("capped", {"hold": True})
     SingletonKey.objects.filter(workflow_name="capped", key="K").update(limit_override=2)
-    go = threading.Barrier(6)
-    outcomes: list[str] = []
 
-    def start() -> None:
+    def start(i: int) -> str:
         try:
-            go.wait(30)
-            try:
-                engine.start("capped", {"hold": True})
-                outcomes.append("started")
-            except SingletonQueueFullError:
-                outcomes.append("refused")
-        finally:
-            connections.close_all()
+            engine.start("capped", {"hold": True})
+            return "started"
+        except SingletonQueueFullError:
+            return "refused"
 
-    threads = [threading.Thread(target=start) for _ in range(6)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert len(outcomes) == 6, outcomes
+    outcomes = run_threads(6, start)
+    assert len(outcomes) == 6 and set(outcomes) <= {"started", "refused"}, outcomes
     active = Run.objects.filter(workflow_name="capped").exclude(status__in=["completed", "cancelled"]).count()
     assert active <= 3, (active, outcomes)
 
@@ -218,11 +209,7 @@ def test_a_procedure_whose_definer_was_dropped_turns_the_room_off(caplog: pytest
         cursor.execute("DROP USER 'ds_gone_definer'@'%'")
     try:
         engine = make_engine(DjangoStore(), registry=registry)
-        run_id = engine.start("room-plain", {}).run_id
-        with caplog.at_level("WARNING", logger="durable_singleton.stores.mysql"):
-            _drain(engine)
-        assert engine.get(run_id).status == RunStatus.COMPLETED, engine.get(run_id)
-        assert any("room off" in r.getMessage() for r in caplog.records), caplog.records
+        _completes_with_the_room_off(engine, caplog)
     finally:
         mysql.install(connection)
 

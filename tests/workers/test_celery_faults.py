@@ -49,6 +49,7 @@ from durable_singleton.stores.django import DjangoStore
 from durable_singleton.tasks import execute_run
 from testproject.inventory.models import BodyAudit
 from tests.celery_workers import REPO, CeleryWorkers, celery_stack_missing, celery_workers, worker_env
+from tests.worker_processes import wait_for
 
 __all__ = ["celery_workers"]  # the fixture, imported for this module's tests
 
@@ -193,15 +194,12 @@ class Driver:
         Raises AssertionError with the runs, the audit and the workers' logs
         after ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def polled() -> T:
             self.poll()
-            value = predicate()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"{what}: not within {timeout:.0f} s\n{self.report()}")
-            time.sleep(0.05)
+            return predicate()
+
+        return wait_for(polled, timeout, f"{what}: not", self.report)  # type: ignore[no-any-return]
 
     def status(self, run_id: str) -> str:
         return Run.objects.values_list("status", flat=True).get(pk=run_id)

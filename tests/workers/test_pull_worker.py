@@ -26,6 +26,7 @@ from durable_singleton.models import Run, TurnNotice, WorkerProcess
 from durable_singleton.runtime import build_engine
 from durable_singleton.stores.turns import Listener
 from testproject.inventory.models import BodyAudit
+from tests.factories import WorkerProcessFactory
 from tests.helpers import running_run
 from tests.worker_processes import DurableWorkers, wait_for, workers
 from tests.workers.test_worker_process import all_completed, assert_no_overlap, burst
@@ -184,15 +185,7 @@ def test_health_says_how_long_no_worker_was_seen(web: Engine) -> None:
     from datetime import timedelta
 
     now = web.store.now()
-    WorkerProcess.objects.create(
-        name="gone:1",
-        host="gone",
-        pid=1,
-        mode="worker",
-        threads=4,
-        started_at=now,
-        last_seen_at=now - timedelta(seconds=42),
-    )
+    WorkerProcessFactory(host="gone", pid=1, threads=4, started_at=now, last_seen_at=now - timedelta(seconds=42))
     report = check_health(web, stale_seconds=3600, backlog_seconds=3600)
     (detail,) = [p.detail for p in report.problems if p.kind == "no_worker"]
     assert re.fullmatch(r"no worker seen for 4[23] s \(limit WORKER_DEAD_SECONDS 3 s\); the last was gone:1", detail)
@@ -280,14 +273,8 @@ def test_a_worker_never_takes_back_its_own_runs(web: Engine) -> None:
 
     now = web.store.now()
     for name in ("me:1", "gone:2"):
-        WorkerProcess.objects.create(
-            name=name,
-            host=name[:-2],
-            pid=int(name[-1]),
-            mode="worker",
-            threads=1,
-            started_at=now,
-            last_seen_at=now - timedelta(seconds=60),
+        WorkerProcessFactory(
+            name=name, host=name[:-2], pid=int(name[-1]), started_at=now, last_seen_at=now - timedelta(seconds=60)
         )
         running_run(f"held-{name}", WORKFLOW, f"{name}:abc", now, 300)
     (dead,) = release_dead_workers("default", 10.0, alive="me:1")

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection
 from django.test import override_settings
 
 from durable_singleton.checks import check_settings
@@ -44,7 +44,9 @@ from durable_singleton.stores.turns import (
 from durable_singleton.testing import make_engine
 from durable_singleton.worker import expire_own_leases
 from testproject.inventory.models import BodyAudit
+from tests.conftest import run_threads
 from tests.core.test_database_clock import step_clock
+from tests.factories import WorkerProcessFactory
 from tests.helpers import running_run
 from tests.worker_processes import DurableWorkers, wait_for, workers
 
@@ -125,28 +127,16 @@ def test_many_fetchers_take_each_notice_once() -> None:
     add_notices("default", [f"n-{i}" for i in range(60)], None)
     taken: list[str] = []
     lock = threading.Lock()
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(8)
 
-    def fetch() -> None:
-        try:
-            barrier.wait(30)
-            while True:
-                got = take_notices("default", 3)
-                if not got:
-                    return
-                with lock:
-                    taken.extend(got)
-        except BaseException as exc:  # reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
+    def fetch(i: int) -> None:
+        while True:
+            got = take_notices("default", 3)
+            if not got:
+                return
+            with lock:
+                taken.extend(got)
 
-    threads = [threading.Thread(target=fetch) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(120)
+    errors = [r for r in run_threads(8, fetch, timeout=120) if isinstance(r, BaseException)]
     locked = [e for e in errors if "locked" in str(e)]
     assert not [e for e in errors if e not in locked], errors
     if locked:  # SQLite may refuse a fetcher its write lock; the others take every notice
@@ -187,36 +177,12 @@ def test_two_recoverers_of_one_dead_worker_take_each_run_back_once(caplog: pytes
     name matches but that another process took meanwhile is left alone."""
     engine = make_engine("django", registry=Registry())
     now = engine.store.now()
-    WorkerProcess.objects.create(
-        name="gone:7",
-        host="gone",
-        pid=7,
-        mode="worker",
-        threads=2,
-        started_at=now,
-        last_seen_at=now - timedelta(seconds=60),
-    )
+    WorkerProcessFactory(host="gone", pid=7, threads=2, started_at=now, last_seen_at=now - timedelta(seconds=60))
     for n in range(4):
         _running(f"dead-{n}", f"gone:7:lease{n}", 300, engine)
     _running("taken", "alive:8:lease", 300, engine)
-    results: list[Any] = []
-    barrier = threading.Barrier(2)
-
-    def recover() -> None:
-        try:
-            barrier.wait(30)
-            results.append(release_dead_workers("default", 10.0, alive="me:1"))
-        except Exception as exc:
-            results.append(exc)
-        finally:
-            connections.close_all()
-
     with caplog.at_level("WARNING", logger="durable_singleton.worker"):
-        threads = [threading.Thread(target=recover) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(60)
+        results = run_threads(2, lambda i: release_dead_workers("default", 10.0, alive="me:1"))
     outcomes = [r for r in results if not isinstance(r, Exception)]
     assert outcomes, results
     released = sorted(run for found in outcomes for dead in found for run in dead.runs)
@@ -233,9 +199,7 @@ def test_a_worker_seen_again_keeps_its_row_and_its_runs() -> None:
     taken for dead: its row and its runs' leases are kept."""
     engine = make_engine("django", registry=Registry())
     now = engine.store.now()
-    WorkerProcess.objects.create(
-        name="slow:9", host="slow", pid=9, mode="worker", threads=1, started_at=now, last_seen_at=now
-    )
+    WorkerProcessFactory(host="slow", pid=9, started_at=now)
     register_worker("default", name="slow:9", host="slow", pid=9, mode="worker", threads=1, queues="")
     _running("slow-run", "slow:9:lease", 300, engine)
     assert release_dead_workers("default", 10.0, alive="me:1") == []
