@@ -33,7 +33,7 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.db.models import Case, DateTimeField, ExpressionWrapper, F, IntegerField, Q, Value, When
 from django.db.models.functions import Coalesce, Greatest
@@ -42,9 +42,6 @@ from django.db.models.lookups import Exact, GreaterThan
 from .exceptions import InvalidNotBeforeError, InvalidPriorityError, SingletonKeyError
 from .statuses import ACTIVE_STATUSES, OnBusy, Rung, RunStatus, SlotState
 from .values import MAX_SECONDS
-
-if TYPE_CHECKING:
-    from .records import RunRecord
 
 __all__ = [
     "ACTIVE_STATUSES",
@@ -66,6 +63,7 @@ __all__ = [
     "THROTTLE_PREFIX",
     "TRACKED_TAG",
     "Candidate",
+    "TurnRun",
     "ahead_q",
     "cap_in_force",
     "check_not_before",
@@ -580,7 +578,26 @@ def holds_slot_q() -> Q:
     return marked | legacy_holder_q()
 
 
-def turn_rung(run: RunRecord | None, *, expired: bool, due: bool, max_recoveries: int) -> Rung:
+class TurnRun(Protocol):
+    """What :func:`turn_rung` reads of a run (a ``RunRecord``)."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def is_terminal(self) -> bool: ...
+    @property
+    def cancel_requested(self) -> bool: ...
+    @property
+    def recoveries(self) -> int: ...
+    @property
+    def holds_slot(self) -> bool: ...
+    @property
+    def quota_slot(self) -> str | None: ...
+    @property
+    def singleton_key(self) -> str | None: ...
+
+
+def turn_rung(run: TurnRun | None, *, expired: bool, due: bool, max_recoveries: int) -> Rung:
     """The turn ladder: what a claim of ``run`` does, decided here once for every
     store (the Django store's rooms and its ORM path, the memory store, the S14
     fallback). ``run`` is the run as the claim read it (None: there is none);

@@ -33,7 +33,6 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -55,6 +54,11 @@ from . import make_engine
 __all__ = ["StoreConformance"]
 
 LEASE = 0.3  # seconds: short, so the suite can let a lease expire
+#: The engine's lease (seconds): long, so that no body's lease expires on a
+#: loaded machine unless a test asks for it (a claim with ``lease=LEASE``). With
+#: the short lease as the engine's, a renewer starved for 0.3 s let a takeover
+#: (R5) run a body a second time, which the tests that count bodies saw.
+ENGINE_LEASE = 30.0
 DELAY = 3.0  # seconds: a delayed start's not_before, long enough for the claims made before it
 QUEUE_TTL = 1.0  # seconds: the queue TTL of conf-ttl's waiters (X2)
 
@@ -146,7 +150,7 @@ class StoreConformance:
             singleton={"key": lambda i: i["k"]},
             debounce=Debounce(key=lambda i: i["k"], seconds=3600, max_seconds=7200),
         )
-        return make_engine(store, registry=registry, LEASE_SECONDS=LEASE, LEASE_RENEW_SECONDS=LEASE / 3)
+        return make_engine(store, registry=registry, LEASE_SECONDS=ENGINE_LEASE, LEASE_RENEW_SECONDS=ENGINE_LEASE / 3)
 
     @staticmethod
     def _turn(engine: Engine, run_id: str, owner: str, lease: float = 30.0) -> Any:
@@ -184,10 +188,6 @@ class StoreConformance:
     def test_racing_claims_admit_one(self, engine: Engine, bodies: _Bodies) -> None:
         """S5, S9, R6: eight turns of one key's runs and duplicate deliveries at
         once: one body at a time, each body once, every run completes."""
-        # A lease long enough that no racer's lease expires while sixteen turns
-        # contend for the key's lock on a loaded machine: with the suite's short
-        # lease a takeover (R5) ran a body a second time, which this test counts.
-        engine.settings = replace(engine.settings, LEASE_SECONDS=30.0, LEASE_RENEW_SECONDS=10.0)
         for n in range(8):
             engine.start("conf-1", {"k": "K"}, run_id=f"r{n}")
         barrier = threading.Barrier(16, timeout=30)
@@ -223,7 +223,6 @@ class StoreConformance:
                 engine.start("conf-quota", {"k": "K"}, run_id="A")
             assert engine.store.get_run("A") is None
             return
-        engine.settings = replace(engine.settings, LEASE_SECONDS=30.0, LEASE_RENEW_SECONDS=10.0)
         ids = []
         for n in range(6):
             workflow = "conf-quota" if n % 2 else "conf-quota-keyed"
@@ -770,7 +769,6 @@ class StoreConformance:
         store = engine.store
         if not store.supports_atomic_admission:
             pytest.skip("the S14 fallback marks no holder: its claims decide by a scan")
-        engine.settings = replace(engine.settings, LEASE_SECONDS=30.0, LEASE_RENEW_SECONDS=10.0)
         lease = engine.settings.LEASE_SECONDS
         for run_id in ("r0", "r1", "r2"):
             engine.start("conf-1", {"k": "K"}, run_id=run_id)
