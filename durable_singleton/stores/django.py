@@ -692,9 +692,9 @@ class DjangoStore(BaseStore):
         S8a, R8). A capped start with ``stamp`` reads the database's clock first."""
         fast = self._fast()
         # A run with a fair quota (its tag is read first) or a capped one (counted under its
-        # quota keys' locks) takes the ORM path (X3i).
-        # A throttle carrier's memberships are written by the ORM path too (X6).
-        quotas_fast = not run.quota_shares and not run.quota_caps and not run.throttle_keys
+        # quota keys' locks) takes the ORM path (X3i); a throttle carrier's memberships are
+        # written by the fast path's INSERT (X6c).
+        quotas_fast = not run.quota_shares and not run.quota_caps
         if fast is not None and (cap is None or run.singleton_key is None) and quotas_fast:
             for _ in range(self.claim_retries + 1):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
@@ -2102,8 +2102,10 @@ class DjangoStore(BaseStore):
         ttls: QueueTtls | None = None,
     ) -> Finish:
         fast = self._fast() if owner is not None else None
-        # A run that carries quotas settles on the fast path when its record names them (X3g).
-        quotas_known = run.quota_slot is None or bool(run.quota_keys)
+        # A run that carries quotas settles on the fast path when its record names them (X3g);
+        # a throttle carrier's record was written by a release that names them (X6: its
+        # throttles hold no slot to free).
+        quotas_known = run.quota_slot is None or bool(run.quota_keys) or bool(run.throttle_keys)
         if not quotas_known:
             # A carrier an older release inserted without the quota_keys column (NULL, a
             # rolling upgrade): its memberships name its keys, released with the settle (X3b).
