@@ -28,7 +28,12 @@ cases named below. Each is one round trip:
   waiter's admission in the first message of its turn (:data:`CLAIM_QUOTA_ADMIT`:
   its quota keys' rows locked in the one global order, its singleton key's, its
   own, then one statement that decides and writes) and its handoff
-  (:data:`QUOTA_FINISH`), one message each.
+  (:data:`QUOTA_FINISH`), one message each;
+* a run that carries throttles (X6): its throttle memberships written by its
+  start's ``INSERT``, its throttle keys locked first in its claim message
+  (:data:`CLAIM_LOCK_THROTTLE_KEYS`), its window counted and its admission
+  recorded, or the run parked until the window's opening, by
+  :data:`CLAIM_QUOTA_ADMIT`; its settle as any run's.
 
 Every statement is a named block of ``durable_singleton/sql/postgresql/*.sql``
 (:mod:`durable_singleton.sql`). The rules are written once there, as fragments
