@@ -31,7 +31,7 @@ cases named below. Each is one round trip:
   (:data:`QUOTA_FINISH`), one message each;
 * a run that carries throttles (X6): its throttle memberships written by its
   start's ``INSERT``, its throttle keys locked first in its claim message
-  (:data:`CLAIM_LOCK_THROTTLE_KEYS`), its window counted and its admission
+  (``claim_lock_throttle_keys``), its window counted and its admission
   recorded, or the run parked until the window's opening, by
   :data:`CLAIM_QUOTA_ADMIT`; its settle as any run's.
 
