@@ -32,6 +32,7 @@ SCENARIOS = (
     "peers",
     "rooms",
     "debounce",
+    "throttle",
 )
 
 
@@ -162,6 +163,17 @@ def main(argv: list[str]) -> int:
         raw["debounce"] = attempt("13 debounce: 1,000 starts on one key", lambda: scenarios.debounce_burst(engine))
         if raw["debounce"]:
             say(f"debounce: {raw['debounce']}")
+
+    if "throttle" in only:
+        # Before the Celery workers: the scenario runs its own embedded worker, whose registry
+        # theirs does not know (X6, #33; python -m bench.throttle).
+        from . import throttle
+
+        raw["throttle"] = {
+            "claim": attempt("14 throttle: a claim with a throttle against one without", throttle.claim_cost),
+            "wake": attempt("14 throttle: the wake at each window's opening", throttle.wake_at_opening),
+        }
+        say(f"throttle: {raw['throttle']}")
 
     env = dict(os.environ)
     with Procs(env, log_dir).running() as procs:

@@ -1649,6 +1649,22 @@ class Core:
         # turns (S7, O4).
         self.hand_off(granted)
 
+    def dispatch_due(self) -> list[str]:
+        """Send the parked runs whose ``wake_at`` came (the tick's due job alone, S8):
+        taken as the tick takes them (``TICK_BATCH`` at most, each one's ``wake_at``
+        pushed by ``REDELIVERY_SECONDS``), so a tick beside it sends none twice.
+        Returns their run ids. The workers' wake timer calls it at the earliest
+        ``wake_at`` between ticks (a throttle's opening, X6d)."""
+        report = TickReport()
+        self._tick_due(report)
+        return report.dispatched
+
+    def seconds_to_next_wake(self, horizon: float) -> float | None:
+        """Return the seconds to the earliest ``wake_at`` of a parked run within
+        ``horizon`` seconds, on the store's clock, or None (the store's
+        :meth:`~durable_singleton.stores.base.BaseStore.seconds_to_next_wake`, S8)."""
+        return self.store.seconds_to_next_wake(horizon)
+
     def _tick_due(self, report: TickReport) -> None:
         due = self.store.due_runs(redelivery_seconds=self.settings.REDELIVERY_SECONDS, batch=self.settings.TICK_BATCH)
         for run_id, workflow_name in due:

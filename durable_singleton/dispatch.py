@@ -26,6 +26,7 @@ from typing import Any
 
 from celery import current_app
 
+from . import signals
 from .conf import Settings
 from .dispatcher import Dispatcher, TurnRunner
 from .exceptions import ConfigurationError
@@ -51,6 +52,14 @@ lifecycle_logger = logging.getLogger("durable_singleton.worker")
 #: rolled back) and must not hold up the stop.
 TICK_JOIN_SECONDS = 1.0
 TICK_THREAD = "durable-tick"
+#: The wake timer (:meth:`ThreadDispatcher._wait_for_tick`) sleeps this long past the
+#: earliest ``wake_at``, in seconds, so the run is due by the database's clock when the
+#: due runs are read (the process's sleep and the database's clock differ by a few ms).
+WAKE_TIMER_LAG_SECONDS = 0.005
+#: The least sleep between two sends of the wake timer, in seconds: many wakes close
+#: together are sent in one read (each read sends every due run), and the timer never
+#: spins on a wake it could not send.
+WAKE_TIMER_MIN_SECONDS = 0.02
 
 
 def announce(message: str, *args: object) -> None:
@@ -358,6 +367,8 @@ class ThreadDispatcher(_DjangoCommit):
         self._queue: queue_module.Queue[str | None] = queue_module.Queue()
         self._workers: list[threading.Thread] = []
         self._stop = threading.Event()
+        #: Set to make the wake timer read the next wake again (a throttled park, the stop).
+        self._rearm = threading.Event()
         self._starting = threading.Lock()
         self._pid = os.getpid()
         self._started_at: float | None = None
@@ -398,6 +409,7 @@ class ThreadDispatcher(_DjangoCommit):
             thread = threading.Thread(target=self._work, name=f"durable-worker-{n}", daemon=True)
             thread.start()
             self._workers.append(thread)
+        self._arm_wake_timer()
         ticker = threading.Thread(target=self._tick, name=TICK_THREAD, daemon=True)
         ticker.start()
         self._workers.append(ticker)
@@ -427,6 +439,7 @@ class ThreadDispatcher(_DjangoCommit):
         tick (S8).
         """
         self._stop.set()
+        self._disarm_wake_timer()
         dropped = 0
         while True:
             try:
@@ -494,10 +507,67 @@ class ThreadDispatcher(_DjangoCommit):
                     logger.exception("tick failed")
                 finally:
                     self.refresh_connections()
-                if self._stop.wait(self.tick_seconds):
+                if self._wait_for_tick():
                     return
         finally:
             self.close_thread_resources()
+
+    def _wait_for_tick(self) -> bool:
+        """Wait ``tick_seconds`` for the next tick; meanwhile, at the earliest ``wake_at``
+        of a parked run that comes before it (the store's
+        :meth:`~durable_singleton.stores.base.BaseStore.seconds_to_next_wake`), send the
+        due runs (:meth:`~durable_singleton.core.Core.dispatch_due`), so a run parked
+        until a time (a throttle's opening, X6d; a delayed start, X5) is sent then,
+        not up to a tick later (S8); a wake within half a period after the tick's time
+        is sent too, and the tick follows it. A run this process parks over a
+        throttle's rate (the ``run_parked`` signal with ``throttle``) has the next wake
+        read again at once. Between two sends at least ``WAKE_TIMER_MIN_SECONDS``.
+        Returns True when the dispatcher stops."""
+        assert self.engine is not None
+        deadline = time.monotonic() + self.tick_seconds
+        while not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._rearm.clear()  # before the read: a park after it wakes the wait below
+            try:
+                self.refresh_connections()
+                # A wake just past the tick's time is the timer's too (the tick's due job runs
+                # after its other jobs): the tick then waits for it, half a period at most.
+                wake = self.engine.seconds_to_next_wake(left + self.tick_seconds / 2)
+            except Exception:
+                logger.exception("wake timer: could not read the next wake")
+                wake = None
+            send = wake is not None
+            sleep = max(wake + WAKE_TIMER_LAG_SECONDS, WAKE_TIMER_MIN_SECONDS) if wake is not None else left
+            if self._rearm.wait(sleep):
+                continue  # a throttled park, or the stop: read again
+            if send:
+                try:
+                    self.refresh_connections()
+                    self.engine.dispatch_due()
+                except Exception:
+                    logger.exception("wake timer: could not send the due runs")
+                finally:
+                    self.refresh_connections()
+        return True
+
+    def _arm_wake_timer(self) -> None:
+        """Have this process's throttled parks wake the wake timer (``run_parked``)."""
+        signals.run_parked.connect(
+            self._rearm_on_throttled_park, dispatch_uid=f"durable_singleton.wake_timer.{id(self)}"
+        )
+
+    def _disarm_wake_timer(self) -> None:
+        """End the wake timer's wait (the stop) and its receiver."""
+        self._rearm.set()
+        signals.run_parked.disconnect(dispatch_uid=f"durable_singleton.wake_timer.{id(self)}")
+
+    def _rearm_on_throttled_park(self, sender: Any, throttle: str | None = None, **kwargs: Any) -> None:
+        """``run_parked`` receiver: a run parked over a throttle's rate (X6d) wakes the
+        timer, which reads the next wake again (its opening may come before the tick)."""
+        if throttle is not None:
+            self._rearm.set()
 
 
 class ManualDispatcher(_DjangoCommit):

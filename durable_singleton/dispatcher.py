@@ -30,6 +30,14 @@ class TurnRunner(Protocol):
         """Run one tick (S8)."""
         ...
 
+    def dispatch_due(self) -> list[str]:
+        """Send the parked runs whose ``wake_at`` came (the tick's due job, S8)."""
+        ...
+
+    def seconds_to_next_wake(self, horizon: float) -> float | None:
+        """Seconds to the earliest ``wake_at`` within ``horizon`` seconds, or None (S8)."""
+        ...
+
 
 class Dispatcher(ABC):
     """Sends a run's next turn to a worker, after the current transaction commits.

@@ -148,6 +148,7 @@ class PullDispatcher(ThreadDispatcher):
             self._spawn(self._work, f"durable-worker-{n}")
         self._spawn(self._fetch, "durable-fetch")
         self._spawn(self._heartbeat, "durable-heartbeat")
+        self._arm_wake_timer()
         self._spawn(self._tick, TICK_THREAD)
         self._started_at = time.monotonic()
         announce("durable_worker started in pid %d: %s", os.getpid(), self.describe())
@@ -174,6 +175,7 @@ class PullDispatcher(ThreadDispatcher):
         registry row deleted (a clean stop, O6)."""
         self._stop.set()
         self._wake.set()
+        self._disarm_wake_timer()
         taken: dict[str, str] = {}
         while True:
             try:
@@ -309,16 +311,19 @@ class PullDispatcher(ThreadDispatcher):
         lease = tick_lease_seconds(self.tick_seconds)
         try:
             while not self._stop.is_set():
+                held = False
                 try:
                     self.refresh_connections()
                     if hold_tick_lease(db, self.name, lease):
+                        held = True
                         release_dead_workers(db, self.dead_seconds, alive=self.name)
                         self.engine.tick()
                 except Exception:
                     logger.exception("tick failed")
                 finally:
                     self.refresh_connections()
-                if self._stop.wait(self.tick_seconds):
+                # The tick's holder keeps the wake timer between its ticks (X6d, S8); the others wait.
+                if self._wait_for_tick() if held else self._stop.wait(self.tick_seconds):
                     return
         finally:
             self.close_thread_resources()

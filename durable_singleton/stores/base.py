@@ -962,6 +962,16 @@ class BaseStore(ABC):
         their ``wake_at`` by ``redelivery_seconds`` so no other tick sends them
         again meanwhile (S7a, S8); return (run_id, workflow_name)."""
 
+    def seconds_to_next_wake(self, horizon: float) -> float | None:
+        """Return the seconds from the store's clock's now to the earliest ``wake_at``
+        of a parked run, if one comes within ``horizon`` seconds (0 when one is due
+        already); None if none does, or if the store does not say (the default: the
+        tick's period alone paces the wakes). The embedded and pulling workers' tick
+        thread sleeps until then and sends the due runs, so a run parked until a
+        time (a throttle's opening, X6d; a delayed start, X5) is sent at its time
+        rather than at the next tick (S8)."""
+        return None
+
     @abstractmethod
     def expired_leases(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
         """Take up to ``batch`` running runs whose lease expired, oldest first, the

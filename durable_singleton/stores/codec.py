@@ -419,6 +419,9 @@ class CodecStore(BaseStore):
     def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
         return self.inner.prune_throttle_admissions(periods, batch)
 
+    def seconds_to_next_wake(self, horizon: float) -> float | None:
+        return self.inner.seconds_to_next_wake(horizon)
+
     def hand_back_leases(self, run_ids: Sequence[str], owner_prefix: str) -> int:
         return self.inner.hand_back_leases(run_ids, owner_prefix)
 

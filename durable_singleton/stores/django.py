@@ -692,9 +692,9 @@ class DjangoStore(BaseStore):
         S8a, R8). A capped start with ``stamp`` reads the database's clock first."""
         fast = self._fast()
         # A run with a fair quota (its tag is read first) or a capped one (counted under its
-        # quota keys' locks) takes the ORM path (X3i).
-        # A throttle carrier's memberships are written by the ORM path too (X6).
-        quotas_fast = not run.quota_shares and not run.quota_caps and not run.throttle_keys
+        # quota keys' locks) takes the ORM path (X3i); a throttle carrier's memberships are
+        # written by the fast path's INSERT (X6c).
+        quotas_fast = not run.quota_shares and not run.quota_caps
         if fast is not None and (cap is None or run.singleton_key is None) and quotas_fast:
             for _ in range(self.claim_retries + 1):
                 started = self._retrying(lambda: fast.start(run, deep_limit, backlog_wake_at, stamp=stamp))
@@ -2102,8 +2102,10 @@ class DjangoStore(BaseStore):
         ttls: QueueTtls | None = None,
     ) -> Finish:
         fast = self._fast() if owner is not None else None
-        # A run that carries quotas settles on the fast path when its record names them (X3g).
-        quotas_known = run.quota_slot is None or bool(run.quota_keys)
+        # A run that carries quotas settles on the fast path when its record names them (X3g);
+        # a throttle carrier's record was written by a release that names them (X6: its
+        # throttles hold no slot to free).
+        quotas_known = run.quota_slot is None or bool(run.quota_keys) or bool(run.throttle_keys)
         if not quotas_known:
             # A carrier an older release inserted without the quota_keys column (NULL, a
             # rolling upgrade): its memberships name its keys, released with the settle (X3b).
@@ -2456,6 +2458,16 @@ class DjangoStore(BaseStore):
 
     def due_runs(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
         return self._take(self._runs().due(), "wake_at", redelivery_seconds, batch)
+
+    def seconds_to_next_wake(self, horizon: float) -> float | None:
+        """:meth:`BaseStore.seconds_to_next_wake`: the earliest ``wake_at`` of the parked
+        runs due within ``horizon`` seconds on the database's clock (``ds_run_due_idx``, the
+        range the tick's due read scans), then the clock, read only when there is one (R5)."""
+        soon = self._runs().parked().filter(wake_at__lte=db_now_plus(horizon))
+        first = soon.aggregate(first=Min("wake_at"))["first"]
+        if first is None:
+            return None
+        return max((_aware(first) - self.now()).total_seconds(), 0.0)
 
     def expired_leases(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
         return self._take(self._runs().lease_expired(), "lease_expires_at", redelivery_seconds, batch)

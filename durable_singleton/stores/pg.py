@@ -28,7 +28,12 @@ cases named below. Each is one round trip:
   waiter's admission in the first message of its turn (:data:`CLAIM_QUOTA_ADMIT`:
   its quota keys' rows locked in the one global order, its singleton key's, its
   own, then one statement that decides and writes) and its handoff
-  (:data:`QUOTA_FINISH`), one message each.
+  (:data:`QUOTA_FINISH`), one message each;
+* a run that carries throttles (X6): its throttle memberships written by its
+  start's ``INSERT``, its throttle keys locked first in its claim message
+  (``claim_lock_throttle_keys``), its window counted and its admission
+  recorded, or the run parked until the window's opening, by
+  :data:`CLAIM_QUOTA_ADMIT`; its settle as any run's.
 
 Every statement is a named block of ``durable_singleton/sql/postgresql/*.sql``
 (:mod:`durable_singleton.sql`). The rules are written once there, as fragments
@@ -240,6 +245,14 @@ CLAIM_LOCK_QUOTA_KEYS = sql.statement("claim_lock_quota_keys")
 #: one) this transaction locked and recorded above, its values read from its row after the
 #: locks; if it is none, nothing is written and the ORM path decides (X3i).
 CLAIM_QUOTA_ADMIT = sql.statement("claim_quota_admit")
+#: A claim's candidate that carries throttles: its throttle key rows created if missing and
+#: locked in the lock order, first of all its keys, and recorded in
+#: :data:`CLAIM_THROTTLE_LOCKED` (their ids, ``:``, the transaction), as its quota keys' are;
+#: :data:`CLAIM_QUOTA_ADMIT` then counts each key's window, records the admission or parks the
+#: run until the window's opening (X6b, X6c, X6d).
+CLAIM_CREATE_THROTTLE_KEYS = sql.statement("claim_create_throttle_keys")
+CLAIM_THROTTLE_LOCKED = "durable_singleton.claim_throttle_locked"
+CLAIM_LOCK_THROTTLE_KEYS = sql.statement("claim_lock_throttle_keys")
 
 
 #: The handoff of a run without quotas, and of one that carries them (S7, S12, R5a, K1, X3g,
@@ -316,6 +329,8 @@ ADMIT_MESSAGE = Message(_CREATE_KEY, _LOCK_KEY, _LOCK_RUN, Statement("admit", AD
 #: taken (:data:`CLAIM_TAKE`), then the read of the run as this transaction leaves it
 #: (:meth:`FastPath.claim`).
 CLAIM_MESSAGE = Message(
+    Statement("claim_create_throttle_keys", CLAIM_CREATE_THROTTLE_KEYS),
+    Statement("claim_lock_throttle_keys", CLAIM_LOCK_THROTTLE_KEYS),
     Statement("claim_create_quota_keys", CLAIM_CREATE_QUOTA_KEYS),
     Statement("claim_lock_quota_keys", CLAIM_LOCK_QUOTA_KEYS),
     Statement("claim_create_key", CLAIM_CREATE_KEY),
@@ -394,9 +409,10 @@ def _admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | None:
 
 
 def _quota_admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | None:
-    """The turn of a quota admission's rows (:func:`_quota_admit`): the claimant's lease
-    with its quota tokens (tag 0), the other grants (1), the claimant parked (2), the
-    waiters sent a turn as they are (3). None: nothing was written."""
+    """The turn of a quota admission's rows (:data:`CLAIM_QUOTA_ADMIT`): the claimant's lease
+    with its quota tokens (tag 0), the other grants (1), the claimant parked (2, with the
+    throttle whose window parked it, X6d), the waiters sent a turn as they are (3). None:
+    nothing was written."""
     granted = sorted((record(r[1:]) for r in rows if r[0] == 1), key=lambda g: g.fencing_token or 0)
     turns = tuple(granted + _in_place(rows, 3))
     for row in rows:
@@ -404,9 +420,11 @@ def _quota_admitted(run: RunRecord, rows: Sequence[Sequence[Any]]) -> Turn | Non
             tokens = json_value(row[len(COLUMNS) + 1]) or {}
             taken = record(row[1:]).evolve(quota_tokens=tuple(sorted((q, int(t)) for q, t in tokens.items())))
             return Turn(TurnState.RUN, taken, granted=turns, admitted=True, steps=_known_steps(taken))
-    parked = [record(r[1:]) for r in rows if r[0] == 2]
+    parked = [r for r in rows if r[0] == 2]
     if parked:
-        return Turn(TurnState.PARKED, parked[0], granted=turns)
+        named = json_value(parked[0][len(COLUMNS) + 1])  # [the throttle's name], or None
+        throttled = str(named[0]) if named else None
+        return Turn(TurnState.PARKED, record(parked[0][1:]), granted=turns, throttled=throttled)
     return Turn(TurnState.SKIPPED, run, granted=turns) if turns else None
 
 
@@ -551,7 +569,9 @@ class FastPath:
         keyed = run.singleton_key is not None and deep_limit is not None
         if keyed:
             params.update(deep_limit=int(deep_limit or 1))
-        if run.quota_keys:
+        if run.quota_keys or run.throttle_keys:
+            # Its quota memberships from the arrays, its throttle memberships from its
+            # throttle_keys column as inserted (X3b, X6c).
             assert not run.quota_shares, "a fair quota's tag is read first: the ORM path"
             params.update(mquota=[name for name, _ in run.quota_keys], mkey=[key for _, key in run.quota_keys])
             message = START_KEYED_QUOTAS_MESSAGE if keyed else START_QUOTAS_MESSAGE

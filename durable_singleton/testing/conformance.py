@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 from ..context import WorkflowCtx
-from ..definitions import Debounce, Quota, Registry
+from ..definitions import Debounce, Quota, Registry, Throttle
 from ..engine import Engine
 from ..exceptions import (
     QuotaQueueFullError,
@@ -142,6 +142,11 @@ class StoreConformance:
         capped = Quota("conf-capped-pool", key=lambda i: i["k"], limit=1, max_queue_depth=1)
         registry.add("conf-quota-capped", "1", body, quotas=[capped])
         registry.add("conf-quota-capped-keyed", "1", body, singleton={"key": lambda i: i["s"]}, quotas=[capped])
+        # One throttle (2 admissions an hour per key) named by a workflow without a key and by
+        # one with a singleton key (X6).
+        rate = Throttle("conf-rate", key=lambda i: i["k"], limit=2, period=3600)
+        registry.add("conf-throttle", "1", body, throttles=[rate])
+        registry.add("conf-throttle-keyed", "1", body, singleton={"key": lambda i: i["s"]}, throttles=[rate])
         # A debounced workflow with a singleton key (X7): an hour of quiet, no body runs in a test.
         registry.add(
             "conf-debounce",
@@ -352,6 +357,59 @@ class StoreConformance:
         assert engine.get("Y").quota_slot == SlotState.WAITER and not engine.get("Y").admitted
         y = self._turn(engine, "Y", "w")
         assert y.state is TurnState.RUN and y.run.quota_slot == SlotState.HOLDER
+
+    # -- throttles -------------------------------------------------------------------
+    def test_a_throttle_key_admits_its_limit_per_window_and_parks_the_rest_until_it_opens(self, engine: Engine) -> None:
+        """X6b, X6c, X6d: a throttle key of 2 an hour admits A and B, each in its
+        claim; C is parked by the throttle, named in its turn, with its wake_at and
+        not_before at the window's opening (A's admission plus the period), and is
+        not due meanwhile; D, of another throttle key, is admitted. A settle frees
+        no admission: the key still counts two. With a singleton key: F waits for
+        its key held by E, not for the throttle (no opening); E's handoff sends F a
+        turn without admitting it, and F's own claim admits it and records its
+        admission. A store that does not admit throttles refuses the start."""
+        if not (engine.store.supports_throttles and engine.store.admits_quotas):
+            with pytest.raises(UnsupportedByStoreError):
+                engine.start("conf-throttle", {"k": "K"}, run_id="A")
+            assert engine.store.get_run("A") is None
+            return
+        limits = engine.limits()
+        for run_id in ("A", "B", "C"):
+            engine.start("conf-throttle", {"k": "K"}, run_id=run_id)
+        engine.start("conf-throttle", {"k": "K2"}, run_id="D")
+        for run_id in ("A", "B"):
+            turn = self._turn(engine, run_id, "w")
+            assert turn.state is TurnState.RUN and turn.run.quota_slot == SlotState.HOLDER, turn
+            assert turn.throttled is None
+        c = self._turn(engine, "C", "w")
+        assert c.state is TurnState.PARKED and c.throttled == "conf-rate", c
+        stored = engine.get("C")
+        a = engine.get("A")
+        assert stored.status == RunStatus.SUSPENDED and stored.quota_slot == SlotState.WAITER
+        assert stored.not_before is not None and stored.wake_at == stored.not_before
+        assert a.admitted_at is not None
+        assert abs((stored.not_before - a.admitted_at).total_seconds() - 3600) < 1.0, (stored.not_before, a)
+        assert self._turn(engine, "C", "w").state is not TurnState.RUN  # not due before the opening (X5)
+        d = self._turn(engine, "D", "w")
+        assert d.state is TurnState.RUN, d
+        for run_id in ("A", "B"):
+            assert engine.store.finish(engine.get(run_id), "w", RunStatus.COMPLETED, limits=limits).settled
+        counted, opening = engine.store.throttle_state("conf-rate", "K", 3600)
+        assert counted == 2 and opening is not None
+        # With a singleton key: its key's wait is not the throttle's.
+        engine.start("conf-throttle-keyed", {"k": "K3", "s": "S"}, run_id="E")
+        engine.start("conf-throttle-keyed", {"k": "K3", "s": "S"}, run_id="F")
+        e = self._turn(engine, "E", "w")
+        assert e.state is TurnState.RUN and e.run.admitted and e.run.fencing_token, e
+        f = self._turn(engine, "F", "w")
+        assert f.state is TurnState.PARKED and f.throttled is None, f
+        assert engine.get("F").not_before is None and engine.get("F").quota_slot == SlotState.WAITER
+        done = engine.store.finish(e.run, "w", RunStatus.COMPLETED, limits=limits)
+        assert [(g.run_id, g.quota_slot) for g in done.granted] == [("F", SlotState.WAITER)], done.granted
+        assert not engine.get("F").admitted
+        f = self._turn(engine, "F", "w")
+        assert f.state is TurnState.RUN and f.run.admitted and (f.run.fencing_token or 0) > e.run.fencing_token, f
+        assert engine.store.throttle_state("conf-rate", "K3", 3600)[0] == 2
 
     # -- the handoff and the token -----------------------------------------------
     def test_release_grants_the_oldest_waiter_with_a_larger_token(self, engine: Engine, bodies: _Bodies) -> None:

@@ -16,11 +16,11 @@ AND %(limits)s::jsonb ? r.workflow_name
 -- fragment: quota_candidate
 -- A claim's first turn of a quota waiter without a read before it: the run r waits in its
 -- quotas, parked, not cancelled, due (X5) and, with a singleton key, is its tracked waiter of
--- a workflow in the limits parameter (X3i). A run that carries a throttle is none: the ORM
--- path admits it, under its throttle keys' locks, and records the admission (X6).
+-- a workflow in the limits parameter (X3i). A run that carries throttles (and the quota
+-- marker with them) is one too: claim_quota_admit admits it under its throttle keys' locks
+-- and records the admission (X6c).
 r.run_id = %(run_id)s
 AND r.quota_slot = 'waiter'
-AND COALESCE(r.throttle_keys, '[]'::jsonb) = '[]'::jsonb
 AND r.status IN ('pending', 'suspended', 'blocked')
 AND NOT r.cancel_requested
 AND {{is_due}}

@@ -56,17 +56,22 @@ quota_fronts AS (                              -- each key's first due waiters, 
 )
 
 -- name: claim_quota_admit
--- The admission of a claim's candidate quota waiter (X3c, X3d, X3f, X3i, S5, K1) whose quota
--- keys (and singleton key, if it has one) this transaction locked and recorded
--- (claim_lock_quota_keys, claim_lock_key), its values read from its row after the locks (R5a);
--- if it is none, nothing is written and the ORM path decides. It is admitted when it is within
--- the free slots of each of its quota keys and, with a singleton key, the key's grant reaches
--- it; then it takes its lease, a slot and the next token in each limit. Else it is parked with
--- its retry wake: the front delay among the first limit waiters (of its singleton key once its
--- quotas admit it, else of each quota key), the backlog's if not (S5 step 5). The singleton
--- grants are written whenever its quotas admit it, as the ORM path's _quota_turn. The rows:
--- 0 its lease (with its quota tokens as JSON), 1 the other grants, 2 it parked, 3 the waiters
--- sent a turn as they are (X3h).
+-- The admission of a claim's candidate quota waiter or throttle carrier (X3c, X3d, X3f, X3i,
+-- X6b, X6c, X6d, S5, K1) whose throttle keys, quota keys (and singleton key, if it has one)
+-- this transaction locked and recorded (claim_lock_throttle_keys, claim_lock_quota_keys,
+-- claim_lock_key), its values read from its row after the locks (R5a); if it is none, nothing
+-- is written and the ORM path decides. It is admitted when it is within the free admissions of
+-- each of its throttle keys, the free slots of each of its quota keys and, with a singleton
+-- key, the key's grant reaches it; then it takes its lease, a slot and the next token in each
+-- limit, and its admission is recorded in each throttle key at the clock's time, the time its
+-- run's admitted_at says. Else, denied by a throttle key with an opening, it is parked until
+-- the latest such opening (its wake_at and not_before, X6d); otherwise with its retry wake:
+-- the front delay among the first limit waiters (of its singleton key once its other limits
+-- admit it, else of each quota and throttle key), the backlog's if not (S5 step 5). The
+-- singleton grants are written whenever its quotas and throttles admit it, as the ORM path's
+-- _quota_turn. The rows: 0 its lease (with its quota tokens as JSON), 1 the other grants, 2 it
+-- parked (with the name of the throttle that parked it in a JSON array, if one did), 3 the
+-- waiters sent a turn as they are (X3h).
 WITH claimant AS (
     SELECT r.run_id, r.status, r.attempts, r.workflow_name AS wf, r.singleton_key AS key,
            (%(limits)s::jsonb ->> r.workflow_name)::integer AS declared,
@@ -74,11 +79,23 @@ WITH claimant AS (
     FROM durable_singleton_run r
     WHERE {{quota_candidate}}
       -- X3e, S13: only under the quota key locks claim_lock_quota_keys recorded, every one of its keys
-      AND split_part(current_setting('durable_singleton.claim_quota_locked', true), ':', 2) = pg_current_xact_id()::text
-      AND split_part(current_setting('durable_singleton.claim_quota_locked', true), ':', 1) = (
-          SELECT string_agg(k.id::text, ',' ORDER BY qu.n)
-          FROM durable_singleton_singletonkey k
-          JOIN {{member_quota_keys}} ON k.workflow_name = qu.wf AND k.key = qu.key
+      AND (                                    -- none to lock, or every one recorded
+          NOT EXISTS (SELECT 1 FROM durable_singleton_quotamembership m0 WHERE m0.run_id = %(run_id)s)
+          OR (split_part(current_setting('durable_singleton.claim_quota_locked', true), ':', 2) = pg_current_xact_id()::text
+              AND split_part(current_setting('durable_singleton.claim_quota_locked', true), ':', 1) = (
+                  SELECT string_agg(k.id::text, ',' ORDER BY qu.n)
+                  FROM durable_singleton_singletonkey k
+                  JOIN {{member_quota_keys}} ON k.workflow_name = qu.wf AND k.key = qu.key
+              ))
+      )
+      AND (                                    -- X6c, S13: and the throttle key locks claim_lock_throttle_keys recorded
+          COALESCE(r.throttle_keys, '[]'::jsonb) = '[]'::jsonb
+          OR (split_part(current_setting('durable_singleton.claim_throttle_locked', true), ':', 2) = pg_current_xact_id()::text
+              AND split_part(current_setting('durable_singleton.claim_throttle_locked', true), ':', 1) = (
+                  SELECT string_agg(k.id::text, ',' ORDER BY tu.n)
+                  FROM durable_singleton_singletonkey k
+                  JOIN {{member_throttle_keys}} ON k.workflow_name = tu.wf AND k.key = tu.key
+              ))
       )
       AND (                                    -- S13: and the singleton key lock claim_lock_key recorded
           r.singleton_key IS NULL
@@ -90,7 +107,11 @@ WITH claimant AS (
           )
       )
 ),
+clock AS MATERIALIZED (                        -- the database's clock after the locks: the window's now and the admission's time (R5)
+    SELECT CLOCK_TIMESTAMP() AS now
+),
 {{quota_fronts: keys = {{member_quota_keys}}; skip_member = }},
+{{throttle_fronts}},
 quota_reach AS (                               -- within the free slots of every quota key; at the front of each (X3c)
     SELECT count(*) FILTER (WHERE qf.pos <= qf.free) = (SELECT count(*) FROM quota_key_rows qk) AS reaches,
            count(*) = (SELECT count(*) FROM quota_key_rows qk) AS at_front
@@ -101,19 +122,23 @@ quota_reach AS (                               -- within the free slots of every
     wf = (SELECT claimant.wf FROM claimant); key = (SELECT claimant.key FROM claimant);
     declared = (SELECT claimant.declared FROM claimant); ttl = (SELECT claimant.ttl FROM claimant);
     skip_legacy = ; skip_front = }},
+limits_reach AS (                              -- its quotas and throttles admit it (X3d, X6c)
+    SELECT qr.reaches AND tr.reaches AS reaches, qr.at_front AND tr.at_front AS at_front
+    FROM quota_reach qr, throttle_reach tr
+),
 {{singleton_grants:
-    when = (SELECT qr.reaches FROM quota_reach qr) AND EXISTS (SELECT 1 FROM claimant);
+    when = (SELECT lr.reaches FROM limits_reach lr) AND EXISTS (SELECT 1 FROM claimant);
     carriers = ;
     takes = sg.run_id = %(run_id)s OR sg.quota_slot IS NULL}},
 admitted AS (                                  -- its quotas admit it and, with a singleton key, its grant (X3i)
-    SELECT EXISTS (SELECT 1 FROM claimant) AND (SELECT qr.reaches FROM quota_reach qr)
+    SELECT EXISTS (SELECT 1 FROM claimant) AND (SELECT lr.reaches FROM limits_reach lr)
            AND ((SELECT claimant.key FROM claimant) IS NULL OR EXISTS (SELECT 1 FROM grants g WHERE g.run_id = %(run_id)s)) AS yes
 ),
 claimant_lease AS (                            -- admitted: its lease, a slot in each limit (R5, R6, X3f)
     UPDATE durable_singleton_run r
     SET {{take_set}},
         quota_slot = 'holder',
-        admitted_at = CLOCK_TIMESTAMP(),
+        admitted_at = (SELECT c.now FROM clock c),   -- the time its throttle keys record (X6b)
         singleton_slot = CASE WHEN r.singleton_key IS NULL THEN r.singleton_slot ELSE 'holder' END,
         singleton_tracked = r.singleton_tracked OR r.singleton_key IS NOT NULL,
         fencing_token = COALESCE((SELECT g.token FROM grants g WHERE g.run_id = %(run_id)s), r.fencing_token)
@@ -133,6 +158,12 @@ claimant_tokens AS (                           -- its membership in each quota k
       AND EXISTS (SELECT 1 FROM claimant_lease)
     RETURNING m.quota, m.fencing_token
 ),
+throttle_admissions AS (                       -- its admission counts in each throttle key's window from now on (X6b)
+    INSERT INTO durable_singleton_throttleadmission (throttle, key, run_id, admitted_at)
+    SELECT tk.throttle, tk.key, %(run_id)s, (SELECT c.now FROM clock c)
+    FROM throttle_key_rows tk
+    WHERE EXISTS (SELECT 1 FROM claimant_lease)
+),
 quota_tokens AS (                              -- each quota key's counter moves past its token (K1)
     UPDATE durable_singleton_singletonkey k2
     SET last_token = qk.last_token + 1
@@ -149,15 +180,16 @@ other_grants AS (                              -- the singleton key's other gran
       AND {{grant_cas}}
     RETURNING {{run_columns}}
 ),
-claimant_parked AS (                           -- not admitted: parked with its retry wake (S5 step 5)
+claimant_parked AS (                           -- not admitted: over the rate until the opening (X6d), else its retry wake (S5 step 5)
     UPDATE durable_singleton_run r
     SET status = 'suspended',
         attempts = r.attempts + 1,
-        wake_at = CLOCK_TIMESTAMP() + make_interval(secs => CASE WHEN
-            CASE WHEN (SELECT qr.reaches FROM quota_reach qr) AND (SELECT claimant.key FROM claimant) IS NOT NULL
+        wake_at = COALESCE((SELECT o.opening FROM throttle_opening o), CLOCK_TIMESTAMP() + make_interval(secs => CASE WHEN
+            CASE WHEN (SELECT lr.reaches FROM limits_reach lr) AND (SELECT claimant.key FROM claimant) IS NOT NULL
                 THEN EXISTS (SELECT 1 FROM waiters w, key_slots c WHERE w.run_id = %(run_id)s AND w.pos <= c.lim)
-                ELSE (SELECT qr.at_front FROM quota_reach qr) END
-            THEN %(front)s::float8 ELSE %(backlog)s::float8 END),
+                ELSE (SELECT lr.at_front FROM limits_reach lr) END
+            THEN %(front)s::float8 ELSE %(backlog)s::float8 END)),
+        not_before = COALESCE((SELECT o.opening FROM throttle_opening o), r.not_before),   -- not due before it (X5)
         lease_owner = NULL,
         lease_expires_at = NULL,
         park_reason = 'singleton',
@@ -179,8 +211,12 @@ turns AS (                                     -- the waiters sent a turn as the
     SELECT qf.run_id, qf.n, qf.pos
     FROM quota_fronts qf
     WHERE (SELECT ad.yes FROM admitted ad) AND qf.pos <= qf.free AND qf.run_id <> %(run_id)s
+    UNION ALL
+    SELECT tf.run_id, (SELECT count(*) FROM quota_key_rows) + tf.n, tf.pos
+    FROM throttle_fronts tf
+    WHERE (SELECT ad.yes FROM admitted ad) AND tf.pos <= tf.free AND tf.run_id <> %(run_id)s
 )
 SELECT 0, {{run_columns}}, (SELECT json_object_agg(mt.quota, mt.fencing_token) FROM claimant_tokens mt), 0, 0 FROM claimant_lease r
 UNION ALL SELECT 1, {{run_columns}}, NULL, 0, 0 FROM other_grants r
-UNION ALL SELECT 2, {{run_columns}}, NULL, 0, 0 FROM claimant_parked r
+UNION ALL SELECT 2, {{run_columns}}, (SELECT json_build_array(o.throttle) FROM throttle_opening o), 0, 0 FROM claimant_parked r
 UNION ALL SELECT 3, {{run_columns}}, NULL, {{turn_order}}

@@ -125,6 +125,15 @@ SELECT inserted.run_id, mq.quota, mq.key, 'waiter', NULL, inserted.created_at, '
 FROM inserted,
      unnest(%(mquota)s::text[], %(mkey)s::text[]) mq(quota, key)
 
+-- fragment: insert_throttle_members
+-- The inserted run's throttle memberships: one per throttle key of its throttle_keys column
+-- ([[name, key, limit, period], ...]), at its creation time, its place in the throttle key's
+-- queue (X6c). Nothing when nothing was inserted or it carries no throttle.
+INSERT INTO durable_singleton_throttlemembership (run_id, throttle, key, created_at)
+SELECT inserted.run_id, t0.e ->> 0, t0.e ->> 1, inserted.created_at
+FROM inserted
+CROSS JOIN LATERAL jsonb_array_elements(COALESCE(inserted.throttle_keys, '[]'::jsonb)) t0(e)
+
 -- name: start
 -- Start a run without a key (or whose key has no declared limit here): one INSERT (R3, S16).
 {{insert_run}}
@@ -134,23 +143,31 @@ FROM inserted,
 {{insert_keyed_run}}
 
 -- name: start_quotas
--- Start a run without a key that carries quotas: the INSERT and its memberships (R3, X3b).
+-- Start a run without a key that carries quotas or throttles: the INSERT and its memberships
+-- (R3, X3b, X6c).
 WITH inserted AS (
     {{insert_run}}
 ),
 members AS (
     {{insert_members}}
+),
+throttle_members AS (
+    {{insert_throttle_members}}
 )
 SELECT {{run_columns}}
 FROM inserted r
 
 -- name: start_keyed_quotas
--- Start a run with a key that carries quotas: the keyed INSERT and its memberships (R3, S8a, X3b).
+-- Start a run with a key that carries quotas or throttles: the keyed INSERT and its
+-- memberships (R3, S8a, X3b, X6c).
 WITH inserted AS (
     {{insert_keyed_run}}
 ),
 members AS (
     {{insert_members}}
+),
+throttle_members AS (
+    {{insert_throttle_members}}
 )
 SELECT {{run_columns}}
 FROM inserted r
