@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,8 +17,15 @@ from tests.conftest import Monitor, spawn
 from tests.helpers import audited, claim
 
 
-def test_steps_run_once_and_replay_their_stored_result(engine: Engine, registry: Registry) -> None:
-    """R4: completed steps are not executed again when the body is re-run from the top."""
+def test_steps_run_once_and_replay_their_stored_result(make: Callable[..., Engine], registry: Registry) -> None:
+    """R4: completed steps are not executed again when the body is re-run from the top.
+
+    The engine's clock is one the test moves (frozen near real time: leases are
+    judged by the database's clock, R5), so the sleep suspends the first turn
+    and is over at the second however slow the machine is; with the real
+    clock, a turn slower than the sleep ran past it without suspending."""
+    now = [datetime.now(UTC)]
+    engine = make(clock=lambda: now[0])
     calls: list[int] = []
     registry.add_step("count", lambda x: calls.append(x) or len(calls))
 
@@ -32,7 +39,8 @@ def test_steps_run_once_and_replay_their_stored_result(engine: Engine, registry:
     registry.add("steps", "1", body)
     run = engine.start("steps", None)
     assert engine.execute(run.run_id) == "suspended"
-    time.sleep(0.06)
+    assert calls == [1, 2]
+    now[0] += timedelta(seconds=1)  # the sleep is over
     assert engine.execute(run.run_id) == "completed"
     assert calls == [1, 2, 3]
     assert engine.get(run.run_id).output == [1, 2, 3]
