@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -26,7 +27,8 @@ from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads
-from tests.helpers import backend_id, kill_backend
+from tests.helpers import backend_id, kill_backend, sleep_past_lease
+from tests.worker_processes import wait_for
 
 
 class _Recording:
@@ -36,9 +38,12 @@ class _Recording:
         super().__init__(*args, **kwargs)
         self.renewals: list[tuple[str, float, bool]] = []
         self.renewal_threads: set[str] = set()
+        #: Called with a renewal's ``lease_seconds`` before it is made (a test holds one back).
+        self.before_renewal: Callable[[float], None] = lambda lease_seconds: None
 
     def renew_lease(self, run_id: str, owner: str, lease_seconds: float) -> bool:
         self.renewal_threads.add(threading.current_thread().name)
+        self.before_renewal(lease_seconds)
         renewed = bool(super().renew_lease(run_id, owner, lease_seconds))  # type: ignore[misc]
         self.renewals.append((owner, lease_seconds, renewed))
         return renewed
@@ -178,16 +183,42 @@ def test_a_lease_taken_over_is_dropped_and_its_body_fenced(store_kind: str) -> N
     """R5, R5a, S9: A's lease (0.4 s, renewed late, every 1 s) expires and B's
     engine takes the run over. A's first renewal finds the lease B's: it is
     never tried again, A's body stops at its next boundary (fenced), and the
-    same renewer thread goes on renewing B's lease until B completes."""
+    same renewer thread goes on renewing B's lease until B completes.
+
+    Nothing here is timed by a sleep: A's renewal is held back until B's claim
+    is seen (on a loaded machine it could come before B's claim and renew A's
+    lease, or B's claim before A's), and the bodies hold their step until the
+    renewer renewed B's lease for longer than A's interval after dropping A's,
+    so a second try of A's lease would have come while A's body still ran."""
     store = _store(store_kind)
     registry = Registry()
     a = make_engine(store, registry=registry, LEASE_SECONDS=0.4, LEASE_RENEW_SECONDS=1.0)
     b = make_engine(store, registry=registry, LEASE_SECONDS=30.0, LEASE_RENEW_SECONDS=0.2)
-    registry.add_step("renewer:long", lambda seconds: time.sleep(seconds) or seconds)
+    taken_over = threading.Event()
+
+    def hold_back_a(lease_seconds: float) -> None:
+        if lease_seconds == 0.4:
+            assert taken_over.wait(60), "B never took the run over"
+
+    store.before_renewal = hold_back_a
+
+    def a_dropped_long_ago() -> bool:
+        answered = [n for n, (_, seconds, _) in enumerate(store.renewals) if seconds == 0.4]
+        if not answered:
+            return False
+        later = [renewed for _, seconds, renewed in store.renewals[answered[0] + 1 :] if seconds == 30.0]
+        # B's renewals are at least half its interval (0.1 s) apart: 12 span more than A's 1 s.
+        return len(later) >= 12
+
+    def hold(_: Any) -> None:
+        wait_for(a_dropped_long_ago, 60, "A's renewal answered, then B's lease renewed for longer than A's interval")
+
+    registry.add_step("renewer:hold", hold)
+    registry.add_step("renewer:next", lambda x: x)
 
     def body(ctx: Any, input: Any) -> str:
-        ctx.step("renewer:long", 1.6)
-        ctx.step("renewer:long", 0)
+        ctx.step("renewer:hold", None)
+        ctx.step("renewer:next", 0)
         return ctx.owner  # type: ignore[no-any-return]
 
     registry.add("renewer", "1", body, singleton={"key": lambda i: "k"})
@@ -200,14 +231,21 @@ def test_a_lease_taken_over_is_dropped_and_its_body_fenced(store_kind: str) -> N
         finally:
             connections.close_all()
 
+    def lease_owner() -> str | None:
+        current = a.get(run.run_id)
+        return current.lease_owner if current.status == RunStatus.RUNNING else None
+
     first = threading.Thread(target=turn, args=("A", a))
     first.start()
-    time.sleep(0.6)  # A's lease expired, not renewed yet
+    a_owner = wait_for(lease_owner, 60, "A claimed the run")
+    sleep_past_lease(a, run.run_id, timeout=60)  # A's lease expired; its renewal is held back
     second = threading.Thread(target=turn, args=("B", b))
     second.start()
-    first.join(30)
-    second.join(30)
-    time.sleep(1.2)  # A's renewal would be due again
+    wait_for(lambda: lease_owner() not in (None, a_owner), 60, "B took the run over")
+    taken_over.set()
+    first.join(60)
+    second.join(60)
+    assert not first.is_alive() and not second.is_alive()
     assert outcomes == {"A": Outcome.FENCED, "B": Outcome.COMPLETED}
     a_renewals = [renewed for _, seconds, renewed in store.renewals if seconds == 0.4]
     assert a_renewals == [False], "A's lease was tried once, found taken over, and dropped"
