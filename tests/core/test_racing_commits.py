@@ -315,9 +315,13 @@ def test_f3_late_committing_older_run_is_counted_not_ranked(registry: Registry, 
         assert engine.execute(f"{key}-R5") == "parked"
         assert engine.execute(f"{key}-R4") == "parked"
         commit.set()
-        late_thread.join(10)
+        late_thread.join(60)
+        assert not late_thread.is_alive(), "R1's transaction did not commit"
         assert engine.execute(f"{key}-R1") == "parked", "R1 is a waiter now; both slots are held"
         permits.release()  # one holder completes; its release pushes R1
+        # The drain runs what the release queued: wait for the release (its holder's turn
+        # ended), or a drain started before it finds nothing and R1 is never run.
+        _wait(lambda admitted=admitted: sum(not t.is_alive() for t in admitted) == 1, timeout=60)
         runner = _racers(1, lambda i: engine.dispatcher.drain())
         _wait(lambda: len(entered()) == 3)
         assert entered()[-1] == f"{key}-R1"
