@@ -223,20 +223,33 @@ def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: flo
     )
 
 
-def sleep_past_lease(engine: Any, run_id: str, timeout: float = 10.0) -> None:
-    """Wait until the store's clock (``engine.now()``, the clock that decides a
-    lease, R5) is past the lease ``run_id`` holds, however loaded the machine
-    is: a fixed sleep of the lease's length can end before the store's clock
-    got there (the clock's floor, a slow claim). Raises AssertionError after
+def sleep_past_lease(engine: Any, run_id: str, timeout: float = 30.0) -> None:
+    """Wait until the store's clock (the clock that decides a lease, R5) is
+    past the lease ``run_id`` holds, however loaded the machine is: a fixed
+    sleep of the lease's length can end before the store's clock got there
+    (the clock's floor, a slow claim). Raises AssertionError after ``timeout``
+    seconds."""
+    sleep_past(engine, "lease_expires_at", run_id, timeout=timeout)
+
+
+def sleep_past(engine: Any, field: str, *run_ids: str, timeout: float = 30.0) -> None:
+    """Wait until the store's own clock (``engine.store.now()``: the database's,
+    which decides leases, timers and deadlines, R5) is past ``field`` of each
+    run, e.g. ``sleep_past(engine, "wake_at", "A", "B")`` (``wake_at``,
+    ``deadline_at``, ``lease_expires_at``). A fixed sleep of
+    the interval can end before that clock got there: the engine's clock is
+    the process's, corrected with an error up to half a round trip, and a
+    loaded machine stretches the round trip. Raises AssertionError after
     ``timeout`` seconds."""
     import time
 
-    expires = engine.get(run_id).lease_expires_at
-    assert expires is not None, f"run {run_id} holds no lease"
-    deadline = time.monotonic() + timeout
-    while engine.now() <= expires:
-        assert time.monotonic() < deadline, f"the store's clock never passed {run_id}'s lease ({expires})"
-        time.sleep(0.01)
+    for run_id in run_ids:
+        when = getattr(engine.get(run_id), field)
+        assert when is not None, f"run {run_id} has no {field}"
+        deadline = time.monotonic() + timeout
+        while engine.store.now() <= when:
+            assert time.monotonic() < deadline, f"the store's clock never passed {run_id}'s {field} ({when})"
+            time.sleep(0.01)
 
 
 def waiter_behind_a_freed_slot(engine: Any, registry: Registry, monitor: Monitor) -> None:
