@@ -357,6 +357,8 @@ class ThreadDispatcher(_DjangoCommit):
         self.tick_seconds = tick_seconds
         self._queue: queue_module.Queue[str | None] = queue_module.Queue()
         self._workers: list[threading.Thread] = []
+        #: Threads of a stopped start still ending their turn or tick.
+        self._ending: list[threading.Thread] = []
         self._stop = threading.Event()
         self._starting = threading.Lock()
         self._pid = os.getpid()
@@ -365,8 +367,15 @@ class ThreadDispatcher(_DjangoCommit):
 
     @property
     def running(self) -> bool:
-        """Tell whether this process's worker threads are started."""
+        """Tell whether this process's worker threads are started (not stopped since)."""
         return bool(self._workers) and self._pid == os.getpid()
+
+    @property
+    def threads_alive(self) -> bool:
+        """Tell whether a thread of this dispatcher lives in this process: a
+        started worker's, or one of a stopped worker still ending its turn or
+        its tick (:meth:`stop` waits for those too)."""
+        return self._pid == os.getpid() and any(t.is_alive() for t in self._workers + self._ending)
 
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
         """Queue a turn for the worker threads, after commit, if they are started."""
@@ -385,6 +394,7 @@ class ThreadDispatcher(_DjangoCommit):
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._workers = []
+                self._ending = []
                 self._queue = queue_module.Queue()
                 self.in_hand = {}
             if self._workers:
@@ -393,12 +403,19 @@ class ThreadDispatcher(_DjangoCommit):
             return True
 
     def _start_threads(self) -> None:
-        self._stop.clear()
+        # Each start's threads have their own stop event and queue: a thread of an
+        # earlier start still in a database call or a turn when its stop returned
+        # ends after it, and takes neither this start's turns nor its stop markers.
+        self._stop = stop = threading.Event()
+        turns: queue_module.Queue[str | None] = queue_module.Queue()
+        self._queue = turns
         for n in range(self.threads):
-            thread = threading.Thread(target=self._work, name=f"durable-worker-{n}", daemon=True)
+            thread = threading.Thread(
+                target=self._run_worker, args=(turns, stop), name=f"durable-worker-{n}", daemon=True
+            )
             thread.start()
             self._workers.append(thread)
-        ticker = threading.Thread(target=self._tick, name=TICK_THREAD, daemon=True)
+        ticker = threading.Thread(target=self._run_tick, args=(stop,), name=TICK_THREAD, daemon=True)
         ticker.start()
         self._workers.append(ticker)
         self._started_at = time.monotonic()
@@ -424,7 +441,10 @@ class ThreadDispatcher(_DjangoCommit):
         Waits at most ``timeout`` seconds in all, less if ``hurry`` is set
         meanwhile; returns the ids of the runs whose turns were still running
         then. Dropped turns keep their ``wake_at`` and are sent again by a
-        tick (S8).
+        tick (S8). The worker is stopped when this returns (:attr:`running`
+        is False, :meth:`start` starts new threads) even if a thread is still
+        in its turn or its tick: that thread ends after it, running nothing
+        more.
         """
         self._stop.set()
         dropped = 0
@@ -437,12 +457,13 @@ class ThreadDispatcher(_DjangoCommit):
         for _ in range(self.threads):
             self._queue.put(None)
         deadline = time.monotonic() + timeout
-        for thread in self._workers:
+        threads = self._workers + self._ending
+        for thread in threads:
             if thread.name == TICK_THREAD:
                 continue
             while thread.is_alive() and time.monotonic() < deadline and not (hurry and hurry.is_set()):
                 thread.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
-        for thread in self._workers:
+        for thread in threads:
             if thread.name == TICK_THREAD:
                 # Sleeping, the tick wakes at once (the stop event); in a database call, it is left.
                 thread.join(timeout=max(0.0, min(TICK_JOIN_SECONDS, deadline - time.monotonic())))
@@ -450,7 +471,13 @@ class ThreadDispatcher(_DjangoCommit):
         if dropped:
             logger.info("embedded worker stopping: %d queued turns left to the tick", dropped)
         was_running = bool(self._workers)
-        self._workers = [t for t in self._workers if t.is_alive()]
+        self._workers = []
+        self._ending = [thread for thread in threads if thread.is_alive()]
+        if self._ending:
+            logger.info(
+                "embedded worker stopping: %s end after their turn or tick",
+                ", ".join(sorted(thread.name for thread in self._ending)),
+            )
         if was_running and self._started_at is not None:
             announce(
                 "embedded worker stopped in pid %d (up %.1f s): %d turns still in hand%s",
@@ -462,13 +489,13 @@ class ThreadDispatcher(_DjangoCommit):
             self._started_at = None
         return left
 
-    def _work(self) -> None:
+    def _run_worker(self, turns: queue_module.Queue[str | None], stop: threading.Event) -> None:
         assert self.engine is not None
         name = threading.current_thread().name
         try:
             while True:
-                run_id = self._queue.get()
-                if run_id is None or self._stop.is_set():
+                run_id = turns.get()
+                if run_id is None or stop.is_set():
                     return
                 self.in_hand[name] = run_id
                 try:
@@ -483,10 +510,10 @@ class ThreadDispatcher(_DjangoCommit):
         finally:
             self.close_thread_resources()
 
-    def _tick(self) -> None:
+    def _run_tick(self, stop: threading.Event) -> None:
         assert self.engine is not None
         try:
-            while not self._stop.is_set():
+            while not stop.is_set():
                 try:
                     self.refresh_connections()
                     self.engine.tick()
@@ -494,7 +521,7 @@ class ThreadDispatcher(_DjangoCommit):
                     logger.exception("tick failed")
                 finally:
                     self.refresh_connections()
-                if self._stop.wait(self.tick_seconds):
+                if stop.wait(self.tick_seconds):
                     return
         finally:
             self.close_thread_resources()
