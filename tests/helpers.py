@@ -252,6 +252,24 @@ def sleep_past(engine: Any, field: str, *run_ids: str, timeout: float = 30.0) ->
             time.sleep(0.01)
 
 
+def tick_until(engine: Any, condition: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
+    """Tick and run the turns the tick sent (a manual dispatcher's drain), every
+    20 ms, until ``condition()`` is true: the work of a timer, a deadline or a
+    retry is done when the store's clock has passed it AND the body's own read
+    of the clock (the process clock corrected to the store's, R8, off by up to
+    half a round trip) agrees, so one tick after a fixed sleep may come too
+    early on a loaded machine. Raises AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
+        engine.tick()
+        engine.dispatcher.drain(max_turns=100)
+        time.sleep(0.02)
+
+
 def waiter_behind_a_freed_slot(engine: Any, registry: Registry, monitor: Monitor) -> None:
     """Key K of workflow ``wf`` (:func:`audited`): holder A claimed, B parked
     behind it, then A's slot freed with no handoff (as a crash between the two
