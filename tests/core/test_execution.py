@@ -134,7 +134,8 @@ def test_cancel_pending_suspended_and_running(engine: Engine, registry: Registry
     assert engine.execute("B") == "skipped", "a cancelled waiter is never resurrected (F13)"
     assert engine.cancel("A").status == "running"
     hold.set()
-    holder.join(10)
+    holder.join(60)
+    assert not holder.is_alive(), "a thread of the test is still running"
     a = engine.get("A")
     assert a.status == "cancelled" and a.error["code"] == "cancelled"
     assert engine.store.load_steps("A") == {}, "the body stopped at its first step boundary"
@@ -194,7 +195,8 @@ def test_retry_goes_back_through_admission_with_stored_key(engine: Engine, regis
     assert retried.status == "pending" and retried.singleton_key == "k:1" and not retried.admitted
     assert engine.execute("B") == "parked", "B queues behind A"
     hold.set()
-    holder.join(10)
+    holder.join(60)
+    assert not holder.is_alive(), "a thread of the test is still running"
     engine.dispatcher.drain()
     assert engine.get("B").status == "completed"
 
@@ -216,6 +218,7 @@ def test_lease_is_renewed_while_a_long_body_runs(make: Callable[..., Engine], re
     assert engine.get(run.run_id).lease_expires_at > engine.store.now()  # type: ignore[operator]
     done.set()
     worker.join(60)
+    assert not worker.is_alive(), "a thread of the test is still running"
     assert engine.get(run.run_id).status == "completed"
     assert engine.get(run.run_id).recoveries == 0
     assert engine.get(run.run_id).lease_expires_at is None

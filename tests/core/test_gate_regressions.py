@@ -58,7 +58,8 @@ def test_cancel_landing_between_claim_and_gate_is_never_undone(
 
     def cancel_first(run_id: str, *args: Any, **kwargs: Any) -> Any:
         t = spawn(engine.cancel, run_id)
-        t.join(10)
+        t.join(60)
+        assert not t.is_alive(), "a thread of the test is still running"
         return real(run_id, *args, **kwargs)
 
     with store_method_replaced(engine, "begin_turn", cancel_first):
@@ -91,7 +92,8 @@ def test_timeout_of_a_running_holder_never_overlaps_the_next(make: Callable[...,
     report = engine.tick()
     assert "A" in report.timed_out
     engine.dispatcher.drain()
-    worker.join(10)
+    worker.join(60)
+    assert not worker.is_alive(), "a thread of the test is still running"
     engine.dispatcher.drain()
     a = engine.get("A")
     assert a.status == "cancelled" and a.error["code"] == "execution_timeout"
@@ -169,6 +171,7 @@ def test_limit_of_the_latest_version_applies_to_every_version(
     hold.set()
     for t in threads:
         t.join(60)
+        assert not t.is_alive(), "a thread of the test is still running"
     engine.dispatcher.drain()
     connections.close_all()
     assert monitor.highest["K"] == 1

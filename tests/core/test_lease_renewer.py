@@ -94,6 +94,7 @@ def test_many_concurrent_bodies_share_one_renewer_thread(store_kind: str) -> Non
     seen["renewer threads"] = len(_threads(RENEWER_THREAD))
     seen["per-turn lease threads"] = len(_threads("lease"))
     worker.join(60)
+    assert not worker.is_alive(), "a thread of the test is still running"
     assert seen == {"renewer threads": 1, "per-turn lease threads": 0}
     assert store.renewal_threads == {RENEWER_THREAD}
     assert len({owner for owner, _, renewed in store.renewals if renewed}) == 6, "every lease was renewed"
@@ -165,7 +166,8 @@ def test_a_renewal_on_a_killed_connection_reconnects(caplog: pytest.LogCaptureFi
         thread = renewer().thread
         first = store.backends[0]
         _kill(store, first)
-        worker.join(30)
+        worker.join(60)
+        assert not worker.is_alive(), "a thread of the test is still running"
     assert outcome == [Outcome.COMPLETED]
     assert store.failures >= 1, "a renewal met the killed connection"
     later = store.backends[store.backends.index(first) + 1 :]
