@@ -91,8 +91,14 @@ def test_waiting_run_is_woken_by_its_signal_and_has_a_fallback_wake(engine: Engi
     assert engine.get("w").output == [42]
 
 
-def test_signal_timeout_raises_a_typed_error_in_the_body(engine: Engine, registry: Registry) -> None:
-    """D2: when the timeout passes, SignalTimeoutError is raised inside the body (and replays the same)."""
+def test_signal_timeout_raises_a_typed_error_in_the_body(make: Callable[..., Engine], registry: Registry) -> None:
+    """D2: when the timeout passes, SignalTimeoutError is raised inside the body (and replays the same).
+
+    The body's clock is one the test moves (frozen near real time; leases and
+    the tick stay on the database's clock, R5): with the real clock a turn
+    slower than the 0.05 s timeout ran past it without suspending."""
+    now = [datetime.now(UTC)]
+    engine = make(clock=lambda: now[0])
 
     def body(ctx: Any, input: Any) -> str:
         try:
@@ -107,7 +113,8 @@ def test_signal_timeout_raises_a_typed_error_in_the_body(engine: Engine, registr
     # The wake-up is the 0.05 s deadline, not the default park: 0.5 s of slack
     # for the offset between the corrected process clock and the store's (R8).
     assert engine.get(run.run_id).wake_at <= engine.now() + timedelta(seconds=0.5)  # type: ignore[operator]
-    sleep_past(engine, "wake_at", run.run_id)
+    now[0] += timedelta(seconds=1)  # the timeout has passed by the body's clock
+    sleep_past(engine, "wake_at", run.run_id)  # and by the store's
     engine.dispatcher.queue.clear()
     assert engine.tick().dispatched == [run.run_id], "the deadline is the wake-up"
     engine.dispatcher.drain()
