@@ -73,13 +73,22 @@ def test_many_concurrent_bodies_share_one_renewer_thread(store_kind: str) -> Non
     thread of the process renews all six leases (no thread per turn), and every
     run completes without a takeover."""
     store = _store(store_kind)
-    engine = make_engine(store, registry=Registry(), LEASE_SECONDS=0.8, LEASE_RENEW_SECONDS=0.2)
-    inside = threading.Barrier(7, timeout=30)
+    engine = make_engine(store, registry=Registry(), LEASE_SECONDS=2.0, LEASE_RENEW_SECONDS=0.2)
+    inside = threading.Barrier(7, timeout=60)
     seen: dict[str, int] = {}
+    first_leases: list[Any] = []
+    leases_read = threading.Event()
+
+    def every_lease_renewed_past_its_first() -> bool:
+        renewed = {owner for owner, _, renewed in store.renewals if renewed}
+        return len(renewed) == 6 and store.now() > first_leases[0]
 
     def long(seconds: float) -> float:
         inside.wait()  # all six bodies are inside their step
-        time.sleep(seconds)
+        assert leases_read.wait(60)
+        # Held until each lease was renewed and the store's clock passed the leases the
+        # claims took: a body longer than its lease, however slowly the machine runs it.
+        wait_for(every_lease_renewed_past_its_first, 60, "every lease renewed past its first expiry")
         return seconds
 
     engine.registry.add_step("renewer:long", long)
@@ -90,10 +99,11 @@ def test_many_concurrent_bodies_share_one_renewer_thread(store_kind: str) -> Non
     worker = threading.Thread(target=run_threads, args=(6, lambda n: engine.execute(runs[n].run_id)))
     worker.start()
     inside.wait()
-    time.sleep(0.5)  # a few renewal rounds
+    first_leases.append(max(engine.get(run.run_id).lease_expires_at for run in runs))
+    leases_read.set()
     seen["renewer threads"] = len(_threads(RENEWER_THREAD))
     seen["per-turn lease threads"] = len(_threads("lease"))
-    worker.join(60)
+    worker.join(120)
     assert not worker.is_alive(), "a thread of the test is still running"
     assert seen == {"renewer threads": 1, "per-turn lease threads": 0}
     assert store.renewal_threads == {RENEWER_THREAD}
