@@ -366,6 +366,8 @@ class ThreadDispatcher(_DjangoCommit):
         self.tick_seconds = tick_seconds
         self._queue: queue_module.Queue[str | None] = queue_module.Queue()
         self._workers: list[threading.Thread] = []
+        #: Threads of a stopped start still ending their turn or tick.
+        self._ending: list[threading.Thread] = []
         self._stop = threading.Event()
         #: Set to make the wake timer read the next wake again (a throttled park, the stop).
         self._rearm = threading.Event()
@@ -376,8 +378,15 @@ class ThreadDispatcher(_DjangoCommit):
 
     @property
     def running(self) -> bool:
-        """Tell whether this process's worker threads are started."""
+        """Tell whether this process's worker threads are started (not stopped since)."""
         return bool(self._workers) and self._pid == os.getpid()
+
+    @property
+    def threads_alive(self) -> bool:
+        """Tell whether a thread of this dispatcher lives in this process: a
+        started worker's, or one of a stopped worker still ending its turn or
+        its tick (:meth:`stop` waits for those too)."""
+        return self._pid == os.getpid() and any(t.is_alive() for t in self._workers + self._ending)
 
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
         """Queue a turn for the worker threads, after commit, if they are started."""
@@ -396,6 +405,7 @@ class ThreadDispatcher(_DjangoCommit):
             if self._pid != os.getpid():
                 self._pid = os.getpid()
                 self._workers = []
+                self._ending = []
                 self._queue = queue_module.Queue()
                 self.in_hand = {}
             if self._workers:
@@ -404,13 +414,20 @@ class ThreadDispatcher(_DjangoCommit):
             return True
 
     def _start_threads(self) -> None:
-        self._stop.clear()
+        # Each start's threads have their own stop event and queue: a thread of an
+        # earlier start still in a database call or a turn when its stop returned
+        # ends after it, and takes neither this start's turns nor its stop markers.
+        self._stop = stop = threading.Event()
+        turns: queue_module.Queue[str | None] = queue_module.Queue()
+        self._queue = turns
         for n in range(self.threads):
-            thread = threading.Thread(target=self._work, name=f"durable-worker-{n}", daemon=True)
+            thread = threading.Thread(
+                target=self._run_worker, args=(turns, stop), name=f"durable-worker-{n}", daemon=True
+            )
             thread.start()
             self._workers.append(thread)
         self._arm_wake_timer()
-        ticker = threading.Thread(target=self._tick, name=TICK_THREAD, daemon=True)
+        ticker = threading.Thread(target=self._run_tick, args=(stop,), name=TICK_THREAD, daemon=True)
         ticker.start()
         self._workers.append(ticker)
         self._started_at = time.monotonic()
@@ -436,7 +453,10 @@ class ThreadDispatcher(_DjangoCommit):
         Waits at most ``timeout`` seconds in all, less if ``hurry`` is set
         meanwhile; returns the ids of the runs whose turns were still running
         then. Dropped turns keep their ``wake_at`` and are sent again by a
-        tick (S8).
+        tick (S8). The worker is stopped when this returns (:attr:`running`
+        is False, :meth:`start` starts new threads) even if a thread is still
+        in its turn or its tick: that thread ends after it, running nothing
+        more.
         """
         self._stop.set()
         self._disarm_wake_timer()
@@ -450,12 +470,13 @@ class ThreadDispatcher(_DjangoCommit):
         for _ in range(self.threads):
             self._queue.put(None)
         deadline = time.monotonic() + timeout
-        for thread in self._workers:
+        threads = self._workers + self._ending
+        for thread in threads:
             if thread.name == TICK_THREAD:
                 continue
             while thread.is_alive() and time.monotonic() < deadline and not (hurry and hurry.is_set()):
                 thread.join(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
-        for thread in self._workers:
+        for thread in threads:
             if thread.name == TICK_THREAD:
                 # Sleeping, the tick wakes at once (the stop event); in a database call, it is left.
                 thread.join(timeout=max(0.0, min(TICK_JOIN_SECONDS, deadline - time.monotonic())))
@@ -463,7 +484,13 @@ class ThreadDispatcher(_DjangoCommit):
         if dropped:
             logger.info("embedded worker stopping: %d queued turns left to the tick", dropped)
         was_running = bool(self._workers)
-        self._workers = [t for t in self._workers if t.is_alive()]
+        self._workers = []
+        self._ending = [thread for thread in threads if thread.is_alive()]
+        if self._ending:
+            logger.info(
+                "embedded worker stopping: %s end after their turn or tick",
+                ", ".join(sorted(thread.name for thread in self._ending)),
+            )
         if was_running and self._started_at is not None:
             announce(
                 "embedded worker stopped in pid %d (up %.1f s): %d turns still in hand%s",
@@ -475,13 +502,13 @@ class ThreadDispatcher(_DjangoCommit):
             self._started_at = None
         return left
 
-    def _work(self) -> None:
+    def _run_worker(self, turns: queue_module.Queue[str | None], stop: threading.Event) -> None:
         assert self.engine is not None
         name = threading.current_thread().name
         try:
             while True:
-                run_id = self._queue.get()
-                if run_id is None or self._stop.is_set():
+                run_id = turns.get()
+                if run_id is None or stop.is_set():
                     return
                 self.in_hand[name] = run_id
                 try:
@@ -496,10 +523,10 @@ class ThreadDispatcher(_DjangoCommit):
         finally:
             self.close_thread_resources()
 
-    def _tick(self) -> None:
+    def _run_tick(self, stop: threading.Event) -> None:
         assert self.engine is not None
         try:
-            while not self._stop.is_set():
+            while not stop.is_set():
                 try:
                     self.refresh_connections()
                     self.engine.tick()
@@ -507,12 +534,12 @@ class ThreadDispatcher(_DjangoCommit):
                     logger.exception("tick failed")
                 finally:
                     self.refresh_connections()
-                if self._wait_for_tick():
+                if self._wait_for_tick(stop):
                     return
         finally:
             self.close_thread_resources()
 
-    def _wait_for_tick(self) -> bool:
+    def _wait_for_tick(self, stop: threading.Event) -> bool:
         """Wait ``tick_seconds`` for the next tick; meanwhile, at the earliest ``wake_at``
         of a parked run that comes before it (the store's
         :meth:`~durable_singleton.stores.base.BaseStore.seconds_to_next_wake`), send the
@@ -522,10 +549,10 @@ class ThreadDispatcher(_DjangoCommit):
         is sent too, and the tick follows it. A run this process parks over a
         throttle's rate (the ``run_parked`` signal with ``throttle``) has the next wake
         read again at once. Between two sends at least ``WAKE_TIMER_MIN_SECONDS``.
-        Returns True when the dispatcher stops."""
+        Returns True when ``stop`` (this start's stop event) is set."""
         assert self.engine is not None
         deadline = time.monotonic() + self.tick_seconds
-        while not self._stop.is_set():
+        while not stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return False

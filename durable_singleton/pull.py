@@ -323,7 +323,7 @@ class PullDispatcher(ThreadDispatcher):
                 finally:
                     self.refresh_connections()
                 # The tick's holder keeps the wake timer between its ticks (X6d, S8); the others wait.
-                if self._wait_for_tick() if held else self._stop.wait(self.tick_seconds):
+                if self._wait_for_tick(self._stop) if held else self._stop.wait(self.tick_seconds):
                     return
         finally:
             self.close_thread_resources()

@@ -96,6 +96,6 @@ def stop_threads(timeout: float = 10.0) -> None:
         engines = list(_engines.values())
     for engine in engines:
         dispatcher = engine.dispatcher
-        if isinstance(dispatcher, ThreadDispatcher) and dispatcher.running:
+        if isinstance(dispatcher, ThreadDispatcher) and (dispatcher.running or dispatcher.threads_alive):
             dispatcher.stop(timeout)
     stop_renewer(timeout)

@@ -223,20 +223,51 @@ def claim(engine: Any, run_id: str, owner: str | None = None, lease_seconds: flo
     )
 
 
-def sleep_past_lease(engine: Any, run_id: str, timeout: float = 10.0) -> None:
-    """Wait until the store's clock (``engine.now()``, the clock that decides a
-    lease, R5) is past the lease ``run_id`` holds, however loaded the machine
-    is: a fixed sleep of the lease's length can end before the store's clock
-    got there (the clock's floor, a slow claim). Raises AssertionError after
+def sleep_past_lease(engine: Any, run_id: str, timeout: float = 30.0) -> None:
+    """Wait until the store's clock (the clock that decides a lease, R5) is
+    past the lease ``run_id`` holds, however loaded the machine is: a fixed
+    sleep of the lease's length can end before the store's clock got there
+    (the clock's floor, a slow claim). Raises AssertionError after ``timeout``
+    seconds."""
+    sleep_past(engine, "lease_expires_at", run_id, timeout=timeout)
+
+
+def sleep_past(engine: Any, field: str, *run_ids: str, timeout: float = 30.0) -> None:
+    """Wait until the store's own clock (``engine.store.now()``: the database's,
+    which decides leases, timers and deadlines, R5) is past ``field`` of each
+    run, e.g. ``sleep_past(engine, "wake_at", "A", "B")`` (``wake_at``,
+    ``deadline_at``, ``lease_expires_at``). A fixed sleep of
+    the interval can end before that clock got there: the engine's clock is
+    the process's, corrected with an error up to half a round trip, and a
+    loaded machine stretches the round trip. Raises AssertionError after
     ``timeout`` seconds."""
     import time
 
-    expires = engine.get(run_id).lease_expires_at
-    assert expires is not None, f"run {run_id} holds no lease"
+    for run_id in run_ids:
+        when = getattr(engine.get(run_id), field)
+        assert when is not None, f"run {run_id} has no {field}"
+        deadline = time.monotonic() + timeout
+        while engine.store.now() <= when:
+            assert time.monotonic() < deadline, f"the store's clock never passed {run_id}'s {field} ({when})"
+            time.sleep(0.01)
+
+
+def tick_until(engine: Any, condition: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
+    """Tick and run the turns the tick sent (a manual dispatcher's drain), every
+    20 ms, until ``condition()`` is true: the work of a timer, a deadline or a
+    retry is done when the store's clock has passed it AND the body's own read
+    of the clock (the process clock corrected to the store's, R8, off by up to
+    half a round trip) agrees, so one tick after a fixed sleep may come too
+    early on a loaded machine. Raises AssertionError naming ``what`` after
+    ``timeout`` seconds."""
+    import time
+
     deadline = time.monotonic() + timeout
-    while engine.now() <= expires:
-        assert time.monotonic() < deadline, f"the store's clock never passed {run_id}'s lease ({expires})"
-        time.sleep(0.01)
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
+        engine.tick()
+        engine.dispatcher.drain(max_turns=100)
+        time.sleep(0.02)
 
 
 def waiter_behind_a_freed_slot(engine: Any, registry: Registry, monitor: Monitor) -> None:

@@ -134,7 +134,8 @@ def test_limit_two_admits_two_oldest(engine: Engine, registry: Registry, monitor
     finally:
         hold.set()
         for t in threads:
-            t.join(10)
+            t.join(60)
+            assert not t.is_alive(), "a thread of the test is still running"
     engine.dispatcher.drain()
     assert sorted(monitor.entered[:2]) == ["r0", "r1"] and monitor.entered[2:] == ["r2", "r3"]
     assert monitor.highest["A"] == 2

@@ -9,13 +9,13 @@ children of cancelled runs, a bounded batch per tick.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from durable_singleton.engine import Engine
+from tests.helpers import sleep_past
 
 
 def _declare(engine: Engine, timeout: float | None) -> None:
@@ -64,7 +64,7 @@ def test_the_tick_cancels_the_children_of_a_cancelled_parent_whose_cascade_faile
     assert engine.get("cp:child").status == "suspended"
     failed = _store_away_once(engine, monkeypatch)
     if ended_by == "execution timeout":
-        time.sleep(0.3)
+        sleep_past(engine, "deadline_at", "cp")
         report = engine.tick()  # its timeout sweep settles the parent; its cascade job follows
         assert report.timed_out == ["cp"]
     else:

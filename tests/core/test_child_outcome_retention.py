@@ -10,7 +10,6 @@ parent stores the outcome it first saw as its own step and replays that.
 
 from __future__ import annotations
 
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -21,6 +20,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.exceptions import ChildWorkflowError
 from durable_singleton.retention import purge_finished
 from durable_singleton.testing import make_engine
+from tests.helpers import tick_until
 
 
 def _declare(engine: Engine) -> None:
@@ -67,9 +67,7 @@ def test_a_parent_replays_its_child_s_outcome_after_the_child_was_deleted(
     assert engine.get("cop").status == "suspended"
     assert engine.get("cop:c").is_terminal
     _remove(engine, how, "cop:c")
-    time.sleep(0.25)
-    engine.tick()
-    engine.dispatcher.drain(max_turns=20)
+    tick_until(engine, lambda: engine.get("cop").is_terminal, "the parent woke and ended")
     done = engine.get("cop")
     assert (done.status, done.output) == ("completed", expected)
     assert [s.name for s in engine.store.load_steps("cop").values()].count("durable:child-outcome") == 1
@@ -118,9 +116,7 @@ def test_a_parent_of_an_older_release_replays_its_call_child_from_the_child_s_ro
     newer = make_engine(engine.store, registry=Registry())
     newer.registry.add("co-child", "1", lambda ctx, input: {"echo": input})
     newer.registry.add("co-upgrade", "1", lambda ctx, input: [ctx.call_child("co-child", input), ctx.sleep(0.2)][0])
-    time.sleep(0.25)
-    newer.tick()
-    newer.dispatcher.drain(max_turns=20)
+    tick_until(newer, lambda: newer.get("old").is_terminal, "the parent woke and ended")
     done = newer.get("old")
     assert (done.status, done.output) == ("completed", {"echo": "ok"}), done.error
     assert [s.name for s in newer.store.load_steps("old").values()] == ["durable:child", "durable:sleep"]

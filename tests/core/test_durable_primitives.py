@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -12,7 +12,7 @@ import pytest
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidInputError, RunNotFoundError, SignalTimeoutError
-from tests.helpers import claim, sleep_past_lease
+from tests.helpers import claim, sleep_past, sleep_past_lease, tick_until
 
 
 def test_sleep_parks_and_the_tick_resumes(engine: Engine, registry: Registry) -> None:
@@ -37,13 +37,17 @@ def test_sleep_parks_and_the_tick_resumes(engine: Engine, registry: Registry) ->
     assert engine.get(run.run_id).output == "awake"
 
 
-def test_sleep_until_an_aware_datetime(engine: Engine, registry: Registry) -> None:
+def test_sleep_until_an_aware_datetime(make: Callable[..., Engine], registry: Registry) -> None:
+    """D1: on a clock the test moves (frozen near real time; leases stay on the
+    database's clock, R5), so the turn after the target is after it by the body's clock."""
+    now = [datetime.now(UTC)]
+    engine = make(clock=lambda: now[0])
     target = engine.now() + timedelta(seconds=1)
     registry.add("until", "1", lambda ctx, i: ctx.sleep_until(target) or "ok")
     run = engine.start("until")
     assert engine.execute(run.run_id) == "suspended"
     assert engine.get(run.run_id).wake_at == target
-    time.sleep(max(0.0, (target - engine.now()).total_seconds()) + 0.05)
+    now[0] = target + timedelta(seconds=0.5)
     assert engine.execute(run.run_id) == "completed"
 
 
@@ -87,8 +91,14 @@ def test_waiting_run_is_woken_by_its_signal_and_has_a_fallback_wake(engine: Engi
     assert engine.get("w").output == [42]
 
 
-def test_signal_timeout_raises_a_typed_error_in_the_body(engine: Engine, registry: Registry) -> None:
-    """D2: when the timeout passes, SignalTimeoutError is raised inside the body (and replays the same)."""
+def test_signal_timeout_raises_a_typed_error_in_the_body(make: Callable[..., Engine], registry: Registry) -> None:
+    """D2: when the timeout passes, SignalTimeoutError is raised inside the body (and replays the same).
+
+    The body's clock is one the test moves (frozen near real time; leases and
+    the tick stay on the database's clock, R5): with the real clock a turn
+    slower than the 0.05 s timeout ran past it without suspending."""
+    now = [datetime.now(UTC)]
+    engine = make(clock=lambda: now[0])
 
     def body(ctx: Any, input: Any) -> str:
         try:
@@ -103,10 +113,13 @@ def test_signal_timeout_raises_a_typed_error_in_the_body(engine: Engine, registr
     # The wake-up is the 0.05 s deadline, not the default park: 0.5 s of slack
     # for the offset between the corrected process clock and the store's (R8).
     assert engine.get(run.run_id).wake_at <= engine.now() + timedelta(seconds=0.5)  # type: ignore[operator]
-    time.sleep(0.3)
+    now[0] += timedelta(seconds=1)  # the timeout has passed by the body's clock
+    sleep_past(engine, "wake_at", run.run_id)  # and by the store's
     engine.dispatcher.queue.clear()
     assert engine.tick().dispatched == [run.run_id], "the deadline is the wake-up"
     engine.dispatcher.drain()
+    # The body judges the deadline on its own corrected clock: a turn a hair early parks again.
+    tick_until(engine, lambda: engine.get(run.run_id).is_terminal, "the wait timed out")
     assert engine.get(run.run_id).output == "timed out"
     on_time = engine.start("impatient")
     engine.signal(on_time.run_id, "never", "in time")
@@ -152,7 +165,7 @@ def test_holder_cancelled_then_killed_ends_cancelled_after_recovery(
     make: Callable[..., Engine], registry: Registry
 ) -> None:
     """F13, D6: a holder cancelled, then killed before noticing, ends cancelled after recovery, not re-run."""
-    engine = make(LEASE_SECONDS=0.05)
+    engine = make()  # the dead worker's claim takes a 0.05 s lease; the recovering turn the default
     calls: list[str] = []
     registry.add("victim", "1", lambda ctx, i: calls.append(ctx.run_id), singleton={"key": lambda i: "k"})
     engine.start("victim", {}, run_id="A")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -14,11 +14,19 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.exceptions import RunNotFoundError
 from tests.conftest import Monitor, spawn
-from tests.helpers import audited, claim
+from tests.helpers import audited, claim, sleep_past_lease
+from tests.worker_processes import wait_for
 
 
-def test_steps_run_once_and_replay_their_stored_result(engine: Engine, registry: Registry) -> None:
-    """R4: completed steps are not executed again when the body is re-run from the top."""
+def test_steps_run_once_and_replay_their_stored_result(make: Callable[..., Engine], registry: Registry) -> None:
+    """R4: completed steps are not executed again when the body is re-run from the top.
+
+    The engine's clock is one the test moves (frozen near real time: leases are
+    judged by the database's clock, R5), so the sleep suspends the first turn
+    and is over at the second however slow the machine is; with the real
+    clock, a turn slower than the sleep ran past it without suspending."""
+    now = [datetime.now(UTC)]
+    engine = make(clock=lambda: now[0])
     calls: list[int] = []
     registry.add_step("count", lambda x: calls.append(x) or len(calls))
 
@@ -32,7 +40,8 @@ def test_steps_run_once_and_replay_their_stored_result(engine: Engine, registry:
     registry.add("steps", "1", body)
     run = engine.start("steps", None)
     assert engine.execute(run.run_id) == "suspended"
-    time.sleep(0.06)
+    assert calls == [1, 2]
+    now[0] += timedelta(seconds=1)  # the sleep is over
     assert engine.execute(run.run_id) == "completed"
     assert calls == [1, 2, 3]
     assert engine.get(run.run_id).output == [1, 2, 3]
@@ -78,27 +87,32 @@ def test_duplicate_delivery_runs_the_body_once(engine: Engine, registry: Registr
 
 
 def test_fenced_worker_cannot_write_after_takeover(make: Callable[..., Engine], registry: Registry) -> None:
-    """R5: a process whose lease was taken over is fenced; its later writes are refused."""
-    engine = make(LEASE_SECONDS=0.2, LEASE_RENEW_SECONDS=60)
+    """R5: a process whose lease was taken over is fenced; its later writes are refused.
+
+    The first worker's lease (2 s, never renewed) outlasts its claim and first
+    step however loaded the machine; the test waits for the store's clock past
+    it, and the worker that takes over has a lease that outlasts its turn."""
+    engine = make(LEASE_SECONDS=2.0, LEASE_RENEW_SECONDS=60)
+    other = make()
     release = threading.Event()
     calls: list[str] = []
     registry.add_step("side", lambda x: calls.append(x) or x)
 
     def body(ctx: Any, input: Any) -> str:
         if ctx.step("side", "first") and not release.is_set():
-            release.wait(10)
+            release.wait(60)
         ctx.step("side", "second")
         return ctx.owner
 
     registry.add("fence", "1", body)
     run = engine.start("fence")
     first = spawn(engine.execute, run.run_id)
-    while engine.get(run.run_id).attempts < 1 or not calls:
-        time.sleep(0.01)
-    time.sleep(0.3)  # the lease expires; nothing renews it
+    wait_for(lambda: [s.name for s in engine.store.load_steps(run.run_id).values()] == ["side"], 60, "step 1 stored")
+    sleep_past_lease(engine, run.run_id, timeout=60)  # the lease expires; nothing renews it
     release.set()
-    assert engine.execute(run.run_id) == "completed", "another worker takes the expired lease over"
-    first.join(10)
+    assert other.execute(run.run_id) == "completed", "another worker takes the expired lease over"
+    first.join(60)
+    assert not first.is_alive()
     final = engine.get(run.run_id)
     assert final.status == "completed" and final.recoveries == 1
     assert calls == ["first", "second"], "the fenced worker's step was refused"
@@ -120,7 +134,8 @@ def test_cancel_pending_suspended_and_running(engine: Engine, registry: Registry
     assert engine.execute("B") == "skipped", "a cancelled waiter is never resurrected (F13)"
     assert engine.cancel("A").status == "running"
     hold.set()
-    holder.join(10)
+    holder.join(60)
+    assert not holder.is_alive(), "a thread of the test is still running"
     a = engine.get("A")
     assert a.status == "cancelled" and a.error["code"] == "cancelled"
     assert engine.store.load_steps("A") == {}, "the body stopped at its first step boundary"
@@ -180,22 +195,30 @@ def test_retry_goes_back_through_admission_with_stored_key(engine: Engine, regis
     assert retried.status == "pending" and retried.singleton_key == "k:1" and not retried.admitted
     assert engine.execute("B") == "parked", "B queues behind A"
     hold.set()
-    holder.join(10)
+    holder.join(60)
+    assert not holder.is_alive(), "a thread of the test is still running"
     engine.dispatcher.drain()
     assert engine.get("B").status == "completed"
 
 
 def test_lease_is_renewed_while_a_long_body_runs(make: Callable[..., Engine], registry: Registry) -> None:
-    """R5, F8: a body longer than the lease keeps its lease by renewal: no takeover."""
-    engine = make(LEASE_SECONDS=0.6, LEASE_RENEW_SECONDS=0.15)
-    registry.add_step("slow", lambda x: time.sleep(x) or x)
+    """R5, F8: a body longer than the lease keeps its lease by renewal: no takeover.
+
+    The body holds its step until the test has seen the store's clock pass the
+    lease its claim took (only renewals kept it) and another executor skip it."""
+    engine = make(LEASE_SECONDS=1.0, LEASE_RENEW_SECONDS=0.1)
+    done = threading.Event()
+    registry.add_step("slow", lambda x: done.wait(60) and x)
     registry.add("long", "1", lambda ctx, i: ctx.step("slow", 1.5), singleton={"key": lambda i: "k"})
     run = engine.start("long")
     worker = spawn(engine.execute, run.run_id)
-    time.sleep(1.0)
+    claimed = wait_for(lambda: engine.get(run.run_id).lease_expires_at, 60, "the worker claimed the run")
+    wait_for(lambda: engine.store.now() > claimed, 60, "the store's clock passed the first lease")
     assert engine.execute(run.run_id) == "skipped", "the lease is still held"
-    assert engine.get(run.run_id).lease_expires_at > engine.now()  # type: ignore[operator]
-    worker.join(10)
+    assert engine.get(run.run_id).lease_expires_at > engine.store.now()  # type: ignore[operator]
+    done.set()
+    worker.join(60)
+    assert not worker.is_alive(), "a thread of the test is still running"
     assert engine.get(run.run_id).status == "completed"
     assert engine.get(run.run_id).recoveries == 0
     assert engine.get(run.run_id).lease_expires_at is None

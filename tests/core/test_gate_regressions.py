@@ -15,7 +15,8 @@ from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidInputError, InvalidRunIdError, RunNotFoundError, ValidationError
 from durable_singleton.stores.memory import MemoryStore
 from tests.conftest import Monitor, spawn
-from tests.helpers import audited, store_method_replaced
+from tests.helpers import audited, sleep_past, store_method_replaced
+from tests.worker_processes import wait_for
 
 
 def _legacy(engine: Engine, run_id: str, status: str, attempts: int) -> None:
@@ -57,7 +58,8 @@ def test_cancel_landing_between_claim_and_gate_is_never_undone(
 
     def cancel_first(run_id: str, *args: Any, **kwargs: Any) -> Any:
         t = spawn(engine.cancel, run_id)
-        t.join(10)
+        t.join(60)
+        assert not t.is_alive(), "a thread of the test is still running"
         return real(run_id, *args, **kwargs)
 
     with store_method_replaced(engine, "begin_turn", cancel_first):
@@ -85,12 +87,13 @@ def test_timeout_of_a_running_holder_never_overlaps_the_next(make: Callable[...,
     worker = spawn(engine.execute, "A")
     time.sleep(0.1)
     engine.start("timed", {"s": 0.0}, run_id="B")
-    time.sleep(0.3)
+    sleep_past(engine, "deadline_at", "A")
     engine.dispatcher.queue.clear()
     report = engine.tick()
     assert "A" in report.timed_out
     engine.dispatcher.drain()
-    worker.join(10)
+    worker.join(60)
+    assert not worker.is_alive(), "a thread of the test is still running"
     engine.dispatcher.drain()
     a = engine.get("A")
     assert a.status == "cancelled" and a.error["code"] == "execution_timeout"
@@ -153,7 +156,7 @@ def test_limit_of_the_latest_version_applies_to_every_version(
     def body(ctx: Any, input: Any) -> None:
         monitor.enter("K", ctx.run_id)
         try:
-            hold.wait(10)
+            hold.wait(60)
         finally:
             monitor.exit("K")
 
@@ -162,11 +165,13 @@ def test_limit_of_the_latest_version_applies_to_every_version(
         engine.start("multi", {}, run_id=f"v1-{n}", version="1")
     registry.add("multi", "2", body, singleton={"key": lambda i: "K", "limit": 1})
     threads = [spawn(engine.execute, f"v1-{n}") for n in range(3)]
-    time.sleep(0.5)
+    # Every executor either entered its body (held there) or returned (parked).
+    wait_for(lambda: len(monitor.entered) + sum(not t.is_alive() for t in threads) >= 3, 60, "every turn was decided")
     assert monitor.highest["K"] == 1
     hold.set()
     for t in threads:
-        t.join(10)
+        t.join(60)
+        assert not t.is_alive(), "a thread of the test is still running"
     engine.dispatcher.drain()
     connections.close_all()
     assert monitor.highest["K"] == 1

@@ -194,9 +194,11 @@ def test_f2_release_races_push_and_ticks_in_fifo_order(engine: Engine, registry:
     _set_wake(engine, "B", engine.now() + timedelta(seconds=5))
     permits.release(4)
     threads = _racers(3, lambda i: (engine.tick(), engine.dispatcher.drain()))
-    holder.join(30)
+    holder.join(60)
+    assert not holder.is_alive(), "a thread of the test is still running"
     for t in threads:
-        t.join(30)
+        t.join(60)
+        assert not t.is_alive(), "a thread of the test is still running"
     _finish_all(engine)
     assert monitor.entered == ["A", "B", "C", "D"]
     assert monitor.highest["K"] == 1
@@ -273,7 +275,8 @@ def test_f2_busy_key_never_exceeds_its_limit_beside_a_quiet_key(
         assert monitor.highest["K2"] == 2 and monitor.highest["K1"] == 2
         permits.release(100)
         for t in threads:
-            t.join(30)
+            t.join(60)
+            assert not t.is_alive(), "a thread of the test is still running"
     _finish_all(engine)
     assert monitor.highest["K2"] == 2
 
@@ -315,16 +318,21 @@ def test_f3_late_committing_older_run_is_counted_not_ranked(registry: Registry, 
         assert engine.execute(f"{key}-R5") == "parked"
         assert engine.execute(f"{key}-R4") == "parked"
         commit.set()
-        late_thread.join(10)
+        late_thread.join(60)
+        assert not late_thread.is_alive(), "R1's transaction did not commit"
         assert engine.execute(f"{key}-R1") == "parked", "R1 is a waiter now; both slots are held"
         permits.release()  # one holder completes; its release pushes R1
+        # The drain runs what the release queued: wait for the release (its holder's turn
+        # ended), or a drain started before it finds nothing and R1 is never run.
+        _wait(lambda admitted=admitted: sum(not t.is_alive() for t in admitted) == 1, timeout=60)
         runner = _racers(1, lambda i: engine.dispatcher.drain())
         _wait(lambda: len(entered()) == 3)
         assert entered()[-1] == f"{key}-R1"
         assert monitor.highest[key] == 2
         permits.release(100)
         for t in admitted + runner:
-            t.join(30)
+            t.join(60)
+            assert not t.is_alive(), "a thread of the test is still running"
         _finish_all(engine)
         assert monitor.highest[key] == 2
         while permits.acquire(blocking=False):
@@ -398,7 +406,8 @@ def test_f16_sqlite_file_eight_threads_one_holder(registry: Registry, monitor: M
             assert monitor.highest[key] == 1 and len(_holders(engine, key)) == 1
             permits.release(100)
             for t in threads:
-                t.join(30)
+                t.join(60)
+                assert not t.is_alive(), "a thread of the test is still running"
         _finish_all(engine)
         while permits.acquire(blocking=False):
             pass
@@ -476,6 +485,7 @@ def test_f5_cap_under_racing_starts(engine: Engine, registry: Registry, monitor:
 
         for t in _racers(n, racer):
             t.join(60)
+            assert not t.is_alive(), "a thread of the test is still running"
         return sorted(outcomes)
 
     assert race_starts(50, "c") == ["full"] * 44 + ["started"] * 6

@@ -16,7 +16,6 @@ and the engine's store calls share one connection (docs/durability.rst,
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -26,7 +25,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.models import Run
 from durable_singleton.statuses import Outcome
 from durable_singleton.testing import make_engine
-from tests.helpers import kill_this_connection
+from tests.helpers import kill_this_connection, tick_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -67,9 +66,7 @@ def test_a_body_catching_exception_around_a_step_does_not_swallow_the_interrupti
     assert engine.execute(run.run_id) == Outcome.INTERRUPTED
     assert swallowed == []
     assert engine.get(run.run_id).admitted
-    time.sleep(0.15)
-    engine.tick()
-    engine.dispatcher.drain()
+    tick_until(engine, lambda: engine.get(run.run_id).is_terminal, "the interrupted run resumed and ended")
     done = engine.get(run.run_id)
     assert (done.status, done.output) == ("completed", 42)
     assert executions == [21, 21]

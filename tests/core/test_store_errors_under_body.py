@@ -13,7 +13,6 @@ again (at least once, docs/durability.rst).
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.statuses import Outcome
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
-from tests.helpers import kill_this_connection
+from tests.helpers import kill_this_connection, tick_until
 
 
 class FlakyMemoryStore(MemoryStore):
@@ -46,10 +45,9 @@ def _engine(store_kind: str) -> Engine:
 
 
 def _resume(engine: Engine) -> None:
-    """Let the interrupted run's ``wake_at`` (ADMISSION_RETRY_SECONDS) come, tick, run the turns sent."""
-    time.sleep(0.15)
-    engine.tick()
-    engine.dispatcher.drain()
+    """Let the interrupted run's ``wake_at`` (ADMISSION_RETRY_SECONDS) come, tick, run the turns sent,
+    until every run is terminal."""
+    tick_until(engine, lambda: all(r.is_terminal for r in engine.store.list_runs()), "every run ended")
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,8 @@ def test_timeout_sweep_never_settles_a_run_claimed_after_it_read_it(
     assert monitor.entered == ["A"] and monitor.highest["K"] == 1
     assert "A" in engine.tick().timed_out  # now read as running: asked to stop at its boundary
     gate.set()
-    worker[0].join(10)
+    worker[0].join(60)
+    assert not worker[0].is_alive(), "a thread of the test is still running"
     a = engine.get("A")
     assert a.status == "cancelled" and a.error["code"] == "execution_timeout"
     engine.dispatcher.drain()
@@ -328,7 +329,8 @@ def test_a_handoff_and_a_racing_tick_send_the_waiter_once(engine: Engine, regist
     finally:
         done.set()
         for t in tickers:
-            t.join(10)
+            t.join(60)
+    assert not any(t.is_alive() for t in tickers), "a thread of the test is still running"
     assert engine.dispatcher.sent.count("B") == 1
 
 

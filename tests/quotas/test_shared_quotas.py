@@ -620,8 +620,12 @@ def test_durable_queues_lists_quota_keys(
     from django.core.management import call_command
 
     from durable_singleton.definitions import registry as declared
+    from durable_singleton.models import Run
     from durable_singleton.testing import make_engine
 
+    # The command counts every quota key of the database: a run another test's thread
+    # committed after that test ended would be counted here (a thread outliving its test).
+    assert not Run.objects.exists(), "an earlier test left runs in the database"
     engine = make_engine("django", registry=registry)
     erp = Quota("erp-api", key=lambda i: i["tenant"], limit=1, max_queue_depth=2)
     registry.add("sync", "1", _holding([]), quotas=[erp])
@@ -679,7 +683,8 @@ def test_a_superseding_start_relocks_when_a_run_with_another_quota_key_commits_m
         if not locked:
             t = threading.Thread(target=insert_racer)
             t.start()
-            t.join(30)
+            t.join(60)
+            assert not t.is_alive(), "a thread of the test is still running"
         locked.append((workflow_name, key))
         return lock_key(workflow_name, key)
 

@@ -144,6 +144,54 @@ def test_stop_leaves_a_tick_in_a_database_call_after_a_second(registry: Registry
         release.set()
 
 
+def test_a_stop_that_leaves_a_tick_behind_has_stopped_the_worker(registry: Registry) -> None:
+    """O1: a stop that leaves the tick thread in a database call (a loaded
+    machine, a slow server) has still stopped the worker: it is not running,
+    the next start starts new threads (before, the tick left behind kept it
+    "running" for good: start() refused and the request_started receiver's
+    test of get_engine's worker failed under load on MariaDB), and the tick
+    left behind ends after its call without ticking again beside the new
+    start's tick (before, the new start cleared the shared stop event and the
+    old tick went on). A later stop waits for it too (the plugin's stop_threads)."""
+    import threading
+
+    from durable_singleton import dispatch
+    from tests.worker_processes import wait_for
+
+    settings = Settings.from_mapping({"DISPATCH": "thread", "TICK_SECONDS": 0.05, "WORKER_THREADS": 1})
+    engine: Engine = build_engine(settings)
+    engine.registry = registry
+    in_tick, release = threading.Event(), threading.Event()
+    ticks: list[threading.Thread] = []
+
+    def tick() -> None:
+        ticks.append(threading.current_thread())
+        if len(ticks) == 1:
+            in_tick.set()
+            release.wait(60)
+
+    engine.tick = tick  # type: ignore[method-assign]
+    dispatcher: Any = engine.dispatcher
+    dispatcher.start()
+    try:
+        assert in_tick.wait(60)
+        old = ticks[0]
+        assert old.name == dispatch.TICK_THREAD
+        dispatcher.stop(timeout=60)
+        assert old.is_alive(), "the tick is still in its call"
+        assert not dispatcher.running and dispatcher.threads_alive
+        assert dispatcher.start() is True, "a stopped worker starts again"
+        wait_for(lambda: any(t is not old for t in ticks), 60, "the new start's tick ran")
+        release.set()
+        old.join(60)
+        assert not old.is_alive()
+        assert ticks.count(old) == 1, "the tick left behind ticked again after its stop"
+    finally:
+        release.set()
+        dispatcher.stop(timeout=60)
+    assert not dispatcher.running and not dispatcher.threads_alive
+
+
 def test_a_send_the_broker_refuses_is_one_warning_line_per_run_without_a_traceback(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -14,7 +13,7 @@ from durable_singleton import signals
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from tests.conftest import Monitor, run_threads
-from tests.helpers import admitted, audited, claim, free_slot_without_handoff, sleep_past_lease
+from tests.helpers import admitted, audited, claim, free_slot_without_handoff, sleep_past, sleep_past_lease
 
 
 def test_lost_push_is_caught_up_by_the_tick(engine: Engine, registry: Registry, monitor: Monitor) -> None:
@@ -42,13 +41,14 @@ def test_lost_push_is_caught_up_by_the_tick(engine: Engine, registry: Registry, 
     assert monitor.entered == ["C", "D"]
 
 
-def test_concurrent_ticks_dispatch_each_due_run_once(engine: Engine, registry: Registry) -> None:
+def test_concurrent_ticks_dispatch_each_due_run_once(make: Callable[..., Engine], registry: Registry) -> None:
     """Section 6: several ticks at once are safe: each due run is sent by one of them."""
+    engine = make(REDELIVERY_SECONDS=0.5)
     registry.add("plain", "1", lambda c, i: None)
     for n in range(30):
         engine.start("plain", {}, run_id=f"p{n}")
     engine.dispatcher.queue.clear()
-    time.sleep(engine.settings.REDELIVERY_SECONDS)
+    sleep_past(engine, "wake_at", *(f"p{n}" for n in range(30)))  # every run is due
     reports = run_threads(3, lambda i: engine.tick())
     sent = [run_id for r in reports for run_id in r.dispatched]
     assert sorted(sent) == sorted(f"p{n}" for n in range(30))
@@ -56,12 +56,12 @@ def test_concurrent_ticks_dispatch_each_due_run_once(engine: Engine, registry: R
 
 def test_pending_run_whose_send_was_lost_is_redelivered(make: Callable[..., Engine], registry: Registry) -> None:
     """F4: a run whose Celery send was lost still runs: it carries a wake_at and the tick re-sends it."""
-    engine = make(REDELIVERY_SECONDS=0.1)
+    engine = make(REDELIVERY_SECONDS=2.0)  # the first tick comes well within it, however loaded the machine
     registry.add("plain", "1", lambda c, i: "ok")
     run = engine.start("plain")
     engine.dispatcher.queue.clear()  # the broker lost the send
     assert engine.tick().dispatched == []
-    time.sleep(0.15)
+    sleep_past(engine, "wake_at", run.run_id)
     assert engine.tick().dispatched == [run.run_id]
     engine.dispatcher.drain()
     assert engine.get(run.run_id).output == "ok"
@@ -71,7 +71,7 @@ def test_expired_lease_is_recovered_then_dead_lettered(make: Callable[..., Engin
     """D4, S8, S10: the tick re-drives a running run whose lease expired,
     counting recoveries; past MAX_RECOVERIES the run is dead, its slot is freed
     in the same write, on_dead and run_dead fire, and the waiter takes the slot."""
-    engine = make(LEASE_SECONDS=0.05, MAX_RECOVERIES=2)
+    engine = make(MAX_RECOVERIES=2)  # the crashed claims take 0.05 s leases; B's turn a lease that outlasts it
     dead: list[str] = []
     hooked: list[str] = []
     registry.add(
@@ -113,7 +113,7 @@ def test_execution_timeout_cancels_and_releases(make: Callable[..., Engine], reg
     assert engine.execute("A") == "suspended"
     engine.start("slowish", {}, run_id="B")
     engine.dispatcher.queue.clear()
-    time.sleep(0.25)
+    sleep_past(engine, "deadline_at", "A", "B")
     report = engine.tick()
     assert "A" in report.timed_out and "B" in report.timed_out
     a = engine.get("A")
@@ -158,7 +158,7 @@ def test_blocked_holder_keeps_its_slot_and_is_redriven(make: Callable[..., Engin
     assert a.status == "blocked" and a.admitted and a.park_reason == "waiting for the warehouse"
     assert engine.execute("B") == "parked"
     ready.set()
-    time.sleep(0.06)
+    sleep_past(engine, "wake_at", "A")  # its poll is due
     engine.dispatcher.queue.clear()
     assert "A" in engine.tick().dispatched
     engine.dispatcher.drain()
@@ -199,12 +199,12 @@ def test_catch_up_grants_a_waiter_whose_first_turn_was_lost(make: Callable[..., 
     the catch-up leaves W alone; once its ``wake_at`` (``created_at`` +
     ``REDELIVERY_SECONDS``, on the store's clock) has passed, the next tick
     grants it and sends its turn, once (S7a), and W runs."""
-    engine = make(REDELIVERY_SECONDS=0.3)
+    engine = make(REDELIVERY_SECONDS=2.0)  # the first tick comes well within it, however loaded the machine
     _idle_key(engine, registry)
     engine.start("keyed", {}, run_id="W")
     engine.dispatcher.queue.clear()  # the broker lost the first turn
     assert engine.tick().caught_up == []
-    time.sleep(0.35)
+    sleep_past(engine, "wake_at", "W")
     report = engine.tick()
     assert report.caught_up == ["W"] and report.dispatched == []
     assert engine.get("W").admitted
