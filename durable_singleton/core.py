@@ -950,9 +950,8 @@ class Core:
             return run.status
         if turn.state is TurnState.PARKED:
             # ``throttle``: the throttle whose full window parked it, or None (X6; the metrics count it).
-            signals.run_parked.send_robust(
-                sender=self.signal_sender, run=run, reason=ParkReason.SINGLETON, throttle=turn.throttled
-            )
+            reason = ParkReason.SINGLETON.value if turn.throttled is None else ParkReason.THROTTLED.of(turn.throttled)
+            signals.run_parked.send_robust(sender=self.signal_sender, run=run, reason=reason, throttle=turn.throttled)
             return Outcome.PARKED
         try:
             definition = self.registry.get(run.workflow_name, run.workflow_version)

@@ -2,7 +2,8 @@
 
 Each is sent with ``sender=Engine`` and ``run`` (a
 :class:`~durable_singleton.records.RunRecord`); ``run_parked`` also
-carries ``reason`` (``"singleton"``, ``"sleep"``, ``"signal:<name>"``...):
+carries ``reason`` (``"singleton"``, ``"throttled:<name>"``, ``"sleep"``,
+``"signal:<name>"``...):
 
 * ``run_created``: a start inserted a new run (not for an idempotent re-start);
 * ``run_debounced``: a start was folded into its debounce key's open run (X7),

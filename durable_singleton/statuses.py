@@ -122,6 +122,7 @@ class ParkReason(enum.StrEnum):
     with a colon are prefixes: the reason carries a detail after it."""
 
     SINGLETON = "singleton"  # denied admission: a waiter (S5 step 5)
+    THROTTLED = "throttled:"  # over a throttle's rate until its window opens: throttled:<name> (X6d)
     SLEEP = "sleep"  # ctx.sleep / ctx.sleep_until (D1)
     SIGNAL = "signal:"  # ctx.wait_for_signal: signal:<name> (D2)
     CHILD = "child:"  # ctx.call_child: child:<run id> (D7)

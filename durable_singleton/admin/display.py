@@ -313,6 +313,13 @@ def activity(
         return _("waiting for child run %(run)s") % {"run": ParkReason.CHILD.detail(reason)}
     if run.status == RunStatus.BLOCKED:
         return _("blocked: %(reason)s") % {"reason": reason}
+    if ParkReason.THROTTLED.matches(reason) and run.not_before is not None and run.not_before > now:
+        # Over a throttle's rate: not due until its window opens, then the tick sends its turn (X6d).
+        return format_html(
+            "{} {}",
+            _("throttled by %(name)s: next admission at") % {"name": ParkReason.THROTTLED.detail(reason)},
+            time_html(run.not_before, short=True),
+        )
     if run.singleton_slot == SlotState.WAITER and run.quota_slot == SlotState.WAITER:
         # In line for its key and its quotas (X3d): a quota's handoff sends its turn (X3h).
         return _("in line for a slot of its key and of its quotas; next try %(when)s") % {

@@ -1896,10 +1896,15 @@ class DjangoStore(BaseStore):
                 # Over the rate: not due until the window lets it in, so it blocks no waiter of
                 # its other limits meanwhile (X5), and the tick sends it then (X6, S8).
                 opening, name = max(opens)
-                parked = self._park_throttled(row, opening)
+                parked = self._park_throttled(row, opening, name)
                 if not parked:
                     return Turn(TurnState.SKIPPED, record, granted=tuple(granted))
-                at = record.evolve(status=RunStatus.SUSPENDED, wake_at=opening, not_before=opening)
+                at = record.evolve(
+                    status=RunStatus.SUSPENDED,
+                    wake_at=opening,
+                    not_before=opening,
+                    park_reason=ParkReason.THROTTLED.of(name),
+                )
                 return Turn(TurnState.PARKED, at, granted=tuple(granted), throttled=name)
             delay = retry.seconds if at_front else retry.backlog_seconds
             parked = self._park_waiter(row, delay, retry, quota_slot=SlotState.WAITER)
@@ -1945,8 +1950,9 @@ class DjangoStore(BaseStore):
         waiters = [str(r) for r in queue.values_list("run_id", flat=True)[:limit]]
         return free, waiters, opening
 
-    def _park_throttled(self, row: Run, opening: datetime) -> bool:
-        """Park an over-rate waiter until its throttle's window opens (X6): its
+    def _park_throttled(self, row: Run, opening: datetime, throttle: str) -> bool:
+        """Park an over-rate waiter until the window of its throttle named ``throttle``
+        opens (X6d): its park reason ``throttled:<name>``, its
         ``not_before`` and ``wake_at`` at ``opening`` (a time on the database's clock),
         so every queue skips it until then (X5) and the tick sends its turn then, no
         poll (S8); a compare-and-set on the run as read (R5a)."""
@@ -1960,7 +1966,7 @@ class DjangoStore(BaseStore):
                 not_before=opening,
                 lease_owner=None,
                 lease_expires_at=None,
-                park_reason=ParkReason.SINGLETON,
+                park_reason=ParkReason.THROTTLED.of(throttle),
                 updated_at=DbNow(),
             )
         )

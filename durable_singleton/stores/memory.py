@@ -578,7 +578,7 @@ class MemoryStore(BaseStore):
                 not_before=opening,
                 lease_owner=None,
                 lease_expires_at=None,
-                park_reason=ParkReason.SINGLETON,
+                park_reason=ParkReason.THROTTLED.of(name),
             )
             return Turn(TurnState.PARKED, parked, granted=tuple(granted), throttled=name)
         parked = self._replace(

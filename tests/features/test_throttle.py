@@ -372,3 +372,30 @@ def test_a_waiter_behind_the_free_admissions_waits_for_the_next_opening(registry
     engine.tick()
     drain(engine)
     assert engine.get("R4").status == "completed"
+
+
+def test_a_throttled_run_is_parked_with_its_throttle_as_its_reason(engine: Engine, registry: Registry) -> None:
+    """X6d, K3: a run over the rate is parked with the park reason ``throttled:<name>``
+    (it read ``singleton``, a waiter's, though no holder keeps it back), and the
+    ``run_parked`` signal carries that reason."""
+    from durable_singleton import signals
+    from durable_singleton.statuses import ParkReason
+
+    reasons: list[str] = []
+
+    def receiver(sender: Any, run: Any, reason: str = "", **kwargs: Any) -> None:
+        reasons.append(reason)
+
+    rate = Throttle("erp-rate", key=lambda i: i["tenant"], limit=1, period=60.0)
+    registry.add("w", "1", lambda ctx, i: None, throttles=[rate])
+    engine.start("w", {"tenant": "t1"}, run_id="A")
+    drain(engine)
+    engine.start("w", {"tenant": "t1"}, run_id="B")
+    signals.run_parked.connect(receiver)
+    try:
+        drain(engine)
+    finally:
+        signals.run_parked.disconnect(receiver)
+    parked = engine.get("B")
+    assert parked.park_reason == ParkReason.THROTTLED.of("erp-rate") == "throttled:erp-rate"
+    assert parked.not_before is not None and reasons == ["throttled:erp-rate"]
