@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import router
@@ -60,10 +60,11 @@ from .admission import (
     quota_lock_name,
     quota_waiter_q,
     quota_waiting_q,
+    throttle_lock_name,
 )
 from .definitions import Registry, registry
-from .models import QuotaMembership, Run, SingletonKey, Step
-from .querysets import DbNow
+from .models import QuotaMembership, Run, SingletonKey, Step, ThrottleAdmission, ThrottleMembership
+from .querysets import DbNow, database_now
 from .statuses import PARKED_STATUSES, RunStatus, SlotState
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "QueuedRun",
     "QuotaKeyQueue",
     "QuotaRow",
+    "ThrottleRow",
     "format_age",
     "holder_since",
     "key_queue",
@@ -94,6 +96,7 @@ __all__ = [
     "run_cause",
     "run_place",
     "singleton_options",
+    "throttle_table",
 ]
 
 #: Sort names accepted by :func:`queue_table` (prefix ``-`` for descending).
@@ -490,6 +493,148 @@ def quota_table(
                 oldest_waiter_at=g["oldest_waiter_at"],
                 paused=bool(paused),
                 limit_override=override,
+            )
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class ThrottleRow:
+    """One throttle key with active runs (X6, K3), as of ``as_of`` (the database's
+    clock, R5): its limit in force (the key's runtime override, K2, else the declared
+    ``Throttle.limit``, else the one its runs' starts recorded) per ``period``
+    seconds, the admissions recorded in the window that ends at ``as_of``, its
+    waiters (active runs not yet admitted), how many of them are ``throttled``
+    (parked over the rate: their ``not_before``, the window's opening, is later than
+    ``as_of``), the earliest such opening ``next_admission_at`` and when the oldest
+    waiter was created. ``workflow`` is ``throttle:<name>``, the name the key
+    controls and the audit use."""
+
+    throttle: str
+    key: str
+    limit: int
+    period: float
+    admitted: int
+    waiting: int
+    throttled: int
+    next_admission_at: datetime | None
+    oldest_waiter_at: datetime | None
+    as_of: datetime
+    paused: bool = False
+    limit_override: int | None = None
+    declared: bool = True
+
+    @property
+    def workflow(self) -> str:
+        """Return ``throttle:<name>`` (X6)."""
+        return throttle_lock_name(self.throttle)
+
+    @property
+    def free_admissions(self) -> int:
+        """Return the admissions the window has room for now: none while paused."""
+        return free_slots(self.limit, self.admitted, paused=self.paused)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the row as JSON-ready values (times as ISO 8601, durations in seconds)."""
+        return {
+            "workflow": self.workflow,
+            "throttle": self.throttle,
+            "key": self.key,
+            "limit": self.limit,
+            "period": self.period,
+            "admitted_in_window": self.admitted,
+            "waiting": self.waiting,
+            "throttled": self.throttled,
+            "next_admission_at": None if self.next_admission_at is None else self.next_admission_at.isoformat(),
+            "oldest_waiter_at": None if self.oldest_waiter_at is None else self.oldest_waiter_at.isoformat(),
+            "oldest_wait_seconds": None
+            if self.oldest_waiter_at is None
+            else round((self.as_of - self.oldest_waiter_at).total_seconds(), 3),
+            "paused": self.paused,
+            "limit_override": self.limit_override,
+            "declared": self.declared,
+        }
+
+
+def throttle_table(
+    *,
+    limit: int = 50,
+    throttles: Iterable[str] | None = None,
+    reg: Registry = registry,
+    using: str | None = None,
+) -> list[ThrottleRow]:
+    """Return up to ``limit`` throttle keys with waiters (active runs not yet
+    admitted), most waiters first (X6, K3): one grouped query on the memberships,
+    one of their controls and one count of recorded admissions per throttle listed,
+    each judged at one read of the database's clock (R5). ``throttles``: only the
+    keys of these throttle names (None: every throttle)."""
+    db = using or router.db_for_read(ThrottleMembership)
+    memberships = ThrottleMembership.objects.using(db)
+    if throttles is not None:
+        memberships = memberships.filter(throttle__in=sorted(set(throttles)))
+    now = database_now(db)
+    over_rate = Q(run__not_before__gt=now)
+    groups = list(
+        memberships.filter(run__quota_slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
+        .values("throttle", "key")
+        .annotate(
+            waiting=Count("pk"),
+            throttled=Count("pk", filter=over_rate),
+            next_admission_at=Min("run__not_before", filter=over_rate),
+            oldest_waiter_at=Min("created_at"),
+        )
+        .order_by("-waiting", "throttle", "key")[:limit]
+    )
+    controls = {
+        (w, k): (paused, override)
+        for w, k, paused, override in SingletonKey.objects.using(db)
+        .filter(
+            workflow_name__in={throttle_lock_name(g["throttle"]) for g in groups}, key__in={g["key"] for g in groups}
+        )
+        .values_list("workflow_name", "key", "paused", "limit_override")
+    }
+    declared = {t.name: (t.limit, float(t.period)) for t in list(reg.throttles.values())}
+    for name in {g["throttle"] for g in groups} - set(declared):
+        # A throttle this process does not declare: the limit and period its runs' starts recorded (X6a).
+        stored = (
+            memberships.filter(throttle=name, run__status__in=ACTIVE_STATUSES)
+            .values_list("run__throttle_keys", flat=True)
+            .first()
+        )
+        recorded = next((t for t in stored or [] if t[0] == name), None)
+        if recorded is not None:
+            declared[name] = (int(recorded[2]), float(recorded[3]))
+    admitted: dict[tuple[str, str], int] = {}
+    for name in sorted({g["throttle"] for g in groups}):
+        period = declared.get(name, (1, 0.0))[1]
+        counts = (
+            ThrottleAdmission.objects.using(db)
+            .filter(throttle=name, key__in={g["key"] for g in groups if g["throttle"] == name})
+            .filter(admitted_at__gt=now - timedelta(seconds=period))
+            .values("key")
+            .annotate(n=Count("pk"))
+            .order_by()
+        )
+        admitted.update(((name, c["key"]), c["n"]) for c in counts)
+    rows = []
+    for g in groups:
+        paused, override = controls.get((throttle_lock_name(g["throttle"]), g["key"]), (False, None))
+        known = declared.get(g["throttle"])
+        rows.append(
+            ThrottleRow(
+                throttle=g["throttle"],
+                key=g["key"],
+                limit=limit_in_force(known[0] if known else 1, override),
+                period=known[1] if known else 0.0,
+                admitted=admitted.get((g["throttle"], g["key"]), 0),
+                waiting=g["waiting"],
+                throttled=g["throttled"],
+                next_admission_at=g["next_admission_at"],
+                oldest_waiter_at=g["oldest_waiter_at"],
+                as_of=now,
+                paused=bool(paused),
+                limit_override=override,
+                declared=g["throttle"] in reg.throttles,
             )
         )
     return rows

@@ -6,6 +6,7 @@ import io
 import json
 import shutil
 from argparse import ArgumentParser
+from datetime import UTC
 from typing import Any, Literal
 
 from django.core.management.base import BaseCommand, CommandError
@@ -22,7 +23,9 @@ class Command(BaseCommand):
         "Print every workflow and key with active runs: limit, holders, waiting, the oldest waiter's age, "
         "the cap (limit + max_queue_depth: the active runs at which starts are refused) and how full it is "
         "(the admin's queue page); with --runs, the run ids of each key's holders and waiters. Below it, "
-        "the shared quotas' keys with active members (X3j), as the workflow quota:<name>."
+        "the shared quotas' keys with active members (X3j), as the workflow quota:<name>, and the throttle "
+        "keys with waiters (X6), as the workflow throttle:<name>: admissions in the current window, waiters, "
+        "how many are over the rate and the next admission."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -76,6 +79,13 @@ class Command(BaseCommand):
             and (key_contains is None or key_contains in q.key)
             and _quota_kept(q, options["only"])
         ]
+        throttle_rows = [
+            t
+            for t in queues.throttle_table(limit=options["limit"] or _ALL, using=options["database"])
+            if (workflow is None or workflow == t.workflow)
+            and (key_contains is None or key_contains in t.key)
+            and _throttle_kept(t, options["only"])
+        ]
         members = (
             queues.queue_members(page.rows, per_key=options["runs_per_key"], using=options["database"])
             if options["runs"]
@@ -96,6 +106,7 @@ class Command(BaseCommand):
                 "waiting": page.waiting,
                 "rows": rows,
                 "quotas": [_quota_dict(q, now) for q in quota_rows],
+                "throttles": [t.as_dict() for t in throttle_rows],
             }
             self.stdout.write(json.dumps(document, indent=2))
             return
@@ -104,6 +115,8 @@ class Command(BaseCommand):
             self.stdout.write(_member_lines(page, members), ending="")
         if quota_rows:
             self.stdout.write(_quota_table(quota_rows, now), ending="")
+        if throttle_rows:
+            self.stdout.write(_throttle_table(throttle_rows), ending="")
 
     def _table(self, page: queues.QueuePage, now: Any) -> str:
         """Render the page as a text table: with rich when it is installed
@@ -148,6 +161,41 @@ def _quota_kept(row: queues.QuotaRow, only: str) -> bool:
     if only == "stalled":
         return row.waiting > 0 and row.free_slots > 0
     return True
+
+
+def _throttle_kept(row: queues.ThrottleRow, only: str) -> bool:
+    """Apply ``--only`` to a throttle key (X6): waiting (every listed key has waiters), full (its
+    window holds its limit's admissions), stalled (room in the window and a waiter not over the rate)."""
+    if only == "full":
+        return row.admitted >= row.limit
+    if only == "stalled":
+        return row.free_admissions > 0 and row.waiting > row.throttled
+    return True
+
+
+def _throttle_table(rows: list[queues.ThrottleRow]) -> str:
+    """Render the throttle keys with waiters (X6, K3): the rate, its use in the current window,
+    the waiters, how many are over the rate, and the next admission (the database's clock)."""
+    title = ngettext("%(keys)d throttle key with waiters", "%(keys)d throttle keys with waiters", len(rows)) % {
+        "keys": len(rows)
+    }
+    header = ["workflow", "key", "rate", "in window", "waiting", "throttled", "next admission", "oldest waiter"]
+    cells = [
+        [
+            row.workflow,
+            row.key,
+            f"{row.limit} per {queues.format_age(row.period)}" + (" (paused)" if row.paused else ""),
+            f"{row.admitted}/{row.limit}",
+            str(row.waiting),
+            str(row.throttled),
+            "—" if row.next_admission_at is None else f"{row.next_admission_at.astimezone(UTC):%H:%M:%S} UTC",
+            queues.format_age(
+                None if row.oldest_waiter_at is None else (row.as_of - row.oldest_waiter_at).total_seconds()
+            ),
+        ]
+        for row in rows
+    ]
+    return _render(title, "most waiters first", header, cells)
 
 
 def _quota_dict(row: queues.QuotaRow, now: Any) -> dict[str, Any]:
