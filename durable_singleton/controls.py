@@ -117,8 +117,17 @@ class KeyControls:
 
     def wake_key(self, workflow: str, key: str) -> list[str]:
         """Grant the free slots of one key to its oldest waiters and send their turns (S7);
-        return their run ids. Called after a change that admits more (K2)."""
-        granted = self.core.store.release(workflow, key, limits=self.core.limits(), ttls=self.core.queue_ttls())
+        return their run ids. Called after a change that admits more (K2). A throttle
+        key (``throttle:<name>``) grants nothing: its oldest runs parked over the rate,
+        as many as its limit in force, are made due now and sent their turns, whose
+        claims count the window (X6)."""
+        store = self.core.store
+        if workflow.startswith(THROTTLE_PREFIX):
+            state = self.key_controls(workflow, key)
+            woken = store.wake_throttled(workflow[len(THROTTLE_PREFIX) :], key, max(state.limit, 1))
+            self.core.hand_off(woken)  # waiters still: a turn each, no admission announced (X3h)
+            return [r.run_id for r in woken]
+        granted = store.release(workflow, key, limits=self.core.limits(), ttls=self.core.queue_ttls())
         self.core.hand_off(granted)
         return [r.run_id for r in granted]
 

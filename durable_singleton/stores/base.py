@@ -906,6 +906,17 @@ class BaseStore(ABC):
         window) (X6, K3), without locks. The default: (0, None)."""
         return 0, None
 
+    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
+        """Make the oldest ``limit`` (an int >= 1) parked waiters of the throttle key
+        ``(name, key)`` due now, and return them as stored: a run parked over the rate
+        (park reason ``throttled:``, X6d) gets its ``not_before`` and ``wake_at`` at the
+        store's now, a waiter parked on its retry delay (``singleton``: the key was
+        paused, or another limit held it back) and already due by ``not_before`` its
+        ``wake_at``; each a compare-and-set on the run still parked so. No admission is
+        decided here: their own claims count the window. Called after a key control
+        that admits more (K2). The default (``supports_throttles`` False): none."""
+        return ()
+
     def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
         """Delete up to ``batch`` recorded throttle admissions that no window counts
         any more: older than their throttle's ``period`` in ``periods`` (by name) on

@@ -1971,6 +1971,24 @@ class DjangoStore(BaseStore):
             )
         )
 
+    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
+        """:meth:`BaseStore.wake_throttled`: one read of the key's oldest parked memberships
+        (``ds_throttle_order_idx``), two conditional updates on the database's clock (R5)."""
+        waiting = Q(quota_slot=SlotState.WAITER, status__in=PARKED_STATUSES, cancel_requested=False)
+        over_rate = waiting & Q(park_reason__startswith=ParkReason.THROTTLED.value)
+        retrying = (
+            waiting & Q(park_reason=ParkReason.SINGLETON) & (Q(not_before__isnull=True) | Q(not_before__lte=DbNow()))
+        )
+        members = ThrottleMembership.objects.using(self.db).filter(
+            throttle=name, key=key, run__in=self._runs().filter(over_rate | retrying)
+        )
+        ids = [str(i) for i in members.order_by("created_at", "run_id").values_list("run_id", flat=True)[:limit]]
+        if not ids:
+            return ()
+        self._runs().filter(over_rate, pk__in=ids).update(not_before=DbNow(), wake_at=DbNow(), updated_at=DbNow())
+        self._runs().filter(retrying, pk__in=ids).update(wake_at=DbNow(), updated_at=DbNow())
+        return tuple(self._quota_records(ids))  # a turn sent to one changed meanwhile is skipped (R6)
+
     def throttle_state(self, name: str, key: str, period: float) -> tuple[int, datetime | None]:
         """:meth:`BaseStore.throttle_state`: a count on ``ds_throttle_window_idx``, no lock."""
         window = ThrottleAdmission.objects.using(self.db).filter(

@@ -620,6 +620,33 @@ class MemoryStore(BaseStore):
         )
         return free, [r.run_id for r in waiters][:limit], opening
 
+    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
+        with self._critical():
+            now = self.clock()
+
+            def over_rate(r: RunRecord) -> bool:
+                return ParkReason.THROTTLED.matches(r.park_reason)
+
+            def retrying(r: RunRecord) -> bool:
+                return ParkReason.SINGLETON.matches(r.park_reason) and is_due(r.not_before, now)
+
+            parked = sorted(
+                (
+                    r
+                    for r in self._runs.values()
+                    if r.quota_slot == SlotState.WAITER
+                    and r.status in PARKED_STATUSES
+                    and not r.cancel_requested
+                    and (over_rate(r) or retrying(r))
+                    and any(t[0] == name and t[1] == key for t in r.throttle_keys)
+                ),
+                key=lambda r: (r.created_at, r.run_id),
+            )[:limit]
+            return tuple(
+                self._replace(r, not_before=now, wake_at=now) if over_rate(r) else self._replace(r, wake_at=now)
+                for r in parked
+            )
+
     def throttle_state(self, name: str, key: str, period: float) -> tuple[int, datetime | None]:
         with self._critical():
             cutoff = self.clock() - timedelta(seconds=period)

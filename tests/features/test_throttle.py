@@ -399,3 +399,27 @@ def test_a_throttled_run_is_parked_with_its_throttle_as_its_reason(engine: Engin
     parked = engine.get("B")
     assert parked.park_reason == ParkReason.THROTTLED.of("erp-rate") == "throttled:erp-rate"
     assert parked.not_before is not None and reasons == ["throttled:erp-rate"]
+
+
+def test_raising_or_resuming_a_throttle_key_wakes_its_waiters_at_once(engine: Engine, registry: Registry) -> None:
+    """K2, X6d: B and C, parked over the rate until the window opens in 10 min, are
+    admitted at once when the key's limit is raised to 3 (their turns are sent, no tick);
+    D, started while the key is paused and parked on its retry delay, is admitted
+    at once when the key is resumed. Before, a raised throttle key woke no one: its
+    waiters kept their not_before at the old opening."""
+    rate = Throttle("ctl", limit=1, period=600.0)
+    registry.add("w", "1", lambda ctx, i: None, throttles=[rate])
+    for run_id in ("A", "B", "C"):
+        engine.start("w", {}, run_id=run_id)
+    drain(engine)
+    assert [engine.get(r).status for r in ("A", "B", "C")] == ["completed", "suspended", "suspended"]
+    engine.controls.override_limit("throttle:ctl", "*", 4, by="ops")
+    drain(engine)
+    assert [engine.get(r).status for r in ("B", "C")] == ["completed", "completed"]
+    engine.controls.pause_key("throttle:ctl", "*", by="ops")
+    engine.start("w", {}, run_id="D")
+    drain(engine)
+    assert engine.get("D").status == "suspended"
+    engine.controls.resume_key("throttle:ctl", "*", by="ops")
+    drain(engine)
+    assert engine.get("D").status == "completed"

@@ -8,6 +8,7 @@ database's clock (R5)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from django.core.management import call_command
@@ -57,3 +58,22 @@ def test_durable_queues_lists_a_throttle_key_with_its_throttled_waiters(
     assert row["next_admission_at"] == opening.isoformat()
     call_command("durable_queues", "--json", "--workflow", "sync")
     assert json.loads(capsys.readouterr().out)["throttles"] == []
+
+
+def test_durable_keys_pauses_and_overrides_a_throttle_key(
+    throttled: Engine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """K2, X6: ``durable_keys limit throttle:erp-rate --key t1 --limit 3`` raises the key's
+    limit in force (declared 1) and is recorded; the next claims admit B and C within the
+    same window; ``pause`` and ``show`` address the same key."""
+    call_command("durable_keys", "limit", "throttle:erp-rate", "--key", "t1", "--limit", "3", "--by", "ops")
+    assert "throttle:erp-rate t1: admitting, limit 3 (declared 1, override 3)" in capsys.readouterr().out
+    for run_id in ("B", "C"):
+        throttled.execute(run_id)
+    drain(throttled)
+    assert [throttled.get(r).status for r in ("B", "C")] == ["completed", "completed"]
+    call_command("durable_keys", "pause", "throttle:erp-rate", "--key", "t1", "--by", "ops")
+    call_command("durable_keys", "show", "throttle:erp-rate", "--key", "t1", "--json")
+    shown: dict[str, Any] = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert shown["controls"]["paused"] is True and shown["controls"]["limit"] == 3
+    assert [h["field"] for h in shown["history"]] == ["paused", "limit_override"]
