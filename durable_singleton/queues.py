@@ -79,6 +79,7 @@ __all__ = [
     "QueuedRun",
     "QuotaKeyQueue",
     "QuotaRow",
+    "ThrottleKeyQueue",
     "ThrottleRow",
     "format_age",
     "holder_since",
@@ -96,7 +97,9 @@ __all__ = [
     "run_cause",
     "run_place",
     "singleton_options",
+    "throttle_key_queue",
     "throttle_table",
+    "throttle_workflows",
 ]
 
 #: Sort names accepted by :func:`queue_table` (prefix ``-`` for descending).
@@ -237,6 +240,12 @@ def quota_workflows(reg: Registry = registry) -> dict[str, tuple[str, ...]]:
     """Return ``{workflow: quota names}`` of the latest registered versions that carry
     shared quotas (X3), a workflow with no singleton key among them."""
     return {name: tuple(q.name for q in d.quotas) for name, d in list(reg.latest.items()) if d.quotas}
+
+
+def throttle_workflows(reg: Registry = registry) -> dict[str, tuple[str, ...]]:
+    """Return ``{workflow: throttle names}`` of the latest registered versions that
+    carry throttles (X6)."""
+    return {name: tuple(t.name for t in d.throttles) for name, d in list(reg.latest.items()) if d.throttles}
 
 
 def queue_ttl_left(run: Run, now: datetime, reg: Registry = registry) -> float | None:
@@ -564,16 +573,16 @@ def throttle_table(
     using: str | None = None,
 ) -> list[ThrottleRow]:
     """Return up to ``limit`` throttle keys with waiters (active runs not yet
-    admitted), most waiters first (X6, K3): one grouped query on the memberships,
-    one of their controls and one count of recorded admissions per throttle listed,
-    each judged at one read of the database's clock (R5). ``throttles``: only the
+    admitted), most waiters first (X6, K3): one grouped query on the memberships
+    (the only one when no key has waiters), then one read of the database's clock
+    (R5), one of the keys' controls and one count of recorded admissions per
+    throttle listed. ``throttles``: only the
     keys of these throttle names (None: every throttle)."""
     db = using or router.db_for_read(ThrottleMembership)
     memberships = ThrottleMembership.objects.using(db)
     if throttles is not None:
         memberships = memberships.filter(throttle__in=sorted(set(throttles)))
-    now = database_now(db)
-    over_rate = Q(run__not_before__gt=now)
+    over_rate = Q(run__not_before__gt=DbNow())
     groups = list(
         memberships.filter(run__quota_slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES)
         .values("throttle", "key")
@@ -585,6 +594,9 @@ def throttle_table(
         )
         .order_by("-waiting", "throttle", "key")[:limit]
     )
+    if not groups:
+        return []
+    now = database_now(db)  # the windows' end, one read (R5)
     controls = {
         (w, k): (paused, override)
         for w, k, paused, override in SingletonKey.objects.using(db)
@@ -907,6 +919,118 @@ def quota_key_queue(
         not_due=counts["waiting"] - counts["due"],
         offset=offset,
         paused=bool(paused),
+        declared=declared is not None,
+    )
+
+
+@dataclass(frozen=True)
+class ThrottleKeyQueue:
+    """One throttle key (X6, K3), as of ``as_of`` (the database's clock, R5): its
+    limit in force per ``period`` seconds (K2: the key's override, else the declared
+    ``Throttle.limit``, else the one its runs' starts recorded), the admissions
+    recorded in the window that ends at ``as_of`` (``(run id, time)``, newest first, at
+    most :data:`ADMISSIONS_LISTED`; ``admitted`` counts them all), a page of its
+    waiters in its admission order (``created_at``, ``run_id``) with 1-based
+    positions among all its waiters, their number ``waiting``, how many are
+    ``throttled`` (parked over the rate: ``not_before`` after ``as_of``) and the
+    earliest such opening ``next_admission_at``."""
+
+    throttle: str
+    key: str
+    limit: int
+    period: float
+    admissions: list[tuple[str, datetime]]
+    admitted: int
+    waiters: list[QueuedRun]
+    waiting: int
+    throttled: int
+    next_admission_at: datetime | None
+    as_of: datetime
+    offset: int
+    paused: bool = False
+    limit_override: int | None = None
+    declared: bool = True
+
+    @property
+    def workflow(self) -> str:
+        """Return ``throttle:<name>``, the key table's name of the throttle (X6, K2)."""
+        return throttle_lock_name(self.throttle)
+
+    @property
+    def free_admissions(self) -> int:
+        """Return the admissions the window has room for now: none while paused."""
+        return free_slots(self.limit, self.admitted, paused=self.paused)
+
+
+#: Recorded admissions a throttle key's page lists (the count is always complete).
+ADMISSIONS_LISTED = 200
+
+
+def throttle_key_queue(
+    throttle: str,
+    key: str,
+    *,
+    offset: int = 0,
+    limit: int = 100,
+    reg: Registry = registry,
+    using: str | None = None,
+) -> ThrottleKeyQueue:
+    """Return one throttle key's window and queue (X6, K3) in at most six queries,
+    whatever its length, at one read of the database's clock (R5): the page
+    ``offset``/``limit`` of its waiters (active runs not yet admitted, memberships on
+    ``ds_throttle_order_idx``), their counts, the admissions in its window
+    (``ds_throttle_window_idx``) and its controls (K2). A throttle this process does
+    not declare is shown with the limit and period its runs' starts recorded."""
+    db = using or router.db_for_read(ThrottleMembership)
+    now = database_now(db)
+    members = ThrottleMembership.objects.using(db).filter(
+        throttle=throttle, key=key, run__quota_slot=SlotState.WAITER, run__status__in=ACTIVE_STATUSES
+    )
+    over_rate = Q(run__not_before__gt=now)
+    counts = members.aggregate(
+        waiting=Count("pk"),
+        throttled=Count("pk", filter=over_rate),
+        next_at=Min("run__not_before", filter=over_rate),
+    )
+    page = list(members.select_related("run").order_by("created_at", "run_id")[offset : offset + limit])
+    declared = reg.throttles.get(throttle)
+    if declared is not None:
+        stated: tuple[int, float] = (declared.limit, float(declared.period))
+    else:
+        recorded = next(
+            (t for m in page for t in (m.run.throttle_keys or []) if t[0] == throttle),
+            None,
+        )
+        stated = (int(recorded[2]), float(recorded[3])) if recorded is not None else (1, 0.0)
+    window = ThrottleAdmission.objects.using(db).filter(
+        throttle=throttle, key=key, admitted_at__gt=now - timedelta(seconds=stated[1])
+    )
+    admissions = [
+        (str(r), at)
+        for r, at in window.order_by("-admitted_at").values_list("run_id", "admitted_at")[:ADMISSIONS_LISTED]
+    ]
+    control = (
+        SingletonKey.objects.using(db)
+        .filter(workflow_name=throttle_lock_name(throttle), key=key)
+        .values_list("paused", "limit_override")
+        .first()
+    )
+    paused, override = control if control is not None else (False, None)
+    return ThrottleKeyQueue(
+        throttle=throttle,
+        key=key,
+        limit=limit_in_force(stated[0], override),
+        period=stated[1],
+        admissions=admissions,
+        admitted=window.count() if len(admissions) >= ADMISSIONS_LISTED else len(admissions),
+        waiters=[QueuedRun(m.run, offset + n + 1, None) for n, m in enumerate(page)],
+        waiting=counts["waiting"],
+        throttled=counts["throttled"],
+        next_admission_at=counts["next_at"],
+        as_of=now,
+        offset=offset,
+        paused=bool(paused),
+        limit_override=override,
         declared=declared is not None,
     )
 

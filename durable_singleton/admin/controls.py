@@ -16,7 +16,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpR
 from django.urls import path, reverse
 from django.utils.translation import gettext_lazy as _
 
-from ..admission import KEY_MAX_LENGTH
+from ..admission import KEY_MAX_LENGTH, THROTTLE_PREFIX
 from ..exceptions import DurableSingletonError
 from ..models import KeyControlChange
 from ..runtime import get_engine
@@ -78,6 +78,13 @@ class KeyControlChangeAdmin(StorableInputMixin, admin.ModelAdmin):  # type: igno
         by = request.user.get_username()
         engine = get_engine()
         back = reverse("admin:durable_singleton_run_queue_key") + "?" + urlencode({"workflow": workflow, "key": key})
+        if workflow.startswith(THROTTLE_PREFIX):
+            # A throttle key's controls are on its own page (X6, K2).
+            back = (
+                reverse("admin:durable_singleton_run_throttle_key")
+                + "?"
+                + urlencode({"throttle": workflow[len(THROTTLE_PREFIX) :], "key": key})
+            )
         if not (is_text(workflow) and is_text(key, KEY_MAX_LENGTH)):
             back = reverse("admin:durable_singleton_run_queues")  # no key page can show that key (section 7)
         try:

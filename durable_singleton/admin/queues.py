@@ -112,6 +112,8 @@ class QueuePagesMixin:
     queue_key_template: str | None = None
     #: Template of one quota key's queue; None: ``admin/durable_singleton/quota_key.html``.
     quota_key_template: str | None = None
+    #: Template of one throttle key's page; None: ``admin/durable_singleton/throttle_key.html``.
+    throttle_key_template: str | None = None
     #: Seconds between refreshes of the open queue pages (0: never); ``?refresh=N`` overrides.
     queue_refresh_seconds = 2
     #: Rows per page of the queue table, and waiters per page of a key's queue.
@@ -133,6 +135,11 @@ class QueuePagesMixin:
             path("queues/", self.admin_site.admin_view(self.queues_view), name="{}_{}_queues".format(*info)),
             path("queues/key/", self.admin_site.admin_view(self.queue_key_view), name="{}_{}_queue_key".format(*info)),
             path(
+                "queues/throttle/",
+                self.admin_site.admin_view(self.throttle_key_view),
+                name="{}_{}_throttle_key".format(*info),
+            ),
+            path(
                 "queues/quota/",
                 self.admin_site.admin_view(self.quota_key_view),
                 name="{}_{}_quota_key".format(*info),
@@ -148,6 +155,9 @@ class QueuePagesMixin:
 
     def _quota_url(self, quota: str, key: str) -> str:
         return f"{self._url('quota_key')}?{urlencode({'quota': quota, 'key': key})}"
+
+    def _throttle_url(self, throttle: str, key: str) -> str:
+        return f"{self._url('throttle_key')}?{urlencode({'throttle': throttle, 'key': key})}"
 
     def _change_url(self, run_id: str) -> str:
         return reverse(
@@ -241,8 +251,25 @@ class QueuePagesMixin:
                 quotas=carried.get(workflow, ()) if workflow else None,
             )
         ]
-        # Workflows with a singleton key or shared quotas: a quota-only one has rows below only.
-        workflows = sorted({*queues.singleton_options(), *carried, *([workflow] if workflow else [])})
+        # The throttle keys with waiters (X6): the rate, its use in the current window, the waiters.
+        throttled = queues.throttle_workflows()
+        throttle_rows = [
+            {
+                "row": t,
+                "url": self._throttle_url(t.throttle, t.key),
+                "age": format_age(
+                    None if t.oldest_waiter_at is None else (t.as_of - t.oldest_waiter_at).total_seconds()
+                ),
+                "period": format_age(t.period),
+            }
+            for t in queues.throttle_table(
+                limit=self.queue_per_page,
+                # A chosen workflow narrows the throttles to those its runs carry (X6).
+                throttles=throttled.get(workflow, ()) if workflow else None,
+            )
+        ]
+        # Workflows with a singleton key, shared quotas or throttles: the last two have rows below only.
+        workflows = sorted({*queues.singleton_options(), *carried, *throttled, *([workflow] if workflow else [])})
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -251,6 +278,7 @@ class QueuePagesMixin:
             "has_view_permission": True,
             "rows": rows,
             "quota_rows": quota_rows,
+            "throttle_rows": throttle_rows,
             "headers": _sort_headers(sort, link),
             "totals": table,
             "now": now,
@@ -462,6 +490,64 @@ class QueuePagesMixin:
             or [
                 f"admin/{self.opts.app_label}/{self.opts.model_name}/quota_key.html",
                 f"admin/{self.opts.app_label}/quota_key.html",
+            ],
+            context,
+        )
+
+    def throttle_key_view(self, request: HttpRequest) -> HttpResponse:
+        """Show one throttle key (X6, K3): its rate and the admissions in its current window,
+        its waiters in its admission order with why each waits (over the rate until the
+        window's opening, or in line), and its controls (K2)."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
+        throttle = text_param(request, "throttle", QUOTA_NAME_MAX_LENGTH)
+        key = text_param(request, "key", QUOTA_KEY_MAX_LENGTH)
+        if not throttle or not key:
+            return HttpResponseRedirect(self._url("queues"))
+        page, queue = _one_query_page(
+            request,
+            self.queue_per_page,
+            lambda offset, limit: queues.throttle_key_queue(throttle, key, offset=offset, limit=limit),
+            lambda queue: (queue.waiters, queue.waiting),
+        )
+        now = queue.as_of  # the database's clock (R5, K3)
+
+        def entry(item: queues.QueuedRun) -> dict[str, Any]:
+            run = item.run
+            over = run.not_before is not None and run.not_before > now
+            return {
+                "run": run,
+                "position": item.position,
+                "over_rate": over,
+                "doing": activity(run, None, None, now),
+                "url": self._change_url(run.run_id),
+                "key_url": self._key_url(run.workflow_name, run.singleton_key) if run.singleton_key else None,
+                "state": state_label(run),
+                "waited": format_age((now - run.created_at).total_seconds()),
+                "wake": overdue_html(run.wake_at, now),
+            }
+
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": _("Throttle %(throttle)s, key %(key)s") % {"throttle": throttle, "key": key},
+            "subtitle": None,
+            "has_view_permission": True,
+            "queue": queue,
+            "period": format_age(queue.period),
+            "waiters": [entry(w) for w in page.object_list],
+            "now": now,
+            "refresh": self._refresh(request),
+            "queues_url": self._url("queues"),
+            **self._paging(page, _page_url(request)),
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(
+            request,
+            self.throttle_key_template
+            or [
+                f"admin/{self.opts.app_label}/{self.opts.model_name}/throttle_key.html",
+                f"admin/{self.opts.app_label}/throttle_key.html",
             ],
             context,
         )

@@ -277,8 +277,9 @@ def test_queue_pages_run_a_bounded_number_of_queries(
     assert Run.objects.count() > 2500
     big = _page_queries(admin_client, 420)
     assert big == small
-    # session, user, the grouped queue query, the keys' controls (K2), the quota keys' grouped query (X3j)
-    with django_assert_max_num_queries(5):
+    # session, user, the grouped queue query, the keys' controls (K2), the quota keys' grouped query (X3j),
+    # the throttle keys' grouped query (X6)
+    with django_assert_max_num_queries(6):
         admin_client.get(QUEUES)
     # session, user, holders, waiting count, a page of waiters, the key's controls row; then
     # the first waiter's explanation (K3): the run, the oldest holders, depth and position,

@@ -56,6 +56,11 @@ def _pages() -> dict[str, tuple[str, list[str]]]:
         "lanes-names": (reverse("admin:durable_singleton_run_lanes") + "?", ["workflow", "key", "quota"]),
         "quota": (reverse("admin:durable_singleton_run_quota_key") + "?quota=billing&key=acme&", ["p", "refresh"]),
         "quota-names": (reverse("admin:durable_singleton_run_quota_key") + "?", ["quota", "key"]),
+        "throttle": (
+            reverse("admin:durable_singleton_run_throttle_key") + "?throttle=erp-rate&key=t1&",
+            ["p", "refresh"],
+        ),
+        "throttle-names": (reverse("admin:durable_singleton_run_throttle_key") + "?", ["throttle", "key"]),
         "runs": (
             reverse("admin:durable_singleton_run_changelist"),
             ["p", "q", "workflow_name", "singleton_key", "status", "namespace"],
@@ -78,9 +83,11 @@ def test_no_query_string_gives_a_server_error(client: Client, page: str) -> None
     for param in params:
         for value in BAD:
             joiner = "&" if "?" in url else "?"
-            named = page in ("key-names", "lanes-names", "quota-names")
-            extra = "&key=store:ADMB" if named and param in ("workflow", "quota") else ""
-            other = "&quota=billing" if page == "quota-names" else "&workflow=sync-inventory-wide"
+            named = page in ("key-names", "lanes-names", "quota-names", "throttle-names")
+            extra = "&key=store:ADMB" if named and param in ("workflow", "quota", "throttle") else ""
+            other = {"quota-names": "&quota=billing", "throttle-names": "&throttle=erp-rate"}.get(
+                page, "&workflow=sync-inventory-wide"
+            )
             extra = other if named and param == "key" else extra
             answers[(param, value[:12])] = client.get(f"{url}{joiner}{param}={value}{extra}").status_code
     assert {k: v for k, v in answers.items() if v not in (200, 302, 400)} == {}
