@@ -38,7 +38,16 @@ from .renewals import LeaseState, lease_state
 from .statuses import ParkReason, RunStatus, SlotState
 from .stores.base import BaseStore, RunRecord
 
-__all__ = ["ExplainState", "Explanation", "HolderInfo", "KeyControls", "QuotaPlace", "explain", "lease_words"]
+__all__ = [
+    "ExplainState",
+    "Explanation",
+    "HolderInfo",
+    "KeyControls",
+    "QuotaPlace",
+    "ThrottlePlace",
+    "explain",
+    "lease_words",
+]
 
 #: Completed runs of a key whose durations feed the estimated wait.
 RECENT_RUNS = 20
@@ -98,6 +107,27 @@ class QuotaPlace:
 
 
 @dataclass(frozen=True)
+class ThrottlePlace:
+    """A waiter's standing in one of its throttle keys (X6, K2, K3): the limit in
+    force per ``period`` seconds, the admissions recorded in the window that ends
+    now (the store's clock), and whether the key is paused."""
+
+    throttle: str
+    key: str
+    limit: int
+    period: float
+    admitted: int
+    paused: bool
+
+    def words(self) -> str:
+        """Say it: ``throttle 'erp-rate' (key 't1') is paused: ...`` or its use of the window."""
+        named = f"throttle {self.throttle!r} (key {self.key!r})"
+        if self.paused:
+            return f"{named}, which is paused: it admits no run until it is resumed"
+        return f"{named}, {self.admitted} of {self.limit} admission(s) used in the last {format_seconds(self.period)}"
+
+
+@dataclass(frozen=True)
 class Explanation:
     """A run's place (K3), as plain data. ``sentence`` says it in words.
 
@@ -147,6 +177,9 @@ class Explanation:
     expires_in_seconds: float | None = None
     #: A run that waits for shared quotas (X3): its place in each quota key's queue.
     quotas: list[QuotaPlace] = field(default_factory=list)
+    #: A waiter that carries throttles (X6) and is not parked over a rate: its standing in
+    #: each throttle key (its pause, K2, and its window's use).
+    throttles: list[ThrottlePlace] = field(default_factory=list)
     #: A debounced run (X7): its debounce key, and the latest start time a later start of
     #: its burst may give it (the burst's first start, its ``created_at``, plus ``max_seconds``).
     debounce_key: str | None = None
@@ -318,23 +351,50 @@ def explain(engine: Core, run_id: str) -> Explanation:
     if run.quota_slot != SlotState.WAITER or run.is_terminal or run.status == RunStatus.RUNNING:
         return explained
     places = [QuotaPlace(name, key, *engine.store.quota_queue(name, key, run.run_id)) for name, key in run.quota_keys]
+    gates = _throttle_places(engine, run)
     words = "; ".join(
-        f"quota {p.quota!r} (key {p.key!r}) position {p.position or '?'} of {p.depth}"
-        + (f", behind {', '.join(p.holders)}" if p.holders else "")
-        for p in places
+        [
+            *(
+                f"quota {p.quota!r} (key {p.key!r}) position {p.position or '?'} of {p.depth}"
+                + (f", behind {', '.join(p.holders)}" if p.holders else "")
+                for p in places
+            ),
+            *(g.words() for g in gates),
+        ]
     )
     if explained.state not in (ExplainState.PARKED, ExplainState.RUNNABLE):
         # Its singleton key holds it back too (a waiter there, or paused): both are said.
-        return replace(explained, quotas=places, sentence=f"{explained.sentence} It also waits for {words} (X3d).")
-    # Nothing but its quotas holds it back: it is a quota waiter, not a run a worker failed to take.
+        return replace(
+            explained,
+            quotas=places,
+            throttles=gates,
+            sentence=f"{explained.sentence} It also waits for {words} (X3d).",
+        )
+    # Nothing but its quotas and throttles holds it back: it is their waiter, not a run a worker failed to take.
     keyed = f"its singleton key {run.singleton_key!r} has room, but " if run.singleton_key is not None else ""
+    freed = "A slot freed" if places else "A resume or a raised limit of the throttle key (K2)"
     wake = (
-        f" A slot freed sends it a turn; else it retries at {_at(run.wake_at)}."
+        f" {freed} sends it a turn; else it retries at {_at(run.wake_at)}."
         if run.wake_at is not None and run.is_parked
         else ""
     )
     sentence = f"Run {run.run_id} is a waiter ({run.status}): {keyed}it waits for {words} (X3d).{wake}"
-    return replace(explained, state=ExplainState.WAITER, quotas=places, sentence=sentence)
+    return replace(explained, state=ExplainState.WAITER, quotas=places, throttles=gates, sentence=sentence)
+
+
+def _throttle_places(engine: Core, run: RunRecord) -> list[ThrottlePlace]:
+    """The standing of a waiter in each of its throttle keys (X6): the limit in force
+    (the key's override, K2, else the declared limit, else the one its start recorded),
+    its window's use on the store's clock, its pause. A count and a control read each."""
+    store = engine.store
+    limits = engine.limits()
+    places = []
+    for name, key, recorded, period in run.throttle_keys:
+        paused, override = store.key_control_state(throttle_lock_name(name), key)
+        admitted, _opens = store.throttle_state(name, key, period)
+        limit = limit_in_force(declared_limit(limits, throttle_lock_name(name), [recorded]) or 1, override)
+        places.append(ThrottlePlace(name, key, limit, period, admitted, paused))
+    return places
 
 
 def _throttled(engine: Core, run: RunRecord) -> dict[str, Any] | None:

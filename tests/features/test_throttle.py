@@ -423,3 +423,26 @@ def test_raising_or_resuming_a_throttle_key_wakes_its_waiters_at_once(engine: En
     engine.controls.resume_key("throttle:ctl", "*", by="ops")
     drain(engine)
     assert engine.get("D").status == "completed"
+
+
+def test_explain_names_a_paused_throttle_key_a_run_waits_for(engine: Engine, registry: Registry) -> None:
+    """K3, K2, X6: A, started while its throttle key is paused, waits for nothing else;
+    explain names the throttle key and its pause, with its standing as data (it read
+    "it waits for  (X3d)", naming nothing); after a resume and an admission, B (over the
+    rate) is explained as throttled."""
+    rate = Throttle("ctl", limit=1, period=600.0)
+    registry.add("w", "1", lambda ctx, i: None, throttles=[rate])
+    engine.controls.pause_key("throttle:ctl", "*", by="ops")
+    engine.start("w", {}, run_id="A")
+    drain(engine)
+    explained = engine.explain("A")
+    assert explained.state == "waiter", explained
+    assert "throttle 'ctl' (key '*'), which is paused" in explained.sentence, explained.sentence
+    assert "A resume or a raised limit of the throttle key" in explained.sentence
+    [place] = explained.throttles
+    assert (place.throttle, place.key, place.limit, place.paused, place.admitted) == ("ctl", "*", 1, True, 0)
+    engine.controls.resume_key("throttle:ctl", "*", by="ops")
+    drain(engine)
+    engine.start("w", {}, run_id="B")
+    drain(engine)
+    assert engine.get("A").status == "completed" and engine.explain("B").state == "throttled"
