@@ -65,7 +65,7 @@ from .admission import (
 from .definitions import Registry, registry
 from .models import QuotaMembership, Run, SingletonKey, Step, ThrottleAdmission, ThrottleMembership
 from .querysets import DbNow, database_now
-from .statuses import PARKED_STATUSES, RunStatus, SlotState
+from .statuses import PARKED_STATUSES, ParkReason, RunStatus, SlotState
 
 __all__ = [
     "FILTERS",
@@ -100,6 +100,7 @@ __all__ = [
     "throttle_key_queue",
     "throttle_table",
     "throttle_workflows",
+    "throttled_until",
 ]
 
 #: Sort names accepted by :func:`queue_table` (prefix ``-`` for descending).
@@ -1064,6 +1065,8 @@ class Cause(enum.StrEnum):
     NEEDS_KEY = "waiting for the key"  # behind the holders: waits for a slot to free
     # its key has room (or it has none) but it waits in a shared quota's queue (X3d)
     NEEDS_QUOTA = "waiting for a quota"
+    # over a throttle's rate: not due until its window opens, when the tick sends its turn (X6d)
+    THROTTLED = "throttled"
 
 
 def run_cause(
@@ -1076,6 +1079,7 @@ def run_cause(
     now: datetime,
     unrenewed: bool = False,
     quota_waiter: bool = False,
+    throttled: bool = False,
 ) -> Cause:
     """Return why an active singleton run is where it is.
 
@@ -1089,14 +1093,26 @@ def run_cause(
     (:func:`~durable_singleton.renewals.lease_state`, K3). ``quota_waiter``: it
     waits in a quota key's queue (its ``quota_slot`` is ``waiter``, X3d): a waiter
     among the first ``free_slots`` of its key then waits for a quota, not a worker.
+    ``throttled``: a waiter parked over a throttle's rate until its window opens
+    (:func:`throttled_until`, X6d), wherever it stands in line.
     """
     if status == RunStatus.RUNNING:
         return Cause.UNRENEWED if unrenewed else Cause.RUNNING
     if holder:
         return Cause.NEEDS_WORKER if wake_at is not None and wake_at <= now else Cause.PARKED
+    if throttled:
+        return Cause.THROTTLED
     if position is not None and position <= free_slots:
         return Cause.NEEDS_QUOTA if quota_waiter else Cause.NEEDS_WORKER
     return Cause.NEEDS_KEY
+
+
+def throttled_until(run: Run, now: datetime) -> datetime | None:
+    """Return the window's opening a waiter is parked over a throttle's rate until
+    (its ``not_before``, X6d), or None: not so parked, or the opening has come by
+    ``now`` (the database's clock, R5)."""
+    over = ParkReason.THROTTLED.matches(run.park_reason or "") and run.not_before is not None
+    return run.not_before if over and run.not_before is not None and run.not_before > now else None
 
 
 def quota_waiter_cause(run: Run, position: int, free_slots: int) -> Cause:

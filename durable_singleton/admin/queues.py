@@ -346,6 +346,8 @@ class QueuePagesMixin:
             since = item.since
             # Its lease was not renewed for longer than the renewal interval (K3).
             unrenewed = unrenewed_lease(run, now) is not None
+            # Parked over a throttle's rate: its next try is the window's opening, not a release (X6d).
+            throttled = queues.throttled_until(run, now) is not None
             return {
                 # Waiting for the key, or able to run and waiting for a worker (#9).
                 "cause": queues.run_cause(
@@ -357,6 +359,7 @@ class QueuePagesMixin:
                     now=now,
                     unrenewed=unrenewed,
                     quota_waiter=run.quota_slot == SlotState.WAITER,
+                    throttled=throttled,
                 ),
                 "quotas": [
                     {"quota": q, "key": k, "url": self._quota_url(q, k)}
@@ -381,7 +384,7 @@ class QueuePagesMixin:
                 if recovery is None or item.position is None or run.wake_at is None or run.wake_at > now
                 else recovery_html(recovery, now),
                 # Waiters further back retry late; a release or the tick's catch-up admits them (S7, S8a).
-                "on_release": is_backlog_wake(run, now),
+                "on_release": is_backlog_wake(run, now) and not throttled,
             }
 
         waiters = [entry(w) for w in page.object_list]

@@ -118,3 +118,27 @@ def test_the_throttle_key_page_costs_a_bounded_number_of_queries(
     with django_assert_max_num_queries(16):
         response = admin_client.get(THROTTLE_KEY, {"throttle": "erp-rate", "key": "t1"})
     assert response.content.decode().count('class="ds-waiter') == 32
+
+
+def test_a_singleton_keys_page_says_a_waiter_is_throttled(
+    admin_client: Client, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X6d, K3: ``keyed`` carries a singleton key and erp-rate; A ran, B is parked over the
+    rate while the key is free. The key's page reads B "throttled" (it read "waiting for a
+    quota", and its next attempt "at a release", the backlog's fallback) with its next
+    attempt at the window's opening."""
+    from durable_singleton import Singleton
+
+    engine = make_engine("django", registry=registry)
+    registry.add("keyed", "1", lambda ctx, i: None, singleton=Singleton(key=lambda i: "k", limit=1), throttles=[ERP])
+    monkeypatch.setitem(declared.throttles, "erp-rate", ERP)
+    monkeypatch.setitem(declared.latest, "keyed", registry.latest["keyed"])
+    for run_id in ("A", "B"):
+        engine.start("keyed", {"tenant": "t1"}, run_id=run_id)
+    drain(engine)
+    opening = engine.get("B").not_before
+    assert engine.get("A").status == "completed" and opening is not None
+    html = admin_client.get(reverse("admin:durable_singleton_run_queue_key"), {"workflow": "keyed", "key": "k"})
+    row = _waiters(html.content.decode())["B"]
+    assert 'data-cause="throttled">throttled<' in row, row
+    assert "at a release" not in row and f'datetime="{opening.isoformat()}"' in row, row
