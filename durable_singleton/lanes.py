@@ -161,6 +161,8 @@ class Lane:
     holders: int
     #: Waiters a free slot of the key would admit but for a shared quota they carry (X3d).
     waiting_for_quota: int = 0
+    #: Waiters parked over a throttle's rate until its window opens (X6d).
+    throttled: int = 0
     #: The shared quota whose key this is (X3); None: a singleton key of the workflow.
     quota: str | None = None
     members: dict[str, Member] = field(default_factory=dict)
@@ -360,9 +362,8 @@ def workflow_lanes(
                 waiters=members[workflow, key].waiters if row is not None else [],
                 waiting=row.waiting if row is not None else 0,
                 holders=row.holders if row is not None else 0,
-                waiting_for_quota=row.waiting - row.waiting_for_key
-                if row is not None and row.waiting_for_key is not None and row.free_slots > 0
-                else 0,
+                waiting_for_quota=row.waiting_for_quota if row is not None else 0,
+                throttled=row.throttled if row is not None else 0,
             )
         )
     # Then the keys of the shared quotas its runs carry, every workflow's runs on them (X3).

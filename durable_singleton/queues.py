@@ -115,6 +115,7 @@ FILTERS = {
 
 _HOLDER_Q = holds_slot_q()
 _WAITER_Q = Q(singleton_slot=SlotState.WAITER)
+_THROTTLED_Q = _WAITER_Q & Q(park_reason__startswith=ParkReason.THROTTLED.value, not_before__gt=DbNow())
 
 
 def format_age(seconds: float | None) -> str:
@@ -166,6 +167,18 @@ class QueueRow:
     #: The waiters that carry no quota (:func:`~durable_singleton.admission.key_only_waiter_q`):
     #: those a free slot of the key alone admits; None: not counted (all of ``waiting``).
     waiting_for_key: int | None = None
+    #: The waiters parked over a throttle's rate until its window opens (X6d: park reason
+    #: ``throttled:``, ``not_before`` after the database's now); they carry the quota marker.
+    throttled: int = 0
+
+    @property
+    def waiting_for_quota(self) -> int:
+        """Return the waiters a free slot of the key would admit but for a shared quota
+        they carry (X3d): those that carry the quota marker, less the ones parked over a
+        throttle's rate (:attr:`throttled`); 0 without a free slot or a count."""
+        if self.waiting_for_key is None or self.free_slots <= 0:
+            return 0
+        return max(self.waiting - self.waiting_for_key - self.throttled, 0)
 
     @property
     def stalled(self) -> bool:
@@ -214,6 +227,7 @@ class QueueRow:
             "fullness": self.fullness,
             "paused": self.paused,
             "limit_override": self.limit_override,
+            "throttled": self.throttled,
         }
 
 
@@ -302,6 +316,8 @@ def _grouped(options: dict[str, tuple[int, int | None]], using: str | None) -> Q
             holders=Count("pk", filter=_HOLDER_Q),
             waiting=Count("pk", filter=_WAITER_Q),
             waiting_for_key=Count("pk", filter=key_only_waiter_q()),
+            # Waiters parked over a throttle's rate until its window opens (X6d).
+            throttled=Count("pk", filter=_THROTTLED_Q),
             active=Count("pk"),
             oldest_waiter_at=Min("created_at", filter=_WAITER_Q),
             declared_limit=declared,
@@ -400,6 +416,7 @@ def queue_table(
             oldest_waiter_at=r["oldest_waiter_at"],
             max_queue_depth=options.get(r["workflow_name"], (0, None))[1],
             waiting_for_key=r["waiting_for_key"],
+            throttled=r["throttled"],
         )
         for r in window
     ]

@@ -147,6 +147,8 @@ def _summary(lane: Lane) -> str:
     if lane.quota is None:
         if lane.waiting_for_quota:
             text += " " + _("(%(count)s for a shared quota: see the queue page)") % {"count": lane.waiting_for_quota}
+        if lane.throttled:
+            text += " " + _("(%(count)s throttled until their window opens)") % {"count": lane.throttled}
         return text
     parts = [_(words) % {"count": lane.causes[cause]} for cause, words in _CAUSE_COUNTS if lane.causes.get(cause)]
     if lane.not_due:

@@ -228,9 +228,7 @@ class QueuePagesMixin:
                 # waiter it alone admits: one that carries no quota (X3d).
                 "stalled": row.stalled,
                 # Waiters its free slot would admit but for a shared quota they carry (X3d).
-                "quota_waiters": row.waiting - row.waiting_for_key
-                if row.free_slots > 0 and row.waiting_for_key is not None
-                else 0,
+                "quota_waiters": row.waiting_for_quota,
                 # A free slot with waiters is normal for the moment a claim takes; for long, not (S8a).
                 "stuck": row.stalled and (row.oldest_wait_seconds(now) or 0) > 10,
             }

@@ -213,6 +213,7 @@ def test_durable_queues_prints_the_table_and_json(capsys: pytest.CaptureFixture[
         "fullness": None,
         "paused": False,
         "limit_override": None,
+        "throttled": 0,
     }
     with pytest.raises(CommandError, match="unknown sort"):
         call_command("durable_queues", "--sort", "bogus")

@@ -142,3 +142,28 @@ def test_a_singleton_keys_page_says_a_waiter_is_throttled(
     row = _waiters(html.content.decode())["B"]
     assert 'data-cause="throttled">throttled<' in row, row
     assert "at a release" not in row and f'datetime="{opening.isoformat()}"' in row, row
+
+
+def test_the_queue_table_and_lanes_count_throttled_waiters_apart(
+    admin_client: Client, registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X6d, X3d: ``keyed`` (a singleton key and erp-rate) has a free slot and B and C parked
+    over the rate. The queue table's row says "(2 throttled)" and the key's lane "(2
+    throttled until their window opens)"; neither counts them "for a shared quota" (both
+    did: a throttle carrier carries the quota marker)."""
+    from durable_singleton import Singleton
+
+    engine = make_engine("django", registry=registry)
+    registry.add("keyed", "1", lambda ctx, i: None, singleton=Singleton(key=lambda i: "k", limit=1), throttles=[ERP])
+    monkeypatch.setitem(declared.throttles, "erp-rate", ERP)
+    monkeypatch.setitem(declared.latest, "keyed", registry.latest["keyed"])
+    for run_id in ("A", "B", "C"):
+        engine.start("keyed", {"tenant": "t1"}, run_id=run_id)
+    drain(engine)
+    assert [engine.get(r).status for r in ("A", "B", "C")] == ["completed", "suspended", "suspended"]
+    queues = admin_client.get(QUEUES, {"workflow": "keyed"}).content.decode()
+    row = re.search(r'<tr class="ds-queue-row" data-workflow="keyed" data-key="k">(.*?)</tr>', queues, re.S)
+    assert row is not None and "(2 throttled)" in row[1] and "waiting for a quota" not in row[1], queues
+    lanes = admin_client.get(reverse("admin:durable_singleton_run_lanes"), {"workflow": "keyed"}).content.decode()
+    assert "0 holding · 2 waiting (2 throttled until their window opens)" in lanes, lanes
+    assert "for a shared quota" not in lanes
