@@ -192,7 +192,8 @@ claimant_parked AS (                           -- not admitted: over the rate un
         not_before = COALESCE((SELECT o.opening FROM throttle_opening o), r.not_before),   -- not due before it (X5)
         lease_owner = NULL,
         lease_expires_at = NULL,
-        park_reason = 'singleton',
+        -- over a throttle's rate: ParkReason.THROTTLED, throttled:<name> (X6d); else a waiter's
+        park_reason = COALESCE((SELECT 'throttled:' || o.throttle FROM throttle_opening o), 'singleton'),
         updated_at = STATEMENT_TIMESTAMP()
     WHERE r.run_id = %(run_id)s
       AND r.status = (SELECT claimant.status FROM claimant)
