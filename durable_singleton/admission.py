@@ -78,6 +78,7 @@ __all__ = [
     "decide_admission",
     "declared_limit",
     "effective_limit",
+    "fair_place",
     "fair_tag",
     "free_slots",
     "free_slots_sql",
@@ -884,12 +885,28 @@ def fair_tag(virtual_time: int, last_tag: int | None, weight: int) -> int:
     10,000 gets tags one turn apart, and another sub-key's single run, arriving
     later, gets the virtual time, ahead of all but the burst's first. In a quota
     without ``fair_key`` every run has the tag 0: oldest first, as S5 step 3.
-    Tags are written at the start and never change; two starts racing on one
+    Tags are written at the starts (a start that passes its sub-key's waiters of a
+    lower priority moves them one turn later, :func:`fair_place`); two starts racing on one
     sub-key may get one tag (then the older goes first): fairness is
     approximate, admission (:func:`quota_front_reaches`) is exact."""
     if last_tag is None:
         return max(virtual_time, 0)
     return max(virtual_time, last_tag + FAIR_SCALE // max(weight, 1))
+
+
+def fair_place(virtual_time: int, last_tag: int | None, weight: int, passed: Sequence[int]) -> tuple[int, int]:
+    """Return (the tag of a run joining a fair quota key's queue, the tags' shift of the
+    waiters of its sub-key it passes) (X4b, X8c): the one definition.
+
+    ``passed``: the tags of its sub-key's waiters of a lower priority than its own. With
+    none, its tag is :func:`fair_tag` and nothing shifts. Else it takes the earliest of
+    their tags and each of them moves one turn later (``FAIR_SCALE // weight``, the shift
+    returned): the sub-key's turns stay where they were, plus one at their end, as for any
+    new run of the sub-key, and within the sub-key the higher priority goes first (X8);
+    the other sub-keys' runs keep their tags, so the round-robin across sub-keys is kept."""
+    if not passed:
+        return fair_tag(virtual_time, last_tag, weight), 0
+    return min(passed), FAIR_SCALE // max(weight, 1)
 
 
 def quota_front_reaches(run_id: str, waiters: Sequence[str], free: int) -> bool:

@@ -21,8 +21,10 @@ of violations, each naming the rule it breaks:
   accepted write. A ``retry`` event starts a new tenure (D9: the run failed,
   which freed its slot) from the exit of the body that failed before it (the
   driver writes the line after the retry, when the new body may have entered).
-* ``fifo`` (S5, S9): a run admitted before an older run of its key (by
-  ``created_at``, ``run_id``), judged by first-admission fencing tokens: a
+* ``fifo``, ``priority_order`` (S5, S9, X8): a run admitted before a run
+  ahead of it in its key's queue order (the higher ``priority`` first, then
+  ``created_at``, ``run_id``): ``fifo`` when the two share a priority,
+  ``priority_order`` when the one passed had the higher; judged by first-admission fencing tokens: a
   first body's, or, for a run never recovered nor retried, the token in the
   final dump (a run granted its slot but cancelled before its body entered).
   Only an older run already in line counts: its row committed (its ``start``
@@ -153,10 +155,33 @@ singleton key's, or its one quota's for a run without a singleton key):
   ``CLOCK_MARGIN``), or whose workflow has no TTL. Such a run is no
   ``unexpected_outcome``; the figures give the expiries and the latest one's
   delay past its TTL.
+
+The ``controls`` feature of issue #33 adds (the dump's ``throttle_keys``,
+``priority`` and the admission rows retention kept; the driver's ``start``
+lines of debounced runs and its ``debounce_fold`` lines, each with its input's
+number ``n``; the ``enter`` lines' ``n``):
+
+* ``throttle_over_rate`` (X6b): a throttle key's admissions, on the database's
+  clock (each throttled run's ``admitted_at``, and the admission rows not yet
+  deleted), hold more than its limit in some half-open interval of its period.
+* ``debounce_split`` (X7, X7a): a debounced start created a run while an
+  earlier run of its debounce key was open: its body not entered, no cancel
+  sent, and its start time (at least the quiet period after its latest start's
+  request, at most ``max_seconds`` after its creation) later than the new
+  run's creation (or the new start's line): two runs for one burst.
+* ``debounce_fold_closed`` (X7a): a start went into a run whose body had
+  entered before the start's request, or whose start time (at most the quiet
+  period after its latest start's line) had come.
+* ``debounce_input``, ``debounce_early`` (X7, X7d, X5): a debounced body
+  entered with another input than its burst's newest start's (or one whose
+  line never came: a start failed on a fault, perhaps after its commit); or
+  before its start time: the newest start's request, and the quiet period
+  after the start before it.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import sys
@@ -176,6 +201,7 @@ LIMIT_OF = {
     "soak-rchild": 1,
     "soak-sched": 2,
     "soak-qb": 1,
+    "soak-pr": 1,
 }
 #: The slots per quota key of the soak's shared quotas (soak/workflows.py, X3).
 QUOTA_LIMIT_OF = {"soak-shared": 2, "soak-fair": 2}
@@ -183,6 +209,11 @@ QUOTA_LIMIT_OF = {"soak-shared": 2, "soak-fair": 2}
 QUEUE_TTL_OF = {"soak-qb": 1.2}
 #: The error code of a waiter ended by its ``queue_ttl`` (X2).
 TTL_CODE = "queue_ttl_expired"
+#: The soak's throttles (soak/workflows.py, X6): admissions per window, window seconds.
+THROTTLE_OF = {"soak-rate": (3, 1.0)}
+#: The soak's debounce (soak/workflows.py, X7): its quiet period and longest hold, seconds.
+DEBOUNCE_SECONDS = 0.3
+DEBOUNCE_MAX_SECONDS = 1.0
 #: Exits after which the engine writes a park or a settle (accepted or not).
 FENCED_EXITS = ("LeaseLostError",)
 #: Exits that never fail the run (the others are the body's exception: the run fails).
@@ -230,6 +261,8 @@ class Body:
     quotas: dict[str, str] = field(default_factory=dict)
     #: The body's fencing token in each of them (``ctx.quota_tokens``, X3f).
     qtokens: dict[str, int] = field(default_factory=dict)
+    #: The number of the input it entered with (a debounced run's, X7).
+    n: int | None = None
 
     @property
     def tokens(self) -> dict[str, int]:
@@ -269,7 +302,7 @@ def bodies_of(audit: list[dict[str, Any]]) -> list[Body]:
         if kind == "enter":
             body = Body(
                 event["run"], event["wf"], event["key"], event["token"], pid, event["t"], event.get("recoveries", 0),
-                quotas=event.get("quotas") or {}, qtokens=event.get("qtokens") or {},
+                quotas=event.get("quotas") or {}, qtokens=event.get("qtokens") or {}, n=event.get("n"),
             )  # fmt: skip
             bodies.append(body)
             open_by_pid[pid] = body
@@ -470,25 +503,32 @@ def check(out: Path) -> dict[str, Any]:
         if row.get("name") == "durable:child" and isinstance(result, dict) and row.get("finished_at") is not None:
             committed_by.setdefault(str(result.get("run_id")), row["finished_at"])  # recorded after the child's commit
     fifo_checked = fifo_not_in_line = 0
+    priorities: Counter[int] = Counter()
     for (wf, key), group_runs in members.items():
+        # The key's queue order (X8): the higher priority first, then (created_at, run_id).
         admitted = sorted(
             (r for r in group_runs if r in first_token and r in runs),
-            key=lambda r: (runs[r]["created_at"], r),
+            key=lambda r: (-runs[r].get("priority", 0), runs[r]["created_at"], r),
         )
         fifo_checked += len(admitted)
+        priorities.update(runs[r].get("priority", 0) for r in admitted)
         highest: tuple[int, str] | None = None
         for n, run_id in enumerate(admitted):
             token = first_token[run_id]
             if highest is not None and token < highest[0]:
-                # run_id was created after older runs but admitted before them: were they in line yet?
+                # run_id comes after runs ahead of it in the queue order but was admitted
+                # before them: were they in line yet?
                 in_line_by = (runs[run_id].get("admitted_at") or runs[run_id]["created_at"]) - CLOCK_MARGIN
                 older = next((r for r in admitted[:n] if first_token[r] > token
                               and committed_by.get(r, float("inf")) < in_line_by), None)  # fmt: skip
                 if older is None:
                     fifo_not_in_line += 1
                 else:
-                    violate("fifo", workflow=wf, key=key, older=older, older_token=first_token[older],
-                            younger=run_id, younger_token=token)  # fmt: skip
+                    ahead, behind = runs[older].get("priority", 0), runs[run_id].get("priority", 0)
+                    violate("fifo" if ahead == behind else "priority_order", workflow=wf, key=key, older=older,
+                            older_token=first_token[older], younger=run_id, younger_token=token,
+                            **({"priority": ahead} if ahead == behind else
+                               {"ahead_priority": ahead, "behind_priority": behind}))  # fmt: skip
             if highest is None or token > highest[0]:
                 highest = (token, run_id)
 
@@ -642,6 +682,7 @@ def check(out: Path) -> dict[str, Any]:
 
     features = _check_features(audit, events, final, runs, every_body, per_run, started, violate)
     features.update(_check_quotas(events, final, runs, every_body, bodies, retries, retried_at, started, violate))
+    features.update(_check_controls(events, final, runs, bodies, violate))
     faults = Counter(e["kind"] for e in events if e["e"] == "fault")
     takeovers = sum(1 for b in bodies if b.recoveries > 0)
     return {
@@ -661,6 +702,7 @@ def check(out: Path) -> dict[str, Any]:
         "retried_executions_after_cancel": retried_after_cancel,
         "fifo_runs_checked": fifo_checked,
         "fifo_older_not_yet_in_line": fifo_not_in_line,
+        "fifo_runs_by_priority": {str(p): n for p, n in sorted(priorities.items())},
         "max_holders_by_limit": {str(k): v for k, v in sorted(max_holders.items())},
         "faults": dict(sorted(faults.items())),
         "faults_total": sum(faults.values()),
@@ -1039,6 +1081,144 @@ def _check_quotas(
     }
 
 
+def _check_controls(
+    events: list[dict[str, Any]],
+    final: dict[str, Any],
+    runs: dict[str, dict[str, Any]],
+    bodies: list[Body],
+    violate: Any,
+) -> dict[str, Any]:
+    """Judge the flow controls of #33: throttles (X6) and debounces (X7); return their figures."""
+    # -- admissions per throttle interval (X6b) ----------------------------------------------
+    # Each admission's time on the database's clock: a throttled run's admitted_at (written by
+    # the transaction that records the admission), and the admission rows retention kept.
+    admitted: dict[tuple[str, str], dict[tuple[str, float], float]] = defaultdict(dict)
+    rates: dict[tuple[str, str], tuple[int, float]] = {}
+    for run_id, run in runs.items():
+        for name, key, limit, period in run.get("throttle_keys") or ():
+            rates[(name, key)] = THROTTLE_OF.get(name, (int(limit), float(period)))
+            if run.get("admitted_at") is not None:
+                admitted[(name, key)][(run_id, round(run["admitted_at"], 6))] = run["admitted_at"]
+    for row in final.get("throttle_admissions", []):
+        pair = (row["throttle"], row["key"])
+        admitted[pair][(row["run_id"], round(row["admitted_at"], 6))] = row["admitted_at"]
+        rates.setdefault(pair, THROTTLE_OF.get(row["throttle"], (1, 0.0)))
+    most_in_window: dict[str, int] = {}
+    for pair, times in sorted(admitted.items()):
+        limit, period = rates[pair]
+        ordered = sorted(times.items(), key=lambda item: item[1])
+        at = [t for _, t in ordered]
+        most = 0
+        for i, t in enumerate(at):
+            j = bisect.bisect_left(at, t + period)  # the half-open interval [t, t + period)
+            if j - i > most:
+                most = j - i
+                if most > limit:
+                    violate("throttle_over_rate", throttle=pair[0], key=pair[1], limit=limit, period=period,
+                            admissions=most, at=t, runs=[r for (r, _), _ in ordered[i:j]][:10])  # fmt: skip
+        most_in_window[f"{pair[0]}:{pair[1]}"] = most
+
+    # -- one run per debounce burst (X7, X7a) ---------------------------------------------------
+    # A debounced start's line: ``start`` when it created its run, ``debounce_fold`` when it went
+    # into an open one. A run's start time after a start S of its burst is at least
+    # min(S's request + seconds, its creation + max_seconds) (the start read the database's clock
+    # after its request; its creation's time is the creating start's reading), and at most
+    # min(S's line + seconds, creation + max_seconds).
+    into: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    by_dkey: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for event in events:
+        if event["e"] == "debounce_fold" or (event["e"] == "start" and "dkey" in event):
+            target = event.get("into", event["run"])
+            into[target].append(event)
+            by_dkey[event["dkey"]].append(event)
+    first_enter: dict[str, float] = {}
+    for body in bodies:
+        first_enter[body.run] = min(first_enter.get(body.run, body.enter_t), body.enter_t)
+    cancel_sent: dict[str, float] = {}
+    for event in events:
+        if event["e"] == "cancel":
+            cancel_sent[event["run"]] = min(cancel_sent.get(event["run"], float("inf")), event.get("t_req", event["t"]))
+    seconds, max_seconds = DEBOUNCE_SECONDS, DEBOUNCE_MAX_SECONDS
+
+    def starts_by(run_id: str, before: float) -> tuple[float, float] | None:
+        """The bounds (earliest, latest) of ``run_id``'s start time after its burst's starts
+        whose line was written before ``before``; None if it has none or no row."""
+        run = runs.get(run_id)
+        done = [e for e in into.get(run_id, ()) if e["t"] < before]
+        if run is None or not done:
+            return None
+        created, cap = run["created_at"], run["created_at"] + max_seconds  # its creating start's clock reading
+        earliest = max(created, *(e["t_req"] for e in done)) + seconds
+        return (min(earliest, cap), min(max(e["t"] for e in done) + seconds, cap))
+
+    folds = splits_judged = 0
+    for _dkey, starts in sorted(by_dkey.items()):
+        starts.sort(key=lambda e: e["t_req"])
+        for n, event in enumerate(starts):
+            target = event.get("into", event["run"])
+            folds += event["e"] == "debounce_fold"
+            # A start that made a new run while an earlier run of its key was open: two runs for one burst.
+            if event["e"] == "start":
+                # When it decided: its run's creation on the database's clock, else its line.
+                decided = min(event["t"], (runs.get(target) or {}).get("created_at") or float("inf"))
+                for earlier in {e.get("into", e["run"]) for e in starts[:n]}:
+                    bounds = starts_by(earlier, event["t_req"])
+                    if bounds is None or earlier == target:
+                        continue
+                    splits_judged += 1
+                    begun = first_enter.get(earlier, float("inf")) <= decided + CLOCK_MARGIN
+                    cancelled = cancel_sent.get(earlier, float("inf")) <= event["t"]
+                    if not begun and not cancelled and bounds[0] - CLOCK_MARGIN > decided:
+                        violate("debounce_split", dkey=event["dkey"], open_run=earlier, new_run=target,
+                                start=event["run"], open_until=bounds[0], at=decided)  # fmt: skip
+            # A start that went into a run no longer open: begun, or its start time come.
+            else:
+                bounds = starts_by(target, event["t_req"])
+                begun = first_enter.get(target, float("inf")) < event["t_req"] - CLOCK_MARGIN
+                if begun or (bounds is not None and event["t_req"] > bounds[1] + CLOCK_MARGIN):
+                    violate("debounce_fold_closed", dkey=event["dkey"], run=target, start=event["run"],
+                            at=event["t_req"], began=first_enter.get(target),
+                            starts_by=bounds[1] if bounds else None)  # fmt: skip
+    # Each debounced body begins at its start time, with its burst's newest input: a start whose
+    # line never came (it failed on a fault, perhaps after its commit) may be that input.
+    failed_n: dict[str, list[tuple[float, int]]] = defaultdict(list)
+    for event in events:
+        if event["e"] == "start_failed" and "dkey" in event:
+            failed_n[event["dkey"]].append((event.get("t_req", event["t"]), event["n"]))
+    runs_judged = 0
+    for body in bodies:
+        if body.run not in into or body.n is None:
+            continue
+        runs_judged += body.enter_t == first_enter[body.run]
+        burst = sorted(into[body.run], key=lambda e: e["t_req"])
+        newest = burst[-1]
+        maybe = {newest["n"], *(n for t, n in failed_n.get(newest["dkey"], ()) if t > newest["t_req"])}
+        if body.n not in maybe:
+            violate("debounce_input", run=body.run, entered_with=body.n, newest=newest["n"], start=newest["run"])
+        # Its start time: after the newest start's request, and no earlier than the quiet period
+        # after the start before it (the newest may have folded in as a claim took the run, X7d).
+        created = runs[body.run]["created_at"] if body.run in runs else float("-inf")
+        cap = created + max_seconds if body.run in runs else float("inf")
+        before = max(created, burst[-2]["t_req"] if len(burst) > 1 else newest["t_req"]) + seconds
+        earliest = max(min(before, cap), newest["t_req"])
+        if body.enter_t < earliest - CLOCK_MARGIN:
+            violate("debounce_early", run=body.run, entered=body.enter_t, starts_at=earliest)
+    per_run = [len(v) for v in into.values()]
+    return {
+        "throttled_runs": sum(1 for r in runs.values() if r.get("throttle_keys")),
+        "throttle_admissions_judged": sum(len(v) for v in admitted.values()),
+        "throttle_most_in_a_window": most_in_window,
+        "throttle_limits": {name: list(rate) for name, rate in THROTTLE_OF.items()},
+        "priority_runs": sum(1 for r in runs.values() if r.get("priority")),
+        "debounce_starts": sum(per_run),
+        "debounce_folds": folds,
+        "debounce_runs": len(per_run),
+        "debounce_starts_per_run_max": max(per_run, default=0),
+        "debounce_split_pairs_judged": splits_judged,
+        "debounce_bodies_judged": runs_judged,
+    }
+
+
 def render(summary: dict[str, Any]) -> str:
     """Return the summary as a plain-text table."""
     rows = [
@@ -1099,6 +1279,19 @@ def render(summary: dict[str, Any]) -> str:
              f"{features['fair_ahead_max']} ({features['fair_in_line_max']})"),
             ("waiters ended by their queue TTL (latest past its TTL, s)",
              f"{features['ttl_expired']} ({features['ttl_lateness_max']})"),
+        ]  # fmt: skip
+    if features.get("throttled_runs") or features.get("debounce_starts") or features.get("priority_runs"):
+        rows += [
+            ("throttled runs / admissions judged / most in one window (limit, period s)",
+             f"{features['throttled_runs']} / {features['throttle_admissions_judged']} / "
+             + (", ".join(f"{k} {v}" for k, v in features["throttle_most_in_a_window"].items()) or "-")
+             + " (" + ", ".join(f"{k}: {v[0]} per {v[1]:g}" for k, v in features["throttle_limits"].items()) + ")"),
+            ("runs with a priority / judged for the queue order, by priority",
+             f"{features['priority_runs']} / " + (", ".join(f"{k}: {v}" for k, v in
+             (summary.get("fifo_runs_by_priority") or {}).items()) or "-")),
+            ("debounced starts / folds / runs (most starts in one) / bodies judged",
+             f"{features['debounce_starts']} / {features['debounce_folds']} / {features['debounce_runs']} "
+             f"({features['debounce_starts_per_run_max']}) / {features['debounce_bodies_judged']}"),
         ]  # fmt: skip
     rows.append(("violations", sum(summary["violations_by_rule"].values()) or "none"))
     width = max(len(r[0]) for r in rows)

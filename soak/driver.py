@@ -26,7 +26,14 @@ reads only those three files.
   shared quota and a limit-1 key with a ``queue_ttl``: the third usually
   expires), or a burst of the fair quota's tenant ``big`` followed by one
   run of a small tenant. They take the other runs' faults, cancels and
-  duplicate deliveries.
+  duplicate deliveries;
+* ``controls`` (X6, X7, X8): about one iteration in twenty-five starts
+  control runs in place of its run (:class:`ControlPlan`): a burst of six
+  ``soak-th`` runs on one throttle key (3 admissions a second), five
+  ``soak-pr`` runs on one limit-1 key with priorities -5, 0 and 5, or a burst
+  of four ``soak-db`` starts of one debounce key, back to back; a debounced
+  start that folds into an open run writes a ``debounce_fold`` event (its
+  start id, the run it went into, its input's number) in place of ``start``.
 """
 
 from __future__ import annotations
@@ -52,7 +59,7 @@ ROOT = Path(__file__).resolve().parent.parent
 READY_MARK = b" ready."
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 WORKFLOWS = ("soak-l1", "soak-l2", "soak-l3", "soak-timeout")
-FEATURES = ("namespaces", "schedules", "clock", "retention", "quotas")
+FEATURES = ("namespaces", "schedules", "clock", "retention", "quotas", "controls")
 #: The tenants' namespaces (D10); the default engine's is ``default``.
 TENANTS = ("tenant-a", "tenant-b")
 #: The clock steps of the stepped tick loop, seconds (R8).
@@ -237,6 +244,38 @@ class QuotaPlan:
 
 
 @dataclass
+class ControlPlan:
+    """The runs of the ``controls`` feature (X6, X7, X8), from a seeded stream of their own."""
+
+    rng: random.Random
+    #: The debounced starts so far: each numbers its input (X7).
+    n: int = 0
+
+    def batch(self) -> list[tuple[str, dict[str, Any], int]]:
+        """Return the control runs to start in place of the load's next run (usually
+        none), as (workflow, input, priority)."""
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.015:  # a burst on one throttle key: half of it waits for the next window (X6)
+            tkey = f"th-k{rng.randrange(2)}"
+            return [("soak-th", {"key": "th", "tkey": tkey, "plan": [["work", rng.randint(0, 30)]]}, 0)] * 6
+        if roll < 0.03:  # a limit-1 key's queue of mixed priorities (X8)
+            key = f"pr-k{rng.randrange(2)}"
+            return [
+                ("soak-pr", {"key": key, "plan": [["work", rng.randint(20, 60)]]}, rng.choice((-5, 0, 5)))
+                for _ in range(5)
+            ]
+        if roll < 0.04:  # a burst of one debounce key: one run with the newest input (X7)
+            dkey = f"db-k{rng.randrange(3)}"
+            burst = []
+            for _ in range(4):
+                self.n += 1
+                burst.append(("soak-db", {"key": "db", "dkey": dkey, "n": self.n, "plan": [["work", 5]]}, 0))
+            return burst
+        return []
+
+
+@dataclass
 class Soak:
     """One soak: call :meth:`run`."""
 
@@ -333,12 +372,18 @@ class Soak:
             else {}
         )
         quotas = QuotaPlan(random.Random(self.args.seed + 7)) if "quotas" in self.features else None
+        controls = ControlPlan(random.Random(self.args.seed + 8)) if "controls" in self.features else None
         begin = time.monotonic()
         n = 0
         while not self.stop_load.is_set():
             regular = plan.run(n + 1)
-            # A batch of quota runs takes the place of the regular run: the rate stays --rate.
-            for workflow, input in (quotas.batch() if quotas is not None else None) or [regular]:
+            # A batch of control runs, or else of quota runs, takes the place of the regular
+            # run: the rate stays --rate.
+            control = controls.batch() if controls is not None else []
+            for workflow, input, priority in control:
+                n += 1
+                self.start_control(engine, n, workflow, dict(input), priority)
+            for workflow, input in [] if control else (quotas.batch() if quotas is not None else None) or [regular]:
                 n += 1
                 self.start_one(engine, scoped, n, workflow, input, rng, frng)
             ahead = n / self.args.rate - (time.monotonic() - begin)
@@ -394,6 +439,35 @@ class Soak:
                 self.count("duplicate_deliveries")
         if rng.random() < 0.03:  # a cancel of a recent run, wherever it is (D6)
             self.cancel(engine, rng.choice(self.started[-100:]))
+
+    def start_control(self, engine: Any, n: int, workflow: str, input: dict[str, Any], priority: int) -> None:
+        """Start the load's ``n``-th run, a control run (X6, X7, X8), on the default
+        namespace's engine with ``priority``; a debounced start that went into another
+        run writes ``debounce_fold`` in place of ``start``."""
+        run_id = f"s{n:06d}"
+        t_req = time.time()
+        try:
+            run = self._db(lambda: engine.start(workflow, input, run_id=run_id, priority=priority))
+        except Exception as exc:
+            numbered = {"dkey": input["dkey"], "n": input["n"]} if "dkey" in input else {}
+            self.events.write("start_failed", run=run_id, error=repr(exc), t_req=t_req, **numbered)
+            self.count("start_failed")
+            return
+        if run.run_id != run_id:  # folded into its key's open run (X7)
+            self.events.write(
+                "debounce_fold", run=run_id, into=run.run_id, wf=workflow, dkey=input["dkey"], n=input["n"],
+                t_req=t_req,
+            )  # fmt: skip
+            self.count("debounce_folds")
+            return
+        extra = {"dkey": input["dkey"], "n": input["n"]} if "dkey" in input else {}
+        self.events.write(
+            "start", run=run_id, wf=workflow, key=input["key"], plan=input["plan"], t_req=t_req, ns="default",
+            priority=priority, **extra,
+        )  # fmt: skip
+        with self.lock:
+            self.namespace_of[run_id] = "default"
+            self.started.append(run_id)
 
     def probe(self, scoped: dict[str, Any], rng: random.Random) -> None:
         """Probe a recent run through a scoped engine (D10): one of another
@@ -774,7 +848,14 @@ class Soak:
         return {"load_seconds": load_end - began, "drain_seconds": time.time() - load_end, "active_left": left}
 
     def dump(self) -> None:
-        from durable_singleton.models import QuotaMembership, Run, ScheduleFiring, SingletonKey, Step
+        from durable_singleton.models import (
+            QuotaMembership,
+            Run,
+            ScheduleFiring,
+            SingletonKey,
+            Step,
+            ThrottleAdmission,
+        )
 
         def epoch(value: Any) -> float | None:
             return value.timestamp() if value is not None else None
@@ -784,9 +865,17 @@ class Soak:
             for row in Run.objects.values(
                 "run_id", "workflow_name", "singleton_key", "singleton_limit", "status", "error", "created_at",
                 "admitted_at", "finished_at", "fencing_token", "attempts", "recoveries", "parent_run_id",
-                "cancel_requested", "step_count", "namespace", "output", "quota_slot",
+                "cancel_requested", "step_count", "namespace", "output", "quota_slot", "priority", "throttle_keys",
+                "debounce_key", "not_before",
             )
         ]  # fmt: skip
+        for row in runs:
+            row["not_before"] = epoch(row["not_before"])
+        # The throttle admissions the tick's retention has not deleted yet (X6b).
+        admissions = [
+            {**row, "admitted_at": epoch(row["admitted_at"])}
+            for row in ThrottleAdmission.objects.values("throttle", "key", "run_id", "admitted_at")
+        ]
         # Each run's quota keys (X3b): its place (tag, sub-key, weight, X4), slot and last token (X3f).
         memberships = [
             {**row, "created_at": epoch(row["created_at"])}
@@ -807,7 +896,14 @@ class Soak:
         ]
         (self.out / "final.json").write_text(
             json.dumps(
-                {"runs": runs, "steps": steps, "keys": keys, "firings": firings, "memberships": memberships},
+                {
+                    "runs": runs,
+                    "steps": steps,
+                    "keys": keys,
+                    "firings": firings,
+                    "memberships": memberships,
+                    "throttle_admissions": admissions,
+                },
                 default=str,
             )
         )

@@ -28,9 +28,18 @@ singleton key with a ``queue_ttl`` of :data:`QUEUE_TTL` seconds (X2), so its
 run carries two limits and its waiters may expire; ``soak-qf`` only
 :data:`FAIR`, whose sub-key is the tenant ``input["tenant"]`` (X4).
 
+With the driver's ``controls`` feature three more workflows carry the flow
+controls of issue #33: ``soak-th`` only the throttle :data:`RATE`
+(:data:`THROTTLE_LIMIT` admissions per :data:`THROTTLE_PERIOD` seconds of each
+throttle key ``input["tkey"]``, X6); ``soak-pr`` a limit-1 singleton key whose
+runs are started with a priority (X8); ``soak-db`` the debounce
+:data:`DEBOUNCE` on ``input["dkey"]`` (X7), whose starts number their input
+``input["n"]``.
+
 The audit (:mod:`soak.audit`) gets ``enter`` with the fencing token (K1;
 a run without a singleton key has none: its token is then its one quota's,
-X3f) and, for a run that carries quotas, ``quotas`` (quota name -> quota key)
+X3f), the input's number ``n`` when it has one (a debounced run, X7), and,
+for a run that carries quotas, ``quotas`` (quota name -> quota key)
 and ``qtokens`` (``ctx.quota_tokens``),
 ``exec`` when a step handler starts, ``stored`` once a step this body executed
 was accepted by the store, and ``exit`` with how the body left (``return``,
@@ -46,7 +55,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from durable_singleton import BaseWorkflow, Quota, Schedule, Singleton, WorkflowCtx, step, workflow
+from durable_singleton import (
+    BaseWorkflow,
+    Debounce,
+    Quota,
+    Schedule,
+    Singleton,
+    Throttle,
+    WorkflowCtx,
+    step,
+    workflow,
+)
 from durable_singleton.context import Suspend
 
 from . import audit
@@ -62,6 +81,7 @@ LIMITS = {
     "soak-rchild": 1,
     "soak-sched": 2,
     "soak-qb": 1,
+    "soak-pr": 1,
 }
 TIMEOUT_SECONDS = 2.0
 SIGNAL_TIMEOUT = 30.0
@@ -84,6 +104,13 @@ QUEUE_TTL = {"soak-qb": 1.2}
 #: The slots per round of the fair quota's sub-keys (X4); the others get 1.
 FAIR_WEIGHTS = {"big": 2}
 
+#: The throttle of ``soak-th`` (X6): admissions per window of each throttle key, and the window, seconds.
+THROTTLE_LIMIT = 3
+THROTTLE_PERIOD = 1.0
+#: The debounce of ``soak-db`` (X7): its quiet period and its longest hold, seconds.
+DEBOUNCE_SECONDS = 0.3
+DEBOUNCE_MAX_SECONDS = 1.0
+
 _local = threading.local()
 
 
@@ -99,6 +126,20 @@ def _tenant(input: dict[str, Any]) -> str:
 SHARED = Quota("soak-shared", key=_qkey, limit=QUOTA_LIMITS["soak-shared"])
 #: A fair quota of ``soak-qf``: its free slots go round-robin across tenants (X4).
 FAIR = Quota("soak-fair", key=_qkey, limit=QUOTA_LIMITS["soak-fair"], fair_key=_tenant, weights=FAIR_WEIGHTS)
+
+
+def _tkey(input: dict[str, Any]) -> str:
+    return str(input["tkey"])
+
+
+def _dkey(input: dict[str, Any]) -> str:
+    return str(input["dkey"])
+
+
+#: The throttle of ``soak-th`` (X6).
+RATE = Throttle("soak-rate", key=_tkey, limit=THROTTLE_LIMIT, period=THROTTLE_PERIOD)
+#: The debounce of ``soak-db`` (X7).
+DEBOUNCE = Debounce(key=_dkey, seconds=DEBOUNCE_SECONDS, max_seconds=DEBOUNCE_MAX_SECONDS)
 
 
 class FlakyStepError(RuntimeError):
@@ -135,6 +176,8 @@ def _key(input: dict[str, Any]) -> str:
 def _body(ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
     run_id, key, token = ctx.run_id, ctx.run.singleton_key, ctx.fencing_token
     quotas = {"quotas": dict(ctx.run.quota_keys), "qtokens": ctx.quota_tokens} if ctx.run.quota_keys else {}
+    if "n" in input:  # a debounced run's input: the newest start of its burst (X7)
+        quotas["n"] = input["n"]
     if token is None and quotas:
         token = min(ctx.quota_tokens.values(), default=None)  # one quota without a singleton key: its token
     audit.emit(
@@ -184,10 +227,21 @@ def _declare(
     timeout: float | None = None,
     schedules: tuple[Schedule, ...] = (),
     quotas: tuple[Quota, ...] = (),
+    throttles: tuple[Throttle, ...] = (),
+    debounce: Debounce | None = None,
 ) -> type[BaseWorkflow]:
     singleton = Singleton(key=_key, limit=limit, queue_ttl=QUEUE_TTL.get(name)) if limit is not None else None
 
-    @workflow(name=name, version="1", singleton=singleton, timeout=timeout, schedules=schedules, quotas=quotas)
+    @workflow(
+        name=name,
+        version="1",
+        singleton=singleton,
+        timeout=timeout,
+        schedules=schedules,
+        quotas=quotas,
+        throttles=throttles,
+        debounce=debounce,
+    )
     class SoakWorkflow(BaseWorkflow):
         def run(self, ctx: WorkflowCtx, input: dict[str, Any]) -> dict[str, Any]:
             return _body(ctx, input)
@@ -214,3 +268,7 @@ if "quotas" in FEATURES:  # declared only with the driver's ``quotas`` feature
     SoakQuota = _declare("soak-qa", None, quotas=(SHARED,))
     SoakQuotaKeyed = _declare("soak-qb", LIMITS["soak-qb"], quotas=(SHARED,))
     SoakQuotaFair = _declare("soak-qf", None, quotas=(FAIR,))
+if "controls" in FEATURES:  # declared only with the driver's ``controls`` feature
+    SoakThrottled = _declare("soak-th", None, throttles=(RATE,))
+    SoakPriority = _declare("soak-pr", LIMITS["soak-pr"])
+    SoakDebounced = _declare("soak-db", None, debounce=DEBOUNCE)

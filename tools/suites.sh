@@ -187,7 +187,8 @@ done
 # Celery workers, three ticks and random faults for 165 s on each database, then the
 # independent checker; at least 3,000 runs each. DS_SOAK=0 skips it (e.g. with -k).
 # With all of #18's workload (--features: namespaces, schedules, a stepped clock,
-# retention of children) and #20's (quotas: shared and fair quotas, queue TTLs). The two soaks run side by side (each has its own servers;
+# retention of children), #20's (quotas: shared and fair quotas, queue TTLs) and #33's (controls:
+# throttle, priority, debounce). The two soaks run side by side (each has its own servers;
 # one at a time with DS_CI_SERIAL=1): on the 2-core machine each still reaches
 # about 3,300 runs in 165 s (measured at bd4cb36: 3,330 and 3,070 runs in 150 s).
 soak() {
@@ -195,7 +196,7 @@ soak() {
   local started=$EPOCHREALTIME
   echo "=== chaos soak on ${db} (python -m soak) ==="
   timeout --kill-after=30 600 .venv/bin/python -m soak --db "$db" --seconds 165 --rate 20 --drain 120 \
-    --min-runs 3000 --features namespaces,schedules,clock,retention,quotas --out "artifacts/soak-ci-${db}"
+    --min-runs 3000 --features namespaces,schedules,clock,retention,quotas,controls --out "artifacts/soak-ci-${db}"
   rc=$?
   record soak "$db" "$rc" "$started" ", \"summary\": \"artifacts/soak-ci-${db}/summary.json\""
   if [ "$rc" -ne 0 ]; then

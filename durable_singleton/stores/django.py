@@ -70,7 +70,7 @@ from ..admission import (
     debounce_lock_name,
     debounce_open_q,
     declared_limit,
-    fair_tag,
+    fair_place,
     free_slots,
     free_slots_sql,
     handoff_admits,
@@ -1116,7 +1116,9 @@ class DjangoStore(BaseStore):
         shares = {name: (sub_key, weight) for name, sub_key, weight in run.quota_shares}  # X4
         with transaction.atomic(using=self.db):
             tags = {
-                (name, key): self._fair_tag(name, key, *shares[name]) for name, key in run.quota_keys if name in shares
+                (name, key): self._fair_tag(name, key, *shares[name], priority=run.priority)
+                for name, key in run.quota_keys
+                if name in shares
             }
             self._row(run).save(using=self.db, force_insert=True)
             QuotaMembership.objects.using(self.db).bulk_create(
@@ -1628,16 +1630,27 @@ class DjangoStore(BaseStore):
         waiters = [str(r) for r in self._locking(queue).values_list("run_id", flat=True)[:limit]]
         return free_slots(limit, holders, paused=bool(key_row["paused"])), waiters
 
-    def _fair_tag(self, name: str, key: str, sub_key: str, weight: int) -> int:
-        """The tag of a new member of a fair quota key (:func:`~durable_singleton.admission.fair_tag`,
-        X4): two probes, of ``ds_quota_order_idx`` (the holders' largest tag) and
-        ``ds_quota_fair_idx`` (the sub-key's), without locks."""
+    def _fair_tag(self, name: str, key: str, sub_key: str, weight: int, *, priority: int = 0) -> int:
+        """The tag of a new member of priority ``priority`` in a fair quota key
+        (:func:`~durable_singleton.admission.fair_place`, X4b, X8c): two probes, of
+        ``ds_quota_order_idx`` (the holders' largest tag) and ``ds_quota_fair_idx`` (the
+        sub-key's), without locks; and, when its sub-key has waiters of a lower priority,
+        under the quota key's lock (the lock order, X3e: a fair quota is its run's only
+        limit, X4d), the read of their tags and their move one turn later."""
         members = QuotaMembership.objects.using(self.db).filter(quota=name, key=key)
+        lower = members.filter(sub_key=sub_key, slot=SlotState.WAITER, priority__lt=priority)
+        passed: list[int] = []
+        if lower.exists():
+            self.lock_key(quota_lock_name(name), key)
+            passed = list(self._locking(lower).values_list("tag", flat=True))
         virtual = members.filter(slot=SlotState.HOLDER).order_by("-tag").values_list("tag", flat=True).first()
         last = (
             members.filter(sub_key=sub_key, slot__isnull=False).order_by("-tag").values_list("tag", flat=True).first()
         )
-        return fair_tag(virtual or 0, last, weight)
+        tag, shift = fair_place(virtual or 0, last, weight, passed)
+        if shift:
+            lower.update(tag=F("tag") + shift)
+        return tag
 
     def _quota_turns(
         self,

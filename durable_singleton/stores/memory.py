@@ -19,7 +19,7 @@ from ..admission import (
     debounce_fair_shares,
     debounce_open,
     declared_limit,
-    fair_tag,
+    fair_place,
     free_slots,
     handoff_admits,
     is_due,
@@ -291,12 +291,19 @@ class MemoryStore(BaseStore):
             sub_key, weight = shares[name]
             members = self._quota_members(name, key)
             holding = [self._quota_tags.get((r.run_id, name), 0) for r in members if r.holds_quota_slots]
-            mine = [
-                self._quota_tags.get((r.run_id, name), 0)
-                for r in members
-                if any(q == name and s == sub_key for q, s, _ in r.quota_shares)
-            ]
-            self._quota_tags[(run.run_id, name)] = fair_tag(max(holding, default=0), max(mine, default=None), weight)
+            peers = [r for r in members if any(q == name and s == sub_key for q, s, _ in r.quota_shares)]
+            mine = [self._quota_tags.get((r.run_id, name), 0) for r in peers]
+            # Its sub-key's waiters of a lower priority: it passes them (X8c).
+            lower = [r.run_id for r in peers if r.quota_slot == SlotState.WAITER and r.priority < run.priority]
+            tag, shift = fair_place(
+                max(holding, default=0),
+                max(mine, default=None),
+                weight,
+                [self._quota_tags.get((r, name), 0) for r in lower],
+            )
+            for run_id in lower:
+                self._quota_tags[(run_id, name)] = self._quota_tags.get((run_id, name), 0) + shift
+            self._quota_tags[(run.run_id, name)] = tag
         self._runs[run.run_id] = run
 
     def queue_is_deep(self, workflow_name: str, key: str, limit: int, *, priority: int = 0) -> bool:

@@ -249,3 +249,28 @@ def test_a_start_that_queues_before_the_waiters_is_not_parked_as_behind_a_deep_q
     assert engine.get("same").park_reason == "singleton"  # behind the holder and "low": deep
     high = engine.get("high")
     assert not high.park_reason and high.status == RunStatus.PENDING, (high.park_reason, high.wake_at)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kind", sorted(STORES))
+def test_a_fair_quota_orders_one_sub_keys_waiters_by_priority(kind: str) -> None:
+    """X8, X8c, X4b: in a fair quota of one slot, tenant big holds it with b1 and queues
+    b2, b3 (priority 0) then b4 (priority 10); tenant small queues s1. When b1 settles,
+    the round-robin across tenants is kept (s1 first: its tag is the virtual time) and
+    within big the higher priority goes first: s1, b4, b2, b3. Before, b4's tag came
+    after b2's and b3's whatever its priority (s1, b2, b3, b4), on every store path."""
+    from durable_singleton import Quota
+
+    registry = Registry()
+    entered: list[str] = []
+    fair = Quota("fair-prio", key=lambda i: "q", limit=1, fair_key=lambda i: i["t"])
+    registry.add("wf", "1", lambda ctx, i: entered.append(ctx.run_id), quotas=[fair])
+    engine = make_engine(STORES[kind](), registry=registry)
+    engine.start("wf", {"t": "big"}, run_id="b1")
+    assert claim(engine, "b1").run is not None
+    for run_id, tenant, priority in [("b2", "big", 0), ("b3", "big", 0), ("s1", "small", 0), ("b4", "big", 10)]:
+        engine.start("wf", {"t": tenant}, run_id=run_id, priority=priority)
+    held = engine.get("b1")
+    engine.store.finish(held, held.lease_owner, "completed", limits=engine.limits())
+    engine.dispatcher.drain()  # type: ignore[attr-defined]
+    assert entered == ["s1", "b4", "b2", "b3"]

@@ -16,11 +16,13 @@ def write_history(
     keys: list[dict[str, Any]] | None = None,
     *,
     memberships: list[dict[str, Any]] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``audit.jsonl``, ``events.jsonl`` and ``final.json`` into ``folder`` and
     return it. The key rows' counters default to the highest token each key's
     bodies entered with (quota keys' too, and their memberships' tokens);
-    ``memberships`` None writes none (a history before quotas)."""
+    ``memberships`` None writes none (a history before quotas); ``extra``: more
+    entries of the dump (``throttle_admissions``)."""
     (folder / "audit.jsonl").write_text("".join(json.dumps(a) + "\n" for a in audit))
     (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     if keys is None:
@@ -39,5 +41,6 @@ def write_history(
     final: dict[str, Any] = {"runs": runs, "steps": [], "keys": keys}
     if memberships is not None:
         final["memberships"] = memberships
+    final.update(extra or {})
     (folder / "final.json").write_text(json.dumps(final))
     return folder

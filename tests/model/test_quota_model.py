@@ -14,6 +14,11 @@ Invariants after every step:
   has one: all or nothing (X3d);
 * the quota tokens a claim hands out strictly increase per quota key (X3f, K1);
 * no body of a cancelled run resumes (D6);
+* in the fair quota (its runs' only limit, X4d) every admission, a claim's or a
+  grant's, goes to a run among the key's first free waiters in its queue order
+  (fair tag, priority descending, ``created_at``, ``run_id``: X3d, X4, X8a,
+  X8c), judged on the order the machine computes from the stored tags; starts
+  draw a priority from -1, 0 and 1;
 * a quota key with a queue cap never has more active members than its cap,
   and a start it refuses raised QuotaQueueFullError with the key full and
   wrote nothing (S15, X3j);
@@ -132,13 +137,61 @@ class QuotaProtocol(RuleBasedStateMachine):
                 assert not seen or token > seen[-1], f"quota token {token} of {run_id} after {seen} (X3f)"
                 seen.append(token)
 
-    @rule(workflow=st.sampled_from(WORKFLOWS), key=st.sampled_from(QUOTA_KEYS), tenant=st.sampled_from("ab"))
-    def start(self, workflow: str, key: str, tenant: str) -> None:
+    def _fair_queues(self) -> dict[str, tuple[list[str], list[str]]]:
+        """Each fair quota key's holders and its waiters in the queue order the machine
+        computes from the stored tags: (tag, priority descending, created_at, run_id)
+        (X4, X8a, X8c). One read of the store's rows."""
+        from durable_singleton.admission import ACTIVE_STATUSES
+
+        rows: list[tuple[str, str, int, int, Any, str | None]] = []  # run, key, tag, priority, created, slot
+        if isinstance(self.store, MemoryStore):
+            for run in self.store._runs.values():
+                if run.workflow_name == "fair" and run.status in ACTIVE_STATUSES:
+                    tag = self.store._quota_tags.get((run.run_id, "pool-fair"), 0)
+                    key = dict(run.quota_keys)["pool-fair"]
+                    rows.append((run.run_id, key, tag, run.priority, run.created_at, run.quota_slot))
+        else:
+            from durable_singleton.models import QuotaMembership
+
+            found = QuotaMembership.objects.filter(quota="pool-fair", run__status__in=ACTIVE_STATUSES)
+            for values in found.values_list(
+                "run_id", "key", "tag", "run__priority", "run__created_at", "run__quota_slot"
+            ):
+                rows.append(values)
+        queues: dict[str, tuple[list[str], list[str]]] = {}
+        for key in QUOTA_KEYS:
+            mine = [r for r in rows if r[1] == key]
+            waiters = sorted((r for r in mine if r[5] == "waiter"), key=lambda r: (r[2], -r[3], r[4], r[0]))
+            queues[key] = ([r[0] for r in mine if r[5] == "holder"], [r[0] for r in waiters])
+        return queues
+
+    def _check_fair_order(self, before: dict[str, tuple[list[str], list[str]]]) -> None:
+        """Every fair run admitted since ``before`` was among its key's first waiters then
+        (less those ended since), as many as the slots the holders of then left free (X3d, X8c)."""
+        for key, (holders, waiters) in before.items():
+            free = QUOTA_LIMIT - sum(1 for r in holders if self._run(r).holds_quota_slots)
+            # The waiters still in line after the rule: a cancelled one left its place.
+            waiters = [r for r in waiters if not self._run(r).is_terminal]
+            for run_id in waiters:
+                if self._run(run_id).quota_slot == "holder":
+                    place = waiters.index(run_id) + 1
+                    assert place <= free, (
+                        f"{run_id} admitted in pool-fair {key} at place {place} of {waiters} with {free} free "
+                        "(X3d, X4, X8a, X8c)"
+                    )
+
+    @rule(
+        workflow=st.sampled_from(WORKFLOWS),
+        key=st.sampled_from(QUOTA_KEYS),
+        tenant=st.sampled_from("ab"),
+        priority=st.sampled_from((0, 1, -1)),
+    )
+    def start(self, workflow: str, key: str, tenant: str, priority: int = 0) -> None:
         self.n += 1
         self.clock.now += timedelta(microseconds=10)
         run_id = f"r{self.n:03d}"
         try:
-            run = self.engine.start(workflow, {"q": key, "t": tenant}, run_id=run_id)
+            run = self.engine.start(workflow, {"q": key, "t": tenant}, run_id=run_id, priority=priority)
         except QuotaQueueFullError as full:
             assert workflow == "capped" and (full.quota, full.key) == ("pool-capped", key)
             assert self._capped_members(key) >= CAP, "refused below the cap (S15)"
@@ -156,6 +209,7 @@ class QuotaProtocol(RuleBasedStateMachine):
         run_id = data.draw(st.sampled_from(self.created))
         self.n += 1
         owner = f"o{self.n}"
+        fair = self._fair_queues()
         turn = self.store.begin_turn(
             run_id,
             owner,
@@ -170,12 +224,15 @@ class QuotaProtocol(RuleBasedStateMachine):
             self._record_tokens((turn.run, turn.run.quota_tokens))
             self.owner[run_id] = owner
         self._record_granted(g.run_id for g in turn.granted)  # the waiters its claim admitted (S7)
+        self._check_fair_order(fair)
 
     @precondition(lambda self: self.owner)
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
         run_id = data.draw(st.sampled_from(sorted(self.owner)))
+        fair = self._fair_queues()
         done = self.store.finish(self._run(run_id), self.owner.pop(run_id), "completed", limits=self.engine.limits())
+        self._check_fair_order(fair)
         self._record_tokens(  # the waiters its handoff admitted (X3h)
             *(
                 (self._run(g.run_id), self.store.quota_tokens(g.run_id))
@@ -191,7 +248,9 @@ class QuotaProtocol(RuleBasedStateMachine):
         run = self._run(run_id)
         if run.is_terminal or run.status == "running":
             return
+        fair = self._fair_queues()
         self.engine.cancel(run_id)
+        self._check_fair_order(fair)
         self._record_signalled()
         if self._run(run_id).status == "cancelled":
             self.cancelled_seen.add(run_id)
@@ -207,7 +266,9 @@ class QuotaProtocol(RuleBasedStateMachine):
 
     @rule()
     def tick(self) -> None:
+        fair = self._fair_queues()
         self.engine.tick()
+        self._check_fair_order(fair)
         self._record_signalled()
         self.engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # turns are the machine's to run
 
