@@ -64,15 +64,10 @@ class CodecStore(BaseStore):
     def __init__(self, inner: BaseStore, codec: Codec) -> None:
         self.inner = inner
         self.codec = codec
-        self.supports_atomic_admission = inner.supports_atomic_admission
-        self.supports_bulk_start = inner.supports_bulk_start
-        self.supports_schedules = inner.supports_schedules
-        self.supports_key_controls = inner.supports_key_controls
-        self.supports_queue_ttl = inner.supports_queue_ttl
-        self.supports_on_busy = inner.supports_on_busy
-        self.supports_quotas = inner.supports_quotas
-        self.supports_debounce = inner.supports_debounce
-        self.supports_slot_repairs = inner.supports_slot_repairs
+        # Every capability is the inner store's: each ``supports_*`` flag the seam declares.
+        for flag in dir(BaseStore):
+            if flag.startswith("supports_"):
+                setattr(self, flag, getattr(inner, flag))
         self.writes_turn_notices = inner.writes_turn_notices
 
     # -- encoding ------------------------------------------------------------------
@@ -418,6 +413,9 @@ class CodecStore(BaseStore):
 
     def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
         return self.inner.prune_throttle_admissions(periods, batch)
+
+    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
+        return tuple(self._out(run) for run in self.inner.wake_throttled(name, key, limit))
 
     def seconds_to_next_wake(self, horizon: float) -> float | None:
         return self.inner.seconds_to_next_wake(horizon)

@@ -243,3 +243,8 @@ def test_every_store_method_is_forwarded_to_the_inner_store() -> None:
 
     wrapped = CodecStore(DjangoStore(), _codec(KEY_A))
     assert wrapped.is_unreachable(OperationalError("server closed the connection"))
+    # Every capability flag is the inner store's (X6: supports_throttles was not
+    # copied, so a codec store refused every throttled workflow the Django store admits).
+    flags = [name for name in dir(BaseStore) if name.startswith("supports_")]
+    assert {f: getattr(wrapped, f) for f in flags} == {f: getattr(wrapped.inner, f) for f in flags}
+    assert wrapped.supports_throttles
