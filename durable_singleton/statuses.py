@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "ParkReason",
     "RunStatus",
+    "Rung",
     "SlotState",
     "Verdict",
     "state_word",
