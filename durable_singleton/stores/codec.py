@@ -64,10 +64,18 @@ class CodecStore(BaseStore):
     def __init__(self, inner: BaseStore, codec: Codec) -> None:
         self.inner = inner
         self.codec = codec
-        # Every capability is the inner store's: each ``supports_*`` flag the seam declares.
-        for flag in dir(BaseStore):
-            if flag.startswith("supports_"):
-                setattr(self, flag, getattr(inner, flag))
+        # Every capability is the inner store's: each ``supports_*`` flag the seam declares
+        # (tests/codecs/test_codec_store.py fails if one is missing here).
+        self.supports_atomic_admission = inner.supports_atomic_admission
+        self.supports_bulk_start = inner.supports_bulk_start
+        self.supports_schedules = inner.supports_schedules
+        self.supports_key_controls = inner.supports_key_controls
+        self.supports_queue_ttl = inner.supports_queue_ttl
+        self.supports_on_busy = inner.supports_on_busy
+        self.supports_quotas = inner.supports_quotas
+        self.supports_debounce = inner.supports_debounce
+        self.supports_throttles = inner.supports_throttles
+        self.supports_slot_repairs = inner.supports_slot_repairs
         self.writes_turn_notices = inner.writes_turn_notices
 
     # -- encoding ------------------------------------------------------------------
