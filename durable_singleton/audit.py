@@ -20,7 +20,11 @@ Kinds of finding (:class:`FindingKind`):
   ticks; a paused key has none, :func:`~durable_singleton.admission.free_slots`)
   whose front waiter has been due for longer than two ticks, or has
   no wake time: no worker took its turn. Repair: wake it (``wake_at`` = the store's now, R8,
-  then dispatch).
+  then dispatch). A throttle key (the workflow ``throttle:<name>``, X6d) with
+  room in its current window (none while paused) whose front waiter, due by
+  its ``not_before`` (a run parked over the rate: the window's opening), has
+  had its wake time pass more than two ticks ago is one too; its repair is a
+  compare-and-set on the wake time read (R5a).
 * ``expired_lease``: a ``running`` run whose lease expired more than two
   ticks ago, so no tick has re-driven it. Repair: make it due now (the store's clock) and
   dispatch it (recovery then counts it, D4).
@@ -37,9 +41,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .admission import declared_limit, free_slots, limit_in_force
+from .admission import declared_limit, free_slots, limit_in_force, throttle_lock_name
 from .core import Core
 from .records import KeyCount
+from .statuses import WAKEABLE_STATUSES
 
 __all__ = ["AuditReport", "Finding", "FindingKind", "audit_slots"]
 
@@ -166,11 +171,52 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
         over_admitted(count, limit_of(ident, count.stored_limit))
 
     # Throttle keys (X6): more admissions in the window that ends now than the limit in force.
+    admitted: dict[tuple[str, str], int] = {}
+    declared_throttles: dict[str, tuple[str, int]] = {}
     for name, period in sorted(engine.registry.throttle_periods().items()):
         declared = engine.registry.throttles[name].limit
+        declared_throttles[throttle_lock_name(name)] = (name, declared)
         for window in store.throttle_window_counts(name, now - timedelta(seconds=period)):
+            admitted[(window.name, window.key)] = window.count
             what = f"admissions within {period:g} s"
             over_admitted(window, limit_of((window.name, window.key), declared), what)
+
+    # Throttle keys (X6d) with room in their window (none while paused) whose front waiters,
+    # due by their not_before (a run parked over the rate: the window's opening), have had
+    # their wake time pass more than two ticks ago, or have none: no tick sent their turn.
+    for queue in store.overdue_throttle_keys(grace)[:MAX_LISTED]:
+        if queue.name not in declared_throttles:
+            continue  # a throttle this process does not declare: its period is not known here
+        name, declared = declared_throttles[queue.name]
+        ident = (queue.name, queue.key)
+        paused = controls.get(ident, (False, None))[0]
+        free = free_slots(limit_of(ident, declared), admitted.get(ident, 0), paused=paused)
+        if free <= 0:
+            continue  # the window is full (its waiters are parked until it opens) or the key is paused
+        for waiter in store.due_throttle_waiters(name, queue.key, free):
+            due_since = waiter.wake_at
+            if waiter.status not in WAKEABLE_STATUSES or (due_since is not None and due_since > grace):
+                continue
+            if len(report.findings) >= 4 * MAX_LISTED:
+                break
+            repaired = repair and store.wake_throttle_waiter(waiter.run_id, due_since)
+            if repaired:
+                engine.dispatcher.dispatch(waiter.run_id, engine.queue_of(waiter))
+            report.findings.append(
+                Finding(
+                    FindingKind.STALLED_WAITER,
+                    ident[0],
+                    ident[1],
+                    waiter.run_id,
+                    f"{free} free admission(s) in the window but the front waiter {waiter.run_id} "
+                    + (
+                        f"has been due for {(now - due_since).total_seconds():.0f} s"
+                        if due_since is not None
+                        else "has no wake time"
+                    ),
+                    repaired,
+                )
+            )
 
     # Keys with a waiter due for longer than two ticks (or with no wake time at all); a
     # waiter whose not_before has not come is not due, so never stalled (X5). A waiter

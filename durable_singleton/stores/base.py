@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from ..admission import is_due, queue_ttl_expired, quota_lock_name
+from ..admission import is_due, queue_ttl_expired, quota_lock_name, throttle_lock_name
 from ..codecs import Codec
 from ..conf import Settings
 from ..exceptions import UnsupportedByStoreError
@@ -1355,6 +1355,43 @@ class BaseStore(ABC):
                     group[1] = r.singleton_limit
         return [KeyCount(w, k, n, None, stored) for (w, k), (n, stored) in sorted(groups.items())]
 
+    def overdue_throttle_keys(self, since: datetime) -> list[KeyCount]:
+        """Return the throttle keys, named ``throttle:<name>``, with a waiter
+        (``quota_slot`` = ``waiter``), ``pending`` or ``suspended`` and not
+        asked to cancel, due by its ``not_before`` on the store's clock (X5,
+        R5; a run parked over the rate is due from its window's opening, X6d),
+        whose ``wake_at`` is unset or not after ``since``: their number (K4).
+        A run's throttles are its ``throttle_keys``."""
+        now = self.now()
+        groups: dict[tuple[str, str], int] = {}
+        for r in self.list_runs():
+            if (
+                r.quota_slot == SlotState.WAITER
+                and r.status in WAKEABLE_STATUSES
+                and not r.cancel_requested
+                and is_due(r.not_before, now)
+                and (r.wake_at is None or r.wake_at <= since)
+            ):
+                for ident in sorted({(throttle_lock_name(t[0]), t[1]) for t in r.throttle_keys}):
+                    groups[ident] = groups.get(ident, 0) + 1
+        return [KeyCount(name, key, n) for (name, key), n in sorted(groups.items())]
+
+    def due_throttle_waiters(self, name: str, key: str, limit: int) -> list[RunRecord]:
+        """Return the first ``limit`` (>= 0) active waiters of the throttle key
+        ``(name, key)`` (``name`` as declared, without ``throttle:``) that are
+        due by their ``not_before`` on the store's clock, oldest first by
+        (``created_at``, run id): the ones its window's room goes to (X5, X6, K4)."""
+        now = self.now()
+        waiters = [
+            r
+            for r in self.list_runs()
+            if r.quota_slot == SlotState.WAITER
+            and r.status in ACTIVE_STATUSES
+            and is_due(r.not_before, now)
+            and any(t[0] == name and t[1] == key for t in r.throttle_keys)
+        ]
+        return sorted(waiters, key=lambda r: (r.created_at, r.run_id))[:limit]
+
     def key_freed_since(self, workflow_name: str, key: str, since: datetime) -> bool:
         """Tell whether a run of singleton key ``key`` finished after ``since`` (K4)."""
         return any(
@@ -1398,6 +1435,14 @@ class BaseStore(ABC):
         """Make run ``run_id`` due now on the store's clock (R8) if it is still
         ``pending`` or ``suspended`` (K4's repair of a stalled waiter, R5a);
         return whether it was woken. The default wakes none (``supports_slot_repairs`` False)."""
+        return False
+
+    def wake_throttle_waiter(self, run_id: str, wake_at: datetime | None) -> bool:
+        """Make run ``run_id`` due now on the store's clock (R8) if it is still a
+        ``pending`` or ``suspended`` waiter (``quota_slot`` = ``waiter``) with
+        the ``wake_at`` read, ``wake_at`` (None: unset) (K4's repair of a
+        throttled waiter no tick sent, X6d, R5a); return whether it was woken.
+        The default wakes none (``supports_slot_repairs`` False)."""
         return False
 
     def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:

@@ -484,6 +484,12 @@ class CodecStore(BaseStore):
     def overdue_waiter_keys(self, since: datetime) -> list[KeyCount]:
         return self.inner.overdue_waiter_keys(since)
 
+    def overdue_throttle_keys(self, since: datetime) -> list[KeyCount]:
+        return self.inner.overdue_throttle_keys(since)
+
+    def due_throttle_waiters(self, name: str, key: str, limit: int) -> list[RunRecord]:
+        return self._out(self.inner.due_throttle_waiters(name, key, limit))  # type: ignore[no-any-return]
+
     def key_freed_since(self, workflow_name: str, key: str, since: datetime) -> bool:
         return self.inner.key_freed_since(workflow_name, key, since)
 
@@ -498,6 +504,9 @@ class CodecStore(BaseStore):
 
     def wake_waiter(self, run_id: str) -> bool:
         return self.inner.wake_waiter(run_id)
+
+    def wake_throttle_waiter(self, run_id: str, wake_at: datetime | None) -> bool:
+        return self.inner.wake_throttle_waiter(run_id, wake_at)
 
     def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:
         return self.inner.redrive_lease(run_id, lease_expires_at)

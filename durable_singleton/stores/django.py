@@ -2904,6 +2904,36 @@ class DjangoStore(BaseStore):
             if g["singleton_key"] is not None
         ]
 
+    def overdue_throttle_keys(self, since: datetime) -> list[KeyCount]:
+        """One grouped query over the throttle memberships; ``not_before`` judged on the database's clock (X5, R5)."""
+        groups = (
+            ThrottleMembership.objects.using(self.db)
+            .filter(
+                is_due_q(DbNow(), "run__"),
+                Q(run__wake_at__isnull=True) | Q(run__wake_at__lte=since),
+                run__quota_slot=SlotState.WAITER,
+                run__status__in=WAKEABLE_STATUSES,
+                run__cancel_requested=False,
+            )
+            .values("throttle", "key")
+            .annotate(n=Count("pk"))
+            .order_by("throttle", "key")
+        )
+        return [KeyCount(throttle_lock_name(g["throttle"]), g["key"], g["n"]) for g in groups]
+
+    def due_throttle_waiters(self, name: str, key: str, limit: int) -> list[RunRecord]:
+        """One read of ``ds_throttle_order_idx``, due on the database's clock (X5, R5)."""
+        members = ThrottleMembership.objects.using(self.db).filter(
+            is_due_q(DbNow(), "run__"),
+            throttle=name,
+            key=key,
+            run__quota_slot=SlotState.WAITER,
+            run__status__in=ACTIVE_STATUSES,
+        )
+        ids = [str(i) for i in members.order_by("created_at", "run_id").values_list("run_id", flat=True)[:limit]]
+        runs = {r.run_id: r for r in self._runs().filter(pk__in=ids)}
+        return [record_of(runs[i]) for i in ids if i in runs]
+
     def key_freed_since(self, workflow_name: str, key: str, since: datetime) -> bool:
         return bool(self._runs().for_key(workflow_name, key).filter(finished_at__gt=since).exists())
 
@@ -2921,6 +2951,13 @@ class DjangoStore(BaseStore):
     def wake_waiter(self, run_id: str) -> bool:
         """A compare-and-set on the status, ``wake_at`` on the database's clock (R5a, R8)."""
         woken = self._runs().filter(pk=run_id, status__in=WAKEABLE_STATUSES)
+        return bool(woken.update(wake_at=DbNow(), updated_at=DbNow()))
+
+    def wake_throttle_waiter(self, run_id: str, wake_at: datetime | None) -> bool:
+        """A compare-and-set on the status, the waiter marker and ``wake_at`` as read,
+        ``wake_at`` on the database's clock (R5a, R8)."""
+        read = Q(wake_at__isnull=True) if wake_at is None else Q(wake_at=wake_at)
+        woken = self._runs().filter(read, pk=run_id, status__in=WAKEABLE_STATUSES, quota_slot=SlotState.WAITER)
         return bool(woken.update(wake_at=DbNow(), updated_at=DbNow()))
 
     def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:

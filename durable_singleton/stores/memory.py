@@ -1146,6 +1146,19 @@ class MemoryStore(BaseStore):
             self._replace(run, wake_at=self.clock())
             return True
 
+    def wake_throttle_waiter(self, run_id: str, wake_at: datetime | None) -> bool:
+        with self._critical():
+            run = self._runs.get(run_id)
+            if (
+                run is None
+                or run.status not in WAKEABLE_STATUSES
+                or run.quota_slot != SlotState.WAITER
+                or run.wake_at != wake_at
+            ):
+                return False
+            self._replace(run, wake_at=self.clock())
+            return True
+
     def redrive_lease(self, run_id: str, lease_expires_at: datetime) -> bool:
         with self._critical():
             run = self._runs.get(run_id)

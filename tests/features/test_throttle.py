@@ -446,3 +446,32 @@ def test_explain_names_a_paused_throttle_key_a_run_waits_for(engine: Engine, reg
     engine.start("w", {}, run_id="B")
     drain(engine)
     assert engine.get("A").status == "completed" and engine.explain("B").state == "throttled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_slot_audit_finds_and_wakes_a_throttled_waiter_no_tick_sent(registry: Registry) -> None:
+    """X6d, K4: B was parked over the rate until its window's opening; the opening passed a
+    minute ago, the window has room, and no tick sent B's turn (its wake time, written
+    behind the tick's back, is a minute old). The audit reports a ``stalled_waiter``
+    under ``throttle:<name>``; with repair it makes B due now and sends its turn, which
+    admits it. A throttled waiter whose window is still full is no finding."""
+    from durable_singleton.audit import FindingKind, audit_slots
+    from durable_singleton.models import Run, ThrottleAdmission
+    from durable_singleton.testing import make_engine
+
+    registry.add("w", "1", lambda ctx, i: None, throttles=[Throttle("slow", key=lambda i: i["k"], period=600.0)])
+    engine = make_engine("django", registry=registry)
+    for run_id, k in (("A", "late"), ("B", "late"), ("F", "full"), ("G", "full")):
+        engine.start("w", {"k": k}, run_id=run_id)
+    drain(engine)
+    assert [engine.get(r).status for r in ("B", "G")] == ["suspended", "suspended"]
+    now = engine.store.now()
+    ThrottleAdmission.objects.filter(key="late").update(admitted_at=now - timedelta(seconds=700))
+    Run.objects.filter(pk="B").update(not_before=now - timedelta(seconds=60), wake_at=now - timedelta(seconds=60))
+    report = audit_slots(engine)
+    found = [(f.workflow, f.key, f.run_id) for f in report.findings if f.kind == FindingKind.STALLED_WAITER]
+    assert found == [("throttle:slow", "late", "B")]
+    repaired = audit_slots(engine, repair=True)
+    assert [f.repaired for f in repaired.findings if f.kind == FindingKind.STALLED_WAITER] == [True]
+    drain(engine)
+    assert engine.get("B").status == "completed" and engine.get("G").status == "suspended"
