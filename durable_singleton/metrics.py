@@ -2,8 +2,9 @@
 
 Every metric is labelled by ``workflow`` (and ``kind`` for audit findings),
 never by key: keys are unbounded. A shared quota (X3) is labelled as the
-workflow ``quota:<name>``, as the key controls and the audit name it: its
-holders, waiters and oldest wait are over all its keys.
+workflow ``quota:<name>``, a throttle (X6) as ``throttle:<name>``, as the key
+controls and the audit name them: their holders, waiters and oldest wait are
+over all their keys (a throttle has no holders: it bounds admissions).
 
 Read from the engine's store at each scrape, so they are the same whichever
 process is scraped: the holders, waiters and oldest wait
@@ -24,7 +25,15 @@ clock:
 * ``durable_singleton_unrenewed_leases{workflow}``: running runs whose lease
   was not renewed for longer than the renewal interval, on the database's
   clock (:func:`~durable_singleton.renewals.unrenewed_q`, K3): their workers
-  were killed, are frozen or are cut off.
+  were killed, are frozen or are cut off;
+* ``durable_singleton_throttled_waiters{workflow}``: the waiters of a
+  throttle (X6, labelled ``throttle:<name>``, over all its keys) parked over
+  its rate until its window opens (their ``not_before`` later than the
+  store's now); the throttle's waiters and oldest wait are in
+  ``durable_singleton_waiters`` and ``durable_singleton_oldest_wait_seconds``
+  under the same label
+  (:meth:`~durable_singleton.stores.base.BaseStore.throttle_waiter_counts`;
+  on the Django store one grouped query over the throttle memberships).
 
 Counted in the process that sees the event (per process, like any
 prometheus_client counter without multiprocess mode):
@@ -54,7 +63,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, H
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .admission import quota_lock_name
+from .admission import quota_lock_name, throttle_lock_name
 
 __all__ = [
     "ADMISSIONS",
@@ -154,7 +163,7 @@ class DatabaseCollector(Collector):
 
     @staticmethod
     def _families() -> tuple[
-        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
+        GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily
     ]:
         return (
             GaugeMetricFamily("durable_singleton_holders", "Active runs holding a slot.", labels=["workflow"]),
@@ -170,6 +179,11 @@ class DatabaseCollector(Collector):
                 "Running runs whose lease was not renewed for longer than the renewal interval (K3).",
                 labels=["workflow"],
             ),
+            GaugeMetricFamily(
+                "durable_singleton_throttled_waiters",
+                "Waiters of a throttle parked over its rate until its window opens (X6).",
+                labels=["workflow"],
+            ),
         )
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -178,7 +192,7 @@ class DatabaseCollector(Collector):
 
         engine = get_engine()
         store = engine.store
-        holders, waiters, oldest, findings, unrenewed = self._families()
+        holders, waiters, oldest, findings, unrenewed, throttled = self._families()
         workflows = sorted(d.name for d in list(engine.registry.latest.values()) if d.singleton is not None)
         workflows += sorted(quota_lock_name(name) for name in list(engine.registry.quotas))
         seen: dict[str, dict[str, float]] = {"holder": {}, "waiter": {}}
@@ -190,6 +204,16 @@ class DatabaseCollector(Collector):
             seen["waiter"][count.name] = count.waiters
             if count.waiters and count.oldest_waiter_at is not None:
                 oldest.add_metric([count.name], (now - count.oldest_waiter_at).total_seconds())
+        # The throttles (X6), labelled throttle:<name>: their waiters, and those over the rate.
+        over_rate = {name: 0 for name in map(throttle_lock_name, list(engine.registry.throttles))}
+        for wait in store.throttle_waiter_counts():
+            seen["waiter"][wait.name] = wait.waiters
+            over_rate[wait.name] = wait.over_rate
+            if wait.waiters and wait.oldest_waiter_at is not None:
+                oldest.add_metric([wait.name], (now - wait.oldest_waiter_at).total_seconds())
+        for name in sorted(over_rate):
+            throttled.add_metric([name], over_rate[name])
+            seen["waiter"].setdefault(name, 0)
         counts = audit_slots(engine).by_workflow()
         names = sorted({*workflows, *(workflow for workflow, _ in counts)})
         for workflow in names:
@@ -206,6 +230,7 @@ class DatabaseCollector(Collector):
         yield oldest
         yield findings
         yield unrenewed
+        yield throttled
 
 
 REGISTRY.register(DatabaseCollector())

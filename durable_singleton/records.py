@@ -29,6 +29,7 @@ __all__ = [
     "SignalRecord",
     "SlotCount",
     "StepRecord",
+    "ThrottleWaitCount",
     "WorkerRecord",
 ]
 
@@ -264,6 +265,21 @@ class SlotCount:
     name: str
     holders: int
     waiters: int
+    oldest_waiter_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ThrottleWaitCount:
+    """The waiters of one throttle over all its keys (O4, X6): ``name`` is
+    ``throttle:<name>``; ``waiters`` the active runs that carry it and wait
+    (``quota_slot`` = ``waiter``), due or not (X5); ``over_rate`` those among
+    them parked over its rate until its window opens (their ``not_before``
+    later than the store's now, X6d); ``oldest_waiter_at`` the ``created_at``
+    of the oldest waiter (None: no waiter)."""
+
+    name: str
+    waiters: int
+    over_rate: int
     oldest_waiter_at: datetime | None
 
 

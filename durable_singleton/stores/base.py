@@ -48,6 +48,7 @@ from ..records import (
     SignalRecord,
     SlotCount,
     StepRecord,
+    ThrottleWaitCount,
     WorkerRecord,
     since_admitted,
 )
@@ -1248,6 +1249,25 @@ class BaseStore(ABC):
                 for name in sorted({name for name, _ in r.quota_keys}):
                     count(quota_lock_name(name), r.holds_quota_slots, r.quota_slot == SlotState.WAITER, r.created_at)
         return [SlotCount(name, *groups[name]) for name in sorted(groups)]
+
+    def throttle_waiter_counts(self) -> list[ThrottleWaitCount]:
+        """Return, for every throttle with a waiter, its waiters over all its
+        keys, those parked over its rate (``not_before`` later than the store's
+        now, R5, X6d) and the ``created_at`` of its oldest waiter, named
+        ``throttle:<name>``, by name (O4, X6). A run's throttles are its
+        ``throttle_keys``."""
+        now = self.now()
+        groups: dict[str, list[Any]] = {}
+        for r in self.list_runs():
+            if r.status not in ACTIVE_STATUSES or r.quota_slot != SlotState.WAITER:
+                continue
+            for name in sorted({t[0] for t in r.throttle_keys}):
+                group = groups.setdefault(throttle_lock_name(name), [0, 0, None])
+                group[0] += 1
+                group[1] += not is_due(r.not_before, now)
+                if group[2] is None or r.created_at < group[2]:
+                    group[2] = r.created_at
+        return [ThrottleWaitCount(name, *groups[name]) for name in sorted(groups)]
 
     def count_backlog(self, created_by: datetime) -> int:
         """Count the ``pending`` runs never started (no attempt) created at or

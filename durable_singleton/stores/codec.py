@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from ..codecs import Codec
 from ..conf import Settings
-from ..records import Beat, KeyCount, KeyQueue, PurgeReport, SlotCount, WorkerRecord
+from ..records import Beat, KeyCount, KeyQueue, PurgeReport, SlotCount, ThrottleWaitCount, WorkerRecord
 from .base import (
     BaseStore,
     ControlChange,
@@ -456,6 +456,9 @@ class CodecStore(BaseStore):
 
     def slot_counts(self) -> list[SlotCount]:
         return self.inner.slot_counts()
+
+    def throttle_waiter_counts(self) -> list[ThrottleWaitCount]:
+        return self.inner.throttle_waiter_counts()
 
     def count_backlog(self, created_by: datetime) -> int:
         return self.inner.count_backlog(created_by)

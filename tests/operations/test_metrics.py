@@ -102,3 +102,29 @@ def test_log_records_carry_structured_fields_and_no_input(manual: Engine, caplog
     ended = [r for r in caplog.records if getattr(r, "run_id", None) == run.run_id and "ended" in r.getMessage()]
     assert ended and ended[0].workflow == "fault-hold" and ended[0].key == "store:s"  # type: ignore[attr-defined]
     assert not [r for r in caplog.records if r.levelno >= logging.INFO and secret in r.getMessage()]
+
+
+def test_a_throttles_waiters_and_those_over_its_rate_are_gauged(manual: Engine) -> None:
+    """O4, X6: B and C, parked over the rate of ``erp-rate`` (1 per 10 min), are scraped as
+    2 waiters and 2 throttled waiters under ``throttle:erp-rate`` (no gauge said so: a
+    throttle's waiters were in no figure), never labelled by key."""
+    from durable_singleton import Throttle
+    from durable_singleton.definitions import Registry
+    from durable_singleton.testing import make_engine
+    from tests.helpers import drain
+
+    registry = Registry()
+    registry.add("sync", "1", lambda ctx, i: None, throttles=[Throttle("erp-rate", key=lambda i: i["t"], period=600.0)])
+    engine = make_engine("django", registry=registry)
+    for run_id in ("A", "B", "C"):
+        engine.start("sync", {"t": "t1"}, run_id=run_id)
+    drain(engine)
+    assert [engine.get(r).status for r in ("A", "B", "C")] == ["completed", "suspended", "suspended"]
+    after = _scrape()
+    label = {"workflow": "throttle:erp-rate"}
+    assert _value(after["durable_singleton_waiters"], "durable_singleton_waiters", **label) == 2
+    assert _value(after["durable_singleton_throttled_waiters"], "durable_singleton_throttled_waiters", **label) == 2
+    assert any(s.labels == label for s in after["durable_singleton_oldest_wait_seconds"])
+    for samples in after.values():
+        for sample in samples:
+            assert "key" not in sample.labels, sample
