@@ -877,6 +877,41 @@ class StoreConformance:
             assert woken is not None and woken <= store.now()
             assert redriven is not None and redriven <= store.now()
 
+    def test_the_services_reads_count_and_wake_a_throttles_waiters(self, engine: Engine) -> None:
+        """O4, K4, X6d, R5a, R8: what the metrics and the slot audit read of a throttle's
+        waiters through the store. C, parked over the rate of ``conf-rate`` key K, is a
+        waiter over the rate and not due (no overdue key, no due waiter); made due by a
+        raised key's wake (``wake_throttled``) it is a due waiter of an overdue key, and a
+        repair wakes it only with ``supports_slot_repairs`` and the wake time read."""
+        from datetime import timedelta
+
+        store = engine.store
+        if not (store.supports_throttles and store.admits_quotas):
+            pytest.skip("this store admits no throttle (X6)")
+        for run_id in ("A", "B", "C"):
+            engine.start("conf-throttle", {"k": "K"}, run_id=run_id)
+        turns = [self._turn(engine, run_id, "w").state for run_id in ("A", "B", "C")]
+        assert turns == [TurnState.RUN, TurnState.RUN, TurnState.PARKED]
+        created = engine.get("C").created_at
+        counts = [(c.name, c.waiters, c.over_rate, c.oldest_waiter_at) for c in store.throttle_waiter_counts()]
+        assert counts == [("throttle:conf-rate", 1, 1, created)]
+        soon = store.now() + timedelta(minutes=10)
+        assert store.overdue_throttle_keys(soon) == []  # not due before the window opens (X5)
+        assert store.due_throttle_waiters("conf-rate", "K", 5) == []
+        assert [r.run_id for r in store.wake_throttled("conf-rate", "K", 1)] == ["C"]
+        counts = [(c.name, c.waiters, c.over_rate, c.oldest_waiter_at) for c in store.throttle_waiter_counts()]
+        assert counts == [("throttle:conf-rate", 1, 0, created)]
+        soon = store.now() + timedelta(minutes=10)
+        overdue = [(c.name, c.key, c.count) for c in store.overdue_throttle_keys(soon)]
+        assert overdue == [("throttle:conf-rate", "K", 1)]
+        assert store.overdue_throttle_keys(store.now() - timedelta(hours=1)) == []
+        [due] = store.due_throttle_waiters("conf-rate", "K", 5)
+        assert due.run_id == "C" and store.due_throttle_waiters("conf-rate", "K", 0) == []
+        assert due.wake_at is not None
+        assert store.wake_throttle_waiter("A", engine.get("A").wake_at) is False  # running: not a waiter
+        assert store.wake_throttle_waiter("C", due.wake_at - timedelta(seconds=1)) is False  # not as read
+        assert store.wake_throttle_waiter("C", due.wake_at) is store.supports_slot_repairs
+
     # -- the rules: one in Python, its twin in SQL -----------------------------------
     def test_the_rules_agree_in_python_and_sql(self, engine: Engine) -> None:
         """S5, S12, K2 (#16, #17): on every combination of status and markers the run
