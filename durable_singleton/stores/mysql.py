@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from functools import cache
 from typing import Any
 
@@ -220,17 +221,10 @@ class Room:
         the grants' turn window (S7a). Returns (the settled row or None if the
         compare failed, the waiters granted a slot, the waiters sent a turn as they
         are, X3h), or None if the room is off (the caller takes the ORM path)."""
-        connection = connections[self.using]
-        fields = Run._meta
         sets = self._call_sets(
             "ds_settle_handoff",
             [
-                run_id,
-                owner,
-                status,
-                fields.get_field("output").get_db_prep_value(output, connection),
-                fields.get_field("error").get_db_prep_value(error, connection),
-                connection.ops.adapt_datetimefield_value(finished_at),
+                *self._settle_args(run_id, owner, status, output, error, finished_at),
                 workflow_name,
                 key,
                 declared_limit,
@@ -238,11 +232,23 @@ class Room:
                 _microseconds(redelivery_seconds),
             ],
         )
-        if sets is None:
-            return None
-        roles = _by_role(self.using, sets)
-        settled = roles.get("settled", [])
-        return (settled[0] if settled else None), roles.get("granted", []), roles.get("turn", [])
+        return None if sets is None else _settled(self.using, sets)
+
+    def _settle_args(
+        self, run_id: str, owner: str, status: str, output: Any, error: Any, finished_at: datetime | None
+    ) -> list[Any]:
+        """The first arguments of both settle procedures: the run, its lease owner and its
+        end as the ORM writes it (``output``/``error`` JSON-able, ``finished_at`` aware or None)."""
+        connection = connections[self.using]
+        fields = Run._meta
+        return [
+            run_id,
+            owner,
+            status,
+            fields.get_field("output").get_db_prep_value(output, connection),
+            fields.get_field("error").get_db_prep_value(error, connection),
+            connection.ops.adapt_datetimefield_value(finished_at),
+        ]
 
     def claim(
         self,
@@ -314,17 +320,10 @@ class Room:
         the rest as :meth:`settle_handoff`. Returns (the settled row or None if the compare
         failed, the waiters admitted, each with ``ds_tokens`` its quota tokens, the waiters
         sent a turn as they are), or None if the room is off (the ORM path)."""
-        connection = connections[self.using]
-        fields = Run._meta
         sets = self._call_sets(
             "ds_settle_quotas",
             [
-                run_id,
-                owner,
-                status,
-                fields.get_field("output").get_db_prep_value(output, connection),
-                fields.get_field("error").get_db_prep_value(error, connection),
-                connection.ops.adapt_datetimefield_value(finished_at),
+                *self._settle_args(run_id, owner, status, output, error, finished_at),
                 workflow_name,
                 key,
                 declared_limit,
@@ -334,11 +333,7 @@ class Room:
                 _microseconds(redelivery_seconds),
             ],
         )
-        if sets is None:
-            return None
-        roles = _by_role(self.using, sets)
-        settled = roles.get("settled", [])
-        return (settled[0] if settled else None), roles.get("granted", []), roles.get("turn", [])
+        return None if sets is None else _settled(self.using, sets)
 
     def take_quota_lease(
         self,
@@ -485,6 +480,14 @@ def _runs_of(using: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) 
             run.tokens = extra["tokens"]  # type: ignore[attr-defined]  # tokens_of reads it
         runs.append(run)
     return runs
+
+
+def _settled(using: str, sets: Any) -> tuple[Run | None, list[Run], list[Run]]:
+    """A settle procedure's result sets: (the settled row or None if the compare failed,
+    the waiters granted or admitted, the waiters sent a turn as they are)."""
+    roles = _by_role(using, sets)
+    settled = roles.get("settled", [])
+    return (settled[0] if settled else None), roles.get("granted", []), roles.get("turn", [])
 
 
 def _by_role(using: str, sets: Sequence[tuple[list[str], list[tuple[Any, ...]]]]) -> dict[str, list[Run]]:
