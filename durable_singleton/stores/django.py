@@ -261,6 +261,32 @@ def _stamped(run: RunRecord, backlog_wake_at: datetime | None, now: datetime) ->
     return run, backlog_wake_at + shift if backlog_wake_at is not None else None
 
 
+def _room_finished(
+    run: RunRecord,
+    status: str,
+    output: Any,
+    error: Any,
+    finished_at: datetime | None,
+    done: tuple[Run | None, list[Run], list[Run]],
+) -> Finish:
+    """The :class:`Finish` of a MySQL/MariaDB settle procedure's result (the settled row or
+    None if its compare failed, the waiters granted or admitted, each with the quota tokens
+    the procedure sent, X3f, and the waiters sent a turn as they are; S7, R5a)."""
+    settled_row, granted, turns = done
+    if settled_row is None:
+        return Finish(None)
+    admitted = []
+    for row in granted:
+        record = record_of(row)
+        tokens = mysql.tokens_of(row)
+        admitted.append(record if tokens is None else record.evolve(quota_tokens=tokens))
+    settled = _settled(run, status, output, error)
+    return Finish(
+        settled.evolve(finished_at=finished_at or settled.finished_at),
+        handed_off(admitted, [record_of(t) for t in turns]),
+    )
+
+
 @dataclass(frozen=True)
 class _Carrier:
     """A waiter that carries quotas which a handoff admits (X3h): its row as read and its
@@ -2244,16 +2270,7 @@ class DjangoStore(BaseStore):
             ttl=(ttls or {}).get(run.workflow_name),
             redelivery_seconds=self.redelivery_seconds,
         )
-        if done is None:
-            return None
-        settled_row, granted, turns = done
-        if settled_row is None:
-            return Finish(None)
-        settled = _settled(run, status, output, error)
-        return Finish(
-            settled.evolve(finished_at=finished_at or settled.finished_at),
-            handed_off([record_of(g) for g in granted], [record_of(t) for t in turns]),
-        )
+        return None if done is None else _room_finished(run, status, output, error, finished_at, done)
 
     def _room_finish_quotas(
         self,
@@ -2289,21 +2306,7 @@ class DjangoStore(BaseStore):
             ttls=ttls or {},
             redelivery_seconds=self.redelivery_seconds,
         )
-        if done is None:
-            return None
-        settled_row, granted, turns = done
-        if settled_row is None:
-            return Finish(None)
-        admitted = []
-        for row in granted:
-            record = record_of(row)
-            tokens = mysql.tokens_of(row)
-            admitted.append(record if tokens is None else record.evolve(quota_tokens=tokens))
-        settled = _settled(run, status, output, error)
-        return Finish(
-            settled.evolve(finished_at=finished_at or settled.finished_at),
-            handed_off(admitted, [record_of(t) for t in turns]),
-        )
+        return None if done is None else _room_finished(run, status, output, error, finished_at, done)
 
     def _finish(
         self,
