@@ -614,6 +614,7 @@ class Soak:
 
         engine = get_engine()
         last_retry = last_purge = 0.0
+        unknown_retries: dict[str, Any] = {}  # run id -> its finished_at when a retry of it raised
         prng = random.Random(self.args.seed + 6)
         while not self.stop_all.is_set():
             now = time.time()
@@ -640,14 +641,26 @@ class Soak:
             if now - last_retry > 1.0:
                 last_retry = now
                 try:
+                    # A retry whose call raised (its commit's reply lost on a fault, then its
+                    # second try refused: the run was no longer failed) may have been stored:
+                    # it was if the failure it answered is gone (the row's finished_at moved,
+                    # reset_for_retry clears it), and its line is written now (D9).
+                    for run_id, finished in list(unknown_retries.items()):
+                        row = Run.objects.filter(run_id=run_id).values_list("status", "finished_at").first()
+                        del unknown_retries[run_id]
+                        if row is None or row[0] != "failed" or row[1] != finished:
+                            self.events.write("retry", run=run_id, verified=True)
+                            self.count("retries")
                     failed = list(
                         Run.objects.filter(status="failed", workflow_name__startswith="soak-").values_list(
-                            "run_id", "error"
+                            "run_id", "error", "finished_at"
                         )
                     )
-                    for run_id, error in failed:
+                    for run_id, error, finished in failed:
                         if (error or {}).get("type") == "FlakyStepError":
+                            unknown_retries[run_id] = finished
                             engine.retry(run_id)
+                            del unknown_retries[run_id]
                             self.events.write("retry", run=run_id)
                             self.count("retries")
                 except Exception:

@@ -92,6 +92,7 @@ __all__ = [
     "TurnState",
     "control_records",
     "handed_off",
+    "stamped",
 ]
 
 #: Declared singleton limits by workflow name (the latest registered version's, S2).
@@ -425,6 +426,21 @@ class MemoryScheduleStore(ScheduleStore):
             return replace(row) if row is not None else None
 
 
+
+def stamped(run: RunRecord, backlog_wake_at: datetime | None, now: datetime) -> tuple[RunRecord, datetime | None]:
+    """``run`` and its backlog wake moved so that it is created at ``now``, the store's
+    clock, its other times keeping their distance to its creation: how a store with
+    ``stamps_starts`` writes a start's ``created_at`` (R8)."""
+    shift = now - run.created_at
+    run = run.evolve(
+        created_at=run.created_at + shift,
+        updated_at=run.updated_at + shift,
+        wake_at=run.wake_at + shift if run.wake_at is not None else None,
+        deadline_at=run.deadline_at + shift if run.deadline_at is not None else None,
+    )
+    return run, backlog_wake_at + shift if backlog_wake_at is not None else None
+
+
 class BaseStore(ABC):
     """Durable storage of runs, steps and signals: the methods the engine calls.
 
@@ -641,6 +657,8 @@ class BaseStore(ABC):
         (R8). This default makes the two calls; a store may fold the check
         into its insert.
         """
+        if stamp and self.stamps_starts and run.created_at.tzinfo is not None:
+            run, backlog_wake_at = stamped(run, backlog_wake_at, self.now())
         if run.singleton_key is not None and deep_limit is not None:
             from ..admission import limit_in_force
 

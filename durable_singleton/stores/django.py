@@ -155,6 +155,7 @@ from .base import (
     Turn,
     TurnState,
     handed_off,
+    stamped,
 )
 from .rows import COLUMNS, run_record
 from .schedule_state import DjangoScheduleStore
@@ -246,19 +247,6 @@ def _settled(run: RunRecord, status: str, output: Any, error: Any) -> RunRecord:
         wake_at=None,
         finished_at=timezone.now(),
     )
-
-
-def _stamped(run: RunRecord, backlog_wake_at: datetime | None, now: datetime) -> tuple[RunRecord, datetime | None]:
-    """``run`` and its backlog wake moved so that it is created at ``now``, the database's
-    clock, its other times keeping their distance to its creation (R8)."""
-    shift = now - run.created_at
-    run = run.evolve(
-        created_at=run.created_at + shift,
-        updated_at=run.updated_at + shift,
-        wake_at=run.wake_at + shift if run.wake_at is not None else None,
-        deadline_at=run.deadline_at + shift if run.deadline_at is not None else None,
-    )
-    return run, backlog_wake_at + shift if backlog_wake_at is not None else None
 
 
 def _room_finished(
@@ -743,7 +731,7 @@ class DjangoStore(BaseStore):
             # are the ORM path's, X6); the store's clock is the
             # process's, read without a statement (R8).
             if stamp and run.created_at.tzinfo is not None:
-                run, backlog_wake_at = _stamped(run, backlog_wake_at, self.now())
+                run, backlog_wake_at = stamped(run, backlog_wake_at, self.now())
             for _ in range(self.claim_retries + 1):
                 started = self._retrying(lambda: room.start(run, deep_limit, backlog_wake_at))
                 if started is not None:
@@ -756,7 +744,7 @@ class DjangoStore(BaseStore):
         # Naive times (USE_TZ = False, refused by check E012) are not restamped: the
         # database's clock is aware, and the engine's times stay as they were given.
         if stamp and run.created_at.tzinfo is not None:
-            run, backlog_wake_at = _stamped(run, backlog_wake_at, now)
+            run, backlog_wake_at = stamped(run, backlog_wake_at, now)
         if deep:
             run = run.evolve(wake_at=backlog_wake_at, park_reason=ParkReason.SINGLETON.value)
         return self.create_run(run, cap=cap, cap_namespace=cap_namespace)

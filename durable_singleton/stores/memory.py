@@ -91,6 +91,9 @@ class MemoryStore(BaseStore):
     supports_throttles = True
     supports_slot_repairs = True
     supports_schedules = True  # the default in-memory state lives as long as the store
+    #: A start's ``created_at`` is this store's clock, read as the start is stored (R8): the claim's
+    #: ``started_at`` is read from the same clock after it, never before.
+    stamps_starts = True
 
     def __init__(
         self,

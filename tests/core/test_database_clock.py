@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -56,6 +56,29 @@ def test_a_run_of_a_stepped_process_is_created_started_and_finished_in_order(
         run.started_at,
         run.finished_at,
     )
+
+
+def test_the_memory_store_stamps_a_start_with_its_own_clock(registry: Registry) -> None:
+    """R8: on the default clock the in-memory store writes a start's ``created_at``
+    from its own clock, as the database stores do, so it is never after the
+    ``started_at`` its claim reads from that clock. Its clock stands still here:
+    a creation time from the engine's corrected process clock (the time measured
+    at the last correction plus the time elapsed since) came out after it."""
+    from durable_singleton.stores.memory import MemoryStore
+    from durable_singleton.testing import make_engine
+
+    frozen = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    store = MemoryStore(clock=lambda: frozen)
+    registry.add("plain", "1", lambda ctx, i: {"ok": True})
+    engine = make_engine(store, registry=registry)
+    assert isinstance(engine.now, StoreClock)
+    engine.now()  # the engine's clock corrected against the store's
+    time.sleep(0.002)
+    engine.start("plain", {}, run_id="R")
+    engine.dispatcher.drain()
+    run = engine.get("R")
+    assert run.status == "completed"
+    assert run.created_at == frozen == run.started_at, (run.created_at, run.started_at)
 
 
 def test_a_waiter_started_by_a_process_stepped_back_does_not_jump_the_queue(
