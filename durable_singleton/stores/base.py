@@ -426,7 +426,6 @@ class MemoryScheduleStore(ScheduleStore):
             return replace(row) if row is not None else None
 
 
-
 def stamped(run: RunRecord, backlog_wake_at: datetime | None, now: datetime) -> tuple[RunRecord, datetime | None]:
     """``run`` and its backlog wake moved so that it is created at ``now``, the store's
     clock, its other times keeping their distance to its creation: how a store with
