@@ -511,6 +511,7 @@ class Core:
                 parent_run_id=parent_run_id,
                 namespace=namespace,
                 not_before=not_before,
+                priority=priority,
             )
         supersedes = single is not None and single.supersedes
         # On the default clock a store that stamps starts writes created_at by its
@@ -589,6 +590,7 @@ class Core:
         parent_run_id: str | None,
         namespace: str | None,
         not_before: datetime | float | None,
+        priority: int,
     ) -> RunRecord:
         """:meth:`start` of a workflow declared with ``debounce`` (X7): the store folds
         the start into its debounce key's open run or inserts a new delayed run, under
@@ -620,6 +622,7 @@ class Core:
             version=version,
             parent_run_id=parent_run_id,
             namespace=namespace,
+            priority=priority,
         )
         debounce = definition.debounce
         assert debounce is not None
@@ -751,7 +754,7 @@ class Core:
         caps: dict[str, int | None] = {}
         definition = self.registry.get(name)
         if definition.debounce is not None:
-            return self._start_many_debounced(name, inputs, ids, not_before)
+            return self._start_many_debounced(name, inputs, ids, not_before, priority)
         self._correct_clock()
         for input, run_id in zip(inputs, ids, strict=True):
             if run_id is not None:
@@ -815,7 +818,12 @@ class Core:
         return out
 
     def _start_many_debounced(
-        self, name: str, inputs: Sequence[Any], ids: Sequence[str | None], not_before: datetime | float | None
+        self,
+        name: str,
+        inputs: Sequence[Any],
+        ids: Sequence[str | None],
+        not_before: datetime | float | None,
+        priority: int,
     ) -> list[RunRecord | SingletonQueueFullError | RunIdInUseError]:
         """:meth:`start_many` of a debounced workflow (X7): each input checked first
         (nothing is written if one is invalid), then started in order, one by one,
@@ -833,7 +841,7 @@ class Core:
         out: list[RunRecord | SingletonQueueFullError | RunIdInUseError] = []
         for input, run_id in zip(inputs, ids, strict=True):
             try:
-                out.append(self.start(name, input, run_id=run_id, not_before=not_before))
+                out.append(self.start(name, input, run_id=run_id, not_before=not_before, priority=priority))
             except (SingletonQueueFullError, RunIdInUseError) as exc:  # in its place, as a batch reports them
                 out.append(exc)
         return out

@@ -107,6 +107,25 @@ def test_a_burst_of_starts_gives_one_run_with_the_newest_input(timed: Engine, re
     assert timed.get(started[0].run_id).status == "completed"
 
 
+def test_a_fold_moves_only_the_input_and_the_start_time(timed: Engine, registry: Registry) -> None:
+    """X7b, X8: a debounced start keeps its priority (it was dropped: a debounced run
+    always had priority 0); a start folded into an open run gives it its input and moves
+    its start, and the run keeps the tags and the priority of the start that created it."""
+    log: list[Any] = []
+    _declare(registry, log)
+    first = timed.start("sync", {"store": "A", "n": 0}, tags=["first"], priority=5)
+    folded = timed.start("sync", {"store": "A", "n": 1}, tags=["second"], priority=-5)
+    assert folded.run_id == first.run_id
+    run = timed.get(first.run_id)
+    assert run.input == {"store": "A", "n": 1}
+    assert run.not_before is not None and first.not_before is not None and run.not_before >= first.not_before
+    assert run.tags == first.tags and "first" in run.tags and "second" not in run.tags
+    assert run.priority == 5
+    # start_many gives a debounced run the batch's priority, as start does (X8).
+    [batch] = timed.start_many("sync", [{"store": "B", "n": 0}], priority=7)
+    assert not isinstance(batch, Exception) and timed.get(batch.run_id).priority == 7
+
+
 def test_each_debounce_key_has_its_own_run(timed: Engine, registry: Registry) -> None:
     """X7: starts of two debounce keys fold into one run per key, each with its newest input."""
     _declare(registry, [])
