@@ -2185,22 +2185,16 @@ class DjangoStore(BaseStore):
             )
         room = self._mysql_room() if owner is not None and not connections[self.db].in_atomic_block else None
         declared = declared_limit(limits, run.workflow_name)
-        if room is not None and run.quota_keys and (run.singleton_key is None or declared is not None):
-            # One CALL: the settle of a run that carries quotas and the handoff of its slots (X3g, X3h).
+        if (
+            room is not None
+            and (run.quota_keys or run.singleton_key is not None)
+            and (run.singleton_key is None or declared is not None)
+        ):
+            # One CALL: the settle and the handoff of the run's slots (S7, R5a, K1, X3g, X3h).
+            # A keyed run of a workflow this process does not declare: the ORM path.
             assert owner is not None
             done = self._retrying(
-                lambda: self._room_finish_quotas(
-                    room, run, owner, status, output, error, declared, finished_at, limits, ttls
-                )
-            )
-            if done is not None:
-                return done
-        if room is not None and run.singleton_key is not None and not run.quota_keys and declared is not None:
-            # One CALL: the settle and the handoff of a run with a key and no quotas (S7, R5a, K1).
-            # A run that carries quotas, or of a workflow this process does not declare: the ORM path.
-            assert owner is not None
-            done = self._retrying(
-                lambda: self._room_finish(room, run, owner, status, output, error, int(declared), finished_at, ttls)
+                lambda: self._room_settle(room, run, owner, status, output, error, declared, finished_at, limits, ttls)
             )
             if done is not None:
                 return done
@@ -2228,39 +2222,7 @@ class DjangoStore(BaseStore):
             cas = Q(pk=run.run_id, status__in=[s for s in (expect or PARKED_STATUSES) if s in PARKED_STATUSES])
         return self._finish(run, cas, status, output, error, limits, finished_at, ttls=ttls)
 
-    def _room_finish(
-        self,
-        room: mysql.Room,
-        run: RunRecord,
-        owner: str,
-        status: str,
-        output: Any,
-        error: Any,
-        declared: int,
-        finished_at: datetime | None,
-        ttls: QueueTtls | None,
-    ) -> Finish | None:
-        """The settle and handoff of a run with a singleton key and no quotas in one CALL
-        of ``ds_settle_handoff`` (:meth:`mysql.Room.settle_handoff`): the key's lock, the
-        compare-and-set on ``owner``'s unexpired lease, the grants of :meth:`_grant`
-        (S7, S12, S13, R5a, K1, X2). None if the room is off (the ORM path)."""
-        assert run.singleton_key is not None
-        done = room.settle_handoff(
-            run_id=run.run_id,
-            owner=owner,
-            status=status,
-            output=output,
-            error=error,
-            finished_at=finished_at,
-            workflow_name=run.workflow_name,
-            key=run.singleton_key,
-            declared_limit=declared,
-            ttl=(ttls or {}).get(run.workflow_name),
-            redelivery_seconds=self.redelivery_seconds,
-        )
-        return None if done is None else _room_finished(run, status, output, error, finished_at, done)
-
-    def _room_finish_quotas(
+    def _room_settle(
         self,
         room: mysql.Room,
         run: RunRecord,
@@ -2273,13 +2235,14 @@ class DjangoStore(BaseStore):
         limits: Limits,
         ttls: QueueTtls | None,
     ) -> Finish | None:
-        """The settle and handoff of a run that carries quotas in one CALL of
-        ``ds_settle_quotas`` (:meth:`mysql.Room.settle_quotas`): the locks of all its
-        limits, the compare-and-set on ``owner``'s unexpired lease, its slots freed, the
-        waiters a handoff admits admitted with their tokens and the others within the
-        free slots sent a turn, as :meth:`_finish` (S7, S13, R5a, K1, X3e-X3h). None if
-        the room is off (the ORM path)."""
-        done = room.settle_quotas(
+        """The settle and handoff of a run in one CALL of the MySQL/MariaDB room
+        (:meth:`mysql.Room.settle`): ``ds_settle_handoff`` for a run with a singleton
+        key and no quotas, ``ds_settle_quotas`` for one that carries quotas. The locks of
+        all its limits, the compare-and-set on ``owner``'s unexpired lease, its slots
+        freed, the waiters a handoff admits admitted (with their quota tokens) and the
+        others within the free slots sent a turn, as :meth:`_finish` (S7, S12, S13, R5a,
+        K1, X2, X3e-X3h). None if the room is off (the ORM path)."""
+        done = room.settle(
             run_id=run.run_id,
             owner=owner,
             status=status,
@@ -2290,9 +2253,9 @@ class DjangoStore(BaseStore):
             key=run.singleton_key,
             declared_limit=declared,
             ttl=(ttls or {}).get(run.workflow_name),
-            limits=limits,
-            ttls=ttls or {},
             redelivery_seconds=self.redelivery_seconds,
+            limits=limits if run.quota_keys else None,
+            ttls=ttls or {},
         )
         return None if done is None else _room_finished(run, status, output, error, finished_at, done)
 

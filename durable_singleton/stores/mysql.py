@@ -197,7 +197,7 @@ class Room:
             raise
         return sets
 
-    def settle_handoff(
+    def settle(
         self,
         *,
         run_id: str,
@@ -205,33 +205,45 @@ class Room:
         status: str,
         output: Any,
         error: Any,
-        finished_at: Any,
+        finished_at: datetime | None,
         workflow_name: str,
-        key: str,
-        declared_limit: int,
+        key: str | None,
+        declared_limit: int | None,
         ttl: float | None,
         redelivery_seconds: float,
+        limits: Mapping[str, int | None] | None = None,
+        ttls: Mapping[str, float] | None = None,
     ) -> tuple[Run | None, list[Run], list[Run]] | None:
-        """``ds_settle_handoff``: settle a run with a singleton key and no quotas by
-        compare-and-set on ``owner``'s unexpired lease and grant its key's free slots,
-        one CALL (S7, S12, R5a, K1, S13). ``output``/``error``: the run's end as the
-        ORM writes it (JSON-able values); ``finished_at``: an aware datetime or None
-        (the database's clock); ``declared_limit``: the workflow's declared limit;
-        ``ttl``: its ``queue_ttl`` in seconds or None (X2); ``redelivery_seconds``:
-        the grants' turn window (S7a). Returns (the settled row or None if the
-        compare failed, the waiters granted a slot, the waiters sent a turn as they
-        are, X3h), or None if the room is off (the caller takes the ORM path)."""
-        sets = self._call_sets(
-            "ds_settle_handoff",
-            [
-                *self._settle_args(run_id, owner, status, output, error, finished_at),
-                workflow_name,
-                key,
+        """Settle a run by compare-and-set on ``owner``'s unexpired lease and hand its
+        slots off, one CALL (S7, S12, R5a, K1, S13): ``ds_settle_handoff`` for a run with
+        a singleton key and no quotas (``limits`` None), ``ds_settle_quotas`` for a run
+        that carries quotas (X3g, X3h). ``output``/``error``: the run's end as the ORM
+        writes it (JSON-able values); ``finished_at``: an aware datetime or None (the
+        database's clock); ``key``: its singleton key or None (only with quotas);
+        ``declared_limit``: its workflow's declared limit (needed with a key); ``ttl``:
+        its ``queue_ttl`` in seconds or None (X2); ``redelivery_seconds``: the grants'
+        turn window (S7a); ``limits``: with quotas, the declared limits by name (quotas
+        under ``quota:<name>``); ``ttls``: with quotas, the ``queue_ttl`` seconds by
+        workflow name. Returns (the settled row or None if the compare failed, the
+        waiters granted or admitted, each with ``ds_tokens`` its quota tokens, the
+        waiters sent a turn as they are), or None if the room is off (the caller takes
+        the ORM path)."""
+        first = [*self._settle_args(run_id, owner, status, output, error, finished_at), workflow_name, key]
+        if limits is None:
+            assert key is not None and declared_limit is not None
+            name = "ds_settle_handoff"
+            params = [*first, declared_limit, _microseconds(ttl), _microseconds(redelivery_seconds)]
+        else:
+            name = "ds_settle_quotas"
+            params = [
+                *first,
                 declared_limit,
                 _microseconds(ttl),
+                _limits_json(limits),
+                _ttls_json(ttls or {}),
                 _microseconds(redelivery_seconds),
-            ],
-        )
+            ]
+        sets = self._call_sets(name, params)
         return None if sets is None else _settled(self.using, sets)
 
     def _settle_args(
@@ -294,47 +306,6 @@ class Room:
         run = _runs_of(self.using, columns, rows)[0] if rows else None
         return role, run, [*roles.get("granted", []), *roles.get("turn", [])]
 
-    def settle_quotas(
-        self,
-        *,
-        run_id: str,
-        owner: str,
-        status: str,
-        output: Any,
-        error: Any,
-        finished_at: Any,
-        workflow_name: str,
-        key: str | None,
-        declared_limit: int | None,
-        ttl: float | None,
-        limits: Mapping[str, int | None],
-        ttls: Mapping[str, float],
-        redelivery_seconds: float,
-    ) -> tuple[Run | None, list[Run], list[Run]] | None:
-        """``ds_settle_quotas``: settle a run that carries quotas by compare-and-set on
-        ``owner``'s unexpired lease, free its slots and hand them off, one CALL (S7, S12,
-        R5a, K1, X3g, X3h, S13). ``key``: its singleton key or None; ``declared_limit``:
-        its workflow's declared limit (needed with a key); ``ttl``: its ``queue_ttl``
-        seconds or None; ``limits``: the declared limits by name (quotas under
-        ``quota:<name>``); ``ttls``: the ``queue_ttl`` seconds by workflow name (X2);
-        the rest as :meth:`settle_handoff`. Returns (the settled row or None if the compare
-        failed, the waiters admitted, each with ``ds_tokens`` its quota tokens, the waiters
-        sent a turn as they are), or None if the room is off (the ORM path)."""
-        sets = self._call_sets(
-            "ds_settle_quotas",
-            [
-                *self._settle_args(run_id, owner, status, output, error, finished_at),
-                workflow_name,
-                key,
-                declared_limit,
-                _microseconds(ttl),
-                _limits_json(limits),
-                _ttls_json(ttls),
-                _microseconds(redelivery_seconds),
-            ],
-        )
-        return None if sets is None else _settled(self.using, sets)
-
     def take_quota_lease(
         self,
         *,
@@ -362,24 +333,12 @@ class Room:
         return {str(name): int(token) for name, token in json.loads(rows[0][1] or "{}").items()}
 
     def _call(self, name: str, params: list[Any]) -> list[tuple[Any, ...]] | None:
-        """CALL ``name`` outside any transaction of the caller's (the procedure commits its
-        own); return its result rows, or None if the server refused it (the ORM path)."""
-        connection = connections[self.using]
-        placeholders = ", ".join(["%s"] * len(params))
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(f"CALL {name}({placeholders})", params)
-                rows = list(cursor.fetchall())
-                while cursor.nextset():  # the CALL's own status: read, or the next query fails
-                    pass
-        except OperationalError as exc:
-            code = getattr(exc.__cause__, "args", None) or exc.args
-            if code and code[0] in _MISSING:
-                logger.warning("MySQL room off for database %r (%s): the ORM path", self.using, exc)
-                self.usable = False
-                return None
-            raise
-        return rows
+        """CALL ``name`` as :meth:`_call_sets` does; return the rows of its first result
+        set (none: an empty list), or None if the server refused it (the ORM path)."""
+        sets = self._call_sets(name, params)
+        if sets is None:
+            return None
+        return sets[0][1] if sets else []
 
     def take_lease(
         self,
