@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import random
 import sys
@@ -239,6 +240,37 @@ def test_durable_queues_prints_plain_columns_without_rich(
     assert lines[2].split()[:5] == ["wf", "store:A", "1", "1", "2"]
     assert lines[3].split()[:5] == ["wf", "store:B", "1", "1", "2"]
     assert lines[4].startswith("as of ")
+
+
+class _Terminal(io.StringIO):
+    """An output that says it is a terminal, as a user's shell is."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.django_db
+def test_durable_queues_never_cuts_a_name_piped_or_drawn(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """O3: a long workflow name and key are printed whole. Piped or redirected (here:
+    captured) at a terminal width of 40 columns, each key's row is one line of plain
+    columns with both names whole (rich drew it at the terminal's width and cut the
+    names to "…", so `| grep` and the tests run under xdist found "thrott…"); drawn on
+    a terminal, a cell folds onto more lines and loses no character."""
+    monkeypatch.setenv("COLUMNS", "40")
+    workflow, key = "sync-inventory-of-the-northern-warehouses", "store:" + "n" * 60
+    bulk_queue([key], workflow=workflow, waiters=1)
+    call_command("durable_queues")
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.split()[:2] == [workflow, key] for line in lines), lines
+    assert not any("…" in line for line in lines), lines
+    drawn = _Terminal()
+    call_command("durable_queues", stdout=drawn)
+    text = drawn.getvalue()
+    assert "┃" in text and "…" not in text, text  # the rich drawing, nothing cut
+    cells = "".join(part.strip() for line in text.splitlines() for part in line.split("│")[1:2])
+    assert workflow in cells, text
 
 
 @pytest.mark.django_db

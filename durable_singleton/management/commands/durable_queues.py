@@ -110,17 +110,19 @@ class Command(BaseCommand):
             }
             self.stdout.write(json.dumps(document, indent=2))
             return
-        self.stdout.write(self._table(page, now), ending="")
+        # Drawn with rich only on a terminal; piped or redirected, plain columns that
+        # keep every name whole on its line (grep, a log, a pager).
+        drawn = self.stdout.isatty()
+        self.stdout.write(self._table(page, now, drawn), ending="")
         if members is not None:
             self.stdout.write(_member_lines(page, members), ending="")
         if quota_rows:
-            self.stdout.write(_quota_table(quota_rows, now), ending="")
+            self.stdout.write(_quota_table(quota_rows, now, drawn), ending="")
         if throttle_rows:
-            self.stdout.write(_throttle_table(throttle_rows), ending="")
+            self.stdout.write(_throttle_table(throttle_rows, drawn), ending="")
 
-    def _table(self, page: queues.QueuePage, now: Any) -> str:
-        """Render the page as a text table: with rich when it is installed
-        (``durable-singleton[rich]``), else as plain aligned columns."""
+    def _table(self, page: queues.QueuePage, now: Any, drawn: bool) -> str:
+        """Render the page as a text table (:func:`_render`)."""
         title = ngettext(
             "%(keys)d key with active runs, %(holders)d holding, %(waiting)d waiting",
             "%(keys)d keys with active runs, %(holders)d holding, %(waiting)d waiting",
@@ -145,7 +147,7 @@ class Command(BaseCommand):
                     "—" if fullness is None else f"{row.active}/{row.capacity} ({fullness:.0%})",
                 ]
             )
-        return _render(title, caption, header, rows)
+        return _render(title, caption, header, rows, drawn)
 
 
 #: ``--limit 0``: every row.
@@ -173,7 +175,7 @@ def _throttle_kept(row: queues.ThrottleRow, only: str) -> bool:
     return True
 
 
-def _throttle_table(rows: list[queues.ThrottleRow]) -> str:
+def _throttle_table(rows: list[queues.ThrottleRow], drawn: bool) -> str:
     """Render the throttle keys with waiters (X6, K3): the rate, its use in the current window,
     the waiters, how many are over the rate, and the next admission (the database's clock)."""
     title = ngettext("%(keys)d throttle key with waiters", "%(keys)d throttle keys with waiters", len(rows)) % {
@@ -195,7 +197,7 @@ def _throttle_table(rows: list[queues.ThrottleRow]) -> str:
         ]
         for row in rows
     ]
-    return _render(title, "most waiters first", header, cells)
+    return _render(title, "most waiters first", header, cells, drawn)
 
 
 def _quota_dict(row: queues.QuotaRow, now: Any) -> dict[str, Any]:
@@ -217,7 +219,7 @@ def _quota_dict(row: queues.QuotaRow, now: Any) -> dict[str, Any]:
     }
 
 
-def _quota_table(rows: list[queues.QuotaRow], now: Any) -> str:
+def _quota_table(rows: list[queues.QuotaRow], now: Any, drawn: bool) -> str:
     """Render the shared quotas' keys (X3j) as the singleton keys' table is rendered."""
     title = ngettext("%(keys)d quota key with active members", "%(keys)d quota keys with active members", len(rows)) % {
         "keys": len(rows)
@@ -236,12 +238,16 @@ def _quota_table(rows: list[queues.QuotaRow], now: Any) -> str:
         ]
         for row in rows
     ]
-    return _render(title, "most waiters first", header, cells)
+    return _render(title, "most waiters first", header, cells, drawn)
 
 
-def _render(title: str, caption: str, header: list[str], rows: list[list[str]]) -> str:
-    """Render a table: with rich when it is installed (``durable-singleton[rich]``),
-    else as plain aligned columns."""
+def _render(title: str, caption: str, header: list[str], rows: list[list[str]], drawn: bool) -> str:
+    """Render a table: ``drawn`` (the output is a terminal) and with rich installed
+    (``durable-singleton[rich]``), a rich table as wide as the terminal whose cells
+    fold onto more lines rather than lose a character; else plain aligned columns,
+    each row on one line, every value whole."""
+    if not drawn:
+        return _plain_table(title, caption, header, rows)
     try:
         from rich.console import Console
         from rich.table import Table
@@ -249,7 +255,7 @@ def _render(title: str, caption: str, header: list[str], rows: list[list[str]]) 
         return _plain_table(title, caption, header, rows)
     table = Table(title=title, caption=caption)
     for name in header:
-        table.add_column(name, overflow="fold" if name == "key" else "ellipsis", justify=_justify(name))
+        table.add_column(name, overflow="fold", justify=_justify(name))
     for cells in rows:
         table.add_row(*cells)
     buffer = io.StringIO()
