@@ -31,6 +31,7 @@ SCENARIOS = (
     "pull",
     "peers",
     "rooms",
+    "depth",
     "debounce",
     "throttle",
 )
@@ -157,6 +158,15 @@ def main(argv: list[str]) -> int:
         from . import rooms
 
         raw["rooms"] = attempt("0 the rooms: PostgreSQL, MariaDB and SQLite in one run", rooms.measure)
+    if "depth" in only:
+        # Claim and handoff latency at 10 and 100,000 waiters on each database, each database's
+        # largest size against its smallest (issue #32; python -m bench.depth).
+        from . import depth
+
+        raw["depth"] = attempt(
+            "0 depth: claim and handoff at 10 to 100,000 waiters on each database",
+            lambda: depth.measure(sizes.depth_sizes),
+        )
 
     if "debounce" in only:
         # No worker needed: the run's quiet period outlasts the scenario (X7).

@@ -152,6 +152,25 @@ def targets(raw: dict[str, Any]) -> list[Target]:
                     ratio >= bound,
                 )
             )
+    depth = _get(raw, "depth", "databases")
+    if isinstance(depth, dict):
+        labels = {"postgresql": "PostgreSQL", "mysql": "MariaDB", "sqlite": "SQLite"}
+        for vendor, figures in depth.items():
+            ms = figures["ms"]
+            small, big = min(ms, key=int), max(ms, key=int)
+            for step in ("claim", "handoff"):
+                ratio = figures["ratio_largest_to_smallest"][step]
+                out.append(
+                    Target(
+                        f"{step} at {big} waiters, {labels.get(vendor, vendor)} (bench.depth)",
+                        "ms p50",
+                        ms[big][step],
+                        f"{ms[small][step]:.2f} ms at {small}",
+                        ratio,
+                        "<= 1.2x",
+                        ratio <= 1.2,
+                    )
+                )
     claims = _get(raw, "claims")
     if isinstance(claims, dict) and claims:
         sizes = sorted(claims, key=int)

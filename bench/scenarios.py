@@ -141,6 +141,8 @@ class Sizes:
     backlog: int = 10_000
     backlog_window: float = 30.0
     claim_sizes: tuple[int, ...] = (10, 1000, 10_000)
+    #: The waiters on one key of python -m bench.depth, on each database (issue #32).
+    depth_sizes: tuple[int, ...] = (10, 10_000, 100_000)
     claim_reps: int = 200
     lane_idle_probes: int = 60
     burst_producers: int = 1
@@ -165,6 +167,7 @@ class Sizes:
             backlog=n(self.backlog),
             backlog_window=max(5.0, self.backlog_window * factor),
             claim_sizes=tuple(sorted({10, n(1000), n(10_000)})),
+            depth_sizes=tuple(sorted({10, n(10_000), n(100_000)})),
             claim_reps=n(self.claim_reps),
             lane_idle_probes=n(self.lane_idle_probes),
             burst_producers=self.burst_producers,

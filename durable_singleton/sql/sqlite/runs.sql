@@ -212,8 +212,12 @@ SET status = CASE w.kind WHEN 'grant' THEN r.status WHEN 'park_front' THEN 'susp
 FROM writes w
 WHERE r.run_id = w.run_id
   AND r.status = w.status                      -- a compare-and-set on the run as read (R5a)
-  AND NOT r.cancel_requested                   -- R6
-  AND (w.kind = 'take' OR (r.singleton_slot = 'waiter' AND r.quota_slot IS NULL))
+  AND (   (w.kind = 'take' AND NOT r.cancel_requested)                   -- R6
+       OR (w.kind <> 'take' AND NOT r.cancel_requested                   -- R6
+           AND r.singleton_slot = 'waiter' AND r.quota_slot IS NULL))
+  -- Each test of r sits beside a test of w, never alone: a condition on r alone lets SQLite
+  -- (3.38 and later, once ANALYZE has run) build a Bloom filter of r before the first row,
+  -- a read of every run of the table at every claim (S5, issue 32 item 3).
 RETURNING {{returned_columns}}
 
 -- name: finish
