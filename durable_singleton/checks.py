@@ -216,8 +216,9 @@ def check_celery(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                 "The durable_singleton tick is not in the Celery beat schedule: lost wake-ups, "
                 "timers and recoveries will not be driven.",
                 hint=(
-                    "app.conf.beat_schedule.update(durable_singleton.tasks.beat_schedule()), or set "
-                    "DURABLE_SINGLETON = {'DISPATCH': 'thread'} for the embedded in-process worker."
+                    "app.conf.beat_schedule.update(durable_singleton.tasks.beat_schedule()) in your Celery app; "
+                    "or, without Celery, set DURABLE_SINGLETON = {'DISPATCH': 'worker'} and run "
+                    "manage.py durable_worker (DISPATCH is 'celery' by default)."
                 ),
                 id="durable_singleton.W001",
             )

@@ -146,7 +146,11 @@ def _send_refused(run_ids: Sequence[str], exc: BaseException) -> None:
     it again (S8, F4)."""
     for run_id in run_ids:
         logger.warning(
-            "could not send turn of run %s; the tick will re-send it (%s: %s)", run_id, type(exc).__name__, exc
+            "could not send turn of run %s; the tick will re-send it (%s: %s) once the broker answers; "
+            "the tick runs in each Celery worker and in beat: if neither runs, start them",
+            run_id,
+            type(exc).__name__,
+            exc,
         )
     logger.debug("the refused send's traceback", exc_info=exc)
 
@@ -360,6 +364,9 @@ class ThreadDispatcher(_DjangoCommit):
     an idle timeout or ``pg_terminate_backend`` is reopened (O1).
     """
 
+    #: How its start and stop lines name it (O1).
+    kind = "embedded worker"
+
     def __init__(self, store: BaseStore, threads: int, tick_seconds: float) -> None:
         super().__init__(store)
         self.threads = threads
@@ -431,7 +438,7 @@ class ThreadDispatcher(_DjangoCommit):
         ticker.start()
         self._workers.append(ticker)
         self._started_at = time.monotonic()
-        announce("embedded worker started in pid %d: %s", os.getpid(), self.describe())
+        announce("%s started in pid %d: %s", self.kind, os.getpid(), self.describe())
 
     def describe(self) -> str:
         """Return the worker's shape in words: threads, tick period, store and
@@ -482,18 +489,20 @@ class ThreadDispatcher(_DjangoCommit):
                 thread.join(timeout=max(0.0, min(TICK_JOIN_SECONDS, deadline - time.monotonic())))
         left = sorted(self.in_hand.values())
         if dropped:
-            logger.info("embedded worker stopping: %d queued turns left to the tick", dropped)
+            logger.info("%s stopping: %d queued turns left to the tick", self.kind, dropped)
         was_running = bool(self._workers)
         self._workers = []
         self._ending = [thread for thread in threads if thread.is_alive()]
         if self._ending:
             logger.info(
-                "embedded worker stopping: %s end after their turn or tick",
+                "%s stopping: %s end after their turn or tick",
+                self.kind,
                 ", ".join(sorted(thread.name for thread in self._ending)),
             )
         if was_running and self._started_at is not None:
             announce(
-                "embedded worker stopped in pid %d (up %.1f s): %d turns still in hand%s",
+                "%s stopped in pid %d (up %.1f s): %d turns still in hand%s",
+                self.kind,
                 os.getpid(),
                 time.monotonic() - self._started_at,
                 len(left),

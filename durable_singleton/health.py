@@ -159,7 +159,11 @@ def _check_workers(report: HealthReport, store: BaseStore, dead_seconds: float) 
     latest = max(workers, key=lambda w: w.last_seen_at, default=None)
     if latest is None:
         report.problems.append(
-            Problem("no_worker", "no worker seen: no durable_worker process is registered on this database")
+            Problem(
+                "no_worker",
+                "no worker seen: no durable_worker process is registered on this database; "
+                "start one: python manage.py durable_worker",
+            )
         )
         return
     silent = (db_now - latest.last_seen_at).total_seconds()
@@ -168,6 +172,6 @@ def _check_workers(report: HealthReport, store: BaseStore, dead_seconds: float) 
             Problem(
                 "no_worker",
                 f"no worker seen for {silent:.0f} s (limit WORKER_DEAD_SECONDS {dead_seconds:g} s); "
-                f"the last was {latest.name}",
+                f"the last was {latest.name}; start one: python manage.py durable_worker",
             )
         )

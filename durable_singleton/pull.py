@@ -71,6 +71,7 @@ class PullDispatcher(ThreadDispatcher):
     """
 
     dispatches_in_transaction = True
+    kind = "pull worker"
 
     def __init__(
         self,

@@ -166,7 +166,10 @@ def test_health_names_a_missing_worker_and_the_registry_drops_a_clean_stop(
         report = check_health(web, stale_seconds=3600, backlog_seconds=3600)
         return [p.detail for p in report.problems if p.kind == "no_worker"]
 
-    assert no_worker() == ["no worker seen: no durable_worker process is registered on this database"]
+    assert no_worker() == [
+        "no worker seen: no durable_worker process is registered on this database; "
+        "start one: python manage.py durable_worker"
+    ]
     worker = workers.start(env=worker_env(workers))
     assert no_worker() == []
     out = __import__("io").StringIO()
@@ -175,8 +178,13 @@ def test_health_names_a_missing_worker_and_the_registry_drops_a_clean_stop(
     assert re.search(listed, out.getvalue()), out.getvalue()
     worker.kill(signal.SIGTERM)
     assert worker.proc.wait(120) == 0, workers.logs()
+    # Its stop line names what it is: a pull worker (it said "embedded worker", the thread mode's name).
+    assert f"pull worker stopped in pid {worker.pid} (up " in worker.log(), worker.log()
     assert not WorkerProcess.objects.exists()
-    assert no_worker() == ["no worker seen: no durable_worker process is registered on this database"]
+    assert no_worker() == [
+        "no worker seen: no durable_worker process is registered on this database; "
+        "start one: python manage.py durable_worker"
+    ]
 
 
 def test_health_says_how_long_no_worker_was_seen(web: Engine) -> None:
@@ -188,7 +196,11 @@ def test_health_says_how_long_no_worker_was_seen(web: Engine) -> None:
     WorkerProcessFactory(host="gone", pid=1, threads=4, started_at=now, last_seen_at=now - timedelta(seconds=42))
     report = check_health(web, stale_seconds=3600, backlog_seconds=3600)
     (detail,) = [p.detail for p in report.problems if p.kind == "no_worker"]
-    assert re.fullmatch(r"no worker seen for 4[23] s \(limit WORKER_DEAD_SECONDS 3 s\); the last was gone:1", detail)
+    assert re.fullmatch(
+        r"no worker seen for 4[23] s \(limit WORKER_DEAD_SECONDS 3 s\); the last was gone:1; "
+        r"start one: python manage.py durable_worker",
+        detail,
+    )
 
 
 @pytest.mark.parametrize(

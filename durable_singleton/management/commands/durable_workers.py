@@ -49,7 +49,7 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(rows, indent=2))
             return
         if not rows:
-            self.stdout.write("no durable_worker process is registered")
+            self.stdout.write("no durable_worker process is registered; start one: python manage.py durable_worker")
             return
         for row in rows:
             state = "alive" if row["alive"] else f"dead (silent over {dead:g} s)"
