@@ -317,8 +317,9 @@ class ThrottleMembership(models.Model):
     """One throttle key a run carries (X6): its place in the throttle key's queue.
 
     A throttle key's waiters are its memberships whose run is an active waiter
-    (``quota_slot`` = ``waiter``), oldest first by (``created_at``, ``run_id``):
-    one read of ``ds_throttle_order_idx`` (X3d). The key's lock row is
+    (``quota_slot`` = ``waiter``), in the one queue order (``admission.QUEUE_ORDER``:
+    higher ``priority`` first, then ``created_at``, ``run_id``): one read of
+    ``ds_throttle_order_idx`` (X3d, X6c, X8a). The key's lock row is
     ``SingletonKey(workflow_name="throttle:<name>", key=key)``; its admissions are
     :class:`ThrottleAdmission` rows.
     """
@@ -327,12 +328,16 @@ class ThrottleMembership(models.Model):
     throttle = ExactCharField(_("throttle"), max_length=QUOTA_NAME_MAX_LENGTH)
     key = ExactCharField(_("key"), max_length=QUOTA_KEY_MAX_LENGTH)
     created_at = models.DateTimeField(_("created at"))
+    #: The run's priority (X8), the admission order's first term (``admission.QUEUE_ORDER``).
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
 
     class Meta:
         verbose_name = _("throttle membership")
         verbose_name_plural = _("throttle memberships")
         ordering = ["throttle", "key", "created_at", "run"]
-        indexes = [models.Index(fields=["throttle", "key", "created_at", "run"], name="ds_throttle_order_idx")]
+        indexes = [
+            models.Index(fields=["throttle", "key", "-priority", "created_at", "run"], name="ds_throttle_order_idx")
+        ]
         constraints = [models.UniqueConstraint(fields=["run", "throttle"], name="ds_throttle_run_uniq")]
 
     def __str__(self) -> str:

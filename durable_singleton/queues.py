@@ -948,7 +948,8 @@ class ThrottleKeyQueue:
     ``Throttle.limit``, else the one its runs' starts recorded), the admissions
     recorded in the window that ends at ``as_of`` (``(run id, time)``, newest first, at
     most :data:`ADMISSIONS_LISTED`; ``admitted`` counts them all), a page of its
-    waiters in its admission order (``created_at``, ``run_id``) with 1-based
+    waiters in its admission order (:data:`~durable_singleton.admission.QUEUE_ORDER`:
+    higher priority first, then ``created_at``, ``run_id``; X6c, X8a) with 1-based
     positions among all its waiters, their number ``waiting``, how many are
     ``throttled`` (parked over the rate: ``not_before`` after ``as_of``) and the
     earliest such opening ``next_admission_at``."""
@@ -1010,7 +1011,7 @@ def throttle_key_queue(
         throttled=Count("pk", filter=over_rate),
         next_at=Min("run__not_before", filter=over_rate),
     )
-    page = list(members.select_related("run").order_by("created_at", "run_id")[offset : offset + limit])
+    page = list(members.select_related("run").order_by(*QUEUE_ORDER)[offset : offset + limit])  # X6c, X8a
     declared = reg.throttles.get(throttle)
     if declared is not None:
         stated: tuple[int, float] = (declared.limit, float(declared.period))

@@ -925,14 +925,15 @@ class BaseStore(ABC):
         return 0, None
 
     def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
-        """Make the oldest ``limit`` (an int >= 1) parked waiters of the throttle key
-        ``(name, key)`` due now, and return them as stored: a run parked over the rate
-        (park reason ``throttled:``, X6d) gets its ``not_before`` and ``wake_at`` at the
-        store's now, a waiter parked on its retry delay (``singleton``: the key was
-        paused, or another limit held it back) and already due by ``not_before`` its
-        ``wake_at``; each a compare-and-set on the run still parked so. No admission is
-        decided here: their own claims count the window. Called after a key control
-        that admits more (K2). The default (``supports_throttles`` False): none."""
+        """Make the first ``limit`` (an int >= 1) parked waiters of the throttle key
+        ``(name, key)`` in the queue order (``admission.QUEUE_ORDER``, X8a) due now, and
+        return them as stored: a run parked over the rate (park reason ``throttled:``,
+        X6d) gets its ``not_before`` and ``wake_at`` at the store's now, a waiter parked
+        on its retry delay (``singleton``: the key was paused, or another limit held it
+        back) and already due by ``not_before`` its ``wake_at``; each a compare-and-set
+        on the run still parked so. No admission is decided here: their own claims count
+        the window. Called after a key control that admits more (K2).
+        The default (``supports_throttles`` False): none."""
         return ()
 
     def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
@@ -1416,8 +1417,9 @@ class BaseStore(ABC):
     def due_throttle_waiters(self, name: str, key: str, limit: int) -> list[RunRecord]:
         """Return the first ``limit`` (>= 0) active waiters of the throttle key
         ``(name, key)`` (``name`` as declared, without ``throttle:``) that are
-        due by their ``not_before`` on the store's clock, oldest first by
-        (``created_at``, run id): the ones its window's room goes to (X5, X6, K4)."""
+        due by their ``not_before`` on the store's clock, in the queue order
+        (``admission.queue_place``: higher priority first, then oldest): the ones its
+        window's room goes to (X5, X6c, X8a, K4)."""
         now = self.now()
         waiters = [
             r
@@ -1427,7 +1429,7 @@ class BaseStore(ABC):
             and is_due(r.not_before, now)
             and any(t[0] == name and t[1] == key for t in r.throttle_keys)
         ]
-        return sorted(waiters, key=lambda r: (r.created_at, r.run_id))[:limit]
+        return sorted(waiters, key=lambda r: r.queue_place)[:limit]
 
     def key_freed_since(self, workflow_name: str, key: str, since: datetime) -> bool:
         """Tell whether a run of singleton key ``key`` finished after ``since`` (K4)."""

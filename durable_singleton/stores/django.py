@@ -1163,7 +1163,9 @@ class DjangoStore(BaseStore):
             )
             ThrottleMembership.objects.using(self.db).bulk_create(
                 [
-                    ThrottleMembership(run_id=run.run_id, throttle=name, key=key, created_at=run.created_at)
+                    ThrottleMembership(
+                        run_id=run.run_id, throttle=name, key=key, created_at=run.created_at, priority=run.priority
+                    )
                     for name, key, _limit, _period in run.throttle_keys
                 ]
             )
@@ -1983,7 +1985,7 @@ class DjangoStore(BaseStore):
         newest = list(window.order_by("-admitted_at").values_list("admitted_at", flat=True)[:limit])
         free, opening = throttle_room(limit, [_aware(a) for a in newest], period, now, paused=bool(key_row["paused"]))
         members = ThrottleMembership.objects.using(self.db).filter(throttle=name, key=key)
-        queue = members.filter(throttle_waiter_q(DbNow(), ttls)).order_by("created_at", "run_id")
+        queue = members.filter(throttle_waiter_q(DbNow(), ttls)).order_by(*QUEUE_ORDER)  # X6c, X8a
         waiters = [str(r) for r in queue.values_list("run_id", flat=True)[:limit]]
         return free, waiters, opening
 
@@ -2009,8 +2011,9 @@ class DjangoStore(BaseStore):
         )
 
     def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
-        """:meth:`BaseStore.wake_throttled`: one read of the key's oldest parked memberships
-        (``ds_throttle_order_idx``), two conditional updates on the database's clock (R5)."""
+        """:meth:`BaseStore.wake_throttled`: one read of the key's first parked memberships in
+        the queue order (``admission.QUEUE_ORDER``, ``ds_throttle_order_idx``), two
+        conditional updates on the database's clock (R5)."""
         waiting = Q(quota_slot=SlotState.WAITER, status__in=PARKED_STATUSES, cancel_requested=False)
         over_rate = waiting & Q(park_reason__startswith=ParkReason.THROTTLED.value)
         retrying = (
@@ -2019,7 +2022,7 @@ class DjangoStore(BaseStore):
         members = ThrottleMembership.objects.using(self.db).filter(
             throttle=name, key=key, run__in=self._runs().filter(over_rate | retrying)
         )
-        ids = [str(i) for i in members.order_by("created_at", "run_id").values_list("run_id", flat=True)[:limit]]
+        ids = [str(i) for i in members.order_by(*QUEUE_ORDER).values_list("run_id", flat=True)[:limit]]
         if not ids:
             return ()
         self._runs().filter(over_rate, pk__in=ids).update(not_before=DbNow(), wake_at=DbNow(), updated_at=DbNow())
@@ -2903,7 +2906,7 @@ class DjangoStore(BaseStore):
         return [KeyCount(throttle_lock_name(g["throttle"]), g["key"], g["n"]) for g in groups]
 
     def due_throttle_waiters(self, name: str, key: str, limit: int) -> list[RunRecord]:
-        """One read of ``ds_throttle_order_idx``, due on the database's clock (X5, R5)."""
+        """One read of ``ds_throttle_order_idx`` in the queue order, due on the database's clock (X5, X8a, R5)."""
         members = ThrottleMembership.objects.using(self.db).filter(
             is_due_q(DbNow(), "run__"),
             throttle=name,
@@ -2911,7 +2914,7 @@ class DjangoStore(BaseStore):
             run__quota_slot=SlotState.WAITER,
             run__status__in=ACTIVE_STATUSES,
         )
-        ids = [str(i) for i in members.order_by("created_at", "run_id").values_list("run_id", flat=True)[:limit]]
+        ids = [str(i) for i in members.order_by(*QUEUE_ORDER).values_list("run_id", flat=True)[:limit]]
         runs = {r.run_id: r for r in self._runs().filter(pk__in=ids)}
         return [record_of(runs[i]) for i in ids if i in runs]
 

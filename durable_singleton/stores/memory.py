@@ -626,7 +626,7 @@ class MemoryStore(BaseStore):
                 and is_due(r.not_before, now)
                 and not waiter_expired(r.created_at, (ttls or {}).get(r.workflow_name), now)
             ),
-            key=lambda r: (r.created_at, r.run_id),
+            key=lambda r: r.queue_place,  # X6c, X8a: the one queue order
         )
         return free, [r.run_id for r in waiters][:limit], opening
 
@@ -650,7 +650,7 @@ class MemoryStore(BaseStore):
                     and (over_rate(r) or retrying(r))
                     and any(t[0] == name and t[1] == key for t in r.throttle_keys)
                 ),
-                key=lambda r: (r.created_at, r.run_id),
+                key=lambda r: r.queue_place,
             )[:limit]
             return tuple(
                 self._replace(r, not_before=now, wake_at=now) if over_rate(r) else self._replace(r, wake_at=now)

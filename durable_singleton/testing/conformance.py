@@ -411,6 +411,25 @@ class StoreConformance:
         assert f.state is TurnState.RUN and f.run.admitted and (f.run.fencing_token or 0) > e.run.fencing_token, f
         assert engine.store.throttle_state("conf-rate", "K3", 3600)[0] == 2
 
+    def test_a_throttle_key_admits_its_higher_priority_waiter_first(self, engine: Engine) -> None:
+        """X6c, X8a: a throttle key's due waiters are admitted in the one queue order,
+        higher priority first, then oldest: with 2 admissions an hour, lo1 and lo2
+        (priority 0) started before hi (priority 5), and their turns in creation
+        order, lo1 and hi are admitted and lo2 is parked by the throttle (the
+        key's free admissions go to hi ahead of it)."""
+        if not (engine.store.supports_throttles and engine.store.admits_quotas):
+            pytest.skip("this store does not admit throttles (X6)")
+        for run_id, priority in (("lo1", 0), ("lo2", 0), ("hi", 5)):
+            engine.start("conf-throttle", {"k": "P"}, run_id=run_id, priority=priority)
+        lo1 = self._turn(engine, "lo1", "w")
+        assert lo1.state is TurnState.RUN and lo1.throttled is None, lo1
+        lo2 = self._turn(engine, "lo2", "w")
+        assert lo2.state is TurnState.PARKED and lo2.throttled == "conf-rate", lo2
+        assert not engine.get("lo2").admitted
+        hi = self._turn(engine, "hi", "w")
+        assert hi.state is TurnState.RUN and hi.run.quota_slot == SlotState.HOLDER, hi
+        assert engine.store.throttle_state("conf-rate", "P", 3600)[0] == 2
+
     # -- the handoff and the token -----------------------------------------------
     def test_release_grants_the_oldest_waiter_with_a_larger_token(self, engine: Engine, bodies: _Bodies) -> None:
         """S7, S7a, K1: a settled holder's slot goes to the oldest waiter in the same

@@ -6,8 +6,9 @@ most 2 admissions per 60 s each), starts of a debounced workflow (two debounce
 keys, 30 s quiet period, 100 s at most from a burst's first start), turns
 (claims), settles, cancels, the tick and the passing of time, against the real
 store (in memory, and the Django store on the DATABASE_URL database: SQLite,
-PostgreSQL, MariaDB). The priority order inside a key (X8) is the turn
-machine's (tests/model/test_turn_model.py: its starts draw a priority).
+PostgreSQL, MariaDB). The throttled starts draw a priority (0 or 5): a throttle
+key's queue is the one order of X8a; the priority order inside a singleton key
+is the turn machine's (tests/model/test_turn_model.py).
 
 Time is the machine's, never the wall clock's: on the memory store its clock
 moves; on the Django store, whose clock is the database's (R5), a passing of
@@ -25,9 +26,10 @@ Invariants, each judged on the store's answers:
 * throttle (X6b): in every throttle key, the admission times the store
   recorded (on the machine's timeline) never hold more than the limit in any
   half-open interval of ``PERIOD`` seconds;
-* throttle order (X6c, X3d): a throttled claim is admitted only if the due
-  waiters of its throttle key older than it, plus the admissions already in
-  the window, leave it room;
+* throttle order (X6c, X8a, X3d): a throttled claim is admitted only if the
+  due waiters of its throttle key ahead of it in the queue order (higher
+  priority first, then oldest), plus the admissions already in the window,
+  leave it room;
 * debounce (X7, X7a, X7b): a start while its key's debounced run is open (not
   begun, its start time not come) returns that run, which then holds this
   start's input (the newest wins), and creates no run; a start once it has
@@ -170,11 +172,11 @@ class FlowControl(RuleBasedStateMachine):
             self.clock.now += timedelta(microseconds=10)
         return f"r{self.n:03d}"
 
-    @rule(key=st.sampled_from(THROTTLE_KEYS), count=st.sampled_from((1, 3)))
-    def start_throttled(self, key: str, count: int) -> None:
-        """``count`` starts of throttle key ``key``, one after the other."""
+    @rule(key=st.sampled_from(THROTTLE_KEYS), count=st.sampled_from((1, 3)), priority=st.sampled_from((0, 5)))
+    def start_throttled(self, key: str, count: int, priority: int) -> None:
+        """``count`` starts of throttle key ``key`` at ``priority``, one after the other."""
         for _ in range(count):
-            run = self.engine.start("thr", {"k": key}, run_id=self._new_id())
+            run = self.engine.start("thr", {"k": key}, run_id=self._new_id(), priority=priority)
             self.created.append(run.run_id)
             self.key_of[run.run_id] = key
 
@@ -246,7 +248,7 @@ class FlowControl(RuleBasedStateMachine):
     def _turn(self, run_id: str) -> None:
         before = self.store.get_run(run_id)
         now = self._now()
-        waiting = self._due_older_waiters(before, now) if before.throttle_keys else 0
+        waiting = self._due_waiters_ahead(before, now) if before.throttle_keys else 0
         self.n += 1
         turn = self.store.begin_turn(
             run_id,
@@ -273,20 +275,21 @@ class FlowControl(RuleBasedStateMachine):
             key = self.key_of[run_id]
             in_window = sum(1 for t, _ in self.admissions[key] if at - PERIOD < t <= at)
             assert waiting + in_window + 1 <= LIMIT, (
-                f"{run_id} admitted past {waiting} older due waiters of {key} with {in_window} "
-                f"admissions in the window (X6c, X3d)"
+                f"{run_id} admitted past {waiting} due waiters of {key} ahead of it with {in_window} "
+                f"admissions in the window (X6c, X8a, X3d)"
             )
             self.admissions[key].append((at, run_id))
 
-    def _due_older_waiters(self, run: Any, now: float) -> int:
+    def _due_waiters_ahead(self, run: Any, now: float) -> int:
         """The throttled runs of ``run``'s throttle key that wait, are due at ``now`` and
-        are older by (``created_at``, ``run_id``) (X6c)."""
+        are ahead of it in the queue order (``RunRecord.queue_place``: higher priority
+        first, then oldest by (``created_at``, ``run_id``); X6c, X8a)."""
         older = 0
         for other in self.store.list_runs(workflow_name="thr"):
             if (
                 other.throttle_keys
                 and self.key_of[other.run_id] == self.key_of[run.run_id]
-                and (other.created_at, other.run_id) < (run.created_at, run.run_id)
+                and other.queue_place < run.queue_place
                 and other.quota_slot == "waiter"
                 and not other.is_terminal
                 and (other.not_before is None or self._at(other.not_before) <= now - MARGIN)

@@ -127,10 +127,10 @@ FROM inserted,
 
 -- fragment: insert_throttle_members
 -- The inserted run's throttle memberships: one per throttle key of its throttle_keys column
--- ([[name, key, limit, period], ...]), at its creation time, its place in the throttle key's
--- queue (X6c). Nothing when nothing was inserted or it carries no throttle.
-INSERT INTO durable_singleton_throttlemembership (run_id, throttle, key, created_at)
-SELECT inserted.run_id, t0.e ->> 0, t0.e ->> 1, inserted.created_at
+-- ([[name, key, limit, period], ...]), at its priority and creation time, its place in the
+-- throttle key's queue (X6c, X8a). Nothing when nothing was inserted or it carries no throttle.
+INSERT INTO durable_singleton_throttlemembership (run_id, throttle, key, created_at, priority)
+SELECT inserted.run_id, t0.e ->> 0, t0.e ->> 1, inserted.created_at, inserted.priority
 FROM inserted
 CROSS JOIN LATERAL jsonb_array_elements(COALESCE(inserted.throttle_keys, '[]'::jsonb)) t0(e)
 

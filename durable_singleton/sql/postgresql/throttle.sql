@@ -33,7 +33,8 @@
 -- throttle:<name>, else the one its start recorded; the key's override), the newest
 -- admissions its window counts (at most its limit), its free admissions (none while paused)
 -- and its opening for a waiter they do not reach (admission.throttle_room); throttle_fronts,
--- each key's first due waiters, as many as its limit, oldest first by (created_at, run_id).
+-- each key's first due waiters, as many as its limit, in the one queue order (X8a: priority
+-- descending, then created_at, run_id; queue_place on the membership, ds_throttle_order_idx's).
 throttle_key_rows AS (                         -- each throttle key locked, its window and free admissions (X6b, K2)
     SELECT tk.id, tk.n, tk.throttle, tk.key, tk.lim, tk.period,
            CASE WHEN tk.paused THEN 0 WHEN tk.lim > w.counted THEN tk.lim - w.counted ELSE 0 END AS free,
@@ -60,16 +61,16 @@ throttle_key_rows AS (                         -- each throttle key locked, its 
         ) a1
     ) w
 ),
-throttle_fronts AS (                           -- each key's first due waiters, up to its limit (X6c, X5, X2)
+throttle_fronts AS (                           -- each key's first due waiters, up to its limit (X6c, X8a, X5, X2)
     SELECT tk.id, tk.n, f.run_id, f.pos, tk.free
     FROM throttle_key_rows tk
     CROSS JOIN LATERAL (
-        SELECT m.run_id, row_number() OVER (ORDER BY m.created_at, m.run_id) AS pos
+        SELECT m.run_id, row_number() OVER (ORDER BY {{queue_place: run = m}}) AS pos
         FROM durable_singleton_throttlemembership m
         JOIN durable_singleton_run mr ON mr.run_id = m.run_id
         WHERE m.throttle = tk.throttle AND m.key = tk.key
           AND {{throttle_waiter}}
-        ORDER BY m.created_at, m.run_id
+        ORDER BY {{queue_place: run = m}}
         LIMIT tk.lim
     ) f
 ),
