@@ -21,7 +21,9 @@ import threading
 import time
 from typing import Any
 
+from . import signals
 from .conf import get_settings
+from .dispatch import wait_sending_wakes
 from .identity import process_name
 from .stores.turns import hold_tick_lease, release_tick_lease, tick_lease_seconds
 
@@ -50,9 +52,15 @@ class WorkerTicker:
     pool process forked meanwhile shares none). A failed round is logged and
     the next one runs a period after it began (at least half a period
     after it ended). Each tick it runs is logged at INFO on
-    ``durable_singleton.tick``. ``app``: the worker's Celery app, made the
-    thread's current app, so the turns a tick sends go through it (None: the
-    default app).
+    ``durable_singleton.tick``. Between two ticks the holder's thread sends each
+    parked run at its ``wake_at`` (a throttle's opening, X6d; a delayed start, X5)
+    rather than at the next tick: the wake timer of the embedded worker
+    (:func:`~durable_singleton.dispatch.wait_sending_wakes`, S8), the next wake read
+    after each tick and each send, and again when a run this process parks over a
+    throttle's rate (a solo or threads pool; a prefork pool's parks are read at the
+    next send or tick), each database call on a connection closed after it.
+    ``app``: the worker's Celery app, made the thread's current app, so the turns a
+    tick sends go through it (None: the default app).
     """
 
     def __init__(self, engine: Any, db: str, tick_seconds: float, app: Any = None) -> None:
@@ -62,11 +70,14 @@ class WorkerTicker:
         self.tick_seconds = tick_seconds
         self.owner = f"celery:{process_name()}"
         self._stop = threading.Event()
+        #: Set to have the wake timer read the next wake again (a throttled park, the stop).
+        self._rearm = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         """Start the thread (a daemon)."""
         self._stop.clear()
+        signals.run_parked.connect(self._rearm_on_throttled_park, dispatch_uid=f"durable_singleton.ticker.{id(self)}")
         self._thread = threading.Thread(target=self._run, name=TICKER_THREAD, daemon=True)
         self._thread.start()
         logger.info("tick thread of Celery worker %s started: a tick every %g s while it holds the tick's lease",
@@ -77,11 +88,19 @@ class WorkerTicker:
         its lease and closes its connections as it leaves); return True if it
         ended."""
         self._stop.set()
+        self._rearm.set()
+        signals.run_parked.disconnect(dispatch_uid=f"durable_singleton.ticker.{id(self)}")
         thread = self._thread
         if thread is None:
             return True
         thread.join(timeout)
         return not thread.is_alive()
+
+    def _rearm_on_throttled_park(self, sender: Any, throttle: str | None = None, **kwargs: Any) -> None:
+        """``run_parked`` receiver: a run parked over a throttle's rate (X6d) in this
+        process has the wake timer read the next wake again."""
+        if throttle is not None:
+            self._rearm.set()
 
     @property
     def alive(self) -> bool:
@@ -97,9 +116,11 @@ class WorkerTicker:
         try:
             while not self._stop.is_set():
                 round_began = time.monotonic()
+                held = False
                 try:
                     close_old_connections()
-                    if hold_tick_lease(self.db, self.owner, lease):
+                    held = hold_tick_lease(self.db, self.owner, lease)
+                    if held:
                         began = time.monotonic()
                         dispatched = len(self.engine.tick().dispatched)
                         logger.info("durable tick by %s: %d turns dispatched in %.3f s",
@@ -111,7 +132,13 @@ class WorkerTicker:
                 # The period runs from the start of a round (a tick's own time does not stretch it),
                 # and half a period at least follows a long one: never two ticks back to back (O5).
                 rest = max(0.5 * self.tick_seconds, round_began + self.tick_seconds - time.monotonic())
-                if self._stop.wait(rest):
+                if held:  # the lease's holder sends the parked runs at their wake_at meanwhile (S8, X6d)
+                    stopped = wait_sending_wakes(
+                        self.engine, rest, self.tick_seconds, self._stop, self._rearm, connections.close_all
+                    )
+                else:
+                    stopped = self._stop.wait(rest)
+                if stopped:
                     break
         finally:
             try:

@@ -40,6 +40,7 @@ __all__ = [
     "ManualDispatcher",
     "ThreadDispatcher",
     "build_dispatcher",
+    "wait_sending_wakes",
 ]
 
 logger = logging.getLogger("durable_singleton")
@@ -351,6 +352,74 @@ class CeleryDispatcher(_DjangoCommit):
             self.on_commit(lambda: _send_turns(_current_app(), ids, queue, self.batch))
 
 
+def wait_sending_wakes(
+    engine: Any,
+    seconds: float,
+    period: float,
+    stop: threading.Event,
+    rearm: threading.Event,
+    refresh: Callable[[], None] = lambda: None,
+) -> bool:
+    """Wait ``seconds`` (the time to the next tick) and, meanwhile, send each parked
+    run at its ``wake_at`` (S8, X6d, X5): the workers' wake timer, the tick thread's
+    sleep between two ticks (:class:`ThreadDispatcher`, :class:`~durable_singleton.pull.PullDispatcher`,
+    :class:`~durable_singleton.celery_tick.WorkerTicker`).
+
+    ``engine``: a :class:`~durable_singleton.core.Core`; ``period``: the tick's period,
+    in seconds. The earliest ``wake_at`` within the wait, or within half a ``period``
+    after it (the tick's due job runs after its other jobs, so the tick then waits for
+    it), is read on the database's clock
+    (:meth:`~durable_singleton.core.Core.seconds_to_next_wake`) as seconds from now;
+    the timer sleeps that long (plus ``WAKE_TIMER_LAG_SECONDS``) and sends the due runs
+    (:meth:`~durable_singleton.core.Core.dispatch_due`), which the store decides on
+    its own clock (R5, R8): this process's clock only measures the sleep. ``rearm``
+    set (a run this process parked over a throttle's rate, whose opening may come
+    sooner; the stop) has the next wake read again, and the send already due keeps
+    its time: a stream of parks postpones no send. Reads and sends are
+    ``WAKE_TIMER_MIN_SECONDS`` apart at least. ``refresh`` is called around each
+    database call (the thread's connection check). Returns True when ``stop`` is
+    set, False at the end of the wait."""
+    began = time.monotonic()
+    deadline = began + seconds
+    send_at: float | None = None
+    last_read = last_send = began - WAKE_TIMER_MIN_SECONDS
+    read = True
+    while not stop.is_set():
+        now = time.monotonic()
+        if send_at is not None and now >= send_at:
+            send_at, read, last_send = None, True, now
+            try:
+                refresh()
+                engine.dispatch_due()
+            except Exception:
+                logger.exception("wake timer: could not send the due runs")
+            finally:
+                refresh()
+            continue
+        if send_at is None and now >= deadline:
+            return False
+        until = deadline if send_at is None else send_at
+        if read and now >= last_read + WAKE_TIMER_MIN_SECONDS:
+            read, last_read = False, now
+            rearm.clear()  # before the read: a park after it wakes the wait below
+            try:
+                refresh()
+                wake = engine.seconds_to_next_wake(max(deadline - now, 0.0) + period / 2)
+            except Exception:
+                logger.exception("wake timer: could not read the next wake")
+                wake = None
+            if wake is not None:
+                at = max(time.monotonic() + wake + WAKE_TIMER_LAG_SECONDS, last_send + WAKE_TIMER_MIN_SECONDS)
+                send_at = at if send_at is None else min(send_at, at)
+            continue
+        if read:  # a read asked for too soon after the last: at its time, or the send's
+            if stop.wait(max(min(until, last_read + WAKE_TIMER_MIN_SECONDS) - now, 0.0)):
+                break
+        elif rearm.wait(max(until - now, 0.0)):
+            read = True
+    return True
+
+
 class ThreadDispatcher(_DjangoCommit):
     """The embedded worker: ``threads`` worker threads and a tick thread, in process.
 
@@ -549,44 +618,15 @@ class ThreadDispatcher(_DjangoCommit):
             self.close_thread_resources()
 
     def _wait_for_tick(self, stop: threading.Event) -> bool:
-        """Wait ``tick_seconds`` for the next tick; meanwhile, at the earliest ``wake_at``
-        of a parked run that comes before it (the store's
-        :meth:`~durable_singleton.stores.base.BaseStore.seconds_to_next_wake`), send the
-        due runs (:meth:`~durable_singleton.core.Core.dispatch_due`), so a run parked
-        until a time (a throttle's opening, X6d; a delayed start, X5) is sent then,
-        not up to a tick later (S8); a wake within half a period after the tick's time
-        is sent too, and the tick follows it. A run this process parks over a
-        throttle's rate (the ``run_parked`` signal with ``throttle``) has the next wake
-        read again at once. Between two sends at least ``WAKE_TIMER_MIN_SECONDS``.
-        Returns True when ``stop`` (this start's stop event) is set."""
+        """Wait ``tick_seconds`` for the next tick, sending the parked runs at their
+        ``wake_at`` meanwhile (:func:`wait_sending_wakes`, S8, X6d, X5). A run this
+        process parks over a throttle's rate (the ``run_parked`` signal with
+        ``throttle``) has the next wake read again. Returns True when ``stop`` (this
+        start's stop event) is set."""
         assert self.engine is not None
-        deadline = time.monotonic() + self.tick_seconds
-        while not stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            self._rearm.clear()  # before the read: a park after it wakes the wait below
-            try:
-                self.refresh_connections()
-                # A wake just past the tick's time is the timer's too (the tick's due job runs
-                # after its other jobs): the tick then waits for it, half a period at most.
-                wake = self.engine.seconds_to_next_wake(left + self.tick_seconds / 2)
-            except Exception:
-                logger.exception("wake timer: could not read the next wake")
-                wake = None
-            send = wake is not None
-            sleep = max(wake + WAKE_TIMER_LAG_SECONDS, WAKE_TIMER_MIN_SECONDS) if wake is not None else left
-            if self._rearm.wait(sleep):
-                continue  # a throttled park, or the stop: read again
-            if send:
-                try:
-                    self.refresh_connections()
-                    self.engine.dispatch_due()
-                except Exception:
-                    logger.exception("wake timer: could not send the due runs")
-                finally:
-                    self.refresh_connections()
-        return True
+        return wait_sending_wakes(
+            self.engine, self.tick_seconds, self.tick_seconds, stop, self._rearm, self.refresh_connections
+        )
 
     def _arm_wake_timer(self) -> None:
         """Have this process's throttled parks wake the wake timer (``run_parked``)."""
