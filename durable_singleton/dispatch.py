@@ -441,6 +441,9 @@ class ThreadDispatcher(_DjangoCommit):
         self.threads = threads
         self.tick_seconds = tick_seconds
         self._queue: queue_module.Queue[str | None] = queue_module.Queue()
+        #: The runs with a turn in this start's queue not taken yet by a worker thread.
+        self._queued: set[str] = set()
+        self._queued_lock = threading.Lock()
         self._workers: list[threading.Thread] = []
         #: Threads of a stopped start still ending their turn or tick.
         self._ending: list[threading.Thread] = []
@@ -465,9 +468,21 @@ class ThreadDispatcher(_DjangoCommit):
         return self._pid == os.getpid() and any(t.is_alive() for t in self._workers + self._ending)
 
     def dispatch(self, run_id: str, queue: str | None = None) -> None:
-        """Queue a turn for the worker threads, after commit, if they are started."""
+        """Queue a turn for the worker threads, after commit, if they are started;
+        none when the run has a turn in the queue that no thread has taken yet: that
+        turn's claim comes after this commit and decides as this one would (S8, R6).
+        A run's turn taken by a thread (in its claim or its body) gets another."""
         if self.running:
-            self.on_commit(lambda: self._queue.put(run_id))
+            turns, queued, lock = self._queue, self._queued, self._queued_lock
+
+            def put() -> None:
+                with lock:
+                    if run_id in queued:
+                        return
+                    queued.add(run_id)
+                turns.put(run_id)
+
+            self.on_commit(put)
 
     def start(self) -> bool:
         """Start the worker and tick threads; False if they already run (thread-safe).
@@ -483,6 +498,7 @@ class ThreadDispatcher(_DjangoCommit):
                 self._workers = []
                 self._ending = []
                 self._queue = queue_module.Queue()
+                self._queued = set()
                 self.in_hand = {}
             if self._workers:
                 return False
@@ -496,9 +512,11 @@ class ThreadDispatcher(_DjangoCommit):
         self._stop = stop = threading.Event()
         turns: queue_module.Queue[str | None] = queue_module.Queue()
         self._queue = turns
+        queued: set[str] = set()
+        self._queued = queued
         for n in range(self.threads):
             thread = threading.Thread(
-                target=self._run_worker, args=(turns, stop), name=f"durable-worker-{n}", daemon=True
+                target=self._run_worker, args=(turns, stop, queued), name=f"durable-worker-{n}", daemon=True
             )
             thread.start()
             self._workers.append(thread)
@@ -580,7 +598,7 @@ class ThreadDispatcher(_DjangoCommit):
             self._started_at = None
         return left
 
-    def _run_worker(self, turns: queue_module.Queue[str | None], stop: threading.Event) -> None:
+    def _run_worker(self, turns: queue_module.Queue[str | None], stop: threading.Event, queued: set[str]) -> None:
         assert self.engine is not None
         name = threading.current_thread().name
         try:
@@ -588,6 +606,8 @@ class ThreadDispatcher(_DjangoCommit):
                 run_id = turns.get()
                 if run_id is None or stop.is_set():
                     return
+                with self._queued_lock:
+                    queued.discard(run_id)  # taken: a dispatch from now on queues another turn
                 self.in_hand[name] = run_id
                 try:
                     self.refresh_connections()

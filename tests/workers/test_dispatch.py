@@ -226,3 +226,41 @@ def test_a_send_the_broker_refuses_is_one_warning_line_per_run_without_a_traceba
     ]
     assert all(r.exc_info is None and "Error" in r.getMessage() for r in warnings), [r.getMessage() for r in warnings]
     assert any(r.levelno == logging.DEBUG and r.exc_info for r in mine)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_already_queued_gets_no_second_turn_until_a_thread_takes_it(registry: Registry) -> None:
+    """S8, R6, X6d: the embedded worker queues one turn per run not yet taken by a
+    thread: a run sent again meanwhile (the wake timer's send at a throttle's
+    opening, then a claim's grant of the same waiter) adds none, since the queued
+    turn's claim comes after both and decides alike; once a thread has taken it,
+    a dispatch queues another. Before, each dispatch queued one more turn, and the
+    duplicates' claims (each skipped) held the threads up at the opening."""
+    import threading
+
+    from durable_singleton.testing import make_engine
+
+    gate = threading.Event()
+    registry.add("held", "1", lambda ctx, i: gate.wait(30), singleton={"key": lambda i: i})
+    built = make_engine("django", registry=registry)
+    dispatcher = ThreadDispatcher(built.store, threads=1, tick_seconds=3600)
+    engine = Engine(built.store, dispatcher, registry=registry, settings=built.settings)
+    dispatcher.bind(engine)
+    dispatcher.start()
+    try:
+        holder = engine.start("held", "a").run_id  # the one thread runs it, held by the gate
+        deadline = time.monotonic() + 30
+        while not dispatcher.in_hand:
+            assert time.monotonic() < deadline, "the thread never took the first run"
+            time.sleep(0.02)
+        waiting = engine.start("held", "b").run_id
+        for _ in range(3):
+            dispatcher.dispatch(waiting)
+        assert dispatcher._queue.qsize() == 1
+        dispatcher.dispatch(holder)  # taken by the thread: a new turn is queued
+        assert dispatcher._queue.qsize() == 2
+        gate.set()
+        _wait_completed(engine, [holder, waiting])
+    finally:
+        gate.set()
+        assert dispatcher.stop(timeout=10) == []
