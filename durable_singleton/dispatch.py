@@ -375,7 +375,8 @@ def wait_sending_wakes(
     its own clock (R5, R8): this process's clock only measures the sleep. ``rearm``
     set (a run this process parked over a throttle's rate, whose opening may come
     sooner; the stop) has the next wake read again, and the send already due keeps
-    its time: a stream of parks postpones no send. Reads and sends are
+    its time: a stream of parks postpones no send, and a send due before a read
+    would end (the last read's duration) is made first. Reads and sends are
     ``WAKE_TIMER_MIN_SECONDS`` apart at least. ``refresh`` is called around each
     database call (the thread's connection check). Returns True when ``stop`` is
     set, False at the end of the wait."""
@@ -383,6 +384,7 @@ def wait_sending_wakes(
     deadline = began + seconds
     send_at: float | None = None
     last_read = last_send = began - WAKE_TIMER_MIN_SECONDS
+    read_took = 0.0  # the last read's duration: a send due sooner is not held up by a read
     read = True
     while not stop.is_set():
         now = time.monotonic()
@@ -399,7 +401,11 @@ def wait_sending_wakes(
         if send_at is None and now >= deadline:
             return False
         until = deadline if send_at is None else send_at
-        if read and now >= last_read + WAKE_TIMER_MIN_SECONDS:
+        if read and (send_at is None or send_at - now > read_took):
+            if now < last_read + WAKE_TIMER_MIN_SECONDS:  # too soon after the last read: at its time
+                if stop.wait(min(until, last_read + WAKE_TIMER_MIN_SECONDS) - now):
+                    break
+                continue
             read, last_read = False, now
             rearm.clear()  # before the read: a park after it wakes the wait below
             try:
@@ -408,14 +414,14 @@ def wait_sending_wakes(
             except Exception:
                 logger.exception("wake timer: could not read the next wake")
                 wake = None
+            read_took = time.monotonic() - now
             if wake is not None:
                 at = max(time.monotonic() + wake + WAKE_TIMER_LAG_SECONDS, last_send + WAKE_TIMER_MIN_SECONDS)
                 send_at = at if send_at is None else min(send_at, at)
-            continue
-        if read:  # a read asked for too soon after the last: at its time, or the send's
-            if stop.wait(max(min(until, last_read + WAKE_TIMER_MIN_SECONDS) - now, 0.0)):
+        elif read:  # the send is due before a read would end: the send first, the read after it
+            if stop.wait(until - now):
                 break
-        elif rearm.wait(max(until - now, 0.0)):
+        elif rearm.wait(until - now):
             read = True
     return True
 

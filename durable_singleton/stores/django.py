@@ -2466,12 +2466,12 @@ class DjangoStore(BaseStore):
     def seconds_to_next_wake(self, horizon: float) -> float | None:
         """:meth:`BaseStore.seconds_to_next_wake`: the earliest ``wake_at`` of the parked
         runs due within ``horizon`` seconds on the database's clock (``ds_run_due_idx``, the
-        range the tick's due read scans), then the clock, read only when there is one (R5)."""
+        range the tick's due read scans), and that clock, in one statement (R5)."""
         soon = self._runs().parked().filter(wake_at__lte=db_now_plus(horizon))
-        first = soon.aggregate(first=Min("wake_at"))["first"]
-        if first is None:
+        read = soon.aggregate(first=Min("wake_at"), now=Max(DbNow()))
+        if read["first"] is None:
             return None
-        return max((_aware(first) - self.now()).total_seconds(), 0.0)
+        return max((_aware(read["first"]) - _aware(read["now"])).total_seconds(), 0.0)
 
     def expired_leases(self, *, redelivery_seconds: float, batch: int) -> list[tuple[str, str]]:
         return self._take(self._runs().lease_expired(), "lease_expires_at", redelivery_seconds, batch)
