@@ -123,8 +123,8 @@ def _raw(**over: Any) -> dict[str, Any]:
         "lane": {"idle": {"p99_ms": 20.0, "concurrency": ok}, "during_burst": {"p99_ms": 120.0, "concurrency": ok}},
         "worker": {"drain": {"runs_per_s": 500.0, "concurrency": ok}},
         "peers": {
-            "dj_queue": {"hot_key": {"runs_per_s": 100.0}, "many_keys": {"runs_per_s": 300.0}},
-            "procrastinate": {"hot_key": {"runs_per_s": 100.0}, "many_keys": {"runs_per_s": 300.0}},
+            "dj_queue": {"hot_key": {"runs_per_s": 100.0}, "many_keys": {"runs_per_s": 301.0}},
+            "procrastinate": {"hot_key": {"runs_per_s": 100.0}, "many_keys": {"runs_per_s": 301.0}},
         },
     }
     for path, value in over.items():
@@ -152,7 +152,7 @@ def test_report_checks_the_issues_targets_at_their_bounds() -> None:
         "hot-key drain vs dj-queue": {"peers__dj_queue__hot_key__runs_per_s": 134.0},
         "hot-key drain vs procrastinate": {"peers__procrastinate__hot_key__runs_per_s": 101.0},
         "many keys, start_many": {"many_keys_bulk__runs_per_s": 699.0},
-        "many keys one by one vs dj_queue": {"peers__dj_queue__many_keys__runs_per_s": 301.0},
+        "many keys one by one vs dj_queue": {"peers__dj_queue__many_keys__runs_per_s": 302.0},
         "many keys one by one vs procrastinate": {"peers__procrastinate__many_keys__runs_per_s": 302.0},
         "round trips per run, handoff-admitted": {"statements__handoff-admitted__round_trips": 3.5},
         "round trips per run, idle key": {"statements__idle key__round_trips": 5},
@@ -165,6 +165,26 @@ def test_report_checks_the_issues_targets_at_their_bounds() -> None:
         verdicts = _verdicts(_raw(**change))
         assert not verdicts[name], (name, change)
         assert all(ok for other, ok in verdicts.items() if other != name), (name, verdicts)
+
+
+@pytest.mark.vendor_agnostic
+def test_report_compares_many_keys_in_each_deployment_and_names_the_one_that_meets_it() -> None:
+    """Issue #31: "many keys one by one >= 1.0x procrastinate in at least one
+    deployment (name it)". Each deployment the run measured (Celery, and
+    durable_worker under DISPATCH "worker" and "thread") is given with its ratio to
+    the peer of the same run; the target is met when one reaches 1.0x, and names it."""
+    raw = _raw(many_keys__runs_per_s=240.0, peers__procrastinate__many_keys__runs_per_s=300.0)
+    raw["pull"] = {"many_keys": {"runs_per_s": 300.0}}
+    raw["worker"]["many_keys"] = {"runs_per_s": 30.0}
+    found = {t.name: t for t in report.targets(raw)}["many keys one by one vs procrastinate"]
+    assert found.ok and found.ratio == 1.0 and found.value == 300.0, found
+    for named in ('DISPATCH "celery" 240 (0.80x)', 'DISPATCH "worker" (durable_worker) 300 (1.00x)'):
+        assert named in found.reference, found.reference
+    assert 'DISPATCH "thread" (durable_worker) 30 (0.10x)' in found.reference, found.reference
+    assert found.reference.endswith('met by DISPATCH "worker" (durable_worker)'), found.reference
+    raw["pull"]["many_keys"]["runs_per_s"] = 299.0
+    missed = {t.name: t for t in report.targets(raw)}["many keys one by one vs procrastinate"]
+    assert not missed.ok and "met by" not in missed.reference, missed
 
 
 @pytest.mark.vendor_agnostic
