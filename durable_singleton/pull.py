@@ -39,7 +39,6 @@ from .stores.turns import (
     Listener,
     add_notices,
     can_notify,
-    has_notices,
     hold_tick_lease,
     register_worker,
     release_dead_workers,
@@ -243,8 +242,7 @@ class PullDispatcher(ThreadDispatcher):
                 run_ids: dict[str, str] = {}
                 try:
                     self.refresh_connections()
-                    if has_notices(db, self.queues):
-                        run_ids = take_notices(db, free, self.queues)
+                    run_ids = take_notices(db, free, self.queues)
                 except Exception:
                     logger.exception("could not take turn notices; trying again")
                 for _ in range(free - len(run_ids)):

@@ -68,6 +68,7 @@ import json
 import re
 import weakref
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from django.db import connections
@@ -97,7 +98,7 @@ class Store(Protocol):
         """How long a granted waiter's turn is left to arrive before the tick sends it (S7a)."""
 
 
-__all__ = ["FastPath", "Store", "usable"]
+__all__ = ["Database", "FastPath", "Store", "take_notices", "usable"]
 
 RUN = Run._meta.db_table
 KEY = SingletonKey._meta.db_table
@@ -209,6 +210,12 @@ START_KEYED_NOTICE = sql.statement("start_keyed_notice")
 START_NOTICE = sql.statement("start_notice")
 #: The run as stored.
 GET = sql.statement("get")
+#: A ``durable_worker``'s fetch: take and delete the oldest turn notices nobody else holds, in
+#: one statement (notices.sql, O7); :func:`take_notices`.
+TAKE_NOTICES = sql.statement("take_notices")
+#: Sent before :data:`TAKE_NOTICES` outside a transaction: the fetch's commit waits for no
+#: WAL flush (notices.sql says why that loses nothing: S5, R6).
+FETCH_WITHOUT_FLUSH = sql.statement("fetch_without_flush")
 
 
 # -- shared quotas (X3) ---------------------------------------------------------------------------
@@ -355,6 +362,9 @@ _QUOTA_LOCKS = (
 )
 QUOTA_FINISH_MESSAGE = Message(*_QUOTA_LOCKS, Statement("quota_finish", QUOTA_FINISH))
 GET_MESSAGE = Message(Statement("get", GET))
+_TAKE_NOTICES = Statement("take_notices", TAKE_NOTICES)
+TAKE_NOTICES_MESSAGE = Message(_TAKE_NOTICES)
+FETCH_MESSAGE = Message(Statement("fetch_without_flush", FETCH_WITHOUT_FLUSH), _TAKE_NOTICES)
 
 
 def _ttls_param(ttls: Mapping[str, float | None]) -> str:
@@ -432,6 +442,41 @@ def _in_place(rows: Sequence[Sequence[Any]], tag: int) -> list[RunRecord]:
     """The runs of the rows tagged ``tag`` (waiters sent a turn), in their place: the last
     two columns of each row (:data:`_TURN_ORDER`)."""
     return [record(r[1:]) for r in sorted((r for r in rows if r[0] == tag), key=lambda r: (r[-2], r[-1]))]
+
+
+@dataclass(frozen=True)
+class Database:
+    """A database alias as the fast path's :class:`Store`, for the statements that
+    belong to no store (a ``durable_worker``'s fetch): ``db``, the alias."""
+
+    db: str
+    redelivery_seconds: float = 0.0
+
+
+def take_notices(db: str, count: int, queues: Sequence[str]) -> list[tuple[int, str, str]] | None:
+    """Take and delete up to ``count`` turn notices of ``queues`` (all: empty) on
+    database ``db``, oldest first, in one prepared statement (:data:`TAKE_NOTICES`:
+    one round trip, one commit; no fetcher waits on another's rows, O7). Outside a
+    transaction that commit waits for no WAL flush (:data:`FETCH_WITHOUT_FLUSH`): a
+    notice's delete lost in a server crash gives its run one more turn, which its
+    claim decides (S5, R6). Returns (id, run id, queue) of each, oldest first; None
+    when ``db`` cannot take the fast path (:func:`usable`): the caller takes the ORM path."""
+    database = Database(db)
+    if not usable(database):
+        return None
+    params = {
+        "count": int(count),
+        "queues": list(queues) or None,
+        "flush_setting": "synchronous_commit",
+        "flush_value": "off",
+    }
+    # Inside a caller's transaction the setting would hold for all of it: sent alone then.
+    message = TAKE_NOTICES_MESSAGE if connections[db].in_atomic_block else FETCH_MESSAGE
+    fast = FastPath(database)
+    with fast._cursor() as cursor:
+        fast._send(cursor, message, params)
+        rows = fast._last_result(cursor, message)
+    return sorted((int(pk), str(run_id), str(queue)) for pk, run_id, queue in rows)
 
 
 class FastPath:

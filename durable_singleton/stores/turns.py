@@ -91,11 +91,29 @@ def take_notices(db: str, count: int, queues: Sequence[str] = ()) -> dict[str, s
     oldest first; return their run ids (without repeats, oldest first), each
     with its queue.
 
-    ``SELECT ... FOR UPDATE SKIP LOCKED`` where the database has it
-    (PostgreSQL, MariaDB 10.6+, MySQL 8): workers fetching at once take
-    different notices and never wait on each other's. SQLite takes its write
-    lock for the short transaction instead.
+    On PostgreSQL one statement takes and deletes them, rows another fetcher
+    holds skipped (``FOR UPDATE SKIP LOCKED``): one round trip and one commit,
+    and none when no notice waits (:func:`durable_singleton.stores.pg.take_notices`).
+    Elsewhere a read without a lock first (:func:`has_notices`: no write
+    transaction when none waits), then one transaction that selects them
+    ``FOR UPDATE SKIP LOCKED`` where the database has it (MariaDB 10.6+, MySQL
+    8) and deletes them; SQLite takes its write lock for the short transaction
+    instead. Workers fetching at once take different notices and never wait on
+    each other's. A notice only names a run: its claim decides (S5, R6).
     """
+    from . import pg
+
+    taken = pg.take_notices(db, count, queues) if can_notify(db) else None
+    if taken is None:
+        taken = _take_notices_orm(db, count, queues) if has_notices(db, queues) else []
+    found: dict[str, str] = {}
+    for _, run_id, queue in taken:
+        found.setdefault(run_id, queue)
+    return found
+
+
+def _take_notices_orm(db: str, count: int, queues: Sequence[str]) -> list[tuple[int, str, str]]:
+    """:func:`take_notices` through the ORM: (id, run id, queue) of each notice taken, oldest first."""
     features = connections[db].features
     with transaction.atomic(using=db):
         rows = _notices(db, queues).order_by("id")
@@ -104,10 +122,7 @@ def take_notices(db: str, count: int, queues: Sequence[str] = ()) -> dict[str, s
         taken = list(rows.values_list("id", "run_id", "queue")[:count])
         if taken:
             _notices(db, ()).filter(id__in=[pk for pk, _, _ in taken]).delete()
-    found: dict[str, str] = {}
-    for _, run_id, queue in taken:
-        found.setdefault(run_id, queue)
-    return found
+    return taken
 
 
 class Listener:

@@ -24,8 +24,9 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from durable_singleton.checks import check_settings
 from durable_singleton.conf import Settings
@@ -143,6 +144,62 @@ def test_many_fetchers_take_each_notice_once() -> None:
         taken.extend(take_notices("default", 100))
     assert sorted(taken) == sorted(f"n-{i}" for i in range(60))
     assert not TurnNotice.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fetch_on_postgresql_is_one_statement_that_takes_its_queues_oldest_notices() -> None:
+    """O7, S5: on PostgreSQL a durable_worker's fetch takes and deletes the
+    oldest notices of its queues in one statement, one round trip and one
+    commit (it was a read, then BEGIN, a SELECT ... FOR UPDATE SKIP LOCKED, a
+    DELETE and COMMIT: five round trips per fetch, most of a worker's per turn
+    when runs come one by one); a fetch that finds none is the same one
+    statement. The notices of other queues, and those past ``count``, stay."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement fetch is PostgreSQL's; elsewhere the ORM's transaction")
+    add_notices("default", ["a-1", "a-2", "a-3"], "a")
+    add_notices("default", ["b-1"], "b")
+    assert take_notices("default", 2, ["none"]) == {}  # its statement prepared once per connection
+    with CaptureQueriesContext(connection) as seen:
+        got = take_notices("default", 2, ["a"])
+    assert got == {"a-1": "a", "a-2": "a"}
+    assert len(seen.captured_queries) == 1, [q["sql"][:80] for q in seen.captured_queries]
+    assert sorted(TurnNotice.objects.values_list("run_id", flat=True)) == ["a-3", "b-1"]
+    with CaptureQueriesContext(connection) as seen:
+        assert take_notices("default", 2, ["c"]) == {}
+    assert len(seen.captured_queries) == 1, [q["sql"][:80] for q in seen.captured_queries]
+    assert take_notices("default", 5) == {"a-3": "a", "b-1": "b"}
+    assert not TurnNotice.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fetchs_commit_without_a_flush_ends_with_the_fetch() -> None:
+    """O7, R5, S5: on PostgreSQL a fetch outside a transaction commits without
+    waiting for its WAL flush (a notice's delete lost in a crash gives its run
+    one more turn, which its claim decides), and only the fetch: the next
+    statement on the connection, and a caller's transaction around a fetch,
+    keep synchronous_commit as configured."""
+    if connection.vendor != "postgresql":
+        pytest.skip("synchronous_commit is PostgreSQL's")
+
+    def setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('synchronous_commit')")
+            return str(cursor.fetchone()[0])
+
+    with connection.cursor() as cursor:  # the tests' servers run without it: as a deployment's
+        cursor.execute("SET synchronous_commit TO on")
+    try:
+        add_notices("default", ["s-1", "s-2"], None)
+        assert take_notices("default", 1) == {"s-1": "default"}
+        assert setting() == "on"
+        with transaction.atomic():
+            assert take_notices("default", 1) == {"s-2": "default"}
+            assert setting() == "on"
+        assert setting() == "on"
+        assert not TurnNotice.objects.exists()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("RESET synchronous_commit")
 
 
 @pytest.mark.django_db(transaction=True)
