@@ -846,7 +846,12 @@ class DjangoStore(BaseStore):
         key's lock (S15), and so do runs that carry quotas (their memberships
         are written with them, X3i). On a database that cannot return the rows an INSERT
         wrote (MySQL; MariaDB 10.5+ can), every run goes through :meth:`create_run`.
+        Inside a transaction (a caller's ``atomic`` block, the worker dispatcher's
+        start, O1a) the batch first locks every key row its runs' starts lock, in
+        the one order (:meth:`_lock_batch_keys`, X3e).
         """
+        if connections[self.db].in_atomic_block:
+            self._lock_batch_keys(runs, caps)
         if not connections[self.db].features.can_return_rows_from_bulk_insert:
             return super().create_runs(runs, caps=caps, cap_namespace=cap_namespace)
         results: dict[int, tuple[RunRecord, bool] | BaseException] = {}
@@ -871,6 +876,29 @@ class DjangoStore(BaseStore):
                     # Its first entry reports the creation; a repeat of the id found it (R3).
                     results[i] = (record, was_created and run is first[run.run_id])
         return [results[i] for i in range(len(runs))]
+
+    def _lock_batch_keys(self, runs: Sequence[RunRecord], caps: Mapping[str, int | None]) -> None:
+        """Lock the key rows the starts of ``runs`` lock, all at once in the one order (X3e):
+        their fair quota keys (a start that passes lower-priority waiters locks its key,
+        X4b, X8c) and capped quota keys (X3j) sorted by (name, key), then their capped
+        singleton keys (S15) sorted by (workflow, key). A batch in one transaction holds
+        each lock until its commit; run by run, in input order, two batches over the same
+        keys in other orders each waited for the other's key row (a deadlock). ``caps``:
+        the queue cap of each workflow by name, as :meth:`create_runs`. Nothing is locked
+        for fewer than two keys (one run's own locks are in order already)."""
+        quota_keys: set[tuple[str, str]] = set()
+        singleton_keys: set[tuple[str, str]] = set()
+        for run in runs:
+            locked = {name for name, _sub_key, _weight in run.quota_shares}
+            locked.update(name for name, _limit, _depth in run.quota_caps)
+            quota_keys.update(q for q in run.quota_keys if q[0] in locked)
+            if run.singleton_key is not None and caps.get(run.workflow_name) is not None:
+                singleton_keys.add((run.workflow_name, run.singleton_key))
+        if len(quota_keys) + len(singleton_keys) < 2:
+            return
+        self._lock_quota_keys(quota_keys)
+        for workflow_name, key in sorted(singleton_keys):
+            self.lock_key(workflow_name, key)
 
     def start_superseding(
         self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
