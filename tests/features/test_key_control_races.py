@@ -1,0 +1,87 @@
+"""A key control (K2: pause, resume, limit override) racing a claim on MariaDB/MySQL.
+
+InnoDB's duplicate-key check takes a gap lock, at READ COMMITTED as at REPEATABLE READ:
+a claim that holds a quota key's row and creates its singleton key's row (its first
+claim) inserts into the gap before the quota key's row, which a control waiting for
+that row has asked for. The server ends the cycle by refusing one transaction
+(a deadlock, 1213); the store's transactions are retried on it (section 7), the
+control's too.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import connection, connections, transaction
+
+from durable_singleton import Quota
+from durable_singleton.definitions import Registry
+from durable_singleton.models import SingletonKey
+from durable_singleton.testing import make_engine
+from tests.worker_processes import wait_for
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "mysql", reason="InnoDB's gap locks of a duplicate-key check"),
+]
+
+
+def _waiting_on_key_rows() -> int:
+    """The other sessions running a statement on the key table: waiting for a row lock,
+    while the test holds the key row they lock."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND INFO LIKE %s",
+            ["%durable_singleton_singletonkey%"],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize("control", ["pause", "resume", "override"])
+def test_a_key_control_refused_by_a_deadlock_with_a_claim_is_retried(control: str) -> None:
+    """K2, S13a, X3e, section 7: the test's transaction holds the row of quota key
+    (quota:gap, x), as a claim of a run that carries it does (the lock order: its quota
+    keys first); a key control of (quota:gap, x) waits for that row; the claim then
+    creates its singleton key's row, whose place in the key table's unique index is the
+    gap just before (quota:gap, x): the server refuses the control's transaction as a
+    deadlock. The control is retried as every store transaction is on a named transient
+    error, and applied once the claim commits; before, the deadlock reached the caller."""
+    registry = Registry()
+    registry.add("w", "1", lambda ctx, i: None, quotas=[Quota("gap", key=lambda i: "x")])
+    engine = make_engine("django", registry=registry)
+    store: Any = engine.store
+    with transaction.atomic():
+        store.lock_key("quota:gap", "x")  # the key row exists: the control waits for its lock
+    result: list[Any] = []
+
+    def apply() -> None:
+        try:
+            if control == "pause":
+                result.append(engine.pause_key("quota:gap", "x", by="ops"))
+            elif control == "resume":
+                result.append(engine.resume_key("quota:gap", "x", by="ops"))
+            else:
+                result.append(engine.override_limit("quota:gap", "x", 3, by="ops"))
+        except BaseException as exc:  # reported by the test
+            result.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=apply, daemon=True)
+    with transaction.atomic():
+        store.lock_key("quota:gap", "x")  # a claim's first lock (X3e)
+        thread.start()
+        wait_for(lambda: _waiting_on_key_rows() >= 1, 60, "the control waiting for the quota key's row")
+        # "quota:gap" sorts just after "q": the new row's place is the gap before (quota:gap, x).
+        store.lock_key("q", "new")  # the claim creates its singleton key's row
+    thread.join(120)
+    assert not thread.is_alive(), "the control never returned"
+    assert not isinstance(result[0], BaseException), result
+    row = SingletonKey.objects.get(workflow_name="quota:gap", key="x")
+    assert (row.paused, row.limit_override) == {
+        "pause": (True, None),
+        "resume": (False, None),
+        "override": (False, 3),
+    }[control]
