@@ -348,8 +348,11 @@ class DjangoStore(BaseStore):
         reason: str,
         now: datetime,
     ) -> list[ControlResult]:
-        """Apply ``change`` on the keys' lock rows and record it (:mod:`durable_singleton.stores.key_controls`)."""
-        return key_controls.apply(self, workflow, keys, change, by=by, reason=reason, now=now)
+        """Apply ``change`` on the keys' lock rows and record it (:mod:`durable_singleton.stores.key_controls`),
+        one transaction retried whole on a named transient error (:meth:`_retrying`): a claim
+        creating a key row in the gap before a locked key's row may make InnoDB refuse it as a
+        deadlock, at either isolation level (S13a)."""
+        return self._retrying(lambda: key_controls.apply(self, workflow, keys, change, by=by, reason=reason, now=now))
 
     def key_control_state(self, workflow: str, key: str) -> tuple[bool, int | None]:
         return key_controls.state(self, workflow, key)
