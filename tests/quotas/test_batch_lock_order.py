@@ -57,11 +57,31 @@ def _declare(registry: Registry, shape: str) -> tuple[str, list[tuple[str, str]]
         capped = Quota("capped-batch", key=lambda i: i["k"], limit=1, max_queue_depth=50)
         registry.add("w", "1", lambda ctx, i: None, quotas=[capped])
         return "w", [("quota:capped-batch", k) for k in KEYS], {}
+    if shape == "superseding":
+        registry.add("w", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "on_busy": "replace_queued"})
+        return "w", [("w", k) for k in KEYS], {}
     registry.add("w", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "max_queue_depth": 50})
     return "w", [("w", k) for k in KEYS], {}
 
 
-@pytest.mark.parametrize("shape", ["fair", "capped-quota", "capped-singleton"])
+SUPERSEDING_GAP = (
+    "X1, X3e: a superseding batch (on_busy replace_queued / cancel_in_progress) starts run by run through "
+    "store.start_superseding, each locking its quota keys and singleton key in input order and holding them "
+    "in the caller's transaction. The fix: a store seam (BaseStore, no-op by default, forwarded by the codec "
+    "store) that Engine.start_many calls before the superseding loop when the store holds a transaction, "
+    "locking every key of the batch in the one order, the quota keys of the keys' active runs included"
+)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        "fair",
+        "capped-quota",
+        "capped-singleton",
+        pytest.param("superseding", marks=pytest.mark.xfail(strict=True, reason=SUPERSEDING_GAP)),
+    ],
+)
 def test_batches_over_the_same_keys_in_opposite_orders_never_deadlock(registry: Registry, shape: str) -> None:
     """X3e, X4b, X8c, X3j, S15, O1a: the key rows of the test's transaction hold two
     ``start_many`` batches, each in a transaction of its own, over the keys a, b, c
