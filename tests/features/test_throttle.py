@@ -425,6 +425,29 @@ def test_raising_or_resuming_a_throttle_key_wakes_its_waiters_at_once(engine: En
     assert engine.get("D").status == "completed"
 
 
+def test_every_waiter_parked_while_a_throttle_key_was_paused_is_admitted_after_its_resume(
+    engine: Engine, registry: Registry
+) -> None:
+    """K2, X6d, S8: A, B and C start while their throttle key (1 per 0.5 s) is paused:
+    each is parked on its retry delay, B and C behind the limit on the backlog's
+    (BACKLOG_RETRY_SECONDS, an hour), with no window's opening to wake them. The resume
+    makes every such waiter due: A is admitted, B and C are parked over the rate until
+    their windows open and the tick admits them then. Before, the resume woke only the
+    oldest (as many as the limit): B and C, at the front of the key after A, waited an
+    hour for their retry, and every later run of the key waited behind them."""
+    rate = Throttle("paused-rate", limit=1, period=0.5)
+    registry.add("w", "1", lambda ctx, i: None, throttles=[rate])
+    engine.controls.pause_key("throttle:paused-rate", "*", by="ops")
+    for run_id in ("A", "B", "C"):
+        engine.start("w", {}, run_id=run_id)
+    drain(engine)
+    assert [engine.get(r).status for r in ("A", "B", "C")] == ["suspended"] * 3
+    engine.controls.resume_key("throttle:paused-rate", "*", by="ops")
+    drain(engine)
+    _until(engine, lambda: all(engine.get(r).status == "completed" for r in ("A", "B", "C")))
+    assert _most_in_any_window(_admissions(engine, ["A", "B", "C"]), 0.5) == 1
+
+
 def test_explain_names_a_paused_throttle_key_a_run_waits_for(engine: Engine, registry: Registry) -> None:
     """K3, K2, X6: A, started while its throttle key is paused, waits for nothing else;
     explain names the throttle key and its pause, with its standing as data (it read
