@@ -119,8 +119,9 @@ class KeyControls:
         """Grant the free slots of one key to its oldest waiters and send their turns (S7);
         return their run ids. Called after a change that admits more (K2). A throttle
         key (``throttle:<name>``) grants nothing: its oldest runs parked over the rate,
-        as many as its limit in force, are made due now and sent their turns, whose
-        claims count the window (X6)."""
+        as many as its limit in force, and every run parked on its retry delay are made
+        due now and sent their turns, whose claims count the window (X6,
+        ``BaseStore.wake_throttled``)."""
         store = self.core.store
         if workflow.startswith(THROTTLE_PREFIX):
             state = self.key_controls(workflow, key)

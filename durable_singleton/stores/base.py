@@ -925,14 +925,18 @@ class BaseStore(ABC):
         return 0, None
 
     def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
-        """Make the first ``limit`` (an int >= 1) parked waiters of the throttle key
-        ``(name, key)`` in the queue order (``admission.QUEUE_ORDER``, X8a) due now, and
-        return them as stored: a run parked over the rate (park reason ``throttled:``,
-        X6d) gets its ``not_before`` and ``wake_at`` at the store's now, a waiter parked
-        on its retry delay (``singleton``: the key was paused, or another limit held it
-        back) and already due by ``not_before`` its ``wake_at``; each a compare-and-set
-        on the run still parked so. No admission is decided here: their own claims count
-        the window. Called after a key control that admits more (K2).
+        """Make parked waiters of the throttle key ``(name, key)`` due now and return them
+        as stored, in the queue order (``admission.QUEUE_ORDER``, X8a): the first ``limit``
+        (an int >= 1) parked over the rate (park reason ``throttled:``, X6d) get their
+        ``not_before`` and ``wake_at`` at the store's now; every waiter parked on its
+        retry delay (``singleton``: the key was paused, or another limit held it back)
+        and already due by ``not_before`` gets its ``wake_at``, however many: no window's
+        opening wakes such a waiter, and one behind the limit was parked on the backlog's
+        delay (``BACKLOG_RETRY_SECONDS``), so a resume that woke only the first left the
+        others at the key's front for that long. Each is a compare-and-set on the run
+        still parked so. No admission is decided here: their own claims count the window
+        (those it denies are parked until their window opens). Called after a key
+        control that admits more (K2).
         The default (``supports_throttles`` False): none."""
         return ()
 

@@ -81,6 +81,7 @@ from ..admission import (
     legacy_holder_q,
     limit_in_force,
     limit_in_force_sql,
+    queue_place,
     queue_ttl_expired_q,
     quota_front_reaches,
     quota_keys_of,
@@ -2042,18 +2043,21 @@ class DjangoStore(BaseStore):
         )
 
     def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
-        """:meth:`BaseStore.wake_throttled`: one read of the key's first parked memberships in
-        the queue order (``admission.QUEUE_ORDER``, ``ds_throttle_order_idx``), two
-        conditional updates on the database's clock (R5)."""
+        """:meth:`BaseStore.wake_throttled`: two reads of the key's parked memberships in the
+        queue order (``admission.QUEUE_ORDER``, ``ds_throttle_order_idx``), the first
+        over the rate and every one on its retry delay, and two conditional updates on
+        the database's clock (R5)."""
         waiting = Q(quota_slot=SlotState.WAITER, status__in=PARKED_STATUSES, cancel_requested=False)
         over_rate = waiting & Q(park_reason__startswith=ParkReason.THROTTLED.value)
         retrying = (
             waiting & Q(park_reason=ParkReason.SINGLETON) & (Q(not_before__isnull=True) | Q(not_before__lte=DbNow()))
         )
-        members = ThrottleMembership.objects.using(self.db).filter(
-            throttle=name, key=key, run__in=self._runs().filter(over_rate | retrying)
-        )
-        ids = [str(i) for i in members.order_by(*QUEUE_ORDER).values_list("run_id", flat=True)[:limit]]
+        members = ThrottleMembership.objects.using(self.db).filter(throttle=name, key=key)
+        place = ("priority", "created_at", "run_id")
+        first = members.filter(run__in=self._runs().filter(over_rate)).order_by(*QUEUE_ORDER).values_list(*place)
+        every = members.filter(run__in=self._runs().filter(retrying)).order_by(*QUEUE_ORDER).values_list(*place)
+        found = sorted(queue_place(p, _aware(c), str(r)) for p, c, r in [*first[:limit], *every])
+        ids = [run_id for _, _, run_id in found]
         if not ids:
             return ()
         self._runs().filter(over_rate, pk__in=ids).update(not_before=DbNow(), wake_at=DbNow(), updated_at=DbNow())

@@ -651,7 +651,11 @@ class MemoryStore(BaseStore):
                     and any(t[0] == name and t[1] == key for t in r.throttle_keys)
                 ),
                 key=lambda r: r.queue_place,
-            )[:limit]
+            )
+            woken = {r.run_id for r in [r for r in parked if over_rate(r)][:limit]}
+            parked = [
+                r for r in parked if r.run_id in woken or not over_rate(r)
+            ]  # every retrying one: no opening wakes it
             return tuple(
                 self._replace(r, not_before=now, wake_at=now) if over_rate(r) else self._replace(r, wake_at=now)
                 for r in parked
