@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections, transaction
+from django.db.models import F
 
 from durable_singleton import Quota
 from durable_singleton.definitions import Registry
@@ -72,6 +73,9 @@ def test_a_key_control_refused_by_a_deadlock_with_a_claim_is_retried(control: st
     thread = threading.Thread(target=apply, daemon=True)
     with transaction.atomic():
         store.lock_key("quota:gap", "x")  # a claim's first lock (X3e)
+        # A claim's writes under it: the server ends a deadlock by refusing the transaction that
+        # wrote least, the control's (a claim that wrote nothing yet could be chosen instead).
+        SingletonKey.objects.filter(workflow_name="quota:gap", key="x").update(last_token=F("last_token") + 1)
         thread.start()
         wait_for(lambda: _waiting_on_key_rows() >= 1, 60, "the control waiting for the quota key's row")
         # "quota:gap" sorts just after "q": the new row's place is the gap before (quota:gap, x).
