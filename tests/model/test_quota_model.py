@@ -116,7 +116,8 @@ class QuotaProtocol(RuleBasedStateMachine):
         return self.store.get_run(run_id)
 
     def _active(self) -> list[str]:
-        return [r for r in self.created if not self._run(r).is_terminal]
+        ended = {r.run_id for r in self.store.list_runs() if r.is_terminal}
+        return [r for r in self.created if r not in ended]
 
     def _record_tokens(self, *admitted: tuple[Any, Any]) -> None:
         """Record the quota tokens of runs admitted together, (run, tokens by quota name),
@@ -199,9 +200,12 @@ class QuotaProtocol(RuleBasedStateMachine):
             return
         self.created.append(run.run_id)
 
-    def _capped_members(self, key: str) -> int:
-        """The capped quota key's active members: holders and waiters (S15, X3j)."""
-        return sum(1 for r in map(self._run, self._active()) if ("pool-capped", key) in r.quota_keys)
+    def _capped_members(self, key: str, runs: dict[str, Any] | None = None) -> int:
+        """The capped quota key's active members: holders and waiters (S15, X3j);
+        ``runs``: every run by id, read at once (read now if omitted)."""
+        if runs is None:
+            runs = {r.run_id: r for r in self.store.list_runs()}
+        return sum(1 for r in runs.values() if not r.is_terminal and ("pool-capped", key) in r.quota_keys)
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())
@@ -273,10 +277,17 @@ class QuotaProtocol(RuleBasedStateMachine):
         self.engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # turns are the machine's to run
 
     @invariant()
-    def no_limit_over_its_cap_and_all_or_nothing(self) -> None:
+    def invariants_hold(self) -> None:
+        """Every invariant below, on one read of the runs after the step (``list_runs``:
+        one query on the Django store instead of one per run)."""
+        runs = {r.run_id: r for r in self.store.list_runs()}
+        self.no_limit_over_its_cap_and_all_or_nothing(runs)
+        self.cancelled_runs_stay_cancelled(runs)
+
+    def no_limit_over_its_cap_and_all_or_nothing(self, runs: dict[str, Any]) -> None:
         quota_holders: dict[tuple[str, str], int] = {}
         key_holders: dict[str, int] = {}
-        for run in map(self._run, self.created):
+        for run in (runs[run_id] for run_id in self.created):
             if run.holds_quota_slots:
                 for pair in run.quota_keys:
                     quota_holders[pair] = quota_holders.get(pair, 0) + 1
@@ -288,12 +299,12 @@ class QuotaProtocol(RuleBasedStateMachine):
             quota_holders
         )
         assert all(n <= 1 for n in key_holders.values()), key_holders
-        assert all(self._capped_members(key) <= CAP for key in QUOTA_KEYS), "over the quota's queue cap (S15, X3j)"
+        over = [key for key in QUOTA_KEYS if self._capped_members(key, runs) > CAP]
+        assert not over, f"over the quota's queue cap (S15, X3j): {over}"
 
-    @invariant()
-    def cancelled_runs_stay_cancelled(self) -> None:
+    def cancelled_runs_stay_cancelled(self, runs: dict[str, Any]) -> None:
         for run_id in self.cancelled_seen:
-            assert self._run(run_id).status == "cancelled"
+            assert runs[run_id].status == "cancelled"
 
     def teardown(self) -> None:
         """Liveness (X3g, S7, S8): the holders finish, crashed leases expire, wake

@@ -110,10 +110,18 @@ class TurnProtocol(RuleBasedStateMachine):
     def _run(self, run_id: str) -> Any:
         return self.store.get_run(run_id)
 
-    def _active(self) -> list[str]:
-        return [r for r in self.created if not self._run(r).is_terminal]
+    def _runs(self) -> dict[str, Any]:
+        """Every run of the machine by id, read at once (``list_runs``: one query on
+        the Django store instead of one per run)."""
+        return {r.run_id: r for r in self.store.list_runs(workflow_name="m")}
 
-    def _record_admission(self, run: Any) -> None:
+    def _active(self) -> list[str]:
+        runs = self._runs()
+        return [r for r in self.created if not runs[r].is_terminal]
+
+    def _record_admission(self, run: Any, runs: dict[str, Any], now: Any) -> None:
+        """Record ``run``'s admission; ``runs`` and ``now`` are read right after the
+        store call that admitted it (``_runs()``, ``store.now()``)."""
         key = self.key_of[run.run_id]
         if run.run_id in self.admitted_order[key]:
             return
@@ -122,8 +130,8 @@ class TurnProtocol(RuleBasedStateMachine):
         for other in self.created:
             if other == run.run_id or self.key_of[other] != key:
                 continue
-            older = self._run(other)
-            if older.queue_place < run.queue_place and self._is_due(older):
+            older = runs[other]
+            if older.queue_place < run.queue_place and self._is_due(older, now):
                 assert other in self.admitted_order[key] or older.is_terminal or older.admitted, (
                     f"{run.run_id} admitted before due waiter {other} ahead of it in the queue order"
                 )
@@ -132,13 +140,18 @@ class TurnProtocol(RuleBasedStateMachine):
         self.tokens[key].append(run.fencing_token)
         self.limit_at_admission[run.run_id] = self.limit
 
-    def _is_due(self, run: Any) -> bool:
-        return run.not_before is None or run.not_before <= self.store.now()
+    def _record_admissions(self, run_ids: list[str]) -> None:
+        """Record the admissions of ``run_ids`` (one store call's), in token order."""
+        runs, now = self._runs(), self.store.now()
+        for run in sorted((runs[r] for r in run_ids), key=lambda r: r.fencing_token or 0):
+            self._record_admission(run, runs, now)
+
+    @staticmethod
+    def _is_due(run: Any, now: Any) -> bool:
+        return run.not_before is None or run.not_before <= now
 
     def _sync_admissions(self) -> None:
-        holders = [r for r in map(self._run, self.created) if r.admitted]
-        for run in sorted(holders, key=lambda r: r.fencing_token or 0):
-            self._record_admission(run)
+        self._record_admissions([r.run_id for r in self._runs().values() if r.admitted])
 
     # -- rules ---------------------------------------------------------------------
     @rule(key=st.sampled_from(KEYS), priority=st.sampled_from((0, 1, -1)))
@@ -165,20 +178,21 @@ class TurnProtocol(RuleBasedStateMachine):
         slots (code ``replaced``), never a holder, and leaves at most one run queued."""
         self.n += 1
         self.clock.now += timedelta(microseconds=10)
-        runs = [self._run(r) for r in self.created if self.key_of[r] == key]
+        runs = [r for r in self._runs().values() if self.key_of[r.run_id] == key]
         waiting = [r.run_id for r in runs if not r.is_terminal and not r.admitted]
         holding = [r for r in runs if not r.is_terminal and r.admitted]
         run = self.engine.start("m", {"k": key}, run_id=f"r{self.n:03d}", version="2")
         self.created.append(run.run_id)
         self.key_of[run.run_id] = key
+        afters = self._runs()
         for run_id in waiting:
-            after = self._run(run_id)
+            after = afters[run_id]
             if after.is_terminal:
                 assert after.error["code"] == "replaced", after
                 self.replaced_seen.add(run_id)
                 self.cancelled_seen.add(run_id)
         for before in holding:
-            after = self._run(before.run_id)
+            after = afters[before.run_id]
             assert (after.status, after.cancel_requested) == (before.status, before.cancel_requested), after
         active = self.store.active_runs_for_key("m", key)
         holders = sum(1 for r in active if r.admitted)
@@ -216,15 +230,13 @@ class TurnProtocol(RuleBasedStateMachine):
             max_recoveries=3,
             retry=self.engine._retry_policy(),
         )
-        admitted = [self._run(g.run_id) for g in turn.granted]
+        admitted = [g.run_id for g in turn.granted]
         if turn.state is TurnState.RUN:
-            run = self._run(run_id)
             assert run_id not in self.cancelled_seen, "a cancelled run's body resumed (D6, F13)"
-            assert run.admitted
-            admitted.append(run)
+            assert self._run(run_id).admitted
+            admitted.append(run_id)
             self.owner[run_id] = owner
-        for run in sorted(admitted, key=lambda r: r.fencing_token or 0):  # one claim's admissions, in token order
-            self._record_admission(run)
+        self._record_admissions(admitted)  # one claim's admissions, in token order
 
     @precondition(lambda self: self.owner)
     @rule(data=st.data())
@@ -241,8 +253,7 @@ class TurnProtocol(RuleBasedStateMachine):
         run_id = data.draw(st.sampled_from(sorted(self.owner)))
         owner = self.owner.pop(run_id)
         done = self.store.finish(self._run(run_id), owner, "completed", limits=self.engine.limits())
-        for granted in done.granted:
-            self._record_admission(self._run(granted.run_id))
+        self._record_admissions([g.run_id for g in done.granted])
 
     @precondition(lambda self: self.owner)
     @rule(data=st.data())
@@ -252,8 +263,7 @@ class TurnProtocol(RuleBasedStateMachine):
         verdict = self.store.park(run_id, owner, "suspended", wake_at=self.store.now(), reason="sleep")
         if verdict == "cancelled":
             done = self.store.finish(self._run(run_id), owner, "cancelled", limits=self.engine.limits())
-            for granted in done.granted:
-                self._record_admission(self._run(granted.run_id))
+            self._record_admissions([g.run_id for g in done.granted])
 
     @precondition(lambda self: self.owner)
     @rule(data=st.data())
@@ -329,44 +339,50 @@ class TurnProtocol(RuleBasedStateMachine):
 
     # -- invariants ----------------------------------------------------------------
     @invariant()
-    def holders_within_the_limit_they_were_admitted_under(self) -> None:
+    def invariants_hold(self) -> None:
+        """Every invariant below, on one read of the runs and of the store's clock
+        after the step (one query for all of them on the Django store)."""
+        runs, now = self._runs(), self.store.now()
+        self.holders_within_the_limit_they_were_admitted_under(runs)
+        self.no_run_is_claimed_or_admitted_before_its_not_before(runs, now)
+        self.no_run_ended_by_its_queue_ttl_was_admitted(runs)
+        self.no_replaced_run_was_admitted(runs)
+        self.tokens_strictly_increase_per_key()
+        self.cancelled_runs_stay_cancelled(runs)
+
+    def holders_within_the_limit_they_were_admitted_under(self, runs: dict[str, Any]) -> None:
         for key in KEYS:
-            holders = [r for r in self.store.active_runs_for_key("m", key) if r.admitted]
+            holders = [r for r in runs.values() if self.key_of[r.run_id] == key and not r.is_terminal and r.admitted]
             if holders:
                 allowed = max(self.limit_at_admission.get(r.run_id, self.limit) for r in holders)
                 assert len(holders) <= allowed, f"{len(holders)} holders of {key} over limit {allowed}"
 
-    @invariant()
-    def no_run_is_claimed_or_admitted_before_its_not_before(self) -> None:
-        for run in map(self._run, self.created):
-            if not self._is_due(run):
+    def no_run_is_claimed_or_admitted_before_its_not_before(self, runs: dict[str, Any], now: Any) -> None:
+        for run in runs.values():
+            if not self._is_due(run, now):
                 assert not run.admitted and run.attempts == 0 and run.started_at is None, run
                 assert run.status in ("pending", "cancelled"), run
 
-    @invariant()
-    def no_run_ended_by_its_queue_ttl_was_admitted(self) -> None:
+    def no_run_ended_by_its_queue_ttl_was_admitted(self, runs: dict[str, Any]) -> None:
         for run_id in self.expired_seen:
-            run = self._run(run_id)
+            run = runs[run_id]
             assert run_id not in self.admitted_order[self.key_of[run_id]], f"{run_id} was admitted, then expired"
             assert run.status == "cancelled" and run.error["code"] == "queue_ttl_expired", run
 
-    @invariant()
-    def no_replaced_run_was_admitted(self) -> None:
+    def no_replaced_run_was_admitted(self, runs: dict[str, Any]) -> None:
         for run_id in self.replaced_seen:
-            run = self._run(run_id)
+            run = runs[run_id]
             assert run_id not in self.admitted_order[self.key_of[run_id]], f"{run_id} was admitted, then replaced"
             assert run.status == "cancelled" and run.error["code"] == "replaced", run
 
-    @invariant()
     def tokens_strictly_increase_per_key(self) -> None:
         for key in KEYS:
             tokens = self.tokens[key]
             assert tokens == sorted(tokens) and len(set(tokens)) == len(tokens), tokens
 
-    @invariant()
-    def cancelled_runs_stay_cancelled(self) -> None:
+    def cancelled_runs_stay_cancelled(self, runs: dict[str, Any]) -> None:
         for run_id in self.cancelled_seen:
-            assert self._run(run_id).status == "cancelled"
+            assert runs[run_id].status == "cancelled"
 
     def teardown(self) -> None:
         """Liveness (S7, S8): the holders finish, the tick catches up; every run ends."""
