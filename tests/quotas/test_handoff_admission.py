@@ -111,11 +111,17 @@ class World:
             e.start(workflow, inp, run_id=self.rid(name, i), not_before=3600 if delayed else None, **kw)
         return i
 
-    def snapshot(self, name: str) -> list[tuple[Any, ...]]:
+    def read(self, name: str) -> dict[str, tuple[Any, dict[str, int]]]:
+        """Every run of store ``name`` and its quota tokens, by the world's id: one
+        ``list_runs`` (one query on a Django store) and one ``quota_tokens`` per run."""
         e = self.engines[name]
+        prefix = self.rid(name, "")
+        runs = {r.run_id: r for r in e.store.list_runs() if r.run_id.startswith(prefix)}
+        return {i: (runs[self.rid(name, i)], e.store.quota_tokens(self.rid(name, i))) for i in self.ids}
+
+    def snapshot(self, name: str, read: dict[str, tuple[Any, dict[str, int]]] | None = None) -> list[tuple[Any, ...]]:
         out = []
-        for i in self.ids:
-            r = e.get(self.rid(name, i))
+        for i, (r, tokens) in (self.read(name) if read is None else read).items():
             err = (r.error or {}).get("code") if isinstance(r.error, dict) else None
             holds_singleton = r.admitted and r.status in ACTIVE and r.singleton_key is not None
             out.append(
@@ -125,7 +131,7 @@ class World:
                     bool(holds_singleton),
                     r.quota_slot,
                     r.fencing_token if holds_singleton else None,
-                    tuple(sorted(e.store.quota_tokens(r.run_id).items())),
+                    tuple(sorted(tokens.items())),
                     r.attempts,
                     err,
                 )
@@ -133,25 +139,24 @@ class World:
         return out
 
     def check(self, step: int, what: str) -> None:
-        snaps = {n: self.snapshot(n) for n in self.engines}
+        reads = {n: self.read(n) for n in self.engines}
+        snaps = {n: self.snapshot(n, reads[n]) for n in self.engines}
         names = list(self.engines)
         for n in names[1:]:
             for a, b in zip(snaps[names[0]], snaps[n], strict=True):
                 assert a == b, f"step {step} ({what}): {names[0]} {a} != {n} {b}"
-        for n, e in self.engines.items():
-            self._invariants(n, e, step, what)
+        for n in self.engines:
+            self._invariants(n, reads[n], step, what)
 
-    def _invariants(self, name: str, e: Engine, step: int, what: str) -> None:
+    def _invariants(self, name: str, read: dict[str, tuple[Any, dict[str, int]]], step: int, what: str) -> None:
         quota_holders: dict[tuple[str, str], list[tuple[str, int]]] = {}
         key_holders: dict[tuple[str, str], list[tuple[str, int]]] = {}
-        for i in self.ids:
-            r = e.get(self.rid(name, i))
+        for i, (r, toks) in read.items():
             if r.status not in ACTIVE:
                 continue
             if i in self.delayed and (r.admitted or r.quota_slot == SlotState.HOLDER):
                 raise AssertionError(f"step {step} ({what}): {name}: delayed run {i} admitted before not_before (X5)")
             if r.quota_slot == SlotState.HOLDER:
-                toks = e.store.quota_tokens(r.run_id)
                 for qn, qk in r.quota_keys:
                     t = toks.get(qn)
                     assert t is not None, f"step {step} ({what}): {name}: holder {i} has no token in {qn}"

@@ -48,16 +48,23 @@ pytestmark = pytest.mark.django_db(transaction=True)
 STORES: dict[str, Callable[[], DjangoStore]] = {"fast": DjangoStore, "orm": lambda: DjangoStore(raw_sql=False)}
 
 
-def _members(run_id: str) -> list[tuple[str, str, Any, Any]]:
-    """The run's memberships, its own prefix cut from the keys: (quota, key, slot, token)."""
-    rows = QuotaMembership.objects.filter(run_id=run_id).order_by("quota")
-    return [(m.quota, m.key.split("-", 1)[1], m.slot, m.fencing_token) for m in rows]
+def _members(run_ids: list[str]) -> dict[str, list[tuple[str, str, Any, Any]]]:
+    """The runs' memberships, their own prefix cut from the keys: (quota, key, slot, token)
+    by run id, read in one query."""
+    members: dict[str, list[tuple[str, str, Any, Any]]] = {run_id: [] for run_id in run_ids}
+    for m in QuotaMembership.objects.filter(run_id__in=run_ids).order_by("run_id", "quota"):
+        members[m.run_id].append((m.quota, m.key.split("-", 1)[1], m.slot, m.fencing_token))
+    return members
 
 
 def _snapshot(engine: Engine, ids: list[str]) -> list[tuple[Any, ...]]:
+    """The runs ``ids`` of ``engine``'s store as compared between the paths, read at
+    once: one ``list_runs`` and one query of the memberships."""
+    runs = {r.run_id: r for r in engine.store.list_runs()}
+    members = _members(ids)
     out = []
     for run_id in ids:
-        run = engine.get(run_id)
+        run = runs[run_id]
         error = (run.error or {}).get("code") if isinstance(run.error, dict) else None
         out.append(
             (
@@ -68,7 +75,7 @@ def _snapshot(engine: Engine, ids: list[str]) -> list[tuple[Any, ...]]:
                 run.quota_tokens,
                 run.attempts,
                 error,
-                tuple(_members(run_id)),
+                tuple(members[run_id]),
             )
         )
     return out
