@@ -10,6 +10,9 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
 from durable_singleton import Singleton
 from durable_singleton.definitions import Registry, WorkflowDefinition
 from durable_singleton.models import Run
@@ -76,6 +79,19 @@ def body_held(
     finally:
         hold.set()
         thread.join(10)
+
+
+@contextmanager
+def connected(receiver: Callable[..., Any], *signals: Any) -> Iterator[None]:
+    """While the block runs, ``receiver`` is connected to each Django signal of
+    ``signals``; disconnected after it, even if it raises."""
+    for signal in signals:
+        signal.connect(receiver)
+    try:
+        yield
+    finally:
+        for signal in signals:
+            signal.disconnect(receiver)
 
 
 @contextmanager
@@ -180,6 +196,23 @@ def control_key(engine: Any, name: str, key: str, action: str, limit: int | None
         engine.resume_key(name, key, by="t")
     else:
         engine.override_limit(name, key, limit, by="t")
+
+
+def control_one_quota_key(
+    rng: Any, engines: dict[str, Any], quotas: dict[str, str], limits: dict[str, int]
+) -> tuple[str, str, str, int | None]:
+    """A step of a differential test: one random key control (K2) on a random key of one
+    of ``quotas`` (quota name: its key letters), the same on every engine of ``engines``
+    (by name; its key ``<name>-<key>``): pause, resume, a limit override one above
+    ``limits[quota]`` or down to 1, or the override cleared. Returns (quota, key,
+    action, limit)."""
+    quota = rng.choice(list(quotas))
+    key = rng.choice(quotas[quota])
+    action = rng.choice(["pause", "resume", "up", "down", "clear"])
+    limit = {"up": limits[quota] + 1, "down": 1, "clear": None}.get(action)
+    for name, e in engines.items():
+        control_key(e, f"quota:{quota}", f"{name}-{key}", action, limit)
+    return quota, key, action, limit
 
 
 class HandClock:
@@ -445,6 +478,39 @@ def queued(engine: Any) -> Any:
     return engine.dispatcher.queue
 
 
+def execute_one_turn(rng: Any, engines: dict[str, Any], first: str) -> str | None:
+    """A step of a differential test: execute, on every engine of ``engines`` (by
+    name), the turn at one random place of its queue, the same place in each; return
+    what was done (``execute <run id>`` of engine ``first``), or None if ``first``
+    has no turn queued. Each engine's run ids are ``<name>-<id>``."""
+    queues = {name: queued(e) for name, e in engines.items()}
+    if not queues[first]:
+        return None
+    index = rng.randrange(len(queues[first]))
+    what = f"execute {queues[first][index]}"
+    for name, e in engines.items():
+        turn = queues[name][index]
+        del queues[name][index]
+        e.execute(turn)
+    return what
+
+
+def act_on_one(
+    rng: Any, engines: dict[str, Any], first: str, ids: list[str], holds: Callable[[Any], bool], action: str, *args: Any
+) -> str | None:
+    """A step of a differential test: pick at random one of ``ids`` whose run on engine
+    ``first`` ``holds(run)``, and call ``engine.<action>("<name>-<id>", *args)`` on
+    every engine of ``engines`` (e.g. ``signal`` with ``"go"``, ``cancel``,
+    ``retry``); return what was done (``cancel 004``), or None if no run holds."""
+    chosen_from = [i for i in ids if holds(engines[first].get(f"{first}-{i}"))]
+    if not chosen_from:
+        return None
+    chosen = rng.choice(chosen_from)
+    for name, e in engines.items():
+        getattr(e, action)(f"{name}-{chosen}", *args)
+    return f"{action} {chosen}"
+
+
 def quota_body(ctx: Any, input: dict[str, Any]) -> dict[str, int]:
     """A body that waits for the signal ``go`` when its input says ``hold``, fails
     when it says ``fail``, and returns the quota tokens it ran under (X3, K1)."""
@@ -497,6 +563,80 @@ def fresh_django_store(clock: Any) -> Any:
     return DjangoStore()
 
 
+class MachineClock:
+    """A model machine's clock for the in-memory store, moved by the machine (lease
+    expiry, wake times); the Django store reads the database's clock (R5)."""
+
+    def __init__(self) -> None:
+        from django.utils import timezone
+
+        self.now = timezone.now()
+
+    def __call__(self) -> Any:
+        return self.now
+
+
+class StoreMachine(RuleBasedStateMachine):
+    """A model-based test's hypothesis machine on one store: each example gets a
+    fresh :class:`MachineClock` and the store ``make_store(clock)`` returns (set by
+    :func:`run_machine`)."""
+
+    make_store: Any = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = MachineClock()
+        self.store = self.make_store(self.clock)
+
+
+@precondition(lambda self: self.owner)
+@rule(data=st.data())
+def crash_and_expire(self: Any, data: st.DataObject) -> None:
+    """A machine's rule (``self.owner``: the runs it executes, by owner): a worker dies
+    and its lease expires (the row's expiry moves into the past on the store's clock);
+    the next turn takes over (D4), with new quota tokens (X3f)."""
+    run_id = data.draw(st.sampled_from(sorted(self.owner)))
+    self.owner.pop(run_id)
+    plant_run_fields(self.store, run_id, lease_expires_at=self.store.now() - timedelta(seconds=1))
+
+
+def random_input(rng: Any, hold: float, fail: float) -> dict[str, Any]:
+    """A random schedule's start input: key ``k`` in a/b, quota keys ``p`` in x/y and
+    ``o`` in u/v, held (``hold``, the body waits for the signal ``go``) and failing
+    (``fail``) with these probabilities (:func:`quota_body`)."""
+    return {
+        "k": rng.choice("ab"),
+        "p": rng.choice("xy"),
+        "o": rng.choice("uv"),
+        "hold": rng.random() < hold,
+        "fail": rng.random() < fail,
+    }
+
+
+def machine_stores() -> list[Any]:
+    """The stores a model-based test runs its machine on, for ``pytest.mark.parametrize``:
+    ``memory`` (vendor-agnostic: the SQLite passes) and ``django``, the Django store of
+    the DATABASE_URL database (a long loop: marked ``slow``, so CI's database passes
+    run it and the quick tier does not)."""
+    import pytest
+
+    return [
+        pytest.param("memory", marks=pytest.mark.vendor_agnostic),
+        pytest.param("django", marks=[pytest.mark.slow, pytest.mark.django_db(transaction=True)]),
+    ]
+
+
+def machine_store(kind: str, fresh: Callable[[Any], Any] = fresh_django_store) -> Callable[[Any], Any]:
+    """The ``make_store(clock)`` of a machine on store ``kind`` (:func:`machine_stores`):
+    the in-memory store on the machine's clock, or ``fresh`` (a Django store on
+    emptied tables, each example)."""
+    if kind == "memory":
+        from durable_singleton.stores.memory import MemoryStore
+
+        return lambda clock: MemoryStore(clock=clock)
+    return fresh
+
+
 def run_machine(protocol: type, make_store: Callable[[Any], Any], **overrides: Any) -> None:
     """Run the hypothesis state machine ``protocol`` as a test on the stores that
     ``make_store(clock)`` returns, with no deadline, no example database and
@@ -546,3 +686,26 @@ def plant_run_fields(store: Any, run_id: str, **fields: Any) -> None:
             store._runs[run_id] = store._runs[run_id].evolve(**fields)
     else:
         Run.objects.filter(pk=run_id).update(**fields)
+
+
+def round_trips(fn: Callable[[], Any]) -> list[str]:
+    """Return the statements (BEGIN and COMMIT included) ``fn`` sent on the default
+    connection, one per round trip, leaving out the ``PREPARE`` a PostgreSQL
+    connection sends once at the first use of each statement."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        fn()
+    return [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().startswith("PREPARE ")]
+
+
+def room_engine(registry: Registry) -> Any:
+    """An engine on the Django store (the database's room) of ``registry`` whose
+    clock was read once, so that the round trips counted after it leave that read out."""
+    from durable_singleton.stores.django import DjangoStore
+    from durable_singleton.testing import make_engine
+
+    made = make_engine(DjangoStore(), registry=registry)
+    made.now()
+    return made

@@ -12,17 +12,15 @@ from urllib.parse import urlencode
 
 import pytest
 
-from durable_singleton import Singleton
 from durable_singleton.definitions import Registry
 from durable_singleton.definitions import registry as declared
 from durable_singleton.engine import Engine
 from durable_singleton.models import QuotaMembership, Run
 from durable_singleton.runtime import get_engine
-from durable_singleton.testing import make_engine
 from tests.admin.test_admin_pages import CAPPED, start_queue
 from tests.admin.test_browser_admin import ARTIFACTS, BROWSER_TEST, Browser, wait_until
-from tests.admin.test_quota_pages import SHARED
-from tests.helpers import drain, holding_body, settle
+from tests.admin.test_quota_pages import plain_and_keyed
+from tests.helpers import drain, settle
 
 pytestmark = BROWSER_TEST
 
@@ -278,18 +276,9 @@ def test_a_quota_lanes_texts_do_not_overlap(
     (``?quota=billing``) and after the keyed workflow's own key: at 1,280 and 1,400 px and in
     every window, no two text boxes overlap, no mark covers a label, and every label ends
     inside the drawing."""
-    engine = make_engine("django", registry=registry)
-    registry.add("plain", "1", holding_body([]), quotas=[SHARED])
-    registry.add(
-        "keyed",
-        "1",
-        holding_body([]),
-        singleton=Singleton(key=lambda i: f"store:{i['store']}"),
-        quotas=[SHARED],
-    )
+    engine = plain_and_keyed(registry, monkeypatch)
     for name, definition in registry.latest.items():  # the admin reads the process's registry
         monkeypatch.setitem(declared.latest, name, definition)
-    monkeypatch.setitem(declared.quotas, "billing", SHARED)
     engine.start("plain", {"account": "acme", "hold": True}, run_id="H")
     drain(engine)
     engine.start("keyed", {"account": "acme", "store": "S1", "hold": True}, run_id="W1")

@@ -27,11 +27,11 @@ QUEUES = reverse("admin:durable_singleton_run_queues")
 KEY = reverse("admin:durable_singleton_run_queue_key")
 
 
-@pytest.fixture
-def shared(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> Engine:
-    """A quota ``billing`` (limit 1) carried by an unkeyed workflow ``plain`` and a keyed
-    one ``keyed`` (key per store, limit 1): H (plain) holds acme's slot; W1 (keyed, store
-    S1: a free slot of its key) and W2 (plain) wait for it, in that order."""
+def plain_and_keyed(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """An engine on the Django store and ``registry`` with the quota ``billing`` (limit 1,
+    per account) carried by an unkeyed workflow ``plain`` and a keyed one ``keyed`` (key
+    per store, limit 1), both holding until signalled; the admin reads ``billing`` from
+    the process's declarations."""
     engine = make_engine("django", registry=registry)
     registry.add("plain", "1", holding_body([]), quotas=[SHARED])
     registry.add(
@@ -41,7 +41,31 @@ def shared(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> Engine:
         singleton=Singleton(key=lambda i: f"store:{i['store']}", limit=1),
         quotas=[SHARED],
     )
-    monkeypatch.setitem(declared.quotas, "billing", SHARED)  # the admin reads the process's declarations
+    monkeypatch.setitem(declared.quotas, "billing", SHARED)
+    return engine
+
+
+def assert_the_key_page_is_bounded(
+    client: Client, engine: Engine, start: tuple[str, dict[str, Any]], page: tuple[str, dict[str, str]], most: Any
+) -> None:
+    """Section 6: 30 more waiters (``start``: workflow and input, run ids M0..M29) do not
+    grow the queries of the admin key page ``page`` (its URL and parameters): its GET
+    takes at most ``most`` (pytest-django's ``django_assert_max_num_queries(n)``, bound)
+    and lists the 2 waiters before them and the 30."""
+    for n in range(30):
+        engine.start(*start, run_id=f"M{n}")
+    drain(engine)
+    with most:
+        response = client.get(*page)
+    assert response.content.decode().count('class="ds-waiter') == 32
+
+
+@pytest.fixture
+def shared(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> Engine:
+    """A quota ``billing`` (limit 1) carried by an unkeyed workflow ``plain`` and a keyed
+    one ``keyed`` (key per store, limit 1): H (plain) holds acme's slot; W1 (keyed, store
+    S1: a free slot of its key) and W2 (plain) wait for it, in that order."""
+    engine = plain_and_keyed(registry, monkeypatch)
     engine.start("plain", {"account": "acme", "hold": True}, run_id="H")
     drain(engine)
     engine.start("keyed", {"account": "acme", "store": "S1"}, run_id="W1")
@@ -86,12 +110,10 @@ def test_the_quota_key_page_costs_a_bounded_number_of_queries(
     admin_client: Client, shared: Engine, django_assert_max_num_queries: Any
 ) -> None:
     """Section 6: the page's queries do not grow with its waiters (no query per row)."""
-    for n in range(30):
-        shared.start("plain", {"account": "acme"}, run_id=f"M{n}")
-    drain(shared)
-    with django_assert_max_num_queries(14):
-        response = admin_client.get(QUOTA_KEY, {"quota": "billing", "key": "acme"})
-    assert response.content.decode().count('class="ds-waiter"') == 32
+    page = (QUOTA_KEY, {"quota": "billing", "key": "acme"})
+    assert_the_key_page_is_bounded(
+        admin_client, shared, ("plain", {"account": "acme"}), page, django_assert_max_num_queries(14)
+    )
 
 
 def _rows_of(html: str, kind: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from durable_singleton import metrics, signals
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 
-from ..helpers import two_waiters_behind_freed_slots
+from ..helpers import connected, two_waiters_behind_freed_slots
 
 
 def _admissions(workflow: str) -> float:
@@ -41,12 +41,9 @@ def test_a_running_claim_announces_each_waiter_it_grants(engine: Engine, registr
     def receiver(sender: Any, run: Any, **kwargs: Any) -> None:
         admitted.append(run.run_id)
 
-    signals.run_admitted.connect(receiver)
-    try:
+    with connected(receiver, signals.run_admitted):
         assert engine.execute("W1") == "completed"
         assert sorted(admitted) == ["W1", "W2"], "the claim's grant of W2 is announced"
         assert engine.execute("W2") == "completed"
-    finally:
-        signals.run_admitted.disconnect(receiver)
     assert sorted(admitted) == ["W1", "W2"], "each admission once"
     assert _admissions("grants") - before == 2

@@ -33,6 +33,7 @@ from tests.conftest import Monitor, run_threads, spawn, vendor
 from tests.helpers import (
     audited,
     claim,
+    connected,
     free_slot_without_handoff,
     plant_run_fields,
     store_method_replaced,
@@ -442,14 +443,11 @@ def test_run_created_is_not_sent_for_a_rolled_back_start(registry: Registry) -> 
     registry.add("wf", "1", lambda c, i: None)
     seen: list[str] = []
     receiver = lambda sender, run, **kw: seen.append(run.run_id)  # noqa: E731
-    signals.run_created.connect(receiver)
-    try:
+    with connected(receiver, signals.run_created):
         with pytest.raises(RuntimeError), transaction.atomic():
             engine.start("wf", {}, run_id="rolled-back")
             raise RuntimeError("the view failed")
         engine.start("wf", {}, run_id="kept")
-    finally:
-        signals.run_created.disconnect(receiver)
     assert seen == ["kept"] and engine.store.get_run("rolled-back") is None
 
 

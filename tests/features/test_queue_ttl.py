@@ -35,7 +35,7 @@ from durable_singleton.explain import ExplainState
 from durable_singleton.records import RunRecord
 from durable_singleton.stores.memory import MemoryStore
 from tests.core.test_database_clock import step_clock
-from tests.helpers import store_method_replaced
+from tests.helpers import connected, store_method_replaced
 
 TTL = 60.0
 HOUR = 3600.0
@@ -121,12 +121,9 @@ def test_a_waiter_past_its_queue_ttl_ends_cancelled_with_the_code(engine: Engine
     def receiver(sender: Any, run: RunRecord, **kwargs: Any) -> None:
         finished.append(run)
 
-    signals.run_finished.connect(receiver)
-    try:
+    with connected(receiver, signals.run_finished):
         backdate(engine, "W1", TTL + 1)
         report = engine.tick()
-    finally:
-        signals.run_finished.disconnect(receiver)
     assert report.expired == ["W1"] and report.errors == []
     w1 = engine.get("W1")
     assert w1.status == "cancelled" and not w1.admitted and w1.error["code"] == "queue_ttl_expired"

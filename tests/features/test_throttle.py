@@ -28,7 +28,7 @@ from durable_singleton.engine import Engine
 from durable_singleton.exceptions import InvalidWorkflowError, SingletonKeyError
 from durable_singleton.values import MAX_SECONDS
 from tests.conftest import run_threads
-from tests.helpers import drain
+from tests.helpers import connected, drain
 from tests.helpers import holding_body as _holding
 
 
@@ -293,11 +293,8 @@ def test_explain_and_the_metrics_name_the_throttle_that_parked_a_run(engine: Eng
     registry.add("w", "1", lambda ctx, i: None, throttles=[rate])
     engine.start("w", {"tenant": "t1"}, run_id="A")
     engine.start("w", {"tenant": "t1"}, run_id="B")
-    signals.run_parked.connect(receiver)
-    try:
+    with connected(receiver, signals.run_parked):
         drain(engine)
-    finally:
-        signals.run_parked.disconnect(receiver)
     explained = engine.explain("B")
     assert explained.state == "throttled" and explained.throttled_by == "erp-rate"
     assert explained.throttle_key == "t1" and explained.next_admission_at == engine.get("B").not_before
@@ -391,11 +388,8 @@ def test_a_throttled_run_is_parked_with_its_throttle_as_its_reason(engine: Engin
     engine.start("w", {"tenant": "t1"}, run_id="A")
     drain(engine)
     engine.start("w", {"tenant": "t1"}, run_id="B")
-    signals.run_parked.connect(receiver)
-    try:
+    with connected(receiver, signals.run_parked):
         drain(engine)
-    finally:
-        signals.run_parked.disconnect(receiver)
     parked = engine.get("B")
     assert parked.park_reason == ParkReason.THROTTLED.of("erp-rate") == "throttled:erp-rate"
     assert parked.not_before is not None and reasons == ["throttled:erp-rate"]

@@ -50,15 +50,14 @@ from typing import Any
 import pytest
 from hypothesis import Phase
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from durable_singleton import Debounce, Throttle
 from durable_singleton.definitions import Registry
 from durable_singleton.stores.base import TurnState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
-from tests.helpers import run_machine
-from tests.model.test_turn_model import Clock
+from tests.helpers import StoreMachine, machine_store, machine_stores, run_machine
 
 THROTTLE_KEYS = ("A", "B")
 DEBOUNCE_KEYS = ("X", "Y")
@@ -100,15 +99,11 @@ def most_in_a_window(times: list[float], period: float) -> tuple[int, float]:
     return best
 
 
-class FlowControl(RuleBasedStateMachine):
+class FlowControl(StoreMachine):
     """The machine; ``make_store`` is set by the test that runs it."""
-
-    make_store: Any = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
-        self.store = self.make_store(self.clock)
         registry = Registry()
         rate = Throttle("rate", key=lambda i: i["k"], limit=LIMIT, period=PERIOD)
         registry.add("thr", "1", lambda ctx, i: None, throttles=[rate])
@@ -369,14 +364,9 @@ def _run(make_store: Any, examples: int) -> None:
     )
 
 
-@pytest.mark.vendor_agnostic
-def test_flow_control_model_on_the_memory_store() -> None:
-    """X6b, X6c, X6d, X7, X7a, X7b, X5: the flow-control machine on the in-memory store."""
-    _run(lambda clock: MemoryStore(clock=clock), 40)
-
-
-@pytest.mark.django_db(transaction=True)
-def test_flow_control_model_on_the_django_store() -> None:
-    """X6b, X6c, X6d, X7, X7a, X7b, X5: the flow-control machine on the Django store of the
-    DATABASE_URL database, its clock the database's moved by the machine."""
-    _run(fresh_flow_store, 12)
+@pytest.mark.parametrize("kind", machine_stores())
+def test_flow_control_model(kind: str) -> None:
+    """X6b, X6c, X6d, X7, X7a, X7b, X5: the flow-control machine on the in-memory store
+    (40 examples) and on the Django store of the DATABASE_URL database, its clock the
+    database's moved by the machine (12 examples)."""
+    _run(machine_store(kind, fresh_flow_store), 40 if kind == "memory" else 12)

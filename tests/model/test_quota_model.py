@@ -43,7 +43,7 @@ from typing import Any
 
 import pytest
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from durable_singleton import Quota, signals
 from durable_singleton.definitions import Registry
@@ -51,8 +51,7 @@ from durable_singleton.exceptions import QuotaQueueFullError
 from durable_singleton.stores.base import TurnState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
-from tests.helpers import fresh_django_store, plant_run_fields, run_machine
-from tests.model.test_turn_model import Clock
+from tests.helpers import StoreMachine, crash_and_expire, machine_store, machine_stores, run_machine
 
 QUOTA_KEYS = ("P", "Q")
 WORKFLOWS = ("plain", "keyed", "fair", "capped")
@@ -64,15 +63,11 @@ CAP = 1 + 2
 FAR = 3600.0
 
 
-class QuotaProtocol(RuleBasedStateMachine):
+class QuotaProtocol(StoreMachine):
     """The machine; ``make_store`` is set by the test that runs it."""
-
-    make_store: Any = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
-        self.store = self.make_store(self.clock)
         registry = Registry()
         pool = Quota("pool", key=lambda i: i["q"], limit=QUOTA_LIMIT)
         fair = Quota("pool-fair", key=lambda i: i["q"], limit=QUOTA_LIMIT, fair_key=lambda i: i["t"])
@@ -260,13 +255,7 @@ class QuotaProtocol(RuleBasedStateMachine):
             self.cancelled_seen.add(run_id)
             self.owner.pop(run_id, None)
 
-    @precondition(lambda self: self.owner)
-    @rule(data=st.data())
-    def crash_and_expire(self, data: st.DataObject) -> None:
-        """A worker dies: its lease expires; the next turn takes over with new tokens (D4, X3f)."""
-        run_id = data.draw(st.sampled_from(sorted(self.owner)))
-        self.owner.pop(run_id)
-        plant_run_fields(self.store, run_id, lease_expires_at=self.store.now() - timedelta(seconds=1))
+    crash_and_expire = crash_and_expire  # a worker dies, its lease expires (D4, X3f)
 
     @rule()
     def tick(self) -> None:
@@ -336,13 +325,8 @@ def _run_machine(make_store: Any) -> None:
     run_machine(QuotaProtocol, make_store, max_examples=20, stateful_step_count=35)
 
 
-@pytest.mark.vendor_agnostic
-def test_quota_model_on_the_memory_store() -> None:
-    """X3d, X3f, X3g, X4: the quota machine on the in-memory store."""
-    _run_machine(lambda clock: MemoryStore(clock=clock))
-
-
-@pytest.mark.django_db(transaction=True)
-def test_quota_model_on_the_django_store() -> None:
-    """X3d, X3f, X3g, X4: the quota machine on the Django store of the DATABASE_URL database."""
-    _run_machine(fresh_django_store)
+@pytest.mark.parametrize("kind", machine_stores())
+def test_quota_model(kind: str) -> None:
+    """X3d, X3f, X3g, X4: the quota machine on the in-memory store and on the Django
+    store of the DATABASE_URL database."""
+    _run_machine(machine_store(kind))

@@ -41,13 +41,13 @@ from typing import Any
 import pytest
 from hypothesis import Phase
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from durable_singleton.definitions import Registry
 from durable_singleton.stores.base import StepRecord, TurnState
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
-from tests.helpers import fresh_django_store, plant_run_fields, run_machine
+from tests.helpers import StoreMachine, crash_and_expire, machine_store, machine_stores, run_machine
 
 KEYS = ("A", "B")
 #: The queue TTL (X2): longer than the hours the teardown moves the clock, so
@@ -57,27 +57,11 @@ EXAMPLES = 25
 STEPS = 40
 
 
-class Clock:
-    """The memory store's clock, moved by the machine (lease expiry, wake times)."""
-
-    def __init__(self) -> None:
-        from django.utils import timezone
-
-        self.now = timezone.now()
-
-    def __call__(self) -> Any:
-        return self.now
-
-
-class TurnProtocol(RuleBasedStateMachine):
+class TurnProtocol(StoreMachine):
     """The machine; ``make_store`` is set by the test that runs it."""
-
-    make_store: Any = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
-        self.store = self.make_store(self.clock)
         self.registry = Registry()
         self.limit = 2
         self._declare(self.limit)
@@ -265,13 +249,7 @@ class TurnProtocol(RuleBasedStateMachine):
             done = self.store.finish(self._run(run_id), owner, "cancelled", limits=self.engine.limits())
             self._record_admissions([g.run_id for g in done.granted])
 
-    @precondition(lambda self: self.owner)
-    @rule(data=st.data())
-    def crash_and_expire(self, data: st.DataObject) -> None:
-        """The worker dies; its lease expires (the store's clock moves, or the row's expiry)."""
-        run_id = data.draw(st.sampled_from(sorted(self.owner)))
-        self.owner.pop(run_id)
-        plant_run_fields(self.store, run_id, lease_expires_at=self.store.now() - timedelta(seconds=1))
+    crash_and_expire = crash_and_expire  # a worker dies, its lease expires (D4, X3f)
 
     @precondition(lambda self: self.created)
     @rule(data=st.data())
@@ -428,13 +406,8 @@ def _run_machine(make_store: Any) -> None:
     )
 
 
-@pytest.mark.vendor_agnostic
-def test_protocol_model_on_the_memory_store() -> None:
-    """Issue #8: the model-based test on the in-memory store (S5, S7, K1, D5, D6)."""
-    _run_machine(lambda clock: MemoryStore(clock=clock))
-
-
-@pytest.mark.django_db(transaction=True)
-def test_protocol_model_on_the_django_store() -> None:
-    """Issue #8: the model-based test on the Django store of the DATABASE_URL database."""
-    _run_machine(fresh_django_store)
+@pytest.mark.parametrize("kind", machine_stores())
+def test_protocol_model(kind: str) -> None:
+    """Issue #8: the model-based test on the in-memory store and on the Django store
+    of the DATABASE_URL database (S5, S7, K1, D5, D6)."""
+    _run_machine(machine_store(kind))

@@ -36,7 +36,14 @@ from durable_singleton.stores.django import DjangoStore
 from durable_singleton.stores.memory import MemoryStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads
-from tests.helpers import control_key, quota_body, seeds
+from tests.helpers import (
+    act_on_one,
+    control_one_quota_key,
+    execute_one_turn,
+    quota_body,
+    random_input,
+    seeds,
+)
 from tests.helpers import drain as _drain
 from tests.helpers import queued as _queue
 
@@ -182,76 +189,45 @@ class World:
             self.max_token[name][limit] = prev
 
 
+def _holds_its_limits(r: Any) -> bool:
+    """A started run suspended while it holds its quota slots, or its key's slot if it carries no quota."""
+    return (
+        r.status == RunStatus.SUSPENDED
+        and (r.quota_slot == "holder" or (r.quota_slot is None and r.admitted))
+        and r.started_at is not None
+    )
+
+
 def _random_schedule(world: World, rng: random.Random, steps: int, controls: bool) -> None:
     engines = world.engines
     first = next(iter(engines))
     for step in range(steps):
         op = rng.random()
-        what = ""
+        what: str | None = ""
         if op < 0.32 or not world.ids:
             workflow = rng.choice(["ha-k1", "ha-k1", "ha-k2", "ha-one", "ha-one", "ha-two", "ha-plain"])
-            input = {
-                "k": rng.choice("ab"),
-                "p": rng.choice("xy"),
-                "o": rng.choice("uv"),
-                "hold": rng.random() < 0.5,
-                "fail": rng.random() < 0.12,
-            }
+            input = random_input(rng, hold=0.5, fail=0.12)
             delayed = rng.random() < 0.06
             i = world.start(workflow, input, delayed=delayed)
             what = f"start {i} {workflow} {input} delayed={delayed}"
         elif op < 0.66:
-            queues = {n: _queue(e) for n, e in engines.items()}
-            if not queues[first]:
-                continue
-            index = rng.randrange(len(queues[first]))
-            what = f"execute {queues[first][index]}"
-            for n, e in engines.items():
-                turn = queues[n][index]
-                del queues[n][index]
-                e.execute(turn)
+            what = execute_one_turn(rng, engines, first)
         elif op < 0.8:
-            holding = [
-                i
-                for i in world.ids
-                if (r := engines[first].get(world.rid(first, i))).status == RunStatus.SUSPENDED
-                and (r.quota_slot == "holder" or (r.quota_slot is None and r.admitted))
-                and r.started_at is not None
-            ]
-            if not holding:
-                continue
-            chosen = rng.choice(holding)
-            what = f"signal {chosen}"
-            for n, e in engines.items():
-                e.signal(world.rid(n, chosen), "go")
+            what = act_on_one(rng, engines, first, world.ids, _holds_its_limits, "signal", "go")
         elif op < 0.86:
-            active = [i for i in world.ids if not engines[first].get(world.rid(first, i)).is_terminal]
-            if not active:
-                continue
-            chosen = rng.choice(active)
-            what = f"cancel {chosen}"
-            for n, e in engines.items():
-                e.cancel(world.rid(n, chosen))
+            what = act_on_one(rng, engines, first, world.ids, lambda r: not r.is_terminal, "cancel")
         elif op < 0.9:
-            failed = [i for i in world.ids if engines[first].get(world.rid(first, i)).status == RunStatus.FAILED]
-            if not failed:
-                continue
-            chosen = rng.choice(failed)
-            what = f"retry {chosen}"
-            for n, e in engines.items():
-                e.retry(world.rid(n, chosen))
+            what = act_on_one(rng, engines, first, world.ids, lambda r: r.status == RunStatus.FAILED, "retry")
         elif controls:
-            quota = rng.choice(["ha-pool", "ha-other"])
-            key = rng.choice("xy" if quota == "ha-pool" else "uv")
-            action = rng.choice(["pause", "resume", "up", "down", "clear"])
+            quota, key, action, limit = control_one_quota_key(rng, engines, {"ha-pool": "xy", "ha-other": "uv"}, LIMITS)
             what = f"{action} {quota} {key}"
-            limit = {"up": LIMITS[quota] + 1, "down": 1, "clear": None}.get(action)
-            for n, e in engines.items():
-                control_key(e, f"quota:{quota}", f"{n}-{key}", action, limit)
-                if action not in ("pause", "resume"):
+            if action not in ("pause", "resume"):  # the highest override each key had (a ceiling)
+                for n in engines:
                     prev = world.controls[n].get((quota, key))
                     world.controls[n][(quota, key)] = max(limit or 0, prev or 0) or None
         else:
+            continue
+        if what is None:  # nothing to act on
             continue
         world.check(step, what)
 

@@ -28,7 +28,7 @@ from durable_singleton.exceptions import (
 )
 from tests.conftest import run_threads
 from tests.helpers import drain as _drain
-from tests.helpers import execute_racing
+from tests.helpers import execute_racing, store_method_replaced
 from tests.helpers import holding_body as _holding
 
 STRIPE = Quota("stripe-api", key=lambda i: i.get("account", "*"), limit=1)
@@ -590,9 +590,8 @@ def test_a_superseding_start_frees_a_replaced_runs_other_quota_key_under_its_loc
         locked.append((workflow_name, key))
         return lock_key(workflow_name, key)
 
-    store.lock_key = recording  # type: ignore[method-assign]
-    engine.start("rq", {"account": "b"}, run_id="N")
-    store.lock_key = lock_key  # type: ignore[method-assign]
+    with store_method_replaced(engine, "lock_key", recording):
+        engine.start("rq", {"account": "b"}, run_id="N")
     assert engine.get("W").status == "cancelled" and engine.get("W").error["code"] == "replaced"
     # The start's transaction; then the release of W (Core.release), one key per transaction.
     assert locked == [
@@ -688,9 +687,8 @@ def test_a_superseding_start_relocks_when_a_run_with_another_quota_key_commits_m
         locked.append((workflow_name, key))
         return lock_key(workflow_name, key)
 
-    store.lock_key = recording  # type: ignore[method-assign]
-    engine.start("rq", {"account": "b"}, run_id="N")
-    store.lock_key = lock_key  # type: ignore[method-assign]
+    with store_method_replaced(engine, "lock_key", recording):
+        engine.start("rq", {"account": "b"}, run_id="N")
     assert engine.get("C").status == "cancelled" and engine.get("C").error["code"] == "replaced"
     first, again = locked[:3], locked[3:7]
     assert first == [("quota:per-account", "a"), ("quota:per-account", "b"), ("rq", "k")]

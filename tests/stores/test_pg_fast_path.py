@@ -24,6 +24,7 @@ from durable_singleton.statuses import Outcome, RunStatus
 from durable_singleton.stores import pg
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
+from tests.helpers import round_trips as _round_trips
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,15 +32,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def _control(sql: str) -> bool:
     head = sql.strip().upper()
     return head in ("BEGIN", "COMMIT", "ROLLBACK") or "SAVEPOINT" in head
-
-
-def _round_trips(fn: Callable[[], Any]) -> list[str]:
-    """Return the statements (BEGIN and COMMIT included) ``fn`` sent, one per
-    round trip, leaving out the ``PREPARE`` a connection sends once at the
-    first use of each statement (see the prepared-statement tests below)."""
-    with CaptureQueriesContext(connection) as queries:
-        fn()
-    return [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().startswith("PREPARE ")]
 
 
 def _sent(fn: Callable[[], Any]) -> list[str]:

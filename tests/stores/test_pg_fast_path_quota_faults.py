@@ -38,7 +38,15 @@ from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
 from tests.conftest import run_threads, spawn
-from tests.helpers import KeysInside, control_key, seeds
+from tests.helpers import (
+    KeysInside,
+    act_on_one,
+    control_key,
+    control_one_quota_key,
+    execute_one_turn,
+    random_input,
+    seeds,
+)
 from tests.helpers import drain as _drain
 from tests.helpers import queued as _queue
 from tests.helpers import quota_body as _body
@@ -135,19 +143,13 @@ def test_fast_path_decides_as_the_orm_path_with_key_controls_cancels_and_retries
     limits = {"bq-pool": 2, "bq-other": 3}
     for step in range(70):
         op = rng.random()
-        what = ""
+        what: str | None = ""
         if op < 0.33 or not ids:
             workflow = rng.choice(["bq-k2", "bq-k2", "bq-two", "bq-one", "bq-rq", "bq-plain", "bq-mix", "bq-mix"])
             if mixed and workflow == "bq-rq":
                 workflow = "bq-cip"
             version = rng.choice(["1", "2"]) if workflow == "bq-mix" else None
-            input = {
-                "k": rng.choice("ab"),
-                "p": rng.choice("xy"),
-                "o": rng.choice("uv"),
-                "hold": rng.random() < 0.45,
-                "fail": rng.random() < 0.1,
-            }
+            input = random_input(rng, hold=0.45, fail=0.1)
             delayed = rng.random() < 0.08
             ids.append(f"{seed}-{len(ids):02d}")
             what = f"start {workflow} {input} delayed={delayed}"
@@ -160,40 +162,14 @@ def test_fast_path_decides_as_the_orm_path_with_key_controls_cancels_and_retries
                     version=version,
                 )
         elif op < 0.7:
-            queues = {name: _queue(e) for name, e in engines.items()}
-            if not queues["fast"]:
-                continue
-            index = rng.randrange(len(queues["fast"]))
-            what = f"execute {queues['fast'][index]}"
-            for name, e in engines.items():
-                turn = queues[name][index]
-                del queues[name][index]
-                e.execute(turn)
+            what = execute_one_turn(rng, engines, "fast")
         elif op < 0.8:
-            runs = [(i, engines["fast"].get(f"fast-{i}")) for i in ids]
-            holding = [i for i, r in runs if r.status == RunStatus.SUSPENDED and r.quota_slot == "holder"]
-            if not holding:
-                continue
-            chosen = rng.choice(holding)
-            what = f"signal {chosen}"
-            for name, e in engines.items():
-                e.signal(f"{name}-{chosen}", "go")
+            holding = lambda r: r.status == RunStatus.SUSPENDED and r.quota_slot == "holder"  # noqa: E731
+            what = act_on_one(rng, engines, "fast", ids, holding, "signal", "go")
         elif op < 0.85:
-            active = [i for i in ids if not engines["fast"].get(f"fast-{i}").is_terminal]
-            if not active:
-                continue
-            chosen = rng.choice(active)
-            what = f"cancel {chosen}"
-            for name, e in engines.items():
-                e.cancel(f"{name}-{chosen}")
+            what = act_on_one(rng, engines, "fast", ids, lambda r: not r.is_terminal, "cancel")
         elif op < 0.88:
-            failed = [i for i in ids if engines["fast"].get(f"fast-{i}").status == RunStatus.FAILED]
-            if not failed:
-                continue
-            chosen = rng.choice(failed)
-            what = f"retry {chosen}"
-            for name, e in engines.items():
-                e.retry(f"{name}-{chosen}")
+            what = act_on_one(rng, engines, "fast", ids, lambda r: r.status == RunStatus.FAILED, "retry")
         elif op < 0.92 and mixed:
             workflow = rng.choice(["bq-k2", "bq-mix"])
             key = rng.choice("ab")
@@ -202,16 +178,13 @@ def test_fast_path_decides_as_the_orm_path_with_key_controls_cancels_and_retries
             for name, e in engines.items():
                 control_key(e, workflow, f"{name}-{key}", action, {"up": 3, "down": 1, "clear": None}.get(action))
         else:
-            quota = rng.choice(["bq-pool", "bq-other"])
-            key = rng.choice("xy" if quota == "bq-pool" else "uv")
-            action = rng.choice(["pause", "resume", "up", "down", "clear"])
+            quota, key, action, limit = control_one_quota_key(rng, engines, {"bq-pool": "xy", "bq-other": "uv"}, limits)
             what = f"{action} {quota} {key}"
-            limit = {"up": limits[quota] + 1, "down": 1, "clear": None}.get(action)
-            for name, e in engines.items():
-                k = f"{name}-{key}"
-                control_key(e, f"quota:{quota}", k, action, limit)
-                if action not in ("pause", "resume"):
-                    controls[name][(quota, k)] = limit
+            if action not in ("pause", "resume"):
+                for name in engines:
+                    controls[name][(quota, f"{name}-{key}")] = limit
+        if what is None:  # nothing to act on
+            continue
         fast = _snapshot(engines["fast"], [f"fast-{i}" for i in ids])
         orm = _snapshot(engines["orm"], [f"orm-{i}" for i in ids])
         for i, (a, b) in enumerate(zip(fast, orm, strict=True)):

@@ -15,12 +15,10 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from durable_singleton import Quota
 from durable_singleton.definitions import Registry
@@ -28,18 +26,12 @@ from durable_singleton.engine import Engine
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.django import DjangoStore
 from durable_singleton.testing import make_engine
-from tests.helpers import KeysInside, execute_racing, seeds
+from tests.helpers import KeysInside, execute_racing, room_engine, seeds
+from tests.helpers import round_trips as _round_trips
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's fast path")
-
-
-def _round_trips(fn: Callable[[], Any]) -> list[str]:
-    """The statements ``fn`` sent, one per round trip, without the once-per-connection ``PREPARE``."""
-    with CaptureQueriesContext(connection) as queries:
-        fn()
-    return [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().startswith("PREPARE ")]
 
 
 def _holding(ctx: Any, input: dict[str, Any]) -> dict[str, int]:
@@ -61,9 +53,7 @@ def _registry() -> Registry:
 
 @pytest.fixture
 def engine() -> Engine:
-    made = make_engine(DjangoStore(), registry=_registry())
-    made.now()  # the engine's clock: read once here, not counted below
-    return made
+    return room_engine(_registry())  # its clock read once here, not counted below
 
 
 @postgresql_only

@@ -11,12 +11,10 @@ settle is the fast path's. The conformance suite
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from durable_singleton import Throttle
 from durable_singleton.definitions import Registry
@@ -24,19 +22,12 @@ from durable_singleton.engine import Engine
 from durable_singleton.models import ThrottleAdmission, ThrottleMembership
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.base import TurnState
-from durable_singleton.stores.django import DjangoStore
-from durable_singleton.testing import make_engine
+from tests.helpers import room_engine
+from tests.helpers import round_trips as _round_trips
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 postgresql_only = pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's fast path")
-
-
-def _round_trips(fn: Callable[[], Any]) -> list[str]:
-    """The statements ``fn`` sent, one per round trip, without the once-per-connection ``PREPARE``."""
-    with CaptureQueriesContext(connection) as queries:
-        fn()
-    return [q["sql"] for q in queries.captured_queries if not q["sql"].lstrip().startswith("PREPARE ")]
 
 
 def _registry() -> Registry:
@@ -49,9 +40,7 @@ def _registry() -> Registry:
 
 @pytest.fixture
 def engine() -> Engine:
-    made = make_engine(DjangoStore(), registry=_registry())
-    made.now()  # the engine's clock: read once here, not counted below
-    return made
+    return room_engine(_registry())  # its clock read once here, not counted below
 
 
 @postgresql_only

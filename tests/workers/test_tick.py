@@ -13,7 +13,7 @@ from durable_singleton import signals
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from tests.conftest import Monitor, run_threads
-from tests.helpers import admitted, audited, claim, free_slot_without_handoff, sleep_past, sleep_past_lease
+from tests.helpers import admitted, audited, claim, connected, free_slot_without_handoff, sleep_past, sleep_past_lease
 
 
 def test_lost_push_is_caught_up_by_the_tick(engine: Engine, registry: Registry, monitor: Monitor) -> None:
@@ -84,8 +84,7 @@ def test_expired_lease_is_recovered_then_dead_lettered(make: Callable[..., Engin
     engine.start("crashy", {}, run_id="A")
     engine.start("crashy", {}, run_id="B")
     receiver = lambda sender, run, **kw: dead.append(run.run_id)  # noqa: E731
-    signals.run_dead.connect(receiver)
-    try:
+    with connected(receiver, signals.run_dead):
         for attempt in range(3):
             turn = claim(engine, "A", f"crashed-{attempt}", 0.05)
             assert turn.state.value == "run" and turn.recovered == (attempt > 0)
@@ -95,8 +94,6 @@ def test_expired_lease_is_recovered_then_dead_lettered(make: Callable[..., Engin
         report = engine.tick()
         assert "A" in report.dispatched
         assert engine.execute("A") == "dead"
-    finally:
-        signals.run_dead.disconnect(receiver)
     a = engine.get("A")
     assert a.status == "dead" and not a.admitted and a.error["code"] == "max_recoveries"
     assert dead == ["A"] and hooked == ["A"]

@@ -15,7 +15,7 @@ from durable_singleton import signals
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from tests.conftest import Monitor
-from tests.helpers import audited, waiter_behind_a_freed_slot
+from tests.helpers import audited, connected, waiter_behind_a_freed_slot
 
 
 def test_a_waiter_granted_by_the_catch_up_is_announced_as_admitted(
@@ -29,11 +29,8 @@ def test_a_waiter_granted_by_the_catch_up_is_announced_as_admitted(
     def receiver(sender: Any, run: Any, **kwargs: Any) -> None:
         admitted.append(run.run_id)
 
-    signals.run_admitted.connect(receiver)
-    try:
+    with connected(receiver, signals.run_admitted):
         assert engine.tick().caught_up == ["B"]
-    finally:
-        signals.run_admitted.disconnect(receiver)
     assert admitted == ["B"]
     assert engine.dispatcher.sent == ["B"]
 
