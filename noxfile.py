@@ -29,8 +29,10 @@ nox.options.default_venv_backend = "none"
 nox.options.sessions = ["lint", "quick"]
 
 PYTHON = sys.executable  # the .venv that runs nox
-#: The quick tier's selection: no test that starts worker processes or a
-#: browser or builds a wheel (slow), none that needs Redis (celery).
+#: The quick tier's selection: no test that starts worker processes or a browser,
+#: builds a wheel or runs a long loop (slow: the model machines and the repeated
+#: F1/F5/F15 races on the Django store, the handoff's racing engines, the random
+#: schedules past seed 0), none that needs Redis (celery).
 QUICK = "not slow and not celery"
 
 

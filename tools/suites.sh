@@ -22,7 +22,13 @@
 #   postgresql, mariadb, sqlite        the three database passes (.venv)
 #   sqlite-slow-agnostic               -m "vendor_agnostic and slow" (the
 #                                      spin model checks take minutes)
-#   sqlite-alt, sqlite-dj60            .venv-alt and .venv-dj60, -m "not slow"
+#   sqlite-alt, sqlite-dj60            .venv-alt and .venv-dj60, -m "not slow":
+#                                      they leave out what the quick tier
+#                                      does (worker processes, browsers,
+#                                      wheels, the model machines and the
+#                                      repeated F1/F5/F15 races on the Django
+#                                      store, the handoff's racing engines,
+#                                      the random schedules past seed 0)
 #   checks                             ruff check, ruff format --check, mypy
 #                                      --strict, sphinx -W -n
 #   django-tasks-suite                 python -m tests.django_suite.run: the

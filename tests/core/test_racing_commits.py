@@ -112,6 +112,7 @@ def _repeats(store_kind: str) -> int:
     return 50 if store_kind == "memory" or vendor() == "postgresql" else 15
 
 
+@pytest.mark.slow  # repeated races: CI's database passes, not the quick tier
 def test_f1_racing_claims_admit_exactly_one(
     engine: Engine, registry: Registry, monitor: Monitor, store_kind: str
 ) -> None:
@@ -349,6 +350,7 @@ class SlowClaimStore(DjangoStore):
         return super()._write_claim(run_id, status, attempts, lease_expires_at, changes)
 
 
+@pytest.mark.slow  # repeated races: CI's database passes, not the quick tier
 @pytest.mark.parametrize("slow", [False, True], ids=["plain", "delayed-claim"])
 def test_f15_two_executors_one_side_effect(store_kind: str, registry: Registry, slow: bool) -> None:
     """F15, R6: two threads execute the same turn at once: one wins the
@@ -464,6 +466,7 @@ def test_f6_release_during_a_parking_claim_is_not_lost(registry: Registry, monit
     assert engine.get("B").status == "completed" and monitor.entered == ["A", "B"]
 
 
+@pytest.mark.slow  # 50 racing starts, then 1,200 starts on 200 keys: CI's database passes
 def test_f5_cap_under_racing_starts(engine: Engine, registry: Registry, monitor: Monitor) -> None:
     """F5, S15: limit 1, max_queue_depth 5, 50 simultaneous starts: 6 runs
     exist, 44 callers get SingletonQueueFullError, no other row; another key

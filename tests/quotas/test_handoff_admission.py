@@ -339,8 +339,9 @@ def _race_registry() -> Registry:
     return registry
 
 
+@pytest.mark.slow  # four racing threads until every run ends: CI's database passes, not the quick tier
 @pytest.mark.parametrize("store", ["fast", "orm"])
-@pytest.mark.parametrize("seed", seeds(2))
+@pytest.mark.parametrize("seed", [0, 1])
 def test_racing_engines_never_over_admit_and_tokens_follow_entries(store: str, seed: int) -> None:
     """X3c, X3d, X3f, X3h, K1, S7: 4 threads, each with its own engine (and its own
     connection), execute the turns their handoffs send and stray turns of any active
