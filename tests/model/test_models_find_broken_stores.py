@@ -72,7 +72,7 @@ def _short_window(limit: int, admissions: Any, period: float, now: Any, *, pause
 
 def _over_the_rate(m: Any) -> None:
     """Three starts of throttle key A: two admitted, the third parked; 40 s pass; its turn."""
-    m.start_throttled(key="A", count=3)
+    m.start_throttled(key="A", count=3, priority=0)
     m.turn_each()
     m.time_passes(seconds=40.0)
     m.turn_each()
