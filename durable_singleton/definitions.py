@@ -39,6 +39,7 @@ from .statuses import SUPERSEDING, OnBusy
 from .values import MAX_LIMIT, check_seconds, check_text
 
 __all__ = [
+    "MIN_THROTTLE_PERIOD",
     "Debounce",
     "Quota",
     "Registry",
@@ -169,6 +170,11 @@ def _with_on_busy(workflow: str, value: Singleton) -> Singleton:
             f"must be 1 with on_busy={str(on_busy)!r}: it cancels every holder to admit one run",
         )
     return value if value.on_busy is on_busy else replace(value, on_busy=on_busy)
+
+
+#: The shortest throttle ``period`` in seconds (X6a): every store counts a window's
+#: admissions in microseconds, so a shorter window never holds one.
+MIN_THROTTLE_PERIOD = 0.001
 
 
 def _seconds(workflow: str, where: str, value: object) -> float:
@@ -389,8 +395,9 @@ class Throttle:
     the one key ``"*"`` (a global rate).
     ``limit``: admissions per window, an ``int`` from 1 to
     :data:`~durable_singleton.values.MAX_LIMIT`.
-    ``period``: the window in seconds, an ``int`` or ``float``, finite, > 0 and at
-    most :data:`~durable_singleton.values.MAX_SECONDS`.
+    ``period``: the window in seconds, an ``int`` or ``float``, finite, at least
+    :data:`MIN_THROTTLE_PERIOD` (a millisecond) and at most
+    :data:`~durable_singleton.values.MAX_SECONDS`.
 
     Admissions are counted, not starts: a run counts when it is admitted (it takes
     its slot in every limit it carries, X3d), and an admission that later fails
@@ -437,6 +444,13 @@ class Throttle:
             # Name the throttle, as the limit's and the key's messages do.
             problem = str(exc).removeprefix(f"workflow {workflow!r}: throttles.period: ")
             raise InvalidWorkflowError(workflow, "throttles.period", f"of throttle {name!r} {problem}") from None
+        if float(self.period) < MIN_THROTTLE_PERIOD:
+            # The stores count a window in microseconds: a shorter one never holds an admission.
+            raise InvalidWorkflowError(
+                workflow,
+                "throttles.period",
+                f"of throttle {name!r} must be at least {MIN_THROTTLE_PERIOD} s, got {self.period!r:.80}",
+            )
         return self
 
     @property

@@ -173,6 +173,8 @@ def test_two_workflows_share_a_throttle(engine: Engine, registry: Registry) -> N
         ("period", float("inf")),
         ("period", float("nan")),
         ("period", MAX_SECONDS + 1),
+        ("period", 1e-9),  # under a millisecond: a window no store counts in (it was accepted and limited nothing)
+        ("period", 0.0009),
         ("period", "60"),
         ("period", None),
         ("name", "a:b"),
@@ -181,8 +183,8 @@ def test_two_workflows_share_a_throttle(engine: Engine, registry: Registry) -> N
     ],
 )
 def test_bad_throttle_declarations_are_refused_at_registration(registry: Registry, field: str, value: Any) -> None:
-    """X6: a limit that is not an int >= 1, a period that is not a number > 0 and
-    at most MAX_SECONDS, a name with ':' and a key that is not callable raise
+    """X6, X6a: a limit that is not an int >= 1, a period that is not a number of at
+    least a millisecond and at most MAX_SECONDS, a name with ':' and a key that is not callable raise
     InvalidWorkflowError naming the field, and register nothing."""
     fields: dict[str, Any] = {"name": "t", "limit": 1, "period": 1.0, field: value}
     with pytest.raises(InvalidWorkflowError, match=f"throttles.{field}"):
