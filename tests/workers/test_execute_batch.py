@@ -43,10 +43,13 @@ def test_turns_behind_a_long_body_are_sent_on_while_it_runs(make: Callable[..., 
     started = time.monotonic()
     batch.start()
     try:
-        while sorted(engine.dispatcher.queue) != ["B", "C"]:
-            assert time.monotonic() - started < 10, f"B and C were not sent on while A ran: {engine.dispatcher.queue}"
+        # Under load A's claim may end after max_seconds: B and C are sent on first, A enters after.
+        while sorted(engine.dispatcher.queue) != ["B", "C"] or entered != ["A"]:
+            assert time.monotonic() - started < 30, (
+                f"B and C were not sent on while A ran: {engine.dispatcher.queue}, entered {entered}"
+            )
             time.sleep(0.02)
-        assert entered == ["A"] and batch.is_alive(), "A's body still runs while B and C are sent on"
+        assert batch.is_alive(), "A's body still runs while B and C are sent on"
     finally:
         gate.set()
         batch.join(30)

@@ -327,13 +327,21 @@ def test_runserver_starts_the_embedded_worker_without_a_request(workers: Durable
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = workers.start(command=("runserver", "--noreload", f"127.0.0.1:{port}"), wait=False)
+    # PYTHONFAULTHANDLER: a server that does not exit is aborted below and its log shows every thread's stack.
+    env = workers.env(PYTHONFAULTHANDLER="1")
+    server = workers.start(command=("runserver", "--noreload", f"127.0.0.1:{port}"), wait=False, env=env)
     wait_for(lambda: all_completed(ids), 180, "the due runs completed", workers.logs)
     # Issue #19 point 7: one line when the embedded worker starts, one when the process stops it.
     started = f"embedded worker started in pid {server.pid}: 4 threads, tick every 1 s, store DjangoStore, "
     assert f"{started}database 'default' ({connection.vendor})" in server.log(), server.log()
     server.kill(signal.SIGINT)  # Ctrl-C
-    assert server.proc.wait(120) == 0, server.log()
+    try:
+        code = server.proc.wait(120)
+    except subprocess.TimeoutExpired:
+        server.kill(signal.SIGABRT)  # the fault handler writes each thread's stack to the log
+        server.proc.wait(30)
+        pytest.fail(f"runserver did not exit within 120 s of SIGINT\n{server.log()}")
+    assert code == 0, server.log()
     assert f"embedded worker stopped in pid {server.pid} (up " in server.log(), server.log()
 
 
