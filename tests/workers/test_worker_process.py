@@ -340,7 +340,9 @@ def test_runserver_starts_the_embedded_worker_without_a_request(workers: Durable
     except subprocess.TimeoutExpired:
         server.kill(signal.SIGABRT)  # the fault handler writes each thread's stack to the log
         server.proc.wait(30)
-        pytest.fail(f"runserver did not exit within 120 s of SIGINT\n{server.log()}")
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+        parent = f"this process's SIGINT: {signal.getsignal(signal.SIGINT)!r}, blocked {blocked!r}"
+        pytest.fail(f"runserver did not exit within 120 s of SIGINT ({parent})\n{server.log()}")
     assert code == 0, server.log()
     assert f"embedded worker stopped in pid {server.pid} (up " in server.log(), server.log()
 
