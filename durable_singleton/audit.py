@@ -112,6 +112,24 @@ class AuditReport:
         }
 
 
+def _stalled(
+    ident: tuple[str, str], run_id: str, room: str, due_since: datetime | None, now: datetime, repaired: bool
+) -> Finding:
+    """The finding of a front waiter left waiting beside free room (``room``: the free
+    slots or admissions, in words), due since ``due_since`` or with no wake time (K4)."""
+    waited = (
+        f"has been due for {(now - due_since).total_seconds():.0f} s" if due_since is not None else "has no wake time"
+    )
+    return Finding(
+        FindingKind.STALLED_WAITER,
+        ident[0],
+        ident[1],
+        run_id,
+        f"{room} but the front waiter {run_id} {waited}",
+        repaired,
+    )
+
+
 def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = None) -> AuditReport:
     """Check the slot invariants of SPEC K4 on ``engine``'s store; repair the
     safe findings when ``repair`` is true.
@@ -203,19 +221,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
             if repaired:
                 engine.dispatcher.dispatch(waiter.run_id, engine.queue_of(waiter))
             report.findings.append(
-                Finding(
-                    FindingKind.STALLED_WAITER,
-                    ident[0],
-                    ident[1],
-                    waiter.run_id,
-                    f"{free} free admission(s) in the window but the front waiter {waiter.run_id} "
-                    + (
-                        f"has been due for {(now - due_since).total_seconds():.0f} s"
-                        if due_since is not None
-                        else "has no wake time"
-                    ),
-                    repaired,
-                )
+                _stalled(ident, waiter.run_id, f"{free} free admission(s) in the window", due_since, now, repaired)
             )
 
     # Keys with a waiter due for longer than two ticks (or with no wake time at all); a
@@ -237,21 +243,7 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
             repaired = repair and store.wake_waiter(waiter.run_id)
             if repaired:
                 engine.dispatcher.dispatch(waiter.run_id, engine.queue_of(waiter))
-            report.findings.append(
-                Finding(
-                    FindingKind.STALLED_WAITER,
-                    ident[0],
-                    ident[1],
-                    waiter.run_id,
-                    f"{free} free slot(s) but the front waiter {waiter.run_id} "
-                    + (
-                        f"has been due for {(now - due_since).total_seconds():.0f} s"
-                        if due_since is not None
-                        else "has no wake time"
-                    ),
-                    repaired,
-                )
-            )
+            report.findings.append(_stalled(ident, waiter.run_id, f"{free} free slot(s)", due_since, now, repaired))
 
     for run in store.unredriven_leases(grace, MAX_LISTED):
         assert run.lease_expires_at is not None
