@@ -105,6 +105,12 @@ def start_at_once(tmp_path: Path, module: str, *args: str, processes: int = 4, t
     return texts
 
 
+def _default_signals() -> None:
+    """In a started child, before its program: SIGINT and SIGTERM at their defaults."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 @dataclass
 class DurableWorkers:
     """Starts and stops ``durable_worker`` processes for one test; logs go to ``log_dir``."""
@@ -163,6 +169,10 @@ class DurableWorkers:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # As from a shell: SIGINT and SIGTERM at their defaults. A child inherits an
+                # ignored signal, and a library in this pytest process may have left SIGINT
+                # ignored (CI: runserver never saw its Ctrl-C; this process's SIGINT was SIG_IGN).
+                preexec_fn=_default_signals,
             )
         worker = WorkerProcess(name, proc, log_path)
         self.processes.append(worker)
