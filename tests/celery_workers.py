@@ -44,7 +44,14 @@ from django.db import connection
 
 from testproject.demo.live import database_url
 
-__all__ = ["CeleryWorkers", "WorkerProcess", "celery_stack_missing", "celery_workers", "worker_env"]
+__all__ = [
+    "CeleryWorkers",
+    "WorkerProcess",
+    "celery_stack_missing",
+    "celery_workers",
+    "database_in_use",
+    "worker_env",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 READY_MARK = b" ready."
@@ -62,6 +69,38 @@ def celery_stack_missing(vendors: tuple[str, ...] = ("postgresql",)) -> str | No
     if not broker.startswith(("redis://", "rediss://")):
         return f"needs CELERY_BROKER_URL=redis://... (this run uses {broker or 'no broker'})"
     return None
+
+
+def database_in_use() -> bool:
+    """Tell whether a session other than this process's holds a write lock or
+    an open transaction on the test database: on SQLite, whether a write
+    transaction cannot begin at once; on PostgreSQL, whether another session
+    of this database is idle inside a transaction; on MariaDB, whether InnoDB
+    lists another connection's transaction with no statement running."""
+    if connection.vendor == "sqlite":
+        import sqlite3
+
+        probe = sqlite3.connect(str(connection.settings_dict["NAME"]), timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return False
+        except sqlite3.OperationalError:
+            return True
+        finally:
+            probe.close()
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%%'"
+            )
+        else:
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.innodb_trx"
+                " WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_query IS NULL"
+            )
+        return bool(cursor.fetchone()[0])
 
 
 def worker_env(**overrides: str) -> dict[str, str]:
@@ -122,6 +161,29 @@ class WorkerProcess:
         """Send ``sig`` (default SIGKILL) to the main process, by PID."""
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
+
+    def pause(self, timeout: float = 60.0) -> None:
+        """Stop the main process (SIGSTOP) at a moment it holds no database lock.
+
+        A process stopped inside a write holds its lock for as long as it is
+        stopped: on SQLite the database's one write lock (every other process
+        then reads ``database is locked``), on PostgreSQL and MariaDB the rows
+        it wrote. A paused container or a debugger stops a process at any
+        instruction, but a test that means "silent, holding its lease" must
+        not also mean "holding the database": this stops the process, and
+        continues it and tries again (a bounded number of times, within
+        ``timeout`` seconds) while ``database_in_use()`` says another session
+        holds a lock. Raises AssertionError when no such moment comes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.kill(signal.SIGSTOP)
+            time.sleep(0.01)  # the stop takes effect; a write in flight settles or stays open
+            if not database_in_use():
+                return
+            self.kill(signal.SIGCONT)
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name} held the database at every stop for {timeout:.0f} s")
+            time.sleep(0.02)
 
     def kill_children(self, sig: int = signal.SIGKILL) -> list[int]:
         """Send ``sig`` to each pool process, by PID; return their PIDs."""

@@ -123,7 +123,7 @@ def test_a_clean_stop_hands_back_and_unregisters_only_its_own(workers: DurableWo
     wait_for(lambda: BodyAudit.objects.count() == 1, 60, "the body entered in the second worker", workers.logs)
     first = start_twin(workers, **env)
     held_by_second = owner_of("twin-x")
-    second.kill(signal.SIGSTOP)
+    second.pause()
     try:
         wait_for(lambda: BodyAudit.objects.count() == 2, 90, "the first worker took the run over", workers.logs)
         wait_for(lambda: owner_of("twin-x") != held_by_second, 30, "the first worker's lease", workers.logs)

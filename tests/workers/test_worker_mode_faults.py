@@ -348,7 +348,7 @@ def test_a_stopped_worker_whose_run_was_taken_back_is_fenced(workers: DurableWor
     first = workers.start(threads=1, env=env, args=("--grace=0.5",))
     web.start(WORKFLOW, {"store_id": "stop", "seconds": 4, "seconds_after_recovery": 0}, run_id="stop-1")
     wait_for(lambda: BodyAudit.objects.count() == 1, 60, "the body entered", workers.logs)
-    first.kill(signal.SIGSTOP)
+    first.pause()
     try:
         second = workers.start(threads=1, env=env, args=("--grace=0.5",))
         wait_for(lambda: Run.objects.get(pk="stop-1").status == "completed", 60, "the run taken back", workers.logs)
