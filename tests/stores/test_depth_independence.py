@@ -22,13 +22,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores import pg
-from durable_singleton.stores.django import DjangoStore
-from durable_singleton.testing import make_engine
+from tests.stores.deep_queue import deep_engine, many_keys
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -135,34 +133,16 @@ def _copy(source: str, count: int, *, run_id: str, key: str | None = None, prior
         )
 
 
-def _engine() -> Engine:
-    registry = Registry()
-
-    def held(ctx: Any, i: Any) -> Any:
-        return ctx.wait_for_signal("go")
-
-    registry.add("deep", "1", held, singleton={"key": lambda i: i["k"]})
-    made = make_engine(DjangoStore(), registry=registry)
-    made.now()
-    return made
-
-
 @pytest.fixture
 def engine() -> Engine:
-    return _engine()
+    return deep_engine()
 
 
 def _deep_key(engine: Engine, priorities: str = "r.priority") -> None:
     """The many keys of one finished run each, the deep key's parked holder and
     ``DEPTH`` parked waiters (the last one, ``tail``, created parked), then ANALYZE;
     ``priorities``: the SQL of each copied waiter's priority (X8)."""
-    # Many keys, one finished run each: a many-keys workload's statistics.
-    engine.start("deep", {"k": "many"}, run_id="many")
-    engine.execute("many")
-    engine.signal("many", "go", 1)
-    engine.execute("many")
-    assert engine.get("many").status == RunStatus.COMPLETED
-    _copy("many", OTHER_KEYS, run_id="many-", key="many-")
+    many_keys(engine, OTHER_KEYS)
     # The deep key: a parked holder, a parked waiter copied DEPTH times, then the tail.
     engine.start("deep", {"k": "deep"}, run_id="holder")
     engine.execute("holder")

@@ -21,12 +21,9 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from bench.depth import analyze, copy_runs
-from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run
-from durable_singleton.statuses import RunStatus, SlotState
-from durable_singleton.testing import make_engine
+from tests.stores.deep_queue import deep_engine, many_keys, measured_steps
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -113,51 +110,9 @@ def _unbounded(statements: list[tuple[str, Any]]) -> list[str]:
 
 @pytest.fixture
 def engine() -> Engine:
-    registry = Registry()
-    registry.add("deep", "1", lambda ctx, i: ctx.wait_for_signal("go"), singleton={"key": lambda i: i["k"]})
-    made = make_engine("django", registry=registry)
+    made = deep_engine()
     assert made.store._sqlite_room() is not None  # type: ignore[attr-defined]
-    made.now()
     return made
-
-
-def _many_keys(engine: Engine) -> None:
-    """``OTHER_KEYS`` keys of one finished run each: a many-keys workload's statistics."""
-    engine.start("deep", {"k": "many"}, run_id="many")
-    engine.execute("many")
-    engine.signal("many", "go", 1)
-    engine.execute("many")
-    assert engine.get("many").status == RunStatus.COMPLETED
-    copy_runs(connection, "many", OTHER_KEYS, run_id="many-", key="many-")
-
-
-def _steps(engine: Engine, depth: int) -> dict[str, tuple[list[tuple[str, Any]], int]]:
-    """A key with a parked holder and ``depth`` parked waiters, then ANALYZE; the statements
-    and instructions of a new waiter's start and claim (parked at the back), the holder's
-    settle and handoff, and the confirmation of the waiter it admitted."""
-    key = f"deep-{depth}"
-    holder, first, tail = f"{key}-holder", f"{key}-first", f"{key}-tail"
-    engine.start("deep", {"k": key}, run_id=holder)
-    engine.execute(holder)
-    engine.start("deep", {"k": key}, run_id=first)
-    engine.execute(first)
-    copy_runs(connection, first, depth - 2, run_id=f"{key}-waiter-")
-    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-    analyze(connection)
-    steps = {
-        "start": _captured(lambda: engine.start("deep", {"k": key}, run_id=tail)),
-        "claim": _captured(lambda: engine.execute(tail)),
-    }
-    assert Run.objects.get(pk=tail).status == RunStatus.SUSPENDED
-    assert Run.objects.filter(singleton_key=key, singleton_slot=SlotState.WAITER).count() == depth
-    engine.signal(holder, "go", 1)
-    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
-    steps["handoff"] = _captured(lambda: engine.execute(holder))
-    assert Run.objects.get(pk=first).singleton_slot == SlotState.HOLDER  # the oldest waiter (S5)
-    steps["confirmation"] = _captured(lambda: engine.execute(first))
-    assert Run.objects.get(pk=holder).status == RunStatus.COMPLETED
-    assert Run.objects.get(pk=first).status == RunStatus.SUSPENDED  # waiting for its signal, with its slot
-    return steps
 
 
 def test_the_rooms_steps_read_a_bounded_number_of_rows_at_any_depth(engine: Engine) -> None:
@@ -169,9 +124,9 @@ def test_the_rooms_steps_read_a_bounded_number_of_rows_at_any_depth(engine: Engi
     compare-and-set tested no column of the run alone: once ANALYZE had run, SQLite read
     every run of the table into a Bloom filter at each claim (26,000 instructions at 10
     waiters beside 5,000 keys, 76,000 at 10,000, against 1,100 at both since)."""
-    _many_keys(engine)
-    shallow = _steps(engine, 10)
-    deep = _steps(engine, DEPTH)
+    many_keys(engine, OTHER_KEYS)
+    shallow = measured_steps(engine, 10, _captured)
+    deep = measured_steps(engine, DEPTH, _captured)
     for name, (statements, _ops) in deep.items():
         assert statements, name
         assert not _unbounded(statements), (name, _unbounded(statements))
