@@ -114,6 +114,19 @@ def test_announce_writes_to_stderr_when_no_handler_would_show_the_line(
     assert capsys.readouterr().err == ""
 
 
+def _ticking_worker(registry: Registry, tick: Any) -> Any:
+    """A started one-thread embedded worker (ticks every 0.05 s) whose tick is ``tick``;
+    return its dispatcher."""
+    engine: Engine = build_engine(
+        Settings.from_mapping({"DISPATCH": "thread", "TICK_SECONDS": 0.05, "WORKER_THREADS": 1})
+    )
+    engine.registry = registry
+    engine.tick = tick  # type: ignore[method-assign]
+    dispatcher: Any = engine.dispatcher
+    dispatcher.start()
+    return dispatcher
+
+
 @pytest.mark.django_db(transaction=True)
 def test_stop_leaves_a_tick_in_a_database_call_after_a_second(registry: Registry) -> None:
     """O1, issue #19 point 7: a tick holds no lease, so stop() waits at most
@@ -123,18 +136,13 @@ def test_stop_leaves_a_tick_in_a_database_call_after_a_second(registry: Registry
 
     from durable_singleton import dispatch
 
-    settings = Settings.from_mapping({"DISPATCH": "thread", "TICK_SECONDS": 0.05, "WORKER_THREADS": 1})
-    engine: Engine = build_engine(settings)
-    engine.registry = registry
     in_tick, release = threading.Event(), threading.Event()
 
     def stuck_tick() -> None:
         in_tick.set()
         release.wait(60)
 
-    engine.tick = stuck_tick  # type: ignore[method-assign]
-    dispatcher: Any = engine.dispatcher
-    dispatcher.start()
+    dispatcher = _ticking_worker(registry, stuck_tick)
     try:
         assert in_tick.wait(60)
         ticker = next(t for t in dispatcher._workers if t.name == dispatch.TICK_THREAD)
@@ -158,9 +166,6 @@ def test_a_stop_that_leaves_a_tick_behind_has_stopped_the_worker(registry: Regis
     from durable_singleton import dispatch
     from tests.worker_processes import wait_for
 
-    settings = Settings.from_mapping({"DISPATCH": "thread", "TICK_SECONDS": 0.05, "WORKER_THREADS": 1})
-    engine: Engine = build_engine(settings)
-    engine.registry = registry
     in_tick, release = threading.Event(), threading.Event()
     ticks: list[threading.Thread] = []
 
@@ -170,9 +175,7 @@ def test_a_stop_that_leaves_a_tick_behind_has_stopped_the_worker(registry: Regis
             in_tick.set()
             release.wait(60)
 
-    engine.tick = tick  # type: ignore[method-assign]
-    dispatcher: Any = engine.dispatcher
-    dispatcher.start()
+    dispatcher = _ticking_worker(registry, tick)
     try:
         assert in_tick.wait(60)
         old = ticks[0]
