@@ -201,6 +201,20 @@ def _record(name: str, figures: dict[str, Any]) -> None:
     print(f"\n{name} on {connection.vendor}: {json.dumps(figures)}")
 
 
+def _recovered(stack: Stack, b: str, c: str) -> tuple[BodyAudit, BodyAudit, Run]:
+    """Start the tick; once B and C completed, return the one body entry of each and B's run."""
+    stack.ticking = True
+    stack.until("B and C completed", lambda: stack.status(b) == stack.status(c) == RunStatus.COMPLETED, 120)
+    (entry_b,), (entry_c,) = stack.entries(b), stack.entries(c)
+    return entry_b, entry_c, Run.objects.get(pk=b)
+
+
+def _c_after_b(stack: Stack, entry_b: BodyAudit, entry_c: BodyAudit) -> None:
+    """C's body entered after B's exited, and no two bodies of the key overlapped."""
+    assert entry_c.entered_at >= entry_b.exited_at, stack.report()
+    stack.assert_serial()
+
+
 def _hold_then_handoff(stack: Stack) -> tuple[str, str, str, BodyAudit]:
     """A holds the key at its gate, B and C wait parked; then the gate opens. Returns A, B, C, A's entry."""
     a = stack.start("A", gate=str(stack.gate))
@@ -248,11 +262,7 @@ def test_a_worker_killed_after_the_handoff_commit_leaves_a_granted_waiter_the_ti
     run_b_now = Run.objects.get(pk=b)
     assert (run_b_now.status, run_b_now.lease_owner, run_b_now.attempts) == (run_b.status, None, run_b.attempts)
 
-    stack.ticking = True
-    stack.until("B and C completed", lambda: stack.status(b) == stack.status(c) == RunStatus.COMPLETED, 120)
-
-    (entry_b,), (entry_c,) = stack.entries(b), stack.entries(c)
-    run_b = Run.objects.get(pk=b)
+    entry_b, entry_c, run_b = _recovered(stack, b, c)
     assert run_b.recoveries == 0, f"B counted as a recovery\n{stack.report()}"
     assert run_b.fencing_token == granted_token == run_b.output["token"], stack.report()
     assert stack.worker_of(entry_b.pid) is not stack.worker_of(entry_a.pid), stack.report()
@@ -261,8 +271,7 @@ def test_a_worker_killed_after_the_handoff_commit_leaves_a_granted_waiter_the_ti
     after_grant = _seconds(entry_b.entered_at, granted_at)
     assert after_grant >= REDELIVERY - CLOCKS, f"B ran {after_grant:.2f} s after its grant\n{stack.report()}"
     assert after_kill <= REDELIVERY + TICK + SLACK, f"B ran {after_kill:.2f} s after the kill\n{stack.report()}"
-    assert entry_c.entered_at >= entry_b.exited_at, stack.report()
-    stack.assert_serial()
+    _c_after_b(stack, entry_b, entry_c)
     _record(
         "killed_after_handoff",
         {
@@ -303,11 +312,7 @@ def test_a_worker_killed_after_the_confirmation_claim_leaves_a_lease_the_tick_re
     assert expires is not None
     stack.refused_meanwhile(c)  # a turn of C arrives while B's lease runs out unrenewed: refused
 
-    stack.ticking = True
-    stack.until("B and C completed", lambda: stack.status(b) == stack.status(c) == RunStatus.COMPLETED, 120)
-
-    (entry_b,), (entry_c,) = stack.entries(b), stack.entries(c)
-    run_b = Run.objects.get(pk=b)
+    entry_b, entry_c, run_b = _recovered(stack, b, c)
     assert run_b.recoveries == 1, f"B not counted as a recovery\n{stack.report()}"
     assert run_b.fencing_token == granted_token + 1 == run_b.output["token"], stack.report()
     assert entry_a.pid != entry_b.pid
@@ -315,8 +320,7 @@ def test_a_worker_killed_after_the_confirmation_claim_leaves_a_lease_the_tick_re
     after_expiry = _seconds(entry_b.entered_at, expires)
     assert after_expiry >= -CLOCKS, f"B re-driven {-after_expiry:.2f} s before its lease expired\n{stack.report()}"
     assert after_kill <= LEASE + TICK + SLACK, f"B ran {after_kill:.2f} s after the kill\n{stack.report()}"
-    assert entry_c.entered_at >= entry_b.exited_at, stack.report()
-    stack.assert_serial()
+    _c_after_b(stack, entry_b, entry_c)
     _record(
         "killed_after_confirmation",
         {
