@@ -60,11 +60,39 @@ def is_vendor_agnostic(item: pytest.Item) -> bool:
 FAST_PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+def _empty_tables_with_delete() -> None:
+    """Empty the tables after a transactional test with ``DELETE``, not ``TRUNCATE``, on
+    PostgreSQL. Django's flush (run by pytest-django after every ``transaction=True``
+    test) truncates every table in one statement; PostgreSQL gives each truncated table
+    and index a new file, about 50 ms for the app's 24 tables when they hold a few rows,
+    where a ``DELETE`` of each takes 2 ms: a fifth of a PostgreSQL pass's time went to
+    teardowns. Django makes its foreign keys ``DEFERRABLE INITIALLY DEFERRED`` and runs
+    the flush in one transaction, so the order of the deletes does not matter; MariaDB
+    and SQLite already delete (Django's own choice there). A flush that resets
+    sequences keeps Django's ``TRUNCATE``."""
+    if connection.vendor != "postgresql":
+        return
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(
+        self: DatabaseOperations, style: Any, tables: Any, *, reset_sequences: bool = False, allow_cascade: bool = False
+    ) -> list[str]:
+        if reset_sequences or not tables:
+            return truncate(self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        return [f"DELETE FROM {self.quote_name(table)};" for table in tables]
+
+    DatabaseOperations.sql_flush = sql_flush  # type: ignore[method-assign]
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Use a fast password hasher for the whole run (pytest-django has set Django up)."""
+    """Use a fast password hasher for the whole run (pytest-django has set Django up),
+    and empty tables with ``DELETE`` after transactional tests on PostgreSQL."""
     from django.test.utils import override_settings
 
     override_settings(PASSWORD_HASHERS=FAST_PASSWORD_HASHERS).enable()
+    _empty_tables_with_delete()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
