@@ -466,12 +466,13 @@ def test_f6_release_during_a_parking_claim_is_not_lost(registry: Registry, monit
     assert engine.get("B").status == "completed" and monitor.entered == ["A", "B"]
 
 
-@pytest.mark.slow  # 50 racing starts, then 1,200 starts on 200 keys: CI's database passes
+@pytest.mark.slow  # 50 racing starts, then 206 starts on 200 keys: CI's database passes
 def test_f5_cap_under_racing_starts(engine: Engine, registry: Registry, monitor: Monitor) -> None:
     """F5, S15: limit 1, max_queue_depth 5, 50 simultaneous starts: 6 runs
     exist, 44 callers get SingletonQueueFullError, no other row; another key
     still accepts; after the holder completes exactly one new start is
-    accepted; with 200 keys the cap is per key."""
+    accepted; with 200 keys the cap is per key (a run on each of 200 keys,
+    then one key filled to its cap refuses the next start)."""
     from durable_singleton.exceptions import SingletonQueueFullError
 
     registry.add("capped", "1", lambda c, i: None, singleton={"key": lambda i: i["k"], "max_queue_depth": 5})
@@ -498,8 +499,12 @@ def test_f5_cap_under_racing_starts(engine: Engine, registry: Registry, monitor:
     first = min(engine.store.active_runs_for_key("capped", "K"), key=lambda r: (r.created_at, r.run_id)).run_id
     assert engine.execute(first) == "completed"
     assert race_starts(10, "late") == ["full"] * 9 + ["started"]
+    # 200 keys of one run each hold 200 runs, far past a global cap of 5; the last key
+    # then fills to its own cap (1 holder and 5 waiters) and refuses the next start.
     for k in range(200):
-        for n in range(6):
-            engine.start("capped", {"k": f"key{k}"}, run_id=f"k{k}-{n}")
+        engine.start("capped", {"k": f"key{k}"}, run_id=f"k{k}-0")
+    for n in range(1, 6):
+        engine.start("capped", {"k": "key199"}, run_id=f"k199-{n}")
     with pytest.raises(SingletonQueueFullError):
         engine.start("capped", {"k": "key199"})
+    assert len(engine.store.active_runs_for_key("capped", "key199")) == 6
