@@ -297,6 +297,7 @@ class Soak:
     def __post_init__(self) -> None:
         self.events = Log(self.out / "events.jsonl")
         self.rng = random.Random(self.args.seed)
+        self.fault_rng = random.Random(self.args.seed + 2)
         self.features = set(self.args.features)
 
     def engine(self, **options: Any) -> Any:
@@ -697,14 +698,15 @@ class Soak:
 
     # -- faults ------------------------------------------------------------
 
-    def fault_loop(self, db: Any, redis: Any, seconds: float) -> None:
+    def fault_loop(self, db: Any, redis: Any, seconds: float, until_runs: int | None = None) -> None:
         """Inject a random fault every ``--fault-every`` seconds (on average) for
-        ``seconds``. Runs on the main thread: a server restarted here gets a
+        ``seconds``, or (``until_runs``) until that many runs were started if
+        sooner. Runs on the main thread: a server restarted here gets a
         parent-death signal tied to this thread (tools/services.py), which
         outlives it."""
         from django.db import connection
 
-        rng = random.Random(self.args.seed + 2)
+        rng = self.fault_rng
         kinds = [
             "kill_pool",
             "kill_worker",
@@ -718,6 +720,8 @@ class Soak:
         lease = self.args.lease
         until = time.monotonic() + seconds
         while (left := until - time.monotonic()) > 0:
+            if until_runs is not None and len(self.started) >= until_runs:
+                break
             self.stop_faults.wait(min(left, self.args.fault_every * rng.uniform(0.5, 1.5)))
             self.loads.append(os.getloadavg()[0])
             if time.monotonic() >= until:
@@ -832,6 +836,14 @@ class Soak:
         for thread in [*threads, loader]:
             thread.start()
         self.fault_loop(db, redis, args.seconds)
+        if len(self.started) < args.min_runs and args.max_seconds > args.seconds:
+            # A loaded machine started fewer runs: the load and the faults go on (--max-seconds).
+            print(
+                f"soak: {len(self.started)} runs started in {args.seconds:g} s; going on until {args.min_runs} "
+                f"or {args.max_seconds:g} s in all",
+                flush=True,
+            )
+            self.fault_loop(db, redis, args.max_seconds - args.seconds, until_runs=args.min_runs)
         self.stop_load.set()
         loader.join()
         if "schedules" in self.features:  # no window after the load: the drain can end (S17)
@@ -949,6 +961,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tick", type=float, default=0.5, help="seconds between ticks of each of the 3 tick loops")
     parser.add_argument("--drain", type=float, default=90.0, help="at most this many seconds to let runs finish")
     parser.add_argument("--min-runs", type=int, default=0, help="fail unless at least this many runs were started")
+    parser.add_argument(
+        "--max-seconds",
+        type=float,
+        default=None,
+        help="go on past --seconds until --min-runs runs were started, for at most this many seconds in all "
+        "(a loaded machine starts runs more slowly; default: --seconds, no extension)",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default artifacts/soak-<db>-<time>)")
     parser.add_argument("--keep", action="store_true", help="keep the servers' folder")
@@ -963,6 +982,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         parser.error(f"--features: unknown {', '.join(unknown)} (choose from {', '.join(FEATURES)}, or none)")
     args.features = tuple(f for f in FEATURES if f in chosen)
+    if args.max_seconds is None:
+        args.max_seconds = args.seconds
+    if args.max_seconds < args.seconds:
+        parser.error(f"--max-seconds ({args.max_seconds:g}) is shorter than --seconds ({args.seconds:g})")
     if args.seed is None:
         args.seed = random.SystemRandom().randrange(1 << 30)
     return args
@@ -984,7 +1007,8 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="ds-soak-"))
     root.chmod(0o755)
     print(
-        f"soak: --db {args.db} --seconds {args.seconds:g} --rate {args.rate:g} --seed {args.seed} "
+        f"soak: --db {args.db} --seconds {args.seconds:g} --max-seconds {args.max_seconds:g} --rate {args.rate:g} "
+        f"--seed {args.seed} "
         f"--features {','.join(args.features) or 'none'}; output {out}"
     )
     db = services.start_postgres(root) if args.db == "postgresql" else services.start_mariadb(root)
