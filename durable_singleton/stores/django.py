@@ -996,9 +996,13 @@ class DjangoStore(BaseStore):
         (``debounce:<workflow>``, :func:`~durable_singleton.admission.debounce_lock_name`)
         is locked first, before any quota or singleton key the insert locks
         (S13, X7b: no claim takes a debounce lock, so the order has no cycle);
-        the database's clock is read after the lock (R5); the open run is
-        found through ``ds_run_debounce_idx`` and changed by a compare-and-set
-        on :func:`~durable_singleton.admission.debounce_open_q` (R5a, X7a).
+        the open run is found through ``ds_run_debounce_idx`` and changed by a
+        compare-and-set on :func:`~durable_singleton.admission.debounce_open_q`,
+        both judged on the database's clock of their own statement (``DbNow``),
+        and the times written are read from that clock after the decision
+        (R5, R5a, X7a): a pause of this thread under the lock, while the open
+        run comes due and a worker takes it, neither folds into that run nor
+        stamps the new run with a time at which it was open.
         A named transient error retries the whole start (:meth:`_retrying`).
         """
         assert run.debounce_key is not None
@@ -1019,7 +1023,11 @@ class DjangoStore(BaseStore):
                         existing = self._runs().filter(pk=folded_into).first()
                 if existing is not None:
                     return Debounced(record_of(existing), False)
-                now = self.now()
+                # Openness is judged on the database's clock at each statement (DbNow), never on a
+                # clock read earlier: this thread may pause between statements while the open run's
+                # time comes and a worker takes it (X7a, R5). Once closed a run stays closed (only a
+                # fold moves not_before, and only of an open run), so a clock read after a decision
+                # still holds it: the times this start writes are read after its decision.
                 opened = self._locking(
                     self._runs()
                     .filter(
@@ -1029,7 +1037,7 @@ class DjangoStore(BaseStore):
                         namespace=run.namespace,
                         singleton_key=run.singleton_key,
                     )
-                    .filter(debounce_open_q(now))
+                    .filter(debounce_open_q(DbNow()))
                     .filter(*self._debounce_members_q(run))
                     .order_by("-created_at", "-run_id")
                 )
@@ -1040,11 +1048,12 @@ class DjangoStore(BaseStore):
                         QuotaMembership.objects.using(self.db).filter(run_id=row.run_id).values_list("quota", "sub_key")
                     ) != debounce_fair_shares(run.quota_shares):
                         continue  # another tenant's run of a fair quota (X4, X7a)
+                    now = self.now()
                     starts = min(now + timedelta(seconds=seconds), _aware(row.debounce_until))
                     deadline = starts + timedelta(seconds=timeout) if timeout is not None else None
                     changed = (
                         self._runs()
-                        .filter(debounce_open_q(now), pk=row.run_id)
+                        .filter(debounce_open_q(DbNow()), pk=row.run_id)
                         .update(
                             input=run.input, not_before=starts, wake_at=starts, deadline_at=deadline, updated_at=now
                         )
@@ -1058,6 +1067,9 @@ class DjangoStore(BaseStore):
                     row.input, row.not_before, row.wake_at = run.input, starts, starts
                     row.deadline_at, row.updated_at = deadline, now
                     return Debounced(record_of(row), False, True)
+                # No open run at the decision (the read above, or the compare-and-set that found
+                # one closed): the new run's times are read after it (X7a, R5).
+                now = self.now()
                 starts = now + timedelta(seconds=seconds)
                 new = run.evolve(
                     created_at=now,

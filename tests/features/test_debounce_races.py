@@ -10,12 +10,14 @@ under it orders them.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from durable_singleton import Debounce
 from durable_singleton.definitions import Registry
@@ -349,3 +351,66 @@ def test_a_start_finds_its_tenants_run_among_many_open_runs_of_the_key(registry:
     again = {t: engine.start("sync", {"store": "A", "tenant": f"t{t}", "n": 1}).run_id for t in range(12)}
     assert again == first
     assert len(engine.store.list_runs(workflow_name="sync")) == 12
+
+
+def test_a_start_paused_while_the_open_run_comes_due_never_splits_its_burst(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X7a, X7b, R5: a debounced start reads the database's clock under its key's
+    lock, then its thread pauses (a loaded machine) while the key's open run
+    comes due and a worker takes it. The start then decides on the database's
+    clock of its statements, not on the one it read before the pause: the run
+    whose time came is closed, so the start never folds into it and creates its
+    own run, stamped (``created_at``) after the open run's start time, so no
+    run of the key was open when it was created (the soak's ``debounce_split``).
+    On MariaDB and PostgreSQL the claim lands during the pause and the start
+    created a run stamped with the clock of before it; on SQLite (one writer)
+    the start folded into the run whose time had come."""
+    log: list[Any] = []
+    _declare(registry, log, seconds=0.3, max_seconds=30)
+    starter = make_engine("django", registry=registry)
+    worker = make_engine("django", registry=registry)
+    first = starter.start("sync", {"store": "A", "n": 0}, run_id="burst-1")
+    real_now = starter.store.now
+    paused: list[bool] = []
+
+    def claim_when_due() -> None:
+        due = first.not_before
+        assert due is not None
+        try:
+            _wait(lambda: worker.store.now() > due, "the open run's start time")
+            for _ in range(40):  # SQLite: the start holds the write lock until it commits
+                with contextlib.suppress(Exception):  # a locked database: try again
+                    _drive(worker)
+                if worker.get(first.run_id).status != "pending":
+                    return
+                time.sleep(0.05)
+        finally:
+            connection.close()  # this thread's own connection
+
+    claimer = threading.Thread(target=claim_when_due)
+
+    def now_then_pause() -> datetime:
+        moment = real_now()
+        if not paused:  # the first read of the clock under the lock, then a pause
+            paused.append(True)
+            claimer.start()
+            claimer.join(timeout=5)
+        return moment
+
+    monkeypatch.setattr(starter.store, "now", now_then_pause)
+    second = starter.start("sync", {"store": "A", "n": 1}, run_id="burst-2")
+    monkeypatch.undo()
+    claimer.join(timeout=120)
+    assert paused and not claimer.is_alive()
+    closed = worker.get(first.run_id)
+    assert closed.input == {"store": "A", "n": 0}, "folded into a run whose start time had come"
+    assert second.run_id == "burst-2" and closed.not_before is not None
+    assert second.created_at >= closed.not_before, "created while the key's run was open"
+
+    def both_ran() -> bool:
+        _drive(worker)
+        return len(log) == 2
+
+    _wait(both_ran, "both bodies")
+    assert sorted(log) == [("burst-1", 0), ("burst-2", 1)]
