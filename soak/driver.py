@@ -59,6 +59,8 @@ ROOT = Path(__file__).resolve().parent.parent
 READY_MARK = b" ready."
 TERMINAL = ("completed", "failed", "cancelled", "dead")
 WORKFLOWS = ("soak-l1", "soak-l2", "soak-l3", "soak-timeout")
+#: The databases of ``--db``; ``sqlite`` is a file in the output folder.
+DATABASES = ("postgresql", "mariadb", "sqlite")
 FEATURES = ("namespaces", "schedules", "clock", "retention", "quotas", "controls")
 #: The tenants' namespaces (D10); the default engine's is ``default``.
 TENANTS = ("tenant-a", "tenant-b")
@@ -98,6 +100,47 @@ def _can_rename_host() -> bool:
         return False
     probe = subprocess.run(["unshare", "--uts", "--", "true"], capture_output=True)
     return probe.returncode == 0
+
+
+@dataclass
+class SqliteFile:
+    """The database of ``--db sqlite``: a file in the output folder, no server.
+
+    The test project's settings open it as every SQLite deployment of the app
+    should (WAL, ``synchronous=NORMAL``, ``BEGIN IMMEDIATE``, a 30 s busy
+    timeout); the worker groups, the tick loops and the driver share it. A
+    file left by an earlier soak in the same folder is removed first.
+    """
+
+    path: Path
+
+    def __post_init__(self) -> None:
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.path.resolve()}"
+
+    def stop(self) -> None:
+        """Nothing to stop: the file stays in the output folder beside the dump."""
+
+
+def fault_kinds(db: str) -> list[str]:
+    """Return the faults the soak injects on ``db`` (one of :data:`DATABASES`).
+
+    Every database gets the faults of the workers and the broker; a server
+    gets 1 to 3 of its connections killed, and MariaDB's is restarted. A
+    SQLite file has no server, so neither applies: its connection is a file
+    handle inside the process, which dies with it (``kill_pool``,
+    ``kill_worker``).
+    """
+    kinds = ["kill_pool", "kill_worker", "freeze_short", "freeze_past_lease", "redis_restart"]
+    if db != "sqlite":
+        kinds.append("db_kill_connections")
+    if db == "mariadb":
+        kinds.append("db_restart")
+    return kinds
 
 
 def _children(pid: int) -> list[int]:
@@ -707,16 +750,7 @@ class Soak:
         from django.db import connection
 
         rng = self.fault_rng
-        kinds = [
-            "kill_pool",
-            "kill_worker",
-            "freeze_short",
-            "freeze_past_lease",
-            "redis_restart",
-            "db_kill_connections",
-        ]
-        if self.args.db == "mariadb":
-            kinds.append("db_restart")
+        kinds = fault_kinds(self.args.db)
         lease = self.args.lease
         until = time.monotonic() + seconds
         while (left := until - time.monotonic()) > 0:
@@ -952,7 +986,7 @@ def _is_transient(exc: BaseException) -> bool:
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m soak", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=("postgresql", "mariadb"), default="postgresql")
+    parser.add_argument("--db", choices=DATABASES, default="postgresql")
     parser.add_argument("--seconds", type=float, default=120.0, help="load phase, seconds (faults run meanwhile)")
     parser.add_argument("--rate", type=float, default=15.0, help="runs started per second")
     parser.add_argument("--keys", type=int, default=6, help="keys per workflow")
@@ -1011,7 +1045,10 @@ def main(argv: list[str] | None = None) -> int:
         f"--seed {args.seed} "
         f"--features {','.join(args.features) or 'none'}; output {out}"
     )
-    db = services.start_postgres(root) if args.db == "postgresql" else services.start_mariadb(root)
+    if args.db == "sqlite":
+        db: Any = SqliteFile(out / "soak.sqlite3")
+    else:
+        db = services.start_postgres(root) if args.db == "postgresql" else services.start_mariadb(root)
     redis = services.start_redis(root)
     env = {
         "DJANGO_SETTINGS_MODULE": "soak.settings",
