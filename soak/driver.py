@@ -882,12 +882,15 @@ class Soak:
         loader.join()
         if "schedules" in self.features:  # no window after the load: the drain can end (S17)
             from durable_singleton.runtime import get_engine
-            from durable_singleton.schedules import pause_schedule, schedule_store_for
+            from durable_singleton.schedules import declared_schedules, pause_schedule, schedule_store_for
 
             from .workflows import SCHEDULE
 
             engine = get_engine()
-            self._db(lambda: pause_schedule(engine, SCHEDULE.name))
+            # Every declared schedule: the test project's every-15-minutes syncs too, whose
+            # window at a quarter hour could otherwise start a run as the drain ends.
+            for declared in declared_schedules(engine):
+                self._db(lambda name=declared.name: pause_schedule(engine, name))
             row = self._db(lambda: schedule_store_for(engine.store).get(SCHEDULE.name))
             cursor = row.next_fire_at.timestamp() if row is not None and row.next_fire_at is not None else None
             self.events.write("schedule_paused", name=SCHEDULE.name, cursor=cursor)  # the first window not yet fired
