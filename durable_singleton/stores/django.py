@@ -2163,22 +2163,30 @@ class DjangoStore(BaseStore):
         return Verdict.CANCELLED if leased.filter(cancel_requested=True).exists() else Verdict.FENCED
 
     def save_step(self, run_id: str, owner: str, step: StepRecord) -> bool:
-        try:
-            with transaction.atomic(using=self.db):
-                fenced = self._runs().filter(pk=run_id, cancel_requested=False).leased_by(owner)
-                if not fenced.update(step_count=F("step_count") + 1, updated_at=DbNow()):
-                    return False
-                Step.objects.using(self.db).create(
-                    run_id=run_id,
-                    position=step.position,
-                    name=step.name,
-                    result=step.result,
-                    started_at=step.started_at,
-                    finished_at=step.finished_at,
-                )
-                return True
-        except IntegrityError:
-            return False
+        """:meth:`BaseStore.save_step`: the step row and the run's step count in one
+        transaction fenced by ``owner``'s lease (R4, R5a), retried whole on a named
+        transient error (:meth:`_retrying`: a deadlock or a lock wait timeout rolled it
+        back, so it is written once)."""
+
+        def save() -> bool:
+            try:
+                with transaction.atomic(using=self.db):
+                    fenced = self._runs().filter(pk=run_id, cancel_requested=False).leased_by(owner)
+                    if not fenced.update(step_count=F("step_count") + 1, updated_at=DbNow()):
+                        return False
+                    Step.objects.using(self.db).create(
+                        run_id=run_id,
+                        position=step.position,
+                        name=step.name,
+                        result=step.result,
+                        started_at=step.started_at,
+                        finished_at=step.finished_at,
+                    )
+                    return True
+            except IntegrityError:
+                return False
+
+        return self._retrying(save)
 
     def load_steps(self, run_id: str) -> dict[int, StepRecord]:
         return {
@@ -2187,15 +2195,21 @@ class DjangoStore(BaseStore):
         }
 
     def park(self, run_id: str, owner: str, status: str, *, wake_at: datetime | None, reason: str = "") -> str:
+        """:meth:`BaseStore.park`: a compare-and-set fenced by ``owner``'s lease (R5a),
+        retried on a named transient error (:meth:`_retrying`)."""
         leased = self._runs().filter(pk=run_id).leased_by(owner)
-        if leased.filter(cancel_requested=False).update(
-            status=status,
-            wake_at=wake_at,
-            park_reason=reason[:191],
-            lease_owner=None,
-            lease_expires_at=None,
-            updated_at=DbNow(),
-        ):
+
+        def park() -> int:
+            return leased.filter(cancel_requested=False).update(
+                status=status,
+                wake_at=wake_at,
+                park_reason=reason[:191],
+                lease_owner=None,
+                lease_expires_at=None,
+                updated_at=DbNow(),
+            )
+
+        if self._retrying(park):
             return Verdict.PARKED
         return Verdict.CANCELLED if leased.filter(cancel_requested=True).exists() else Verdict.FENCED
 
@@ -2327,8 +2341,9 @@ class DjangoStore(BaseStore):
             fields["recoveries"] = F("recoveries") + 1
 
         if run.singleton_key is None and not run.quota_keys:
-            # No slot to hand off: the compare-and-set alone (R5a).
-            if not self._runs().filter(cas).update(**fields):
+            # No slot to hand off: the compare-and-set alone (R5a), retried on a named
+            # transient error as every settle is (a deadlock with a racing claim of the run).
+            if not self._retrying(lambda: self._runs().filter(cas).update(**fields)):
                 return Finish(None)
             settled = _settled(run, status, output, error)
             return Finish(settled.evolve(finished_at=finished_at or settled.finished_at))
