@@ -72,9 +72,11 @@ def test_admissions_per_window_never_exceed_the_limit(engine: Engine, registry: 
     times = _admissions(engine, ids)
     assert len(times) == 6
     assert _most_in_any_window(times, 3.0) <= 2
-    # Oldest first (X3d): the runs were admitted in their start order.
+    # Oldest first (X3d, X6c): each window admits the front of the queue, the runs in their
+    # start order two by two. Within one window the two claims race (each of the front two
+    # is within the window's free admissions), so their own order is the claims' timing.
     admitted = sorted(ids, key=lambda r: engine.get(r).admitted_at)  # type: ignore[arg-type, return-value]
-    assert admitted == ids
+    assert [set(admitted[i : i + 2]) for i in (0, 2, 4)] == [set(ids[i : i + 2]) for i in (0, 2, 4)], admitted
 
 
 def test_an_over_rate_run_is_woken_at_the_window_opening_by_the_tick(engine: Engine, registry: Registry) -> None:
