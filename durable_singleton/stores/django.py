@@ -2388,16 +2388,13 @@ class DjangoStore(BaseStore):
     def request_cancel(
         self, run_id: str, *, limits: Limits, ttls: QueueTtls | None = None
     ) -> Finish | RunRecord | None:
+        running = self._runs().filter(pk=run_id, status=RunStatus.RUNNING)
         for _ in range(self.claim_retries + 1):
             run = self.get_run(run_id)
             if run is None or run.is_terminal:
                 return run
             if run.status == RunStatus.RUNNING:
-                if (
-                    self._runs()
-                    .filter(pk=run_id, status=RunStatus.RUNNING)
-                    .update(cancel_requested=True, wake_at=DbNow(), updated_at=DbNow())
-                ):
+                if self._retrying(lambda: running.update(cancel_requested=True, wake_at=DbNow(), updated_at=DbNow())):
                     return run.evolve(cancel_requested=True)
                 continue
             error = CANCELLED_ERROR
@@ -2429,15 +2426,21 @@ class DjangoStore(BaseStore):
             "admitted_at": None,
             "fencing_token": None,
         }
-        with transaction.atomic(using=self.db):
-            if (
-                not self._runs()
-                .filter(pk=run_id, status=row.status)
-                .update(wake_at=db_now_plus(redelivery_seconds), updated_at=DbNow(), **changes)
-            ):
-                return None
-            if carries:
-                memberships.update(slot=SlotState.WAITER, fencing_token=None)
+
+        def reset() -> bool:
+            with transaction.atomic(using=self.db):
+                if (
+                    not self._runs()
+                    .filter(pk=run_id, status=row.status)
+                    .update(wake_at=db_now_plus(redelivery_seconds), updated_at=DbNow(), **changes)
+                ):
+                    return False
+                if carries:
+                    memberships.update(slot=SlotState.WAITER, fencing_token=None)
+                return True
+
+        if not self._retrying(reset):
+            return None
         for name, value in changes.items():
             setattr(row, name, value)
         return record_of(row)
@@ -2460,8 +2463,10 @@ class DjangoStore(BaseStore):
         """Buffer a signal under the run's row lock (D2). With ``signal_id``, a
         signal of the run with that id already stored is kept and nothing is
         stored (first wins); the ``ds_signal_once`` unique constraint holds it
-        across processes, and a racing insert that loses it returns the run."""
-        try:
+        across processes, and a racing insert that loses it returns the run. A
+        named transient error retries the transaction whole (section 7)."""
+
+        def send() -> RunRecord | None:
             with transaction.atomic(using=self.db):
                 row = self._runs().select_for_update().filter(pk=run_id).first()
                 signals = Signal.objects.using(self.db)
@@ -2476,6 +2481,9 @@ class DjangoStore(BaseStore):
                     self._runs().filter(pk=run_id, status=row.status).update(wake_at=DbNow(), updated_at=DbNow())
                     row.wake_at = timezone.now()
                 return record_of(row)
+
+        try:
+            return self._retrying(send)
         except IntegrityError:
             if signal_id is None:
                 raise
@@ -2568,11 +2576,8 @@ class DjangoStore(BaseStore):
         return self._finish(run, cas, RunStatus.CANCELLED, None, dict(QUEUE_TTL_ERROR), limits, ttls=ttls)
 
     def request_timeout_cancel(self, run_id: str) -> bool:
-        return bool(
-            self._runs()
-            .filter(pk=run_id, status=RunStatus.RUNNING, cancel_requested=False)
-            .update(cancel_requested=True, updated_at=DbNow())
-        )
+        running = self._runs().filter(pk=run_id, status=RunStatus.RUNNING, cancel_requested=False)
+        return bool(self._retrying(lambda: running.update(cancel_requested=True, updated_at=DbNow())))
 
     def catch_up(self, *, limits: Limits, batch: int, ttls: QueueTtls | None = None) -> tuple[RunRecord, ...]:
         """Grant the free slots of keys that have a waiter and fewer holders than

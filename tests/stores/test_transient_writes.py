@@ -116,15 +116,52 @@ def _save_step(engine: Engine, run: Any) -> None:
     assert Run.objects.get(pk="r").step_count == 1
 
 
-WRITES: dict[str, Callable[[Engine, Any], None]] = {"settle": _settle, "park": _park, "save_step": _save_step}
+def _cancel(engine: Engine, run: Any) -> None:
+    cancelled = engine.store.request_cancel("r", limits={})
+    assert cancelled is not None
+    assert Run.objects.get(pk="r").cancel_requested is True
+
+
+def _signal(engine: Engine, run: Any) -> None:
+    assert engine.store.add_signal("r", "go", {"n": 1}, signal_id="s1") is not None
+    assert [s.name for s in engine.store.load_signals("r")] == ["go"]
+
+
+def _timeout_cancel(engine: Engine, run: Any) -> None:
+    assert engine.store.request_timeout_cancel("r") is True
+    assert Run.objects.get(pk="r").cancel_requested is True
+
+
+WRITES: dict[str, Callable[[Engine, Any], None]] = {
+    "settle": _settle,
+    "park": _park,
+    "save_step": _save_step,
+    "cancel": _cancel,
+    "signal": _signal,
+    "timeout_cancel": _timeout_cancel,
+}
 
 
 @pytest.mark.parametrize("write", list(WRITES))
 def test_a_write_that_waits_past_its_lock_timeout_is_retried(registry: Registry, write: str) -> None:
-    """Section 7, R5a, R4: a keyless run's settle, a park and a step's write, each
-    fenced by the turn's lease, meet the database's lock timeout once (another
-    connection holds the run's row for 1.5 s, this one waits 1 s) and succeed on a
-    retry, written once. Before, each raised the OperationalError to the engine."""
+    """Section 7, R5a, R4, R6, D2: a keyless run's settle, a park, a step's write, a
+    cancel of the running run (the user's and the timeout's) and a signal to it meet
+    the database's lock timeout once (another connection holds the run's row for
+    1.5 s, this one waits 1 s) and succeed on a retry, written once. Before, each
+    raised the OperationalError to its caller."""
     engine, run = _claimed(registry)
     with _short_lock_wait(), _row_held("r"):
         WRITES[write](engine, run)
+
+
+def test_a_retry_of_a_failed_run_that_waits_past_its_lock_timeout_is_retried(registry: Registry) -> None:
+    """Section 7, R5a: the reset of a failed run for a retry (``durable_retry``, the
+    admin's action) meets the lock timeout once and succeeds on a retry: the run is
+    pending again, once. Before, the OperationalError reached the caller."""
+    engine, run = _claimed(registry)
+    done = engine.store.finish(run, "me", RunStatus.FAILED, error={"type": "E"}, limits={})
+    assert done.run is not None and done.run.status == RunStatus.FAILED
+    with _short_lock_wait(), _row_held("r"):
+        reset = engine.store.reset_for_retry("r", 0.0, None)
+    assert reset is not None and reset.status == RunStatus.PENDING
+    assert Run.objects.get(pk="r").status == RunStatus.PENDING
