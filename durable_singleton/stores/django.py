@@ -44,7 +44,9 @@ from django.db.models import (
     BooleanField,
     Case,
     Count,
+    DateTimeField,
     Exists,
+    ExpressionWrapper,
     F,
     Max,
     Min,
@@ -56,7 +58,7 @@ from django.db.models import (
     When,
 )
 from django.db.models.constants import OnConflict
-from django.db.models.functions import Coalesce
+from django.db.models.functions import Coalesce, Least
 from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
@@ -998,9 +1000,11 @@ class DjangoStore(BaseStore):
         (S13, X7b: no claim takes a debounce lock, so the order has no cycle);
         the open run is found through ``ds_run_debounce_idx`` and changed by a
         compare-and-set on :func:`~durable_singleton.admission.debounce_open_q`,
-        both judged on the database's clock of their own statement (``DbNow``),
-        and the times written are read from that clock after the decision
-        (R5, R5a, X7a): a pause of this thread under the lock, while the open
+        both judged on the database's clock of their own statement (``DbNow``);
+        a fold writes the run's new start (``seconds`` after it, never past its
+        ``debounce_until``) as an expression on the clock of that compare-and-set,
+        and a new run's times are read from that clock after the decision
+        (R5, R5a, X7a, X7d): a pause of this thread under the lock, while the open
         run comes due and a worker takes it, neither folds into that run nor
         stamps the new run with a time at which it was open.
         A named transient error retries the whole start (:meth:`_retrying`).
@@ -1048,24 +1052,34 @@ class DjangoStore(BaseStore):
                         QuotaMembership.objects.using(self.db).filter(run_id=row.run_id).values_list("quota", "sub_key")
                     ) != debounce_fair_shares(run.quota_shares):
                         continue  # another tenant's run of a fair quota (X4, X7a)
-                    now = self.now()
-                    starts = min(now + timedelta(seconds=seconds), _aware(row.debounce_until))
-                    deadline = starts + timedelta(seconds=timeout) if timeout is not None else None
+                    # The new start time on the database's clock of the compare-and-set itself,
+                    # never past the first start's bound (X7a, X7d, R5).
+                    starts = Least(db_now_plus(seconds), F("debounce_until"), output_field=DateTimeField())
+                    deadline = (
+                        ExpressionWrapper(starts + Value(timedelta(seconds=timeout)), output_field=DateTimeField())
+                        if timeout is not None
+                        else None
+                    )
                     changed = (
                         self._runs()
                         .filter(debounce_open_q(DbNow()), pk=row.run_id)
                         .update(
-                            input=run.input, not_before=starts, wake_at=starts, deadline_at=deadline, updated_at=now
+                            input=run.input, not_before=starts, wake_at=starts, deadline_at=deadline, updated_at=DbNow()
                         )
                     )
                     if not changed:
                         continue
+                    row.input = run.input
+                    row.not_before, row.wake_at, row.deadline_at, row.updated_at = (
+                        self._runs()
+                        .filter(pk=row.run_id)
+                        .values_list("not_before", "wake_at", "deadline_at", "updated_at")
+                        .get()
+                    )
                     if explicit_id:
                         DebouncedStart.objects.using(self.db).create(
-                            start_id=run.run_id, run_id=row.run_id, created_at=now
+                            start_id=run.run_id, run_id=row.run_id, created_at=row.updated_at
                         )
-                    row.input, row.not_before, row.wake_at = run.input, starts, starts
-                    row.deadline_at, row.updated_at = deadline, now
                     return Debounced(record_of(row), False, True)
                 # No open run at the decision (the read above, or the compare-and-set that found
                 # one closed): the new run's times are read after it (X7a, R5).

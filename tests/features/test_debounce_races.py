@@ -356,9 +356,9 @@ def test_a_start_finds_its_tenants_run_among_many_open_runs_of_the_key(registry:
 def test_a_start_paused_while_the_open_run_comes_due_never_splits_its_burst(
     registry: Registry, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """X7a, X7b, R5: a debounced start reads the database's clock under its key's
-    lock, then its thread pauses (a loaded machine) while the key's open run
-    comes due and a worker takes it. The start then decides on the database's
+    """X7a, X7b, R5: a debounced start takes its key's lock, then its thread
+    pauses (a loaded machine) while the key's open run comes due and a worker
+    takes it. The start then decides on the database's
     clock of its statements, not on the one it read before the pause: the run
     whose time came is closed, so the start never folds into it and creates its
     own run, stamped (``created_at``) after the open run's start time, so no
@@ -371,7 +371,7 @@ def test_a_start_paused_while_the_open_run_comes_due_never_splits_its_burst(
     starter = make_engine("django", registry=registry)
     worker = make_engine("django", registry=registry)
     first = starter.start("sync", {"store": "A", "n": 0}, run_id="burst-1")
-    real_now = starter.store.now
+    real_lock_key = starter.store.lock_key
     paused: list[bool] = []
 
     def claim_when_due() -> None:
@@ -390,15 +390,15 @@ def test_a_start_paused_while_the_open_run_comes_due_never_splits_its_burst(
 
     claimer = threading.Thread(target=claim_when_due)
 
-    def now_then_pause() -> datetime:
-        moment = real_now()
-        if not paused:  # the first read of the clock under the lock, then a pause
+    def lock_then_pause(workflow_name: str, key: str, **kwargs: Any) -> dict[str, Any]:
+        row = real_lock_key(workflow_name, key, **kwargs)
+        if not paused:  # the debounce key's lock taken (the start's first statement), then a pause
             paused.append(True)
             claimer.start()
             claimer.join(timeout=5)
-        return moment
+        return row
 
-    monkeypatch.setattr(starter.store, "now", now_then_pause)
+    monkeypatch.setattr(starter.store, "lock_key", lock_then_pause)
     second = starter.start("sync", {"store": "A", "n": 1}, run_id="burst-2")
     monkeypatch.undo()
     claimer.join(timeout=120)
@@ -414,3 +414,39 @@ def test_a_start_paused_while_the_open_run_comes_due_never_splits_its_burst(
 
     _wait(both_ran, "both bodies")
     assert sorted(log) == [("burst-1", 0), ("burst-2", 1)]
+
+
+def test_a_fold_paused_before_its_write_moves_the_start_from_the_time_of_its_write(
+    registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """X7d, X7a, R5: a start that folds into the key's open run moves that run's start
+    to ``seconds`` after itself, on the database's clock of the compare-and-set that
+    writes it. Here the process pauses 4 s inside the start, under the key's lock
+    (any read of the store's clock pauses, once): the folded run's start is still
+    10 s after the fold was written, never 10 s after a clock read before the pause
+    (6 s after the write, its quiet period cut short by the pause). Before, the fold
+    read the clock, then wrote ``that read + seconds``."""
+    log: list[Any] = []
+    _declare(registry, log, seconds=10, max_seconds=60)
+    engine = make_engine("django", registry=registry)
+    first = engine.start("sync", {"store": "A", "n": 0}, run_id="fold-1")
+    real_now = engine.store.now
+    paused: list[bool] = []
+
+    def now_then_pause() -> datetime:
+        moment = real_now()
+        if not paused:
+            paused.append(True)
+            time.sleep(4)
+        return moment
+
+    monkeypatch.setattr(engine.store, "now", now_then_pause)
+    folded = engine.start("sync", {"store": "A", "n": 1}, run_id="fold-2")
+    monkeypatch.undo()
+    after = engine.store.now()  # the database's clock, read after the start returned
+    assert folded.run_id == first.run_id, "the start did not fold into the open run"
+    assert folded.not_before is not None and folded.input == {"store": "A", "n": 1}
+    stored = engine.get(first.run_id)
+    assert stored.not_before == folded.not_before
+    # The fold's write came at most 2 s before ``after`` (a loaded machine), its start 10 s after it.
+    assert folded.not_before >= after + timedelta(seconds=8), (folded.not_before, after)
