@@ -102,6 +102,37 @@ class Chromium:
         self._thread.join(30)
 
 
+def hang_report() -> str:
+    """Every thread's stack in this process (the live server's request threads among them)
+    and, on PostgreSQL and MariaDB, the database's sessions that are not idle with what
+    they wait for: the report of a page that timed out."""
+    import sys
+    import traceback
+
+    lines = ["threads of this process:"]
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        if names.get(ident) == "MainThread":
+            continue
+        lines.append(f"--- {names.get(ident, ident)}")
+        lines.extend(line.rstrip() for line in traceback.format_stack(frame)[-12:])
+    sessions = {
+        "postgresql": "SELECT pid, state, wait_event_type, wait_event, left(query, 300), pg_blocking_pids(pid) "
+        "FROM pg_stat_activity WHERE datname = current_database() AND state <> 'idle' AND pid <> pg_backend_pid()",
+        "mysql": "SELECT id, command, time, state, left(info, 300) FROM information_schema.processlist "
+        "WHERE command <> 'Sleep' AND id <> connection_id()",
+    }.get(connections["default"].vendor)
+    if sessions is not None:
+        try:
+            with connections["default"].cursor() as cursor:
+                cursor.execute(sessions)
+                lines.append("database sessions not idle:")
+                lines.extend(repr(row) for row in cursor.fetchall())
+        except Exception as exc:  # the report must not hide the timeout
+            lines.append(f"database sessions: not read ({exc!r})")
+    return "\n".join(lines)
+
+
 def submit_login(page: Any, username: str = "admin", password: str = "pw-browser") -> None:
     """On the admin's login page ``page``, fill in ``username`` and ``password`` and submit."""
     page.fill("#id_username", username)
@@ -126,7 +157,14 @@ class Browser:
         self._page = chromium.call(open_page, timeout=60)
 
     def do[T](self, fn: Callable[[Any], T], timeout: float = 90) -> T:
-        return self._chromium.call(lambda _: fn(self._page), timeout=timeout)
+        try:
+            return self._chromium.call(lambda _: fn(self._page), timeout=timeout)
+        except Exception as exc:
+            if "Timeout" not in type(exc).__name__:
+                raise
+            # A page that never loaded: say what the live server (this process) and the
+            # database were doing, so that a hang can be told from a slow machine.
+            raise AssertionError(f"{exc}\n{hang_report()}") from exc
 
     def goto(self, path: str) -> None:
         self.do(lambda page: page.goto(self.base_url + path))
