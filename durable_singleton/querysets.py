@@ -72,7 +72,7 @@ class DbNow(Func):
     PostgreSQL: ``STATEMENT_TIMESTAMP()``; MySQL/MariaDB: ``UTC_TIMESTAMP(6)``,
     whatever the session's ``time_zone`` (Django stores UTC there);
     SQLite: :func:`sqlite_now`, the UTC time of the file's host, bound as a
-    parameter when the statement is compiled.
+    parameter when the statement is compiled, read once for the whole statement.
     """
 
     template = "CURRENT_TIMESTAMP"
@@ -86,7 +86,14 @@ class DbNow(Func):
 
     def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
         # Naive UTC, as the database's clock reads on every vendor (whatever USE_TZ says; check E012).
-        return "%s", [sqlite_now().replace(tzinfo=None).isoformat(" ", timespec="microseconds")]
+        # One reading per statement (its compiler), as STATEMENT_TIMESTAMP() and UTC_TIMESTAMP(6)
+        # are one instant through a statement: an UPDATE that writes the clock into two columns
+        # writes the same time into both.
+        now = getattr(compiler, "_ds_now", None)
+        if now is None:
+            now = sqlite_now().replace(tzinfo=None).isoformat(" ", timespec="microseconds")
+            compiler._ds_now = now
+        return "%s", [now]
 
 
 def db_now_plus(seconds: float) -> ExpressionWrapper[CombinedExpression]:

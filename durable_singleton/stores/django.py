@@ -1054,9 +1054,9 @@ class DjangoStore(BaseStore):
                         continue  # another tenant's run of a fair quota (X4, X7a)
                     # The new start time on the database's clock of the compare-and-set itself,
                     # never past the first start's bound (X7a, X7d, R5).
-                    starts = Least(db_now_plus(seconds), F("debounce_until"), output_field=DateTimeField())
+                    moved = Least(db_now_plus(seconds), F("debounce_until"), output_field=DateTimeField())
                     deadline = (
-                        ExpressionWrapper(starts + Value(timedelta(seconds=timeout)), output_field=DateTimeField())
+                        ExpressionWrapper(moved + Value(timedelta(seconds=timeout)), output_field=DateTimeField())
                         if timeout is not None
                         else None
                     )
@@ -1064,7 +1064,7 @@ class DjangoStore(BaseStore):
                         self._runs()
                         .filter(debounce_open_q(DbNow()), pk=row.run_id)
                         .update(
-                            input=run.input, not_before=starts, wake_at=starts, deadline_at=deadline, updated_at=DbNow()
+                            input=run.input, not_before=moved, wake_at=moved, deadline_at=deadline, updated_at=DbNow()
                         )
                     )
                     if not changed:
