@@ -1357,9 +1357,11 @@ class DjangoStore(BaseStore):
         """The claim on MySQL/MariaDB in one CALL of ``ds_claim`` (:meth:`mysql.Room.claim`):
         a run without a key takes its lease, a tracked waiter of a declared workflow is
         admitted or parked under its key's lock, the same rules as :meth:`_admit` (S4, S5,
-        S13, R5a, K1, X5). Returns the turn; or the run as read and whether its lease
-        expired, for the ORM path to decide the rest (:meth:`_orm_turn`); or None if the
-        room is off."""
+        S13, R5a, K1, X5); a waiter that carries quotas or throttles is admitted or parked
+        under the locks of all its limits, the same rules as :meth:`_quota_turn` (X3, X6;
+        parked over a throttle's rate, its turn names the throttle). Returns the turn; or
+        the run as read and whether its lease expired, for the ORM path to decide the rest
+        (:meth:`_orm_turn`); or None if the room is off."""
         delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
         claimed = room.claim(
             run_id=run_id,
@@ -1387,7 +1389,10 @@ class DjangoStore(BaseStore):
         if role == "admitted":
             return Turn(TurnState.RUN, record, recovered=False, granted=others, admitted=True)
         if role == TurnState.PARKED.value:  # the procedure names its outcomes as the turn states do
-            return Turn(TurnState.PARKED, record, granted=others)
+            # Parked over a throttle's rate (X6d): its park reason names the throttle.
+            over = ParkReason.THROTTLED
+            throttled = over.detail(record.park_reason) if over.matches(record.park_reason) else None
+            return Turn(TurnState.PARKED, record, granted=others, throttled=throttled)
         return Turn(TurnState.SKIPPED, record, granted=others)  # skipped, refused: changed under the claim
 
     def _orm_turn(

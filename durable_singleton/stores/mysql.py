@@ -4,20 +4,26 @@ The decisions are the ORM path's (:mod:`durable_singleton.stores.django`); this
 room carries them out in fewer round trips. Each procedure lives in a named
 block of ``durable_singleton/sql/mysql/*.sql`` (``-- name: <procedure>``, read
 by the one loader, :mod:`durable_singleton.sql`), created by migrations
-``0016_mysql_procedures``, ``0017_mysql_settle``, ``0021_mysql_commit_last`` and
-``0022_mysql_quotas`` on MySQL/MariaDB only
+``0016_mysql_procedures``, ``0017_mysql_settle``, ``0021_mysql_commit_last``,
+``0022_mysql_quotas`` and ``0024_mysql_throttles`` on MySQL/MariaDB only
 (:func:`install`): ``ds_claim``, a turn's claim without a read first (a run
 without a key takes its lease, a tracked waiter is admitted or parked under its
 key's lock; any other run is only read and the ORM path decides);
 ``ds_take_lease``, a holder's confirmation (S6); ``ds_settle_handoff``, the
 settle of a run with a key and no quotas and the grant of its slots (S7);
 ``ds_grant_waiters``, the grant both share (S5, K1). The shared quotas (X3),
-``sql/mysql/quota.sql``, migration ``0022_mysql_quotas``: ``ds_admit_quota``, a
-quota waiter's claim (``ds_claim`` calls it); ``ds_take_quota_lease``, a quota
-holder's confirmation; ``ds_settle_quotas``, the settle of a run that carries
-quotas and the handoff of its slots. One CALL each instead of five to thirty
-round trips (``SET autocommit``, the locks, the reads, the writes, ``COMMIT``,
-``SET autocommit``). A run that carries throttles (X6) takes the ORM path.
+``sql/mysql/quota.sql``, migration ``0022_mysql_quotas``: ``ds_admit_quota``, the
+claim of a waiter that carries quotas or throttles (``ds_claim`` calls it);
+``ds_take_quota_lease``, the confirmation of a quota or throttle holder;
+``ds_settle_quotas``, the settle of a run that carries quotas and the handoff of
+its slots. The throttles (X6), ``sql/mysql/throttle.sql``, migration
+``0024_mysql_throttles``: ``ds_throttle_keys_of`` and ``ds_throttle_front``, with
+which ``ds_admit_quota`` locks a throttle carrier's throttle keys first, counts
+each key's window at one reading of the database's clock after the locks,
+records its admission at that time or parks it until the window opens
+(``throttled:<name>``). One CALL each instead of five to thirty round trips
+(``SET autocommit``, the locks, the reads, the writes, ``COMMIT``, ``SET
+autocommit``). A throttle carrier's start stays the ORM path's.
 
 Where the procedures are missing (the database user could not create them,
 docs/operations.rst) or cannot be called (no ``EXECUTE``), the store takes
@@ -71,8 +77,12 @@ PROCEDURES_0022 = (
     "ds_take_quota_lease",
     "ds_settle_quotas",
 )
+#: The procedures migration ``0024_mysql_throttles`` creates (``sql/mysql/throttle.sql``), in
+#: order, and those it creates again: ``ds_admit_quota`` claims a waiter that carries
+#: throttles too, and ``ds_claim`` calls it for one.
+PROCEDURES_0024 = ("ds_throttle_keys_of", "ds_throttle_front")
 #: The procedures this room calls.
-PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017 + PROCEDURES_0022
+PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017 + PROCEDURES_0022 + PROCEDURES_0024
 
 # The server's refusals of a CALL that mean "not installed" (docs/operations.rst): no such
 # procedure; no EXECUTE; access denied (database, table); its definer no longer exists.
@@ -278,9 +288,11 @@ class Room:
         ``ttls``: the ``queue_ttl`` seconds of those that declare one (X2);
         ``delays``: the retry delays (seconds) of a parked waiter at the front and in
         the backlog; ``redelivery_seconds``: the grants' turn window (S7a). A quota
-        waiter's claim is ``ds_admit_quota``'s (X3c-X3i; its ``"admitted"`` row carries its
-        quota tokens, :func:`tokens_of`; ``limits`` then holds the quotas' under
-        ``quota:<name>``).
+        waiter's claim, and a throttle waiter's, is ``ds_admit_quota``'s (X3c-X3i, X6b-X6d;
+        its ``"admitted"`` row carries its quota tokens, :func:`tokens_of`; ``limits`` then
+        holds the quotas' under ``quota:<name>`` and the throttles' under
+        ``throttle:<name>``; a run parked over a throttle's rate has the park reason
+        ``throttled:<name>``).
         Returns (what happened: ``"taken"``, ``"admitted"``, ``"parked"``, ``"skipped"``,
         ``"refused"`` or ``"read"``; the run's row as stored after it, None if there is
         no such run, its ``ds_due`` and ``ds_expired`` set when only read; the waiters

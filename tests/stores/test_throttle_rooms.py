@@ -5,7 +5,9 @@ costs about what a run without one costs.
 On PostgreSQL the start writes the throttle memberships in the run's INSERT, the
 claim message locks the throttle keys first (X6c), counts each key's window,
 records the admission or parks the run until the window's opening (X6d), and the
-settle is the fast path's. The conformance suite
+settle is the fast path's. On MariaDB the claim is one CALL of ``ds_claim``
+(``ds_admit_quota`` with ``sql/mysql/throttle.sql``), with the same locks, window
+and park. The conformance suite
 (``tests/stores/test_conformance.py``) holds each path to the same decisions.
 """
 
@@ -19,7 +21,7 @@ from django.db import connection
 from durable_singleton import Throttle
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
-from durable_singleton.models import ThrottleAdmission, ThrottleMembership
+from durable_singleton.models import Run, ThrottleAdmission, ThrottleMembership
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.base import TurnState
 from tests.helpers import room_engine
@@ -93,3 +95,86 @@ def test_the_claim_message_parks_an_over_rate_run_until_the_window_opens(engine:
     assert c.wake_at == c.not_before and a.admitted_at is not None
     assert (c.not_before - a.admitted_at).total_seconds() == 3600, (c.not_before, a.admitted_at)
     assert not ThrottleAdmission.objects.filter(run_id="C").exists()
+
+
+mysql_only = pytest.mark.skipif(connection.vendor != "mysql", reason="the MySQL/MariaDB room's stored procedures")
+
+
+def _mysql_round_trips(fn: Any) -> int:
+    """The round trips ``fn`` made on this thread's connection, the driver's own
+    ``SET autocommit`` and ``COMMIT`` included (``bench.roundtrips``)."""
+    from bench.roundtrips import RoundTrips
+
+    with RoundTrips(connection) as trips:
+        fn()
+    return trips.total
+
+
+@mysql_only
+@pytest.mark.parametrize("workflow", ["tr-keyed", "tr-only"])
+def test_a_throttle_waiters_claim_is_one_call_on_mariadb(engine: Engine, workflow: str) -> None:
+    """X6b, X6c, X3e, R5, #33: on MariaDB the claim of a run that carries a throttle (with
+    or without a singleton key) on an idle key is one CALL of ``ds_claim``
+    (``ds_admit_quota`` with ``sql/mysql/throttle.sql``): its throttle key, then its
+    singleton key and its row locked in the lock order, its window counted and its
+    admission recorded at the database's clock after the locks, the time its run's
+    ``admitted_at`` holds too. The ORM path took 16 round trips."""
+    assert engine.store._mysql_room() is not None  # type: ignore[attr-defined]  # migration 0024 ran
+    run_id = engine.start(workflow, {"k": "K", "t": "T"}).run_id
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # the claim below is the turn
+    limits = engine.limits()
+    turns: list[Any] = []
+    trips = _mysql_round_trips(
+        lambda: turns.append(
+            engine.store.begin_turn(
+                run_id, "w", lease_seconds=30, limits=limits, max_recoveries=3, retry=engine._retry_policy()
+            )
+        )
+    )
+    turn = turns[0]
+    assert turn.state is TurnState.RUN and turn.admitted and turn.throttled is None, turn
+    assert turn.run.quota_slot == "holder" and turn.run.admitted == (workflow == "tr-keyed"), turn.run
+    assert trips == 1, trips
+    run = engine.get(run_id)
+    [admission] = ThrottleAdmission.objects.filter(run_id=run_id)
+    assert (admission.throttle, admission.key, admission.admitted_at) == ("tr-rate", "T", run.admitted_at)
+    assert run.fencing_token == (1 if workflow == "tr-keyed" else None), run
+
+
+@mysql_only
+def test_the_procedure_parks_an_over_rate_run_until_the_window_opens_on_mariadb(engine: Engine) -> None:
+    """X6d, X5, R5, K2: on MariaDB the third run of a throttle key of 2 an hour is parked
+    by ``ds_claim`` itself (one CALL; the turn names the throttle), its wake_at and
+    not_before at the window's opening (the older admission's time plus the period, on
+    the database's clock), its park reason ``throttled:tr-rate``, no admission recorded
+    for it; once the key's limit is overridden to 3 (K2) its next claim, one CALL, admits
+    it; a fourth, while the key is paused, is parked on its retry delay with no opening."""
+    for run_id in ("A", "B", "C", "D"):
+        engine.start("tr-only", {"t": "T"}, run_id=run_id)
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    limits = engine.limits()
+
+    def turn(run_id: str) -> Any:
+        return engine.store.begin_turn(
+            run_id, "w", lease_seconds=30, limits=limits, max_recoveries=3, retry=engine._retry_policy()
+        )
+
+    assert turn("A").state is TurnState.RUN and turn("B").state is TurnState.RUN
+    parked: list[Any] = []
+    assert _mysql_round_trips(lambda: parked.append(turn("C"))) == 1
+    assert parked[0].state is TurnState.PARKED and parked[0].throttled == "tr-rate", parked[0]
+    c, a = engine.get("C"), engine.get("A")
+    assert c.park_reason == "throttled:tr-rate" and c.wake_at == c.not_before and a.admitted_at is not None
+    assert (c.not_before - a.admitted_at).total_seconds() == 3600, (c.not_before, a.admitted_at)
+    assert not ThrottleAdmission.objects.filter(run_id="C").exists()
+    engine.controls.override_limit("throttle:tr-rate", "T", 3, by="ops")
+    Run.objects.filter(pk="C").update(not_before=None)  # its opening, come (X5): due now
+    admitted: list[Any] = []
+    assert _mysql_round_trips(lambda: admitted.append(turn("C"))) == 1
+    assert admitted[0].state is TurnState.RUN, admitted[0]
+    assert ThrottleAdmission.objects.filter(throttle="tr-rate", key="T").count() == 3
+    engine.controls.pause_key("throttle:tr-rate", "T", by="ops")
+    held = turn("D")
+    d = engine.get("D")
+    assert held.state is TurnState.PARKED and held.throttled is None, held
+    assert d.park_reason == "singleton" and d.not_before is None and d.wake_at is not None, d

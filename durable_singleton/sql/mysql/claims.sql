@@ -73,14 +73,15 @@ END
 -- DjangoStore._admit: the key's free slots go to its oldest due waiters
 -- (ds_grant_waiters); the claimant takes its lease as a holder with its token
 -- if it is among them, else it is parked with the retry delay of a waiter at
--- the front (within the limit) or of the backlog. A parked, due quota waiter
--- without throttles, not cancelled (with a singleton key: tracked, of a
--- declared workflow) is admitted or parked by ds_admit_quota (migration
--- 0022_mysql_quotas, sql/mysql/quota.sql). Every other run is only
--- read: the store's ORM path decides (a holder's confirmation, a cancel, a
--- recovery, a delayed start, a run that carries throttles, a workflow this
--- process does not declare), and so it does when the claimant changed
--- between the read and its lock (nothing written). Result sets: the first
+-- the front (within the limit) or of the backlog. A parked, due waiter that
+-- carries quotas or throttles, not cancelled (with a singleton key: tracked, of a
+-- declared workflow) is admitted, parked with its retry delay or parked until
+-- its throttle's window opens by ds_admit_quota (migration 0022_mysql_quotas,
+-- sql/mysql/quota.sql; its throttles since 0024_mysql_throttles,
+-- sql/mysql/throttle.sql). Every other run is only read: the store's ORM path
+-- decides (a holder's confirmation, a cancel, a recovery, a delayed start, a
+-- workflow this process does not declare), and so it does when the claimant
+-- changed between the read and its lock (nothing written). Result sets: the first
 -- row's ``ds_role`` says what happened: 'taken', 'admitted', 'parked',
 -- 'skipped' (the park's compare failed), 'refused' (the admission's compare
 -- failed: nothing written) or 'read' (with ``ds_due`` and ``ds_expired``;
@@ -121,6 +122,7 @@ BEGIN
     DECLARE turn_ids LONGTEXT CHARACTER SET utf8mb4;
     DECLARE quota_keys_read INTEGER;
     DECLARE throttle_keys_read INTEGER;
+    DECLARE throttles_read LONGTEXT CHARACTER SET utf8mb4;
     DECLARE decided BOOLEAN DEFAULT FALSE;
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
@@ -130,10 +132,11 @@ BEGIN
     SELECT COUNT(*), MAX(r.status), MAX(r.attempts), MAX(r.cancel_requested), MAX(r.workflow_name),
            MAX(r.singleton_key), MAX(r.singleton_slot), MAX(r.singleton_tracked), MAX(r.quota_slot),
            MAX(r.not_before IS NULL OR r.not_before <= UTC_TIMESTAMP(6)),             -- X5: admission.is_due
-           MAX(COALESCE(JSON_LENGTH(r.quota_keys), 0)), MAX(COALESCE(JSON_LENGTH(r.throttle_keys), 0))
+           MAX(COALESCE(JSON_LENGTH(r.quota_keys), 0)), MAX(COALESCE(JSON_LENGTH(r.throttle_keys), 0)),
+           MAX(r.throttle_keys)
       INTO found, status_read, attempts_read, cancel_read, wf,
            key_name, slot_read, tracked_read, quota_slot_read, due,
-           quota_keys_read, throttle_keys_read
+           quota_keys_read, throttle_keys_read, throttles_read
       FROM durable_singleton_run r
      WHERE r.run_id = run_to_claim;
     IF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
@@ -248,14 +251,15 @@ BEGIN
                 END IF;
             END IF;
         ELSEIF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
-               AND quota_slot_read = 'waiter' AND quota_keys_read > 0 AND throttle_keys_read = 0
+               AND quota_slot_read = 'waiter' AND (quota_keys_read > 0 OR throttle_keys_read > 0)
                AND (key_name IS NULL
                     OR (tracked_read AND slot_read = 'waiter' AND declared_limit IS NOT NULL)) THEN
-            -- A quota waiter: admitted or parked under the locks of all its limits (X3c-X3i, sql/mysql/quota.sql).
+            -- A waiter that carries quotas or throttles: admitted or parked under the locks of all
+            -- its limits (X3c-X3i, X6b-X6d, sql/mysql/quota.sql and throttle.sql).
             CALL ds_admit_quota(run_to_claim, new_owner, lease_microseconds, limits_json, ttls_json,
                                 front_delay_microseconds, backlog_delay_microseconds, redelivery_microseconds,
                                 status_read, attempts_read, wf, key_name, declared_limit, ttl_microseconds,
-                                decided);
+                                quota_keys_read, throttles_read, decided);
             IF NOT decided THEN
                 SET found = 0;                         -- changed since the read: the ORM path decides
             END IF;

@@ -7,8 +7,9 @@
 -- DjangoStore._finish, admission.handoff_admits), carried out here in one CALL; the
 -- PostgreSQL twin is sql/postgresql/quota.sql. The lock order of every path: the quota
 -- keys sorted by (quota, key), then the singleton key, then the run's row (X3e, S13).
--- Every time is the database's clock, UTC_TIMESTAMP(6) (R5, R8). A run that carries
--- throttles (X6) is left to the ORM path.
+-- Every time is the database's clock, UTC_TIMESTAMP(6) (R5, R8). A waiter that carries
+-- throttles (X6) is claimed by ds_admit_quota too, its throttle keys locked before all these
+-- (sql/mysql/throttle.sql, migration 0024_mysql_throttles); a handoff never admits it.
 
 -- name: ds_lock_key
 -- Lock a key's row inside the caller's transaction, created if missing: a singleton key
@@ -141,22 +142,33 @@ BEGIN
 END
 
 -- name: ds_admit_quota
--- The claim of a quota waiter (X3c, X3d, X3e, X3f, X3i, S5, K1), called by ds_claim with
--- the run as it read it (a parked, due, uncancelled waiter that carries quotas and no
--- throttle; with a singleton key, a tracked waiter of a declared workflow), as
--- DjangoStore._quota_turn admits it. One transaction: its quota keys locked in order, then
--- its singleton key, then its row, unchanged since the read (else nothing is decided here:
--- ``decided`` FALSE, the ORM path decides). It is admitted when it is within the free slots
--- of each of its quota keys and, with a singleton key, the key's grant reaches it
--- (ds_grant_waiters, whose other grants are written whenever its quotas admit it); then it
--- takes its lease, a slot and the next token of each limit by a compare-and-set on the run
--- as read (R5a). Else it is parked with the retry delay of a waiter at the front (within the
--- first limit waiters of its singleton key once its quotas admit it, else of each quota key)
--- or of the backlog (S5 step 5). Result sets, as ds_claim's: 'admitted' (with ``ds_tokens``,
--- its token by quota name), 'parked', 'skipped' (the park's compare failed) or 'refused'
--- (the admission's compare failed: nothing written), with the run's columns as stored; then
--- the waiters 'granted' a slot and those sent a 'turn' as they are (X3h), the waiters behind
--- it within its quota keys' free slots among them (X3d). Sent before the COMMIT.
+-- The claim of a waiter that carries quotas or throttles (X3c, X3d, X3e, X3f, X3i, X6b-X6d,
+-- S5, K1), called by ds_claim with the run as it read it (a parked, due, uncancelled waiter;
+-- with a singleton key, a tracked waiter of a declared workflow), as DjangoStore._quota_turn
+-- admits it. One transaction: its throttle keys locked in order (ds_throttle_keys_of, only a
+-- claim locks them), then its quota keys in order, then its singleton key, then its row,
+-- unchanged since the read (else nothing is decided here: ``decided`` FALSE, the ORM path
+-- decides; so too when its quota memberships and its quota_keys column disagree). The
+-- database's clock is read once after the locks (``now_at``) when it carries throttles: each
+-- throttle key's window is counted at it (ds_throttle_front, sql/mysql/throttle.sql) and its
+-- admission is recorded at it. It is admitted when it is within the free slots of each of
+-- its quota keys and the free admissions of each of its throttle keys (X3d, X6c) and, with a
+-- singleton key, the key's grant reaches it (ds_grant_waiters, whose other grants are written
+-- whenever its other limits admit it); then it takes its lease, a slot and the next token of
+-- each quota key by a compare-and-set on the run as read (R5a), and a ThrottleAdmission row
+-- per throttle key at ``now_at`` (its admitted_at too). Else, when a throttle key's free
+-- admissions do not reach it and the key has an opening, it is parked until the latest such
+-- opening (ties: the larger throttle name), its wake_at and not_before there and its park
+-- reason throttled:<name> (X6d, DjangoStore._park_throttled); else it is parked with the
+-- retry delay of a waiter at the front (within the first limit waiters of its singleton key
+-- once its other limits admit it, else of each quota and throttle key) or of the backlog
+-- (S5 step 5). Result sets, as ds_claim's: 'admitted' (with ``ds_tokens``, its token by quota
+-- name), 'parked', 'skipped' (the park's compare failed) or 'refused' (the admission's
+-- compare failed: nothing written), with the run's columns as stored; then the waiters
+-- 'granted' a slot and those sent a 'turn' as they are (X3h), the waiters behind it within
+-- its quota keys' free slots and its throttle keys' free admissions among them (X3d). Sent
+-- before the COMMIT. Shipped by migration 0022_mysql_quotas; its throttles by
+-- 0024_mysql_throttles.
 CREATE PROCEDURE ds_admit_quota(
     IN run_to_claim VARCHAR(191) CHARACTER SET utf8mb4,
     IN new_owner VARCHAR(191) CHARACTER SET utf8mb4,
@@ -172,6 +184,8 @@ CREATE PROCEDURE ds_admit_quota(
     IN key_name VARCHAR(191) CHARACTER SET utf8mb4,
     IN declared_limit INTEGER,
     IN ttl_microseconds BIGINT,
+    IN quotas_carried INTEGER,
+    IN throttles_carried LONGTEXT CHARACTER SET utf8mb4,
     OUT decided BOOLEAN
 )
 MODIFIES SQL DATA
@@ -184,6 +198,17 @@ admit: BEGIN
     DECLARE member_key VARCHAR(127) CHARACTER SET utf8mb4;
     DECLARE member_key_id BIGINT;
     DECLARE single_key_id BIGINT;
+    DECLARE throttles_json LONGTEXT CHARACTER SET utf8mb4;
+    DECLARE throttle_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
+    DECLARE throttles_count INTEGER DEFAULT 0;
+    DECLARE throttle_name VARCHAR(64) CHARACTER SET utf8mb4;
+    DECLARE throttle_limit BIGINT;
+    DECLARE override_read INTEGER;
+    DECLARE paused_read BOOLEAN;
+    DECLARE front_opening DATETIME(6);
+    DECLARE opening DATETIME(6) DEFAULT NULL;           -- over the rate: the latest opening that denies it
+    DECLARE opening_throttle VARCHAR(64) CHARACTER SET utf8mb4 DEFAULT NULL;
+    DECLARE now_at DATETIME(6) DEFAULT NULL;
     DECLARE changed INTEGER DEFAULT 0;
     DECLARE front_free INTEGER;
     DECLARE front_ids LONGTEXT CHARACTER SET utf8mb4;
@@ -203,13 +228,45 @@ admit: BEGIN
     DECLARE tokens LONGTEXT CHARACTER SET utf8mb4 DEFAULT '{}';
     DECLARE written INTEGER DEFAULT 0;
     SET decided = FALSE;
-    CALL ds_quota_keys_of(run_to_claim, keys_json);
+    CALL ds_throttle_keys_of(throttles_carried, throttles_json);
+    SET throttles_count = JSON_LENGTH(throttles_json);
+    SET keys_json = JSON_ARRAY();
+    IF quotas_carried > 0 THEN
+        CALL ds_quota_keys_of(run_to_claim, keys_json);
+    END IF;
     SET keys_count = JSON_LENGTH(keys_json);
-    IF keys_count = 0 THEN
-        LEAVE admit;                                   -- no membership: the ORM path reads its keys (X3b)
+    IF (keys_count = 0 AND throttles_count = 0) OR (keys_count > 0) <> (quotas_carried > 0) THEN
+        LEAVE admit;                                   -- its memberships and its columns disagree: the ORM path (X3b)
     END IF;
     START TRANSACTION;
-    -- The locks of all its limits: its quota keys in order, its singleton key, its row (X3e, S13).
+    -- The locks of all its limits: its throttle keys in order, its quota keys in order, its
+    -- singleton key, its row (X3e, X6c, S13).
+    -- Each throttle key's row is locked as ds_lock_key locks a key (an upsert, no gap lock,
+    -- S13a), its controls read with the lock (K2): its limit in force, the key's override, else
+    -- the declared one in ``limits_json`` under throttle:<name>, else the one the run's start
+    -- recorded, never below 1 (admission.declared_limit, admission.limit_in_force); its pause.
+    SET key_place = 0;
+    WHILE key_place < throttles_count DO
+        SET throttle_name = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]')));
+        SET member_key = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]')));
+        INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, `key`, last_token, paused)
+        VALUES (UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), CONCAT('throttle:', throttle_name), member_key, 0, FALSE)
+        ON DUPLICATE KEY UPDATE last_token = last_token;
+        SELECT MAX(k.limit_override), MAX(k.paused) INTO override_read, paused_read
+          FROM durable_singleton_singletonkey k
+         WHERE k.workflow_name = CONCAT('throttle:', throttle_name) AND k.`key` = member_key
+           FOR UPDATE;
+        SET throttle_limit = COALESCE(
+            override_read,
+            CAST(JSON_UNQUOTE(JSON_EXTRACT(limits_json, CONCAT('$.', JSON_QUOTE(CONCAT('throttle:', throttle_name)))))
+                 AS SIGNED),
+            CAST(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][2]')) AS SIGNED),
+            1);
+        SET throttle_ids = JSON_ARRAY_APPEND(throttle_ids, '$',
+                                             JSON_ARRAY(IF(throttle_limit < 1, 1, throttle_limit), IF(paused_read, 1, 0)));
+        SET key_place = key_place + 1;
+    END WHILE;
+    SET key_place = 0;
     WHILE key_place < keys_count DO
         SET member_quota = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')));
@@ -250,7 +307,49 @@ admit: BEGIN
         SET behind_taken = 0;
         WHILE id_place < JSON_LENGTH(front_ids) AND behind_taken < front_free - 1 DO
             SET waiter_id = JSON_UNQUOTE(JSON_EXTRACT(front_ids, CONCAT('$[', id_place, ']')));
-            IF waiter_id <> run_to_claim THEN
+            IF CAST(waiter_id AS BINARY) <> CAST(run_to_claim AS BINARY) THEN      -- exact, as the run ids' column
+                SET behind_taken = behind_taken + 1;
+                IF NOT JSON_CONTAINS(behind_ids, JSON_QUOTE(waiter_id)) THEN
+                    SET behind_ids = JSON_ARRAY_APPEND(behind_ids, '$', waiter_id);
+                END IF;
+            END IF;
+            SET id_place = id_place + 1;
+        END WHILE;
+        SET key_place = key_place + 1;
+    END WHILE;
+    -- Each throttle key's window at the database's clock after the locks, and its front: within
+    -- the free admissions of every one, oldest first (X6b, X6c); the openings of those that do
+    -- not reach it (X6d).
+    IF throttles_count > 0 THEN
+        SET now_at = UTC_TIMESTAMP(6);
+    END IF;
+    SET key_place = 0;
+    WHILE key_place < throttles_count DO
+        SET throttle_name = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]')));
+        SET member_key = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]')));
+        CALL ds_throttle_front(throttle_name, member_key,
+                               CAST(JSON_EXTRACT(throttle_ids, CONCAT('$[', key_place, '][0]')) AS SIGNED),
+                               CAST(JSON_EXTRACT(throttle_ids, CONCAT('$[', key_place, '][1]')) AS SIGNED) = 1,
+                               CAST(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][3]')) AS SIGNED),
+                               ttls_json, run_to_claim, now_at,
+                               front_free, front_ids, claimant_place, front_opening);
+        IF NOT (front_free > 0 AND claimant_place > 0 AND claimant_place <= front_free) THEN
+            SET reaches = FALSE;                       -- admission.quota_front_reaches
+            IF front_opening IS NOT NULL
+               AND (opening IS NULL OR front_opening > opening
+                    OR (front_opening = opening AND CAST(throttle_name AS BINARY) > CAST(opening_throttle AS BINARY))) THEN
+                SET opening = front_opening;           -- max((opening, name)) over the keys that deny it
+                SET opening_throttle = throttle_name;
+            END IF;
+        END IF;
+        IF claimant_place = 0 THEN
+            SET at_front = FALSE;
+        END IF;
+        SET id_place = 0;
+        SET behind_taken = 0;
+        WHILE id_place < JSON_LENGTH(front_ids) AND behind_taken < front_free - 1 DO
+            SET waiter_id = JSON_UNQUOTE(JSON_EXTRACT(front_ids, CONCAT('$[', id_place, ']')));
+            IF CAST(waiter_id AS BINARY) <> CAST(run_to_claim AS BINARY) THEN      -- exact, as the run ids' column
                 SET behind_taken = behind_taken + 1;
                 IF NOT JSON_CONTAINS(behind_ids, JSON_QUOTE(waiter_id)) THEN
                     SET behind_ids = JSON_ARRAY_APPEND(behind_ids, '$', waiter_id);
@@ -261,7 +360,7 @@ admit: BEGIN
         SET key_place = key_place + 1;
     END WHILE;
     IF reaches AND key_name IS NOT NULL THEN
-        -- Its quotas admit it: its singleton key's grant decides, and its other grants are written (S5, X3i).
+        -- Its other limits admit it: its singleton key's grant decides, and its other grants are written (S5, X3i).
         CALL ds_grant_waiters(wf, key_name, single_key_id, declared_limit, ttl_microseconds, run_to_claim,
                               redelivery_microseconds, JSON_ARRAY(), claimant_token, claimant_front,
                               granted_ids, turn_ids);
@@ -269,7 +368,8 @@ admit: BEGIN
         SET at_front = claimant_front;
     END IF;
     IF reaches THEN
-        -- Admitted: its lease and a slot in each limit, a compare-and-set on the run as read (R5, R5a, R6, X3f).
+        -- Admitted: its lease and a slot in each limit, a compare-and-set on the run as read (R5, R5a, R6, X3f);
+        -- a throttled admission's time is the one its throttle keys record (X6).
         UPDATE durable_singleton_run
            SET status = 'running',
                lease_owner = new_owner,
@@ -279,7 +379,7 @@ admit: BEGIN
                started_at = COALESCE(started_at, UTC_TIMESTAMP(6)),
                updated_at = UTC_TIMESTAMP(6),
                quota_slot = 'holder',
-               admitted_at = UTC_TIMESTAMP(6),
+               admitted_at = COALESCE(now_at, UTC_TIMESTAMP(6)),
                singleton_slot = IF(key_name IS NULL, singleton_slot, 'holder'),
                singleton_tracked = IF(key_name IS NULL, singleton_tracked, TRUE),
                fencing_token = IF(claimant_token > 0, claimant_token, fencing_token)
@@ -306,6 +406,15 @@ admit: BEGIN
             SET tokens = JSON_SET(tokens, CONCAT('$.', JSON_QUOTE(member_quota)), token_read + 1);
             SET key_place = key_place + 1;
         END WHILE;
+        -- The admission counts in each throttle key's window from now on (X6).
+        SET key_place = 0;
+        WHILE key_place < throttles_count DO
+            INSERT INTO durable_singleton_throttleadmission (throttle, `key`, run_id, admitted_at)
+            VALUES (JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]'))),
+                    JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]'))),
+                    run_to_claim, now_at);
+            SET key_place = key_place + 1;
+        END WHILE;
         -- The waiters behind it, less those the grant named (X3d).
         SET id_place = 0;
         WHILE id_place < JSON_LENGTH(behind_ids) DO
@@ -318,24 +427,46 @@ admit: BEGIN
         SELECT 'admitted' AS ds_role, tokens AS ds_tokens, r.* FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
         CALL ds_send_runs('granted', granted_ids);
         CALL ds_send_runs('turn', turn_ids);
-        CALL ds_send_runs('turn', more_turn_ids);
+        IF JSON_LENGTH(more_turn_ids) > 0 THEN
+            CALL ds_send_runs('turn', more_turn_ids);
+        END IF;
         COMMIT;
     ELSE
-        -- Denied: parked with its retry delay, a compare-and-set on the waiter as read (S5 step 5).
-        UPDATE durable_singleton_run
-           SET status = 'suspended',
-               attempts = attempts_read + 1,
-               wake_at = UTC_TIMESTAMP(6) + INTERVAL
-                         IF(at_front, front_delay_microseconds, backlog_delay_microseconds) MICROSECOND,
-               lease_owner = NULL,
-               lease_expires_at = NULL,
-               park_reason = 'singleton',
-               updated_at = UTC_TIMESTAMP(6)
-         WHERE run_id = run_to_claim
-           AND status = status_read
-           AND attempts = attempts_read
-           AND NOT cancel_requested
-           AND quota_slot = 'waiter';
+        IF opening IS NOT NULL THEN
+            -- Over the rate: not due until the window lets it in, so it blocks no waiter of its
+            -- other limits meanwhile (X5), and the tick sends it then (X6d, S8); a compare-and-set
+            -- on the waiter as read (R5a).
+            UPDATE durable_singleton_run
+               SET status = 'suspended',
+                   attempts = attempts_read + 1,
+                   wake_at = opening,
+                   not_before = opening,
+                   lease_owner = NULL,
+                   lease_expires_at = NULL,
+                   park_reason = CONCAT('throttled:', opening_throttle),
+                   updated_at = UTC_TIMESTAMP(6)
+             WHERE run_id = run_to_claim
+               AND status = status_read
+               AND attempts = attempts_read
+               AND NOT cancel_requested
+               AND quota_slot = 'waiter';
+        ELSE
+            -- Denied: parked with its retry delay, a compare-and-set on the waiter as read (S5 step 5).
+            UPDATE durable_singleton_run
+               SET status = 'suspended',
+                   attempts = attempts_read + 1,
+                   wake_at = UTC_TIMESTAMP(6) + INTERVAL
+                             IF(at_front, front_delay_microseconds, backlog_delay_microseconds) MICROSECOND,
+                   lease_owner = NULL,
+                   lease_expires_at = NULL,
+                   park_reason = 'singleton',
+                   updated_at = UTC_TIMESTAMP(6)
+             WHERE run_id = run_to_claim
+               AND status = status_read
+               AND attempts = attempts_read
+               AND NOT cancel_requested
+               AND quota_slot = 'waiter';
+        END IF;
         SET written = ROW_COUNT();
         SELECT IF(written > 0, 'parked', 'skipped') AS ds_role, r.*
           FROM durable_singleton_run r WHERE r.run_id = run_to_claim;
