@@ -66,6 +66,7 @@ from ..admission import (
     QUEUE_ORDER,
     QUOTA_ORDER,
     QUOTA_PREFIX,
+    THROTTLE_PREFIX,
     ahead_q,
     cap_in_force,
     debounce_fair_shares,
@@ -1325,17 +1326,28 @@ class DjangoStore(BaseStore):
                 turn = claimed
             else:
                 read = claimed
-        lite = self._sqlite_room() if known is None else None
+        lite = self._sqlite_room()
         if lite is not None:
-            # The SQLite room's claim without a read first; None: the ORM path reads and decides.
             delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
-            lite_turn = self._retrying(lambda: lite.claim(run_id, owner, lease_seconds, limits, delays, ttls or {}))
-            if lite_turn is not None:
-                run = lite_turn.run
-                if run is not None and run.singleton_key is not None:
-                    key = run.singleton_key
-                    self._retrying(lambda: lite.bump(run.workflow_name, key, (run, *lite_turn.granted)))
-                return lite_turn
+            if known is None:
+                # The SQLite room's claim without a read first; None: the ORM path reads and decides.
+                lite_turn = self._retrying(lambda: lite.claim(run_id, owner, lease_seconds, limits, delays, ttls or {}))
+                if lite_turn is not None:
+                    run = lite_turn.run
+                    if run is not None and run.singleton_key is not None:
+                        key = run.singleton_key
+                        self._retrying(lambda: lite.bump(run.workflow_name, key, (run, *lite_turn.granted)))
+                    return lite_turn
+            if (known is None or (known.throttle_keys and known.quota_slot == SlotState.WAITER)) and any(
+                name.startswith(THROTTLE_PREFIX) for name in limits
+            ):
+                # A waiter that carries a throttle (also the turn a handoff sent one), in the room's
+                # one transaction (X6); None: the ORM path reads and decides.
+                throttled = self._retrying(
+                    lambda: lite.claim_throttled(run_id, owner, lease_seconds, limits, delays, ttls or {})
+                )
+                if throttled is not None:
+                    return throttled
         if turn is None:
             turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls, read)
         if turn.state == TurnState.RUN and turn.run is not None and turn.run.step_count == 0 and not turn.recovered:

@@ -21,11 +21,23 @@ one cursor of the store's connection:
 * the settle of a run without quotas (:meth:`Room.finish`): one
   ``UPDATE ... FROM ... RETURNING`` that settles it on its owner's unexpired
   lease and grants its key's freed slots to the oldest waiters (S5, S7, S12,
-  K2, X2).
+  K2, X2);
+* the claim of a waiter that carries one throttle and no quota, with or
+  without a singleton key (:meth:`Room.claim_throttled`, X6), after the plain
+  claim wrote nothing (or at once for the turn a handoff sent it): in one
+  transaction, ``claim_throttled`` (``sql/sqlite/throttle.sql``)
+  counts its throttle key's window at one reading of the clock and admits it
+  (its ``admitted_at`` that reading, the singleton key's grants and the next
+  token as the plain claim's), or parks it until the window's opening (park
+  reason ``throttled:<name>``) or with its retry delay; then, on its admission,
+  ``record_throttle_admission`` writes its ``ThrottleAdmission`` row at its
+  ``admitted_at`` and ``bump_token`` moves the key's counter, before ``COMMIT``
+  (X6b, X6c, X6d, X3d, K1, K2, S13).
 
 A claim or a handoff that handed out tokens moves the key's counter past them
 with the next statement (``bump_token``), its own transaction: no
-``BEGIN``/``COMMIT`` round trips. A token is never handed out twice (K1):
+``BEGIN``/``COMMIT`` round trips (the throttled claim's, in its transaction,
+needs them for the admission's record anyway). A token is never handed out twice (K1):
 every statement of the room that hands out tokens first checks that no holder
 of the key has a token past its counter, and writes nothing if one has (a
 bump on its way, or one lost to a crash between the two statements); the ORM
@@ -35,16 +47,26 @@ every holder's token before it reads it.
 SQLite has no row locks: a write statement outside a transaction takes the
 database's write lock before it reads (as ``BEGIN IMMEDIATE`` does, check
 E010), so each statement reads and writes under the lock, in the lock order of
-every path (S13). The clock is the store's (:func:`~durable_singleton.querysets.sqlite_now`,
+every path (S13); the throttled claim's first statement, a write inside its
+``BEGIN``, takes it so, and its transaction keeps it to its ``COMMIT``. The clock is
+the store's (:func:`~durable_singleton.querysets.sqlite_now`,
 what :class:`~durable_singleton.querysets.DbNow` binds on the ORM path), read
 through the SQL function ``ds_now(seconds)`` as the statement runs, after the
-write lock (R5, R5a, R8).
+write lock (R5, R5a, R8). The throttled claim calls it once, and computes every
+time it writes or compares from that reading in SQL, in whole microseconds: a
+Python SQL function called for each row would wait for Python's lock of the
+process's other threads while the statement holds the write lock.
 
 The store takes the ORM path where the room writes nothing: a run with quotas
-(X3i), a cancel, a recovery, a delayed start before its time, a workflow this
-process does not declare, a key's free slots that reach a waiter with quotas
-(X3h), a key's counter behind, a settle whose compare-and-set lost (the ORM
-path reports it), a capped start (S15).
+(X3i) or with more than one throttle, a cancel, a recovery, a delayed start
+before its time, a workflow this process does not declare, a key's free slots
+that reach a waiter with quotas (X3h; the throttled claim sends such a waiter a
+turn, as the ORM path does), a key's counter behind, a settle whose
+compare-and-set lost (the ORM path reports it), a capped start (S15), the start
+and the settle of a run that carries a throttle, a throttled claim inside a
+transaction the caller opened, and a connection's first throttled claim (the
+compile of ``claim_throttled``, about 20 ms, costs more than the ORM path's
+claim: a connection that serves one turn never pays it).
 """
 
 from __future__ import annotations
@@ -57,9 +79,10 @@ from typing import Any
 from django.db import connections
 
 from .. import sql
+from ..admission import queue_place
 from ..querysets import sqlite_now
 from ..records import RunRecord, StepRecord
-from ..statuses import RunStatus
+from ..statuses import ParkReason, RunStatus, SlotState
 from .base import Finish, Limits, QueueTtls, Turn, TurnState, handed_off
 from .rows import COLUMNS, json_param, run_record, start_params
 
@@ -73,6 +96,16 @@ SETTLE = sql.statement("settle", "sqlite")
 FINISH = sql.statement("finish", "sqlite")
 BUMP_TOKEN = sql.statement("bump_token", "sqlite")
 LOCK_KEY = sql.statement("lock_key", "sqlite")
+CLAIM_THROTTLED = sql.statement("claim_throttled", "sqlite")
+RECORD_THROTTLE_ADMISSION = sql.statement("record_throttle_admission", "sqlite")
+
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _us(seconds: float) -> int:
+    """``seconds`` in whole microseconds, rounded as ``timedelta`` rounds them (the ORM path's times)."""
+    return timedelta(seconds=seconds) // _MICROSECOND
+
 
 #: The time columns, by their place in COLUMNS.
 _TIMES = frozenset(
@@ -212,7 +245,8 @@ class Room:
         tokens = [r.fencing_token for r in runs if r.fencing_token is not None]
         if tokens:
             with self._cursor() as cursor:
-                cursor.execute(BUMP_TOKEN, {"wf": workflow_name, "key": key, "token": max(tokens)})
+                params = {"now": ds_now(0), "wf": workflow_name, "key": key, "token": max(tokens)}
+                cursor.execute(BUMP_TOKEN, params)
 
     def start(
         self, run: RunRecord, deep_limit: int | None, backlog_wake_at: datetime | None
@@ -276,6 +310,93 @@ class Room:
             admitted = run.singleton_key is not None
             return Turn(TurnState.RUN, run, granted=tuple(granted), admitted=admitted, steps=steps)
         return Turn(TurnState.PARKED, run, granted=tuple(granted))
+
+    def claim_throttled(
+        self,
+        run_id: str,
+        owner: str,
+        lease_seconds: float,
+        limits: Limits,
+        delays: tuple[float, float],
+        ttls: QueueTtls,
+    ) -> Turn | None:
+        """A turn's claim of a parked, due waiter that carries one throttle and no quota
+        (X6b, X6c, X6d, X3d, S5, K1, K2, R5, R5a), with or without a singleton key: in one
+        transaction, ``claim_throttled`` (a write, so the write lock before it reads, S13; its
+        throttle key's window counted at one reading of the clock; admitted with its
+        admitted_at at that reading, or parked until the window's opening with the park reason
+        ``throttled:<name>``, or with its retry delay), then on its admission
+        ``record_throttle_admission`` (one ``ThrottleAdmission`` row at its admitted_at) and the
+        key's ``bump_token`` (K1). ``limits``: the declared
+        limits by workflow and by ``throttle:<name>``; ``delays``, ``ttls``: as :meth:`claim`.
+        The turn's ``granted``: the singleton key's waiters granted a slot, and the waiters of
+        either key sent a turn (they carry limits: their own claims decide, X3h, X6c). None:
+        nothing was written (another run, a workflow this process does not declare, a key's
+        counter behind, the connection inside a transaction, or its first throttled claim, whose
+        compile of the statement would cost more than the ORM path): the ORM path decides."""
+        connection = connections[self.using]
+        if connection.in_atomic_block or not connection.get_autocommit():
+            return None  # the caller's transaction: the ORM path's savepoint decides
+        params = {
+            "run_id": run_id,
+            "owner": owner,
+            "limits": json.dumps({name: int(limit) for name, limit in limits.items() if limit is not None}),
+            "ttl_us": json.dumps({name: _us(ttl) for name, ttl in ttls.items() if ttl is not None}),
+            "lease_us": _us(lease_seconds),
+            "redelivery_us": _us(self.redelivery_seconds),
+            "front_us": _us(delays[0]),
+            "backlog_us": _us(delays[1]),
+        }
+        with self._cursor() as cursor:
+            raw: Any = connection.connection  # the sqlite3 connection the cursor opened
+            rollback = raw.rollback
+            if raw.in_transaction:
+                return None
+            if getattr(connection, "_ds_throttled_of", None) is not raw:
+                # This connection's first throttled claim: the ORM path's. The room's statement is
+                # compiled once per connection (about 20 ms), more than the ORM path's claim costs;
+                # a connection that serves one turn (CONN_MAX_AGE = 0) never pays it.
+                connection._ds_throttled_of = raw  # type: ignore[attr-defined]
+                return None
+            # A deferred BEGIN: claim_throttled, a write, takes the write lock before it reads, after
+            # its text is compiled (S13); the transaction keeps the lock to its COMMIT.
+            cursor.execute("BEGIN")
+            try:
+                cursor.execute(CLAIM_THROTTLED, params)
+                written = [record(r) for r in cursor.fetchall()]
+                mine = [w for w in written if w.run_id == run_id]
+                if not mine:
+                    cursor.execute("ROLLBACK")
+                    return None
+                run = mine[0]
+                others = [w for w in written if w.run_id != run_id]
+                if run.status == RunStatus.RUNNING:
+                    cursor.execute(RECORD_THROTTLE_ADMISSION, {"run_id": run_id})
+                # The claimant's token and the grants' (a turn is a waiter that carries limits, K1).
+                tokens = [w.fencing_token for w in (run, *others) if w.admitted and w.quota_slot != SlotState.WAITER]
+                if run.singleton_key is not None and any(t is not None for t in tokens):
+                    token = max(t for t in tokens if t is not None)
+                    bump = {"now": ds_now(0), "wf": run.workflow_name, "key": run.singleton_key, "token": token}
+                    cursor.execute(BUMP_TOKEN, bump)
+                cursor.execute("COMMIT")
+            except BaseException:
+                rollback()
+                raise
+        # The grants by their tokens, then the turns in the queue order (X8a).
+        grants = sorted((g for g in others if g.quota_slot != SlotState.WAITER), key=lambda g: g.fencing_token or 0)
+        turns = sorted((g for g in others if g.quota_slot == SlotState.WAITER), key=_queue_place)
+        granted = (*grants, *turns)
+        if run.status == RunStatus.RUNNING:
+            steps: dict[int, StepRecord] | None = {} if run.step_count == 0 else None
+            return Turn(TurnState.RUN, run, granted=granted, admitted=True, steps=steps)
+        reason = run.park_reason or ""
+        throttled = reason[len(ParkReason.THROTTLED.value) :] if reason.startswith(ParkReason.THROTTLED.value) else None
+        return Turn(TurnState.PARKED, run, granted=granted, throttled=throttled)
+
+
+def _queue_place(run: RunRecord) -> tuple[int, datetime, str]:
+    """A waiter's place in its queue (``admission.queue_place``, X8a)."""
+    return queue_place(run.priority, run.created_at, run.run_id)
 
 
 def _maybe_time(moment: datetime | None) -> str | None:

@@ -267,12 +267,24 @@ def test_the_sqlite_blocks_are_the_rules_and_name_their_statements() -> None:
     """R1, S5, S12, K2, X2 on SQLite (#32 item 2): every statement of the SQLite room carries
     the comment that names its block; its rule fragments are the SQL text of
     :mod:`durable_singleton.admission`; its columns are ``pg.COLUMNS`` in order; its quoted
-    words are run statuses, slot markers, park reasons or the claim's kinds of write."""
+    words are run statuses, slot markers, park reasons, the claim's kinds of write or SQLite's
+    ``unixepoch`` time modifier."""
     from durable_singleton import admission
     from durable_singleton.stores import sqlite
 
     found = sql.statements("sqlite")
-    assert {"start", "get", "claim", "take", "settle", "finish", "bump_token", "lock_key"} <= set(found)
+    assert {
+        "start",
+        "get",
+        "claim",
+        "take",
+        "settle",
+        "finish",
+        "bump_token",
+        "lock_key",
+        "claim_throttled",
+        "record_throttle_admission",
+    } <= set(found)
     for name, text in found.items():
         assert text.startswith(f"/* durable_singleton:{name} */\n"), name
         assert "{{" not in text and "}}" not in text, name
@@ -287,7 +299,8 @@ def test_the_sqlite_blocks_are_the_rules_and_name_their_statements() -> None:
     assert _words(sql.fragment("holds_slot", "sqlite", run="q0")) == admission.holds_slot_sql_text("q0")
     assert _words(sql.fragment("legacy_holder", "sqlite", run="l0")) == admission.legacy_holder_sql_text("l0")
     known = {s.value for s in RunStatus} | {s.value for s in SlotState} | {r.value for r in ParkReason}
-    kinds = {"take", "admit", "grant", "park_front", "park_backlog"}
+    kinds = {"take", "admit", "grant", "park_front", "park_backlog", "park_throttled", "turn", "unixepoch"}
     for name, text in found.items():
         assert set(re.findall(r"'(\w+)'", _words(text))) <= known | kinds, name
     assert sql.statement("claim", "sqlite") == sqlite.CLAIM and sql.statement("finish", "sqlite") == sqlite.FINISH
+    assert sql.statement("claim_throttled", "sqlite") == sqlite.CLAIM_THROTTLED

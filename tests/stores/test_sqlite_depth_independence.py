@@ -1,5 +1,7 @@
 """The SQLite room's start, claim, handoff and confirmation read a bounded number of rows
-whatever the depth of the key's queue (S5, S7, S8a, issue 32 item 3).
+whatever the depth of the key's queue (S5, S7, S8a, issue 32 item 3), and so does its claim
+of a run that carries a throttle, whatever the number of due waiters of its throttle key
+(X6c, issue 33).
 
 A key with 10,000 parked waiters behind a parked holder, beside many keys of one finished
 run each (the statistics a busy table has after a many-keys workload), then ANALYZE. Every
@@ -21,8 +23,14 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from bench.depth import analyze, copy_runs
+from durable_singleton import Throttle
+from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
-from durable_singleton.models import Run
+from durable_singleton.models import Run, ThrottleMembership
+from durable_singleton.statuses import RunStatus
+from durable_singleton.stores.django import DjangoStore
+from durable_singleton.testing import make_engine
 from tests.stores.deep_queue import deep_engine, many_keys, measured_steps
 
 pytestmark = [
@@ -102,7 +110,13 @@ def _unbounded(statements: list[tuple[str, Any]]) -> list[str]:
             searched = re.match(r"SEARCH (\S+) USING (?:COVERING )?INDEX (\S+) \((.*)\)", detail)
             if searched and searched.group(1) in runs and "run_id=?" not in searched.group(3):
                 indent = len(line) - len(detail)
-                siblings = [p.strip() for p in plan[i + 1 :] if len(p) - len(p.lstrip()) == indent]
+                siblings: list[str] = []  # the later children of its parent (a shallower line ends them)
+                for later in plan[i + 1 :]:
+                    depth = len(later) - len(later.lstrip())
+                    if depth < indent:
+                        break
+                    if depth == indent:
+                        siblings.append(later.strip())
                 if any(s.startswith("USE TEMP B-TREE FOR") and "ORDER BY" in s for s in siblings):
                     bad.append(f"{detail} sorted\n" + "\n".join(plan) + f"\n-- {sql[:300]}")
     return bad
@@ -132,3 +146,51 @@ def test_the_rooms_steps_read_a_bounded_number_of_rows_at_any_depth(engine: Engi
         assert not _unbounded(statements), (name, _unbounded(statements))
     ops = {name: (shallow[name][1], deep[name][1]) for name in deep}
     assert all(max(small, big) <= OPS_BOUND and big <= small + SLACK for small, big in ops.values()), ops
+
+
+def _throttled_claim(engine: Engine, depth: int) -> tuple[list[tuple[str, Any]], int]:
+    """A throttle key of 2 an hour, full (two runs admitted), ``depth`` due waiters started
+    behind them and one more, ``tail``, then ANALYZE: the statements and instructions of
+    the claim of ``tail`` (the room's ``claim_throttled`` parks it until the window opens)."""
+    key = f"t-{depth}"
+    for name in ("a", "b", "first"):
+        engine.start("throttled", {"t": key}, run_id=f"{key}-{name}")
+    engine.execute(f"{key}-a")
+    engine.execute(f"{key}-b")
+    copy_runs(connection, f"{key}-first", depth - 1, run_id=f"{key}-waiter-")
+    member = ThrottleMembership._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {member} (run_id, throttle, key, created_at, priority)"
+            f" SELECT r.run_id, %s, %s, r.created_at, r.priority FROM {RUN} r WHERE r.run_id LIKE %s",
+            ["deep-rate", key, f"{key}-waiter-%"],
+        )
+    engine.start("throttled", {"t": key}, run_id=f"{key}-tail")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    analyze(connection)
+    measured = _captured(lambda: engine.execute(f"{key}-tail"))
+    tail = Run.objects.get(pk=f"{key}-tail")
+    assert (tail.status, tail.park_reason) == (RunStatus.SUSPENDED, "throttled:deep-rate")
+    return measured
+
+
+def test_a_throttled_claim_reads_a_bounded_number_of_rows_at_any_depth() -> None:
+    """X6c, X6d, S5, #33: on SQLite the claim of a run that carries a throttle (the room's
+    ``claim_throttled``) behind 10 and 2,000 due waiters of its throttle key, beside 5,000 keys
+    of one finished run, under ANALYZE's statistics, never scans the run table (nor reads it
+    into a Bloom filter) nor sorts a key's runs, and runs about as many instructions at both
+    depths: it reads the key's first ``limit`` due waiters, each run by its key. A join of the
+    memberships to their runs, tested on the run alone, had SQLite read every run into a Bloom
+    filter (and build an automatic index of the run table) at each claim."""
+    registry = Registry()
+    registry.add("deep", "1", lambda ctx, i: ctx.wait_for_signal("go"), singleton={"key": lambda i: i["k"]})
+    rate = Throttle("deep-rate", key=lambda i: i["t"], limit=2, period=3600)
+    registry.add("throttled", "1", lambda ctx, i: None, throttles=[rate])
+    engine = make_engine(DjangoStore(), registry=registry)
+    many_keys(engine, OTHER_KEYS)
+    shallow = _throttled_claim(engine, 10)
+    deep = _throttled_claim(engine, 2_000)
+    for statements, _ops in (shallow, deep):
+        assert any("durable_singleton:claim_throttled" in sql for sql, _ in statements), statements
+        assert not _unbounded(statements), _unbounded(statements)
+    assert max(shallow[1], deep[1]) <= OPS_BOUND and deep[1] <= shallow[1] + SLACK, (shallow[1], deep[1])

@@ -7,7 +7,9 @@ claim message locks the throttle keys first (X6c), counts each key's window,
 records the admission or parks the run until the window's opening (X6d), and the
 settle is the fast path's. On MariaDB the claim is one CALL of ``ds_claim``
 (``ds_admit_quota`` with ``sql/mysql/throttle.sql``), with the same locks, window
-and park. The conformance suite
+and park. On SQLite the room's claim of a run that carries one throttle and no
+quota is one transaction (claim_throttled, the admission's record, the key's
+bump), the same decisions. The conformance suite
 (``tests/stores/test_conformance.py``) holds each path to the same decisions.
 """
 
@@ -18,12 +20,15 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from bench.roundtrips import RoundTrips
 from durable_singleton import Throttle
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
-from durable_singleton.models import Run, ThrottleAdmission, ThrottleMembership
+from durable_singleton.models import Run, SingletonKey, ThrottleAdmission, ThrottleMembership
 from durable_singleton.statuses import RunStatus
 from durable_singleton.stores.base import TurnState
+from durable_singleton.stores.django import DjangoStore
+from durable_singleton.testing import make_engine
 from tests.helpers import room_engine
 from tests.helpers import round_trips as _round_trips
 
@@ -178,3 +183,120 @@ def test_the_procedure_parks_an_over_rate_run_until_the_window_opens_on_mariadb(
     d = engine.get("D")
     assert held.state is TurnState.PARKED and held.throttled is None, held
     assert d.park_reason == "singleton" and d.not_before is None and d.wake_at is not None, d
+
+
+sqlite_only = pytest.mark.skipif(connection.vendor != "sqlite", reason="the SQLite room")
+
+
+def _turn(engine: Engine, run_id: str) -> Any:
+    return engine.store.begin_turn(
+        run_id, "w", lease_seconds=30, limits=engine.limits(), max_recoveries=3, retry=engine._retry_policy()
+    )
+
+
+@sqlite_only
+@pytest.mark.parametrize("workflow", ["tr-keyed", "tr-only"])
+def test_a_throttled_claim_is_the_sqlite_rooms_one_transaction(engine: Engine, workflow: str) -> None:
+    """X6b, X6c, X3e, S13, R5, R5a: on SQLite the claim of a run that carries a throttle
+    (with or without a singleton key) is the room's: one BEGIN IMMEDIATE transaction that
+    counts its throttle key's window, admits it and records its admission at its admitted_at,
+    the singleton key's counter moved past its token (K1): at most six statements (the
+    room's plain claim tried first, BEGIN, claim_throttled, the admission's record, the
+    key's bump, COMMIT). The ORM path's claim took 12. The connection's first throttled claim
+    is the ORM path's (compiling the room's statement costs more), so one run is claimed first."""
+    first = engine.start(workflow, {"k": "K0", "t": "T0"}).run_id
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    assert _turn(engine, first).state is TurnState.RUN
+    run_id = engine.start(workflow, {"k": "K", "t": "T"}).run_id
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # the claim below is the turn
+    turns: list[Any] = []
+    with RoundTrips(connection) as trips:
+        turns.append(_turn(engine, run_id))
+    [turn] = turns
+    assert turn.state is TurnState.RUN and turn.admitted, turn
+    assert trips.total <= 6, trips.statements
+    assert any("durable_singleton:claim_throttled" in s for s in trips.statements), trips.statements
+    run = engine.get(run_id)
+    assert run.status == RunStatus.RUNNING and run.quota_slot == "holder"
+    assert turn.run.admitted_at == run.admitted_at
+    [admission] = ThrottleAdmission.objects.filter(run_id=run_id)
+    assert (admission.throttle, admission.key, admission.admitted_at) == ("tr-rate", "T", run.admitted_at)
+    if workflow == "tr-keyed":
+        assert run.fencing_token == 1 and run.admitted
+        assert SingletonKey.objects.get(workflow_name="tr-keyed", key="K").last_token == 1
+
+
+@sqlite_only
+def test_the_sqlite_room_parks_an_over_rate_run_until_the_window_opens(engine: Engine) -> None:
+    """X6d, X5, R5, R5a: the third run of a throttle key of 2 an hour is parked by the SQLite
+    room's claim_throttled (the turn names the throttle), its wake_at and not_before at the
+    window's opening (the older admission's time plus the period, on the store's clock), its
+    park reason throttled:tr-rate; no admission is recorded for it and nothing else is written."""
+    for run_id in ("A", "B", "C"):
+        engine.start("tr-only", {"t": "T"}, run_id=run_id)
+    assert _turn(engine, "A").state is TurnState.RUN and _turn(engine, "B").state is TurnState.RUN
+    parked: list[Any] = []
+    with RoundTrips(connection) as trips:
+        parked.append(_turn(engine, "C"))
+    assert any("durable_singleton:claim_throttled" in s for s in trips.statements), trips.statements
+    assert not any("durable_singleton:record_throttle_admission" in s for s in trips.statements), trips.statements
+    assert parked[0].state is TurnState.PARKED and parked[0].throttled == "tr-rate", parked[0]
+    c, a = engine.get("C"), engine.get("A")
+    assert c.wake_at == c.not_before and a.admitted_at is not None and c.park_reason == "throttled:tr-rate"
+    assert (c.not_before - a.admitted_at).total_seconds() == 3600, (c.not_before, a.admitted_at)
+    assert not ThrottleAdmission.objects.filter(run_id="C").exists()
+    assert ThrottleAdmission.objects.filter(throttle="tr-rate", key="T").count() == 2
+
+
+def _decisions(store: DjangoStore, tag: str) -> list[tuple[Any, ...]]:
+    """A keyed workflow (limit 2) with a throttle of 3 an hour: four waiters A..D of one
+    singleton key and throttle key, claimed in the order C, A, D, B, C; then the throttle
+    key paused, and E's claim; then its limit lowered to 1 and resumed, and F's claim. Each
+    claim's decision as (run, state, status, park reason, throttled, the waiters it granted
+    or sent a turn, whether it holds a slot, its fencing token), run ids without ``tag``."""
+    registry = Registry()
+    rate = Throttle("diff-rate", key=lambda i: i["t"], limit=3, period=3600)
+    registry.add("diff", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "limit": 2}, throttles=[rate])
+    engine = make_engine(store, registry=registry)
+    key, throttle = {"k": f"K{tag}", "t": f"T{tag}"}, f"T{tag}"
+    for name in "ABCDEF":
+        engine.start("diff", key, run_id=f"{tag}{name}")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    seen: list[tuple[Any, ...]] = []
+
+    def claim(name: str) -> None:
+        turn = _turn(engine, f"{tag}{name}")
+        run = engine.get(f"{tag}{name}")
+        granted = sorted(g.run_id.removeprefix(tag) for g in turn.granted)
+        reason = run.park_reason.replace(tag, "") if run.park_reason else run.park_reason
+        seen.append((name, turn.state, run.status, reason, turn.throttled, granted, run.admitted, run.fencing_token))
+
+    for name in "CADBC":
+        claim(name)
+    engine.controls.pause_key("throttle:diff-rate", throttle, by="test")
+    claim("E")
+    engine.controls.override_limit("throttle:diff-rate", throttle, 1, by="test")
+    engine.controls.resume_key("throttle:diff-rate", throttle, by="test")
+    claim("F")
+    admitted = ThrottleAdmission.objects.filter(throttle="diff-rate", key=throttle)
+    seen.append(("admissions", sorted(a.run_id.removeprefix(tag) for a in admitted)))
+    return seen
+
+
+@sqlite_only
+def test_the_sqlite_rooms_throttled_claims_decide_as_the_orm_path() -> None:
+    """X6b, X6c, X6d, X3d, X3h, S5, K1, K2: the same claims of throttled keyed waiters on the
+    ORM path (``raw_sql=False``) and in the SQLite room decide alike: who is admitted with
+    which token, who is parked with which reason, which waiters each claim grants or sends
+    a turn, a paused throttle key (a retry delay, not an opening) and a lowered limit."""
+    orm = _decisions(DjangoStore(raw_sql=False), "orm-")
+    room = _decisions(DjangoStore(), "room-")
+    assert room == orm
+    # The claims the room carried out, for the record of what was compared.
+    assert [d[1] for d in room[:5]] == [
+        TurnState.PARKED,
+        TurnState.RUN,
+        TurnState.PARKED,
+        TurnState.RUN,
+        TurnState.PARKED,
+    ], room

@@ -95,8 +95,9 @@ RETURNING {{returned_columns}}
 -- older release, the holders and the front of the queue (at most twice the limit rows, one
 -- read of ds_run_queue_idx; a waiter past its TTL left out), the free slots, whether the key's
 -- counter is behind a holder's token (then nothing is written: the ORM path moves it), and the
--- waiters in admission order. Arguments: wf, key, declared, ttl (SQL of the values);
--- skip_legacy, skip_front: a clause leaving out the run the statement settles, or nothing.
+-- waiters in admission order. Arguments: wf, key, declared, ttl (SQL of the values); now, the
+-- clock, and ttl_since, the clock less ttl (the oldest created_at a waiter keeps its place
+-- with); skip_legacy, skip_front: a clause leaving out the run the statement settles, or nothing.
 key_row AS MATERIALIZED (                      -- the key's row with its limit in force (K2)
     SELECT COALESCE(max(k0.last_token), 0) AS last_token,
            COALESCE(max(k0.paused), FALSE) AS paused,
@@ -117,9 +118,9 @@ front AS MATERIALIZED (                        -- the holders and the queue's fr
     FROM durable_singleton_run q0
     WHERE q0.workflow_name = {{wf}} AND q0.singleton_key = {{key}}
       AND q0.singleton_slot IS NOT NULL
-      AND (q0.singleton_slot = 'holder' OR q0.not_before IS NULL OR q0.not_before <= ds_now(0))
+      AND (q0.singleton_slot = 'holder' OR q0.not_before IS NULL OR q0.not_before <= {{now}})
       {{skip_front}}
-      AND (q0.singleton_slot <> 'waiter' OR {{ttl}} IS NULL OR q0.created_at > ds_now(-{{ttl}}))  -- X2
+      AND (q0.singleton_slot <> 'waiter' OR {{ttl}} IS NULL OR q0.created_at > {{ttl_since}})  -- X2
     ORDER BY q0.singleton_slot, q0.priority DESC, q0.created_at, q0.run_id   -- S5, X8: QUEUE_ORDER
     LIMIT (SELECT 2 * k.lim FROM key_row k)
 ),
@@ -161,6 +162,7 @@ claimant AS MATERIALIZED (                     -- the turn's run, if this statem
 {{key_queue:
     wf = (SELECT c.wf FROM claimant c); key = (SELECT c.key FROM claimant c);
     declared = (SELECT c.declared FROM claimant c); ttl = (SELECT c.ttl FROM claimant c);
+    now = ds_now(0); ttl_since = ds_now(-(SELECT c.ttl FROM claimant c));
     skip_legacy = ; skip_front = }},
 within_slots AS MATERIALIZED (                 -- the waiters within the free slots (S5)
     SELECT w.run_id, w.status, w.quota_slot, w.pos
@@ -235,6 +237,7 @@ settling AS MATERIALIZED (                     -- the run, still its owner's wit
 ),
 {{key_queue:
     wf = %(wf)s; key = %(key)s; declared = %(declared)s; ttl = %(ttl)s;
+    now = ds_now(0); ttl_since = ds_now(-%(ttl)s);
     skip_legacy = AND l0.run_id <> %(run_id)s;
     skip_front = AND q0.run_id <> %(run_id)s}},
 within_slots AS MATERIALIZED (                 -- the waiters within the free slots (S5)
@@ -278,7 +281,7 @@ RETURNING {{returned_columns}}
 -- The key's token counter moves past the tokens a claim or a handoff granted (K1), its row
 -- created if missing: the statement after theirs.
 INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, key, last_token, paused)
-VALUES (ds_now(0), ds_now(0), %(wf)s, %(key)s, %(token)s, FALSE)
+VALUES (%(now)s, %(now)s, %(wf)s, %(key)s, %(token)s, FALSE)
 ON CONFLICT (workflow_name, key) DO UPDATE SET last_token = max(last_token, excluded.last_token)
 
 -- name: lock_key
