@@ -300,3 +300,45 @@ def test_the_sqlite_rooms_throttled_claims_decide_as_the_orm_path() -> None:
         TurnState.RUN,
         TurnState.PARKED,
     ], room
+
+
+@mysql_only
+def test_throttle_waiters_parked_across_a_rollback_to_0023_and_forward_again_on_mariadb() -> None:
+    """X6b, X6d, R5a, S13: with throttled runs parked by the procedure, migrating back to
+    0023_throttle_priority drops the throttle procedures (the room is then not installed):
+    a store whose room was on turns it off at its next throttled claim and the ORM path
+    decides with nothing half-written, a new store takes the ORM path at once; migrated
+    forward again, a new store claims through ``ds_claim`` again, and every run is admitted
+    once, the admissions never more than the limit in force in the window."""
+    from durable_singleton.stores import mysql
+    from tests.helpers import apps_at, migrate_to_latest
+
+    store = DjangoStore()
+    engine = make_engine(store, registry=_registry())
+    for run_id in ("MA", "MB", "MC", "MD"):
+        engine.start("tr-only", {"t": "TM"}, run_id=run_id)
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    assert _turn(engine, "MA").state is TurnState.RUN and _turn(engine, "MB").state is TurnState.RUN
+    assert _turn(engine, "MC").throttled == "tr-rate"  # the procedure parked it over the rate
+    try:
+        apps_at([("durable_singleton", "0023_throttle_priority")])
+        assert not mysql.installed("default")
+        # The store whose room was on: the CALL is refused, the room turns off, the ORM path decides.
+        engine.controls.override_limit("throttle:tr-rate", "TM", 3, by="test")  # wakes MC (K2)
+        c = _turn(engine, "MC")
+        assert c.state is TurnState.RUN, c
+        assert store._mysql_room() is None
+        d = _turn(make_engine(DjangoStore(), registry=_registry()), "MD")
+        assert d.state is TurnState.PARKED and d.throttled == "tr-rate", d  # 3 in the hour: full
+    finally:
+        migrate_to_latest()
+    assert mysql.installed("default")
+    fresh = make_engine(DjangoStore(), registry=_registry())
+    fresh.controls.override_limit("throttle:tr-rate", "TM", 4, by="test")
+    Run.objects.filter(run_id="MD").update(not_before=None, wake_at=None)
+    assert fresh.store._mysql_room() is not None  # type: ignore[attr-defined]  # installed again
+    turns: list[Any] = []
+    trips = _mysql_round_trips(lambda: turns.append(_turn(fresh, "MD")))
+    assert turns[0].state is TurnState.RUN and trips == 1, (turns, trips)  # one CALL of ds_claim
+    admitted = sorted(ThrottleAdmission.objects.filter(throttle="tr-rate", key="TM").values_list("run_id", flat=True))
+    assert admitted == ["MA", "MB", "MC", "MD"]

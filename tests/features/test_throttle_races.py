@@ -1,0 +1,137 @@
+"""Throttles under racing claims (SPEC X6, X6b-X6d, X3e, X8a, K2, S13, R5, R5a):
+threads, each with its own engine and connection, claim the runs of one
+throttle key at once on the DATABASE_URL database (SQLite, PostgreSQL,
+MariaDB) with real commits, through the rooms' throttled claims (the SQLite
+room's ``claim_throttled``, MariaDB's ``ds_admit_quota``) and the ORM path.
+Every window is checked on the admission times the store recorded (the
+database's clock), never on this process's clock; waits poll with a bound.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from durable_singleton import Throttle
+from durable_singleton.definitions import Registry
+from durable_singleton.engine import Engine
+from durable_singleton.statuses import RunStatus
+from durable_singleton.testing import make_engine
+from tests.conftest import run_threads
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _most_in_any_window(times: Sequence[datetime], period: float) -> int:
+    """The largest number of ``times`` in one half-open interval ``[t, t + period)``."""
+    span = timedelta(seconds=period)
+    return max((sum(1 for u in times if t <= u < t + span) for t in times), default=0)
+
+
+def _race(engines: list[Engine], ids: list[str], done: Callable[[], bool], bound: float = 60.0) -> None:
+    """Each engine claims every run (its share first) and ticks, again and again, on its
+    own thread, until ``done()``; no thread raises (no deadlock reported, no lost run)."""
+    n = len(engines)
+
+    def worker(i: int) -> None:
+        give_up = time.monotonic() + bound
+        while not done() and time.monotonic() < give_up:
+            for run_id in ids[i::n] + ids[::-1]:
+                engines[i].execute(run_id)
+            engines[i].tick()
+            engines[i].dispatcher.queue.clear()  # type: ignore[attr-defined]
+            threading.Event().wait(0.02)
+
+    results = run_threads(n, worker, timeout=bound + 60)
+    assert all(r is None for r in results), results
+
+
+def test_racing_claims_of_a_fractional_window_with_a_singleton_key_and_priorities() -> None:
+    """X6b, X6c, X6d, X3e, X8a, S5, S13, R5: 4 threads claim 16 runs of one throttle key
+    (2 per 0.25 s) that also carry one of two singleton keys (limit 1 each) and one of
+    three priorities, again and again, at the window's edge: the admissions recorded put
+    at most 2 in any 0.25 s on the database's clock, every body runs exactly once, no
+    two runs of one singleton key run at once, and every run completes."""
+    registry = Registry()
+    rate = Throttle("race-frac", limit=2, period=0.25)
+    ran: list[str] = []
+    running: Counter[str] = Counter()
+    overlaps: list[str] = []
+    lock = threading.Lock()
+
+    def body(ctx: Any, input: Any) -> None:
+        with lock:
+            ran.append(ctx.run_id)
+            running[input["k"]] += 1
+            if running[input["k"]] > 1:
+                overlaps.append(ctx.run_id)
+        threading.Event().wait(0.01)
+        with lock:
+            running[input["k"]] -= 1
+
+    registry.add("w", "1", body, singleton={"key": lambda i: i["k"]}, throttles=[rate])
+    first = make_engine("django", registry=registry)
+    engines = [first, *(make_engine(first.store, registry=registry) for _ in range(3))]
+    ids = [first.start("w", {"k": f"K{n % 2}"}, run_id=f"F{n:02d}", priority=n % 3).run_id for n in range(16)]
+    first.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    _race(engines, ids, lambda: len(set(ran)) == len(ids))
+    assert sorted(ran) == ids, Counter(ran)  # each exactly once
+    assert not overlaps, overlaps
+    runs = [first.get(r) for r in ids]
+    assert all(r.status == RunStatus.COMPLETED for r in runs), [(r.run_id, r.status) for r in runs]
+    times = sorted(r.admitted_at for r in runs if r.admitted_at is not None)
+    assert len(times) == len(ids)
+    assert _most_in_any_window(times, 0.25) <= 2, times
+
+
+def test_a_pause_racing_claims_admits_no_run_while_the_throttle_key_is_paused() -> None:
+    """K2, X6b, S13, R5: while 3 threads claim the runs of one throttle key (3 per 0.2 s),
+    a fourth pauses the key, waits, and resumes it: no admission is recorded between the
+    database's clock read after the pause committed and the one read before the resume;
+    every body runs exactly once and the window holds (3 per 0.2 s)."""
+    registry = Registry()
+    rate = Throttle("race-pause", key=lambda i: "T", limit=3, period=0.2)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def body(ctx: Any, input: Any) -> None:
+        with lock:
+            ran.append(ctx.run_id)
+
+    registry.add("p", "1", body, throttles=[rate])
+    first = make_engine("django", registry=registry)
+    engines = [first, *(make_engine(first.store, registry=registry) for _ in range(2))]
+    ids = [first.start("p", {}, run_id=f"P{n:02d}").run_id for n in range(18)]
+    first.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    paused: list[tuple[datetime, datetime]] = []
+    pauser = make_engine(first.store, registry=registry)
+
+    def toggler() -> None:
+        for _ in range(3):
+            threading.Event().wait(0.15)
+            pauser.controls.pause_key("throttle:race-pause", "T", by="test")
+            since = pauser.store.now()
+            threading.Event().wait(0.4)
+            until = pauser.store.now()
+            pauser.controls.resume_key("throttle:race-pause", "T", by="test")
+            paused.append((since, until))
+
+    thread = threading.Thread(target=toggler)
+    thread.start()
+    try:
+        _race(engines, ids, lambda: len(set(ran)) == len(ids) and not thread.is_alive())
+    finally:
+        thread.join(30)
+    assert sorted(ran) == ids, Counter(ran)
+    runs = [first.get(r) for r in ids]
+    times = sorted(r.admitted_at for r in runs if r.admitted_at is not None)
+    assert len(times) == len(ids)
+    inside = [t for t in times for since, until in paused if since < t < until]
+    assert not inside, (inside, paused)
+    assert _most_in_any_window(times, 0.2) <= 3, times
