@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from bench.roundtrips import RoundTrips
 from durable_singleton import Throttle
@@ -342,3 +342,39 @@ def test_throttle_waiters_parked_across_a_rollback_to_0023_and_forward_again_on_
     assert turns[0].state is TurnState.RUN and trips == 1, (turns, trips)  # one CALL of ds_claim
     admitted = sorted(ThrottleAdmission.objects.filter(throttle="tr-rate", key="TM").values_list("run_id", flat=True))
     assert admitted == ["MA", "MB", "MC", "MD"]
+
+
+@pytest.mark.parametrize("opened_by", ["atomic", "set_autocommit"])
+def test_a_throttled_claim_inside_the_callers_transaction_is_rolled_back_with_it(opened_by: str) -> None:
+    """X6b, R5a, S13 (issue #33): a throttle waiter's claim made inside a transaction the
+    caller opened (``transaction.atomic``, as ATOMIC_REQUESTS does, or
+    ``set_autocommit(False)``) joins it: rolled back, neither the caller's own write nor
+    the claim's admission and its ThrottleAdmission row remain. On MariaDB the room's
+    ``ds_claim`` starts and commits its own transaction (START TRANSACTION commits the one
+    open), so with autocommit off it committed the caller's write and the claim before the
+    caller's rollback; a room's CALL now never runs inside the caller's transaction."""
+    engine = make_engine(DjangoStore(), registry=_registry())
+    for run_id in ("XA", "XB", "XC"):
+        engine.start("tr-only", {"t": "TX"}, run_id=run_id)
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    assert _turn(engine, "XA").state is TurnState.RUN  # the connection's first throttled claim
+
+    def inside() -> None:
+        Run.objects.filter(run_id="XC").update(priority=5)  # the caller's own write
+        assert _turn(engine, "XB").state is TurnState.RUN
+
+    if opened_by == "atomic":
+        with pytest.raises(RuntimeError), transaction.atomic():
+            inside()
+            raise RuntimeError("the caller's rollback")
+    else:
+        transaction.set_autocommit(False)
+        try:
+            inside()
+            transaction.rollback()
+        finally:
+            transaction.set_autocommit(True)
+    assert Run.objects.get(run_id="XC").priority == 0
+    b = engine.get("XB")
+    assert b.status == RunStatus.PENDING and b.quota_slot == "waiter", b
+    assert not ThrottleAdmission.objects.filter(run_id="XB").exists()
