@@ -23,7 +23,7 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.statuses import RunStatus
 from durable_singleton.testing import make_engine
-from tests.conftest import run_threads
+from tests.conftest import run_threads, spawn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -122,8 +122,7 @@ def test_a_pause_racing_claims_admits_no_run_while_the_throttle_key_is_paused() 
             pauser.controls.resume_key("throttle:race-pause", "T", by="test")
             paused.append((since, until))
 
-    thread = threading.Thread(target=toggler)
-    thread.start()
+    thread = spawn(toggler)  # closes its connections
     try:
         _race(engines, ids, lambda: len(set(ran)) == len(ids) and not thread.is_alive())
     finally:
