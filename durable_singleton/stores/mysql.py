@@ -186,8 +186,13 @@ class Room:
     def _call_sets(self, name: str, params: list[Any]) -> list[tuple[list[str], list[tuple[Any, ...]]]] | None:
         """CALL ``name`` outside any transaction of the caller's (the procedure commits its
         own) and return every result set it sent, (column names, rows), in order; None if
-        the server refused the CALL (the room turns off: the ORM path). One round trip."""
+        the server refused the CALL (the room turns off: the ORM path), or nothing called
+        inside a transaction the caller opened (``atomic``, ATOMIC_REQUESTS, or autocommit
+        off): a procedure's START TRANSACTION would commit it, so the ORM path decides in
+        the caller's transaction (R5a, S13). One round trip."""
         connection = connections[self.using]
+        if connection.in_atomic_block or not connection.get_autocommit():
+            return None
         placeholders = ", ".join(["%s"] * len(params))
         sets: list[tuple[list[str], list[tuple[Any, ...]]]] = []
         try:
