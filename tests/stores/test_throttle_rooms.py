@@ -21,7 +21,7 @@ import pytest
 from django.db import connection, transaction
 
 from bench.roundtrips import RoundTrips
-from durable_singleton import Throttle
+from durable_singleton import Quota, Throttle
 from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.models import Run, SingletonKey, ThrottleAdmission, ThrottleMembership
@@ -378,3 +378,68 @@ def test_a_throttled_claim_inside_the_callers_transaction_is_rolled_back_with_it
     b = engine.get("XB")
     assert b.status == RunStatus.PENDING and b.quota_slot == "waiter", b
     assert not ThrottleAdmission.objects.filter(run_id="XB").exists()
+
+
+def _composite_decisions(store: DjangoStore, tag: str, scenario: str) -> list[tuple[Any, ...]]:
+    """The claims of one sequence on ``store``, each as (run, state, status, park reason,
+    throttled, the waiters it granted or sent a turn, admitted, fencing token, quota slot,
+    due), then every throttle admission recorded; run ids and keys without ``tag``.
+    ``"composite"``: a keyed workflow (limit 2) with two throttles (2 an hour, 3 in two
+    hours) and a quota (2), beside a workflow with one of those throttles, three
+    priorities; then one throttle key's limit raised and the other paused (K2).
+    ``"versions"``: a keyed workflow (limit 3) whose version 2 adds a throttle (2 an
+    hour), its waiters of both versions in one singleton queue, three priorities."""
+    registry = Registry()
+    t, u, k = f"T{tag}", f"U{tag}", f"K{tag}"
+    fast = Throttle("cx-fast", key=lambda i: i["t"], limit=2, period=3600)
+    engine = make_engine(store, registry=registry)
+    if scenario == "composite":
+        slow = Throttle("cx-slow", key=lambda i: i["u"], limit=3, period=7200)
+        pool = Quota("cx-pool", key=lambda i: i["q"], limit=2)
+        keyed = {"key": lambda i: i["k"], "limit": 2}
+        registry.add("cx", "1", lambda ctx, i: None, singleton=keyed, throttles=[slow, fast], quotas=[pool])
+        registry.add("cy", "1", lambda ctx, i: None, throttles=[fast])
+        for n, name in enumerate("ABCDEFGH"):
+            workflow = "cy" if n % 3 == 2 else "cx"
+            engine.start(workflow, {"k": k, "t": t, "u": u, "q": f"Q{tag}"}, run_id=f"{tag}{name}", priority=n * 7 % 3)
+        order = ["HGCAFBEDH", "DEFGH", "CB"]
+    else:
+        registry.add("cv", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "limit": 3})
+        registry.add("cv", "2", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "limit": 3}, throttles=[fast])
+        for n, name in enumerate("ABCDEFGH"):
+            version = "1" if n % 3 == 0 else "2"
+            engine.start("cv", {"k": k, "t": t}, run_id=f"{tag}{name}", version=version, priority=n * 5 % 3)
+        order = ["BCEHFGBD"]
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    seen: list[tuple[Any, ...]] = []
+    for step, names in enumerate(order):
+        if step == 1:
+            engine.controls.override_limit("throttle:cx-fast", t, 5, by="test")
+        if step == 2:
+            engine.controls.pause_key("throttle:cx-slow", u, by="test")
+        for name in names:
+            turn = _turn(engine, f"{tag}{name}")
+            run = engine.get(f"{tag}{name}")
+            granted = sorted(g.run_id.removeprefix(tag) for g in turn.granted)
+            reason = run.park_reason.replace(tag, "") if run.park_reason else run.park_reason
+            slots = (run.admitted, run.fencing_token, run.quota_slot, run.not_before is None)
+            seen.append((name, turn.state, run.status, reason, turn.throttled, granted, *slots))
+    admitted = ThrottleAdmission.objects.filter(key__in=[t, u])
+    seen.append(("admissions", *sorted((a.throttle, a.run_id.removeprefix(tag)) for a in admitted)))
+    return seen
+
+
+@pytest.mark.parametrize("scenario", ["composite", "versions"])
+def test_the_rooms_throttled_claims_decide_as_the_orm_path_with_other_limits(scenario: str) -> None:
+    """X6b, X6c, X6d, X3d, X3e, X3h, X8a, S5, K1, K2: the same claims on the ORM path
+    (``raw_sql=False``) and through this database's room (MariaDB's ``ds_admit_quota``,
+    PostgreSQL's claim message, the SQLite room's ``claim_throttled`` where it applies)
+    decide alike: two throttles of different periods beside a quota and a singleton key
+    (the opening of the latest throttle that denies a run, a raised limit, a paused key),
+    and a singleton queue whose older version's waiters carry no throttle (they are
+    granted their slots, X3h), with three priorities."""
+    orm = _composite_decisions(DjangoStore(raw_sql=False), "orm-", scenario)
+    room = _composite_decisions(DjangoStore(), "room-", scenario)
+    assert room == orm
+    states = {(d[1], d[4]) for d in room[:-1]}
+    assert (TurnState.RUN, None) in states and any(s is TurnState.PARKED and th for s, th in states), room
