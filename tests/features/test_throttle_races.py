@@ -134,3 +134,51 @@ def test_a_pause_racing_claims_admits_no_run_while_the_throttle_key_is_paused() 
     inside = [t for t in times for since, until in paused if since < t < until]
     assert not inside, (inside, paused)
     assert _most_in_any_window(times, 0.2) <= 3, times
+
+
+def test_cancels_racing_claims_of_new_throttle_keys() -> None:
+    """X6b, R6, R5a, S13: 3 threads claim 24 runs spread over 4 throttle keys whose key rows
+    do not exist yet (each first claim creates its key's row under the lock, racing the
+    others), while a fourth cancels every third run: every run ends completed or cancelled,
+    no body runs twice, a run whose cancel came first never runs, and each key's window
+    holds (2 per 0.3 s) on the recorded admissions."""
+    registry = Registry()
+    rate = Throttle("race-new", key=lambda i: i["t"], limit=2, period=0.3)
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def body(ctx: Any, input: Any) -> None:
+        with lock:
+            ran.append(ctx.run_id)
+
+    registry.add("c", "1", body, throttles=[rate])
+    first = make_engine("django", registry=registry)
+    engines = [first, *(make_engine(first.store, registry=registry) for _ in range(2))]
+    ids = [first.start("c", {"t": f"N{n % 4}"}, run_id=f"C{n:02d}").run_id for n in range(24)]
+    first.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    cancelled: list[str] = []
+    canceller = make_engine(first.store, registry=registry)
+
+    def cancel_some() -> None:
+        for run_id in ids[::3]:
+            if canceller.cancel(run_id).status == RunStatus.CANCELLED:
+                with lock:
+                    cancelled.append(run_id)  # cancelled before it ran
+            threading.Event().wait(0.01)
+
+    thread = spawn(cancel_some)
+    ended = (RunStatus.COMPLETED, RunStatus.CANCELLED)
+    try:
+        _race(engines, ids, lambda: not thread.is_alive() and all(first.get(r).status in ended for r in ids))
+    finally:
+        thread.join(30)
+    runs = {r: first.get(r) for r in ids}
+    assert all(run.status in ended for run in runs.values()), {r: run.status for r, run in runs.items()}
+    assert len(ran) == len(set(ran)), Counter(ran)
+    assert not set(cancelled) & set(ran), (cancelled, ran)
+    assert {r for r, run in runs.items() if run.status == RunStatus.COMPLETED} <= set(ran)
+    for n in range(4):
+        times = sorted(
+            run.admitted_at for run in runs.values() if run.admitted_at is not None and run.input["t"] == f"N{n}"
+        )
+        assert _most_in_any_window(times, 0.3) <= 2, (n, times)
