@@ -443,3 +443,51 @@ def test_the_rooms_throttled_claims_decide_as_the_orm_path_with_other_limits(sce
     assert room == orm
     states = {(d[1], d[4]) for d in room[:-1]}
     assert (TurnState.RUN, None) in states and any(s is TurnState.PARKED and th for s, th in states), room
+
+
+def _ttl_decisions(store: DjangoStore, tag: str) -> list[tuple[Any, ...]]:
+    """Four waiters A..D of one singleton key (limit 3, queue_ttl 30 s) and one throttle key
+    (3 an hour), B past its TTL (created 60 s back), claimed in order with the engine's TTLs,
+    then a tick: each claim as (run, state, status, park reason, throttled, the waiters it
+    granted or sent a turn, quota slot), then each run's status; run ids without ``tag``."""
+    from tests.features.test_queue_ttl import backdate
+
+    registry = Registry()
+    rate = Throttle("ttl-rate", key=lambda i: i["t"], limit=3, period=3600)
+    keyed = {"key": lambda i: i["k"], "limit": 3, "queue_ttl": 30}
+    registry.add("tw", "1", lambda ctx, i: None, singleton=keyed, throttles=[rate])
+    engine = make_engine(store, registry=registry)
+    for name in "ABCD":
+        engine.start("tw", {"k": f"K{tag}", "t": f"T{tag}"}, run_id=f"{tag}{name}")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    backdate(engine, f"{tag}B", 60)
+    seen: list[tuple[Any, ...]] = []
+    for name in "ABCD":
+        turn = engine.store.begin_turn(
+            f"{tag}{name}",
+            "w",
+            lease_seconds=30,
+            limits=engine.limits(),
+            max_recoveries=3,
+            retry=engine._retry_policy(),
+            ttls=engine.queue_ttls(),
+        )
+        run = engine.get(f"{tag}{name}")
+        granted = sorted(g.run_id.removeprefix(tag) for g in turn.granted)
+        reason = (run.park_reason or "").replace(tag, "")
+        seen.append((name, turn.state, run.status, reason, turn.throttled, granted, run.quota_slot))
+    engine.tick()
+    seen.append(("after the tick", *(engine.get(f"{tag}{name}").status for name in "ABCD")))
+    return seen
+
+
+def test_a_throttle_waiter_past_its_queue_ttl_is_not_admitted_by_the_rooms() -> None:
+    """X2, X6c, X3d: a waiter past its queue_ttl is no longer in its throttle key's queue:
+    its own claim through this database's room does not admit it (parked, as on the ORM
+    path, ``raw_sql=False``), the claims of the others skip it (the grants and turns name
+    only the waiters within their TTL), and the next tick ends it cancelled."""
+    orm = _ttl_decisions(DjangoStore(raw_sql=False), "orm-")
+    room = _ttl_decisions(DjangoStore(), "room-")
+    assert room == orm
+    assert room[1][:2] == ("B", TurnState.PARKED) and room[-1][2] == RunStatus.CANCELLED, room
+    assert all("B" not in d[5] for d in room[:-1]), room
