@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db.models.signals import post_delete, pre_delete
+from django.db.models.signals import post_delete, post_migrate, pre_delete
 
 from .statuses import ACTIVE_STATUSES
 
@@ -50,8 +50,9 @@ def _release_deleted_run(sender: Any, instance: Any, using: str, **kwargs: Any) 
 def connect() -> None:
     """Connect the receivers (idempotent): the release of a deleted run, the
     start of the embedded worker at a process's first request (O1), the
-    metrics' counters when prometheus_client is installed (O4), and the
-    wait spans when opentelemetry-api is installed (O8)."""
+    metrics' counters when prometheus_client is installed (O4), the
+    wait spans when opentelemetry-api is installed (O8), and, after a
+    ``migrate`` or a ``flush``, the key rows the store knew to exist forgotten."""
     from . import tracing, worker
     from .models import Run
 
@@ -65,3 +66,12 @@ def connect() -> None:
         metrics.connect()
     pre_delete.connect(_lock_key_of_deleted_run, sender=Run, dispatch_uid="durable_singleton.lock_key_of_deleted_run")
     post_delete.connect(_release_deleted_run, sender=Run, dispatch_uid="durable_singleton.release_deleted_run")
+    post_migrate.connect(_forget_key_rows, dispatch_uid="durable_singleton.forget_key_rows")
+
+
+def _forget_key_rows(sender: Any, using: str = "default", **kwargs: Any) -> None:
+    """After ``migrate`` or ``flush`` on ``using``: its key rows may be gone, so the store's
+    next lock of each takes the upsert again (:meth:`DjangoStore.lock_key`, S13a)."""
+    from .stores.django import forget_key_rows
+
+    forget_key_rows(using)

@@ -165,7 +165,7 @@ from .rows import COLUMNS, run_record
 from .schedule_state import DjangoScheduleStore
 from .turns import DEFAULT_QUEUE, add_notices
 
-__all__ = ["DjangoStore", "is_transient_error", "record_of"]
+__all__ = ["DjangoStore", "forget_key_rows", "is_transient_error", "record_of"]
 
 T = TypeVar("T")
 
@@ -295,6 +295,25 @@ class _UnlockedQuotaKeysError(Exception):
     def __init__(self, quota_keys: set[tuple[str, str]]) -> None:
         super().__init__(sorted(quota_keys))
         self.quota_keys = quota_keys
+
+
+#: The key rows known to exist, per database alias: (workflow or lock name, key) pairs this
+#: process locked (:meth:`DjangoStore.lock_key`). Forgotten whole past this many.
+_KNOWN_KEY_ROWS: dict[str, set[tuple[str, str]]] = {}
+_KNOWN_KEY_ROWS_MAX = 100_000
+
+
+def _known_key_rows(db: str) -> set[tuple[str, str]]:
+    known = _KNOWN_KEY_ROWS.setdefault(db, set())
+    if len(known) > _KNOWN_KEY_ROWS_MAX:
+        known.clear()
+    return known
+
+
+def forget_key_rows(db: str) -> None:
+    """Forget the key rows known to exist on database alias ``db`` (after a ``migrate``
+    or a ``flush``, which may have removed them): their next locks take the upsert."""
+    _KNOWN_KEY_ROWS.pop(db, None)
 
 
 class DjangoStore(BaseStore):
@@ -485,19 +504,29 @@ class DjangoStore(BaseStore):
         Must run inside a transaction. SQLite has no row locks: an UPDATE of
         the row takes the database write lock before anything is read (one
         upsert that returns the row, where SQLite returns rows). On
-        MySQL/MariaDB an upsert takes the row's exclusive lock (creating the
-        row if missing) without the gap lock a ``SELECT ... FOR UPDATE`` of a
-        missing row takes at REPEATABLE READ, which made first claims of a new
-        key deadlock with each other (S13a); ``existing`` (a settle: the key's
-        row was created by its run's claim) tries the ``SELECT ... FOR UPDATE``
-        first, one statement instead of two when the row is there.
+        MySQL/MariaDB a key this process has not seen yet is locked by an
+        upsert, which takes the row's exclusive lock (creating the row if
+        missing) without the gap lock a ``SELECT ... FOR UPDATE`` of a missing
+        row takes at REPEATABLE READ, which made first claims of a new key
+        deadlock with each other (S13a). A key row seen (key rows are never
+        deleted by the package), or with ``existing`` (a settle: the key's row
+        was created by its run's claim), is locked by ``SELECT ... FOR UPDATE``
+        first: the record alone, one statement instead of two, and no next-key
+        lock that would block a new key row's insert into the gap before it.
         """
         keys = SingletonKey.objects.using(self.db).filter(workflow_name=workflow_name, key=key)
         fields = ("pk", "last_token", "paused", "limit_override")
-        if self._vendor == "mysql" and existing:
+        known = _known_key_rows(self.db)
+        if self._vendor == "mysql" and (existing or (workflow_name, key) in known):
+            # A row that exists: the locking read of one row of the unique index locks that
+            # record alone. The upsert's duplicate-key check takes a next-key lock, the gap
+            # before the row too, and a transaction waiting for it blocks every insert into
+            # that gap: a claim holding this row and creating its next key's row there was
+            # refused as a deadlock, again at each retry while others kept waiting (S13a).
             found: dict[str, Any] | None = keys.select_for_update().values(*fields).first()
             if found is not None:
                 return found
+            known.discard((workflow_name, key))  # deleted by someone else: the upsert creates it
         if self._vendor == "sqlite" and connections[self.db].features.can_return_columns_from_insert:
             return self._upsert_key(workflow_name, key)
         if self._vendor == "mysql":
@@ -516,6 +545,7 @@ class DjangoStore(BaseStore):
                     [now, now, workflow_name, key],
                 )
             locked_row: dict[str, Any] = keys.select_for_update().values(*fields).get()  # ours already: no wait
+            known.add((workflow_name, key))
             return locked_row
         for _ in range(2):
             if self._vendor == "sqlite":

@@ -89,3 +89,50 @@ def test_a_key_control_refused_by_a_deadlock_with_a_claim_is_retried(control: st
         "resume": (False, None),
         "override": (False, 3),
     }[control]
+
+
+def _deadlocks() -> int:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Innodb_deadlocks'")
+        return int(cursor.fetchone()[1])
+
+
+def test_a_key_row_created_next_to_a_key_others_wait_for_deadlocks_with_no_one() -> None:
+    """S13a, X3e, section 7: a transaction holds quota key (quota:gap, x), as a claim or a
+    capped start of a run that carries it does; another store's transaction waits for the
+    same row (a racing start of the same quota). The first then creates a new key row
+    whose place in the key table's unique index is the gap just before (quota:gap, x) (its
+    singleton key's first claim or start). The waiting lock is the row's alone, so the
+    insert does not wait for it and the server refuses no one. Before, the waiting
+    upsert's next-key lock covered that gap: a deadlock, and each retry of the creator met
+    the next waiter the same way (six racing capped starts exhausted their retries)."""
+    registry = Registry()
+    registry.add("w", "1", lambda ctx, i: None, quotas=[Quota("gap", key=lambda i: "x")])
+    first: Any = make_engine("django", registry=registry).store
+    other: Any = make_engine("django", registry=registry).store
+    with transaction.atomic():
+        first.lock_key("quota:gap", "x")  # the key row exists
+    before = _deadlocks()
+    result: list[Any] = []
+
+    def wait_for_the_row() -> None:
+        try:
+            with transaction.atomic():
+                result.append(other.lock_key("quota:gap", "x"))
+        except BaseException as exc:  # reported by the test
+            result.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=wait_for_the_row, daemon=True)
+    with transaction.atomic():
+        first.lock_key("quota:gap", "x")
+        thread.start()
+        wait_for(lambda: _waiting_on_key_rows() >= 1, 60, "the other transaction waiting for the quota key's row")
+        # "quota:gap" sorts just after "q": the new row's place is the gap before (quota:gap, x).
+        first.lock_key("q", "new")
+    thread.join(120)
+    assert not thread.is_alive(), "the waiting transaction never returned"
+    assert not isinstance(result[0], BaseException), result
+    assert _deadlocks() == before, "the server refused a transaction as a deadlock"
+    assert SingletonKey.objects.filter(workflow_name="q", key="new").exists()
