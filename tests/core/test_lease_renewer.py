@@ -253,7 +253,12 @@ def test_a_lease_taken_over_is_dropped_and_its_body_fenced(store_kind: str) -> N
     sleep_past_lease(a, run.run_id, timeout=60)  # A's lease expired; its renewal is held back
     second = threading.Thread(target=turn, args=("B", b))
     second.start()
-    wait_for(lambda: lease_owner() not in (None, a_owner), 60, "B took the run over")
+    wait_for(
+        lambda: lease_owner() not in (None, a_owner),
+        60,
+        "B took the run over",
+        lambda: f"outcomes {outcomes}, the run {a.get(run.run_id)}, B alive {second.is_alive()}",
+    )
     taken_over.set()
     first.join(60)
     second.join(60)
