@@ -162,6 +162,17 @@ class WorkerProcess:
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, sig)
 
+    def exit_code(self, timeout: float = 60.0) -> int:
+        """Wait at most ``timeout`` seconds for the main process to exit; return its code.
+        A process still running then is asked for every thread's stack (SIGUSR1: Celery's
+        and durable_worker's dump) and AssertionError is raised with its log."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill(signal.SIGUSR1)
+            time.sleep(2)
+            raise AssertionError(f"{self.name} still running {timeout:.0f} s later; its log:\n{self.log()}") from None
+
     def pause(self, timeout: float = 60.0) -> None:
         """Stop the main process (SIGSTOP) at a moment it holds no database lock.
 

@@ -332,7 +332,7 @@ def test_a_worker_stopped_and_continued_still_obeys_sigterm(workers: DurableWork
     finally:
         worker.kill(signal.SIGCONT)
     worker.kill(signal.SIGTERM)
-    assert worker.proc.wait(60) == 0, workers.logs()
+    assert worker.exit_code(60) == 0, workers.logs()
     assert "received SIGTERM: stopping" in worker.log(), worker.log()
 
 
@@ -421,3 +421,19 @@ def test_bad_worker_options_are_refused_and_nothing_registers(args: list[str], m
     with pytest.raises(CommandError, match=re.escape(message)):
         call_command("durable_worker", *args)
     assert not WorkerProcess.objects.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_sigusr1_prints_every_threads_stack_and_the_worker_runs_on(workers: DurableWorkers) -> None:
+    """O1, O6: SIGUSR1 makes a durable_worker print the stack of each of its threads to
+    its stderr (as a Celery worker does) and changes nothing: it still stops cleanly at
+    SIGTERM. What a worker that does not stop is waiting for can then be read from its log
+    (the tests send it before they give up on a worker's exit)."""
+    worker = workers.start(threads=1, env=_env(workers))
+    worker.kill(signal.SIGUSR1)
+    wait_for(lambda: "most recent call first" in worker.log(), 60, "the threads' stacks in the log", worker.log)
+    assert worker.alive(), worker.log()
+    worker.kill(signal.SIGTERM)
+    assert worker.exit_code(60) == 0, workers.logs()
+    assert "received SIGTERM: stopping" in worker.log(), worker.log()
