@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -89,7 +90,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGINT, worker.request_stop)
         # SIGUSR1 prints every thread's stack to stderr, as a Celery worker does: what a worker
         # that does not stop is waiting for (faulthandler, in C: even while Python is blocked).
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # A stderr without a file descriptor (an embedding process's) has no dump.
+        with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
         worker.start()  # the ready line says how the worker is woken (O1)
         self.stdout.write(
             f"durable_worker pid {os.getpid()}: {worker.dispatcher.describe()}, dispatch {settings.DISPATCH}; ready."
