@@ -145,25 +145,30 @@ class StoreClock:
         self._rtt = timedelta(0)
         self._measured: float | None = None
         self._last: datetime | None = None
+        self._last_rtt = timedelta(0)  # the round trip of the correction ``_last`` was computed with
 
     def __call__(self) -> datetime:
         if self._measured is None or time.monotonic() - self._measured > self._refresh:
             self.correct()
-        # Each correction measures the offset with a few microseconds of
-        # jitter: a time up to the last round trip before one already returned
-        # is held at it, so two starts of this process keep their order (S5).
-        # A larger step back is the process clock stepping (NTP, a resumed
-        # VM), and a held time would be wrong for as long as the step (R8).
-        # A naive clock (USE_TZ = False, refused by check E012) is never
-        # compared with an aware one.
+        # Each correction measures the offset within half its round trip: two
+        # times computed with two corrections can come out of order by up to
+        # half of each one's round trip (a thread paused during one read of
+        # the store's clock makes that round trip long). A time up to both
+        # round trips before one already returned is held at it, so two starts
+        # of this process keep their order (S5). A larger step back is the
+        # process clock stepping (NTP, a resumed VM), and a held time would be
+        # wrong for as long as the step (R8). A naive clock (USE_TZ = False,
+        # refused by check E012) is never compared with an aware one.
         now = self._local() + self._offset
         last = self._last
         if (
             last is not None
             and (last.tzinfo is None) == (now.tzinfo is None)
-            and last - self._rtt - _STEP_TOLERANCE <= now < last
+            and last - self._rtt - self._last_rtt - _STEP_TOLERANCE <= now < last
         ):
-            now = last
+            now = last  # held: its uncertainty stays that of the correction it came from
+        else:
+            self._last_rtt = self._rtt
         self._last = now
         return now
 

@@ -208,3 +208,33 @@ def test_a_step_ahead_and_back_between_corrections_does_not_hold_the_clock(
     assert clock() - engine.store.now() > timedelta(minutes=59)
     clock._local = local
     assert abs(clock() - engine.store.now()) < timedelta(seconds=5)
+
+
+def test_two_starts_keep_their_order_when_one_correction_took_long() -> None:
+    """R8, S5: each start corrects the clock (one read of the store's) and stamps
+    ``created_at``. A correction's offset is off by up to half its round trip: here the
+    first read's thread was paused 10 ms before the store answered (offset 5 ms ahead),
+    the second was quick. The second start's time came out 4 ms before the first's, and
+    the floor that holds a time up to the current correction's round trip (10 µs) behind
+    did not hold it: r1 was created before r0 and admitted first (CI, the conformance
+    suite's oldest-first test on a minimal store, under load). Held now: a time up to both
+    corrections' round trips behind the last is held at it."""
+    base = datetime(2026, 12, 7, 12, 0, tzinfo=UTC)
+    ms = timedelta(milliseconds=1)
+    # The process clock's readings, in order: correction 1 (before, after), start 1,
+    # correction 2 (before, after), start 2. The store answers as the process clock reads.
+    local = iter([base, base + 10 * ms, base + 10 * ms, base + 11 * ms, base + 11.01 * ms, base + 11.02 * ms])
+    remote = iter([base + 10 * ms, base + 11.005 * ms])  # the first read answered at the end of its wait
+
+    class Store:
+        def now(self) -> datetime:
+            return next(remote)
+
+    clock = StoreClock(Store())  # type: ignore[arg-type]
+    clock._local = lambda: next(local)
+    clock.correct()
+    first = clock()
+    clock.correct()
+    second = clock()
+    assert second >= first, (first, second)
+    assert second - first < 10 * ms  # held at the first, not ahead of it
