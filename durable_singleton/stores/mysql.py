@@ -5,7 +5,7 @@ room carries them out in fewer round trips. Each procedure lives in a named
 block of ``durable_singleton/sql/mysql/*.sql`` (``-- name: <procedure>``, read
 by the one loader, :mod:`durable_singleton.sql`), created by migrations
 ``0016_mysql_procedures``, ``0017_mysql_settle``, ``0021_mysql_commit_last``,
-``0022_mysql_quotas`` and ``0024_mysql_throttles`` on MySQL/MariaDB only
+``0022_mysql_quotas``, ``0024_mysql_throttles`` and ``0025_mysql_key_locks`` on MySQL/MariaDB only
 (:func:`install`): ``ds_claim``, a turn's claim without a read first (a run
 without a key takes its lease, a tracked waiter is admitted or parked under its
 key's lock; any other run is only read and the ORM path decides);
@@ -21,7 +21,9 @@ its slots. The throttles (X6), ``sql/mysql/throttle.sql``, migration
 which ``ds_admit_quota`` locks a throttle carrier's throttle keys first, counts
 each key's window at one reading of the database's clock after the locks,
 records its admission at that time or parks it until the window opens
-(``throttled:<name>``). One CALL each instead of five to thirty round trips
+(``throttled:<name>``). Every key row is locked through ``ds_lock_key``, by its
+primary key when ``ds_key_ids`` read it before the transaction (migration
+``0025_mysql_key_locks``; S13a). One CALL each instead of five to thirty round trips
 (``SET autocommit``, the locks, the reads, the writes, ``COMMIT``, ``SET
 autocommit``). A throttle carrier's start stays the ORM path's.
 
@@ -81,8 +83,12 @@ PROCEDURES_0022 = (
 #: order, and those it creates again: ``ds_admit_quota`` claims a waiter that carries
 #: throttles too, and ``ds_claim`` calls it for one.
 PROCEDURES_0024 = ("ds_throttle_keys_of", "ds_throttle_front")
+#: The procedure migration ``0025_mysql_key_locks`` creates (``sql/mysql/quota.sql``), and
+#: those it creates again: ``ds_lock_key`` locks a key row its caller read before its
+#: transaction (``ds_key_ids``) by its primary key, and its callers read those ids first.
+PROCEDURES_0025 = ("ds_key_ids",)
 #: The procedures this room calls.
-PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017 + PROCEDURES_0022 + PROCEDURES_0024
+PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017 + PROCEDURES_0022 + PROCEDURES_0024 + PROCEDURES_0025
 
 # The server's refusals of a CALL that mean "not installed" (docs/operations.rst): no such
 # procedure; no EXECUTE; access denied (database, table); its definer no longer exists.

@@ -136,3 +136,78 @@ def test_a_key_row_created_next_to_a_key_others_wait_for_deadlocks_with_no_one()
     assert not isinstance(result[0], BaseException), result
     assert _deadlocks() == before, "the server refused a transaction as a deadlock"
     assert SingletonKey.objects.filter(workflow_name="q", key="new").exists()
+
+
+def _sessions(result: list[Any]) -> str:
+    """What every session is doing, and what the claim returned, for a wait that failed."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT ID, COMMAND, STATE, INFO FROM information_schema.PROCESSLIST")
+        return f"claim: {result!r}\nsessions: {cursor.fetchall()!r}"
+
+
+@pytest.mark.parametrize("shape", ["singleton", "quota", "throttle"])
+def test_a_rooms_claim_waiting_for_a_key_row_created_next_to_deadlocks_with_no_one(shape: str) -> None:
+    """S13a, X3e, X6c, section 7: the same cycle as above through the MariaDB room's
+    procedures. The test's transaction holds the key row (``gap``'s, key x) that a waiter's
+    claim locks first: ``ds_claim``'s own lock of its singleton key, or ``ds_admit_quota``'s
+    of its quota or throttle key. The claim, one CALL on another connection, waits for it;
+    the test's transaction then creates the key row whose place in the unique index is the
+    gap just before. ``ds_lock_key`` locks a row its caller read before the transaction
+    (``ds_key_ids``) by its primary key, the record alone, so the insert does not wait and
+    the server refuses no one; the claim admits its run once the test commits. Before
+    (migration 0025), each procedure locked with an upsert first, whose waiting next-key
+    lock covered that gap: InnoDB's deadlock counter moved and one side was refused."""
+    from durable_singleton import Throttle
+    from durable_singleton.stores.base import TurnState
+
+    registry = Registry()
+    if shape == "singleton":
+        registry.add("gap", "1", lambda ctx, i: None, singleton={"key": lambda i: "x"})
+        locked, created = ("gap", "x"), ("gap", "w")  # ("gap", "w") sorts just before ("gap", "x")
+    elif shape == "quota":
+        registry.add("w", "1", lambda ctx, i: None, quotas=[Quota("gap", key=lambda i: "x")])
+        locked, created = ("quota:gap", "x"), ("quota:gap", "w")
+    else:
+        registry.add("w", "1", lambda ctx, i: None, throttles=[Throttle("gap", key=lambda i: "x", limit=5, period=60)])
+        locked, created = ("throttle:gap", "x"), ("throttle:gap", "w")
+    holder = make_engine("django", registry=registry)
+    claimer = make_engine("django", registry=registry)
+    assert claimer.store._mysql_room() is not None  # type: ignore[attr-defined]  # the procedures are installed
+    store: Any = holder.store
+    run_id = holder.start("gap" if shape == "singleton" else "w", {}).run_id
+    with transaction.atomic():
+        store.lock_key(*locked)  # the key row exists
+    before = _deadlocks()
+    result: list[Any] = []
+
+    def claim() -> None:
+        try:
+            result.append(
+                claimer.store.begin_turn(
+                    run_id,
+                    "claimer",
+                    lease_seconds=30,
+                    limits=claimer.limits(),
+                    max_recoveries=3,
+                    retry=claimer._retry_policy(),
+                )
+            )
+        except BaseException as exc:  # reported by the test
+            result.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=claim, daemon=True)
+    with transaction.atomic():
+        store.lock_key(*locked)
+        thread.start()
+        # A procedure's statement shows as itself in the process list (MariaDB), not as the CALL.
+        waiting = "the claim waiting for the key's row"
+        wait_for(lambda: _waiting_on_key_rows() >= 1, 60, waiting, lambda: _sessions(result))
+        store.lock_key(*created)  # the new row's place: the gap just before the locked one
+    thread.join(120)
+    assert not thread.is_alive(), "the claim never returned"
+    assert not isinstance(result[0], BaseException), result
+    assert _deadlocks() == before, "the server refused a transaction as a deadlock"
+    assert result[0].state is TurnState.RUN, result[0]
+    assert SingletonKey.objects.filter(workflow_name=created[0], key=created[1]).exists()

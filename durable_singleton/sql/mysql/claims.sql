@@ -114,6 +114,7 @@ BEGIN
     DECLARE declared_limit INTEGER;
     DECLARE ttl_microseconds BIGINT;
     DECLARE key_id BIGINT;
+    DECLARE known_ids LONGTEXT CHARACTER SET utf8mb4;
     DECLARE changed INTEGER DEFAULT 0;
     DECLARE written INTEGER DEFAULT 0;
     DECLARE claimant_token BIGINT;
@@ -175,15 +176,11 @@ BEGIN
         IF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
            AND quota_slot_read IS NULL AND key_name IS NOT NULL AND tracked_read AND slot_read = 'waiter'
            AND declared_limit IS NOT NULL THEN
+            -- The key's row id before the transaction, then its lock (ds_lock_key, S13a), then
+            -- the run's row (S13).
+            CALL ds_key_ids(JSON_ARRAY(JSON_ARRAY(wf, key_name)), known_ids);
             START TRANSACTION;
-            -- The key's lock first, an upsert (no gap lock, S13a), then the run's row (S13).
-            INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, `key`, last_token, paused)
-            VALUES (UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), wf, key_name, 0, FALSE)
-            ON DUPLICATE KEY UPDATE last_token = last_token;
-            SELECT MAX(k.id) INTO key_id
-              FROM durable_singleton_singletonkey k
-             WHERE k.workflow_name = wf AND k.`key` = key_name
-               FOR UPDATE;
+            CALL ds_lock_key(wf, key_name, JSON_EXTRACT(known_ids, '$[0]'), key_id);
             SELECT COUNT(*) INTO changed
               FROM durable_singleton_run r
              WHERE r.run_id = run_to_claim

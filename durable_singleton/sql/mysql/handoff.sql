@@ -185,6 +185,7 @@ CREATE PROCEDURE ds_settle_handoff(
 MODIFIES SQL DATA
 BEGIN
     DECLARE key_id BIGINT;
+    DECLARE known_ids LONGTEXT CHARACTER SET utf8mb4;
     DECLARE settled INTEGER DEFAULT 0;
     DECLARE claimant_token BIGINT;
     DECLARE claimant_front BOOLEAN;
@@ -195,21 +196,11 @@ BEGIN
         ROLLBACK;  -- never a transaction left open on the caller's connection
         RESIGNAL;  -- a deadlock or a lock wait timeout reaches the store's retry
     END;
+    -- The key's row id before the transaction, then its lock first: the lock order of every
+    -- path (S13), no gap lock (ds_lock_key, S13a; a run of an older release may have left no row).
+    CALL ds_key_ids(JSON_ARRAY(JSON_ARRAY(wf, key_name)), known_ids);
     START TRANSACTION;
-    -- The key's row lock first: the lock order of every path (S13).
-    SELECT MAX(k.id) INTO key_id
-      FROM durable_singleton_singletonkey k
-     WHERE k.workflow_name = wf AND k.`key` = key_name
-       FOR UPDATE;
-    IF key_id IS NULL THEN                             -- as DjangoStore.lock_key: an upsert, no gap lock
-        INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, `key`, last_token, paused)
-        VALUES (UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), wf, key_name, 0, FALSE)
-        ON DUPLICATE KEY UPDATE last_token = last_token;
-        SELECT MAX(k.id) INTO key_id
-          FROM durable_singleton_singletonkey k
-         WHERE k.workflow_name = wf AND k.`key` = key_name
-           FOR UPDATE;
-    END IF;
+    CALL ds_lock_key(wf, key_name, JSON_EXTRACT(known_ids, '$[0]'), key_id);
     UPDATE durable_singleton_run
        SET status = final_status,
            output = output_json,

@@ -13,23 +13,64 @@
 
 -- name: ds_lock_key
 -- Lock a key's row inside the caller's transaction, created if missing: a singleton key
--- (its workflow's name) or a quota key (``quota:<name>``, X3b). An upsert takes the row's
--- exclusive lock without the gap lock a SELECT ... FOR UPDATE of a missing row takes at
--- REPEATABLE READ (S13a), as DjangoStore.lock_key. OUT: the row's id.
+-- (its workflow's name) or a quota or throttle key (``quota:<name>``, ``throttle:<name>``,
+-- X3b, X6). ``known_id``: the row's id as the caller read it before its transaction
+-- (ds_key_ids; 0 or NULL: no row then). A known row is locked by its primary key: the record
+-- alone, as DjangoStore.lock_key locks a row it knows. A row not known is locked by an
+-- upsert, which creates a missing row without the gap lock a SELECT ... FOR UPDATE of a
+-- missing row takes at REPEATABLE READ (S13a). Never the upsert on a row that exists: its
+-- duplicate check takes a next-key lock, whose wait covers the gap before the row in the
+-- key table's unique index, and a holder of the row that creates a key row in that gap
+-- (the next key by name) then deadlocks with the waiter. OUT: the row's id.
 CREATE PROCEDURE ds_lock_key(
     IN lock_name VARCHAR(191) CHARACTER SET utf8mb4,
     IN lock_key_name VARCHAR(191) CHARACTER SET utf8mb4,
+    IN known_id BIGINT,
     OUT locked_id BIGINT
 )
 MODIFIES SQL DATA
 BEGIN
-    INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, `key`, last_token, paused)
-    VALUES (UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), lock_name, lock_key_name, 0, FALSE)
-    ON DUPLICATE KEY UPDATE last_token = last_token;
-    SELECT MAX(k.id) INTO locked_id
-      FROM durable_singleton_singletonkey k
-     WHERE k.workflow_name = lock_name AND k.`key` = lock_key_name
-       FOR UPDATE;                                  -- ours already: no wait
+    SET locked_id = NULL;
+    IF known_id > 0 THEN
+        SELECT MAX(k.id) INTO locked_id
+          FROM durable_singleton_singletonkey k
+         WHERE k.id = known_id AND k.workflow_name = lock_name AND k.`key` = lock_key_name
+           FOR UPDATE;
+    END IF;
+    IF locked_id IS NULL THEN                      -- not known, or deleted since: the upsert
+        INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, `key`, last_token, paused)
+        VALUES (UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), lock_name, lock_key_name, 0, FALSE)
+        ON DUPLICATE KEY UPDATE last_token = last_token;
+        SELECT MAX(k.id) INTO locked_id
+          FROM durable_singleton_singletonkey k
+         WHERE k.workflow_name = lock_name AND k.`key` = lock_key_name
+           FOR UPDATE;                              -- ours already: no wait
+    END IF;
+END
+
+-- name: ds_key_ids
+-- The ids of key rows (the ``known_id`` of ds_lock_key), read before the caller's
+-- transaction starts: each a consistent read of its own statement, no lock, and no snapshot
+-- left for the transaction (its reads after its locks see what was committed before them,
+-- S13a). ``names_json``: [[lock name, key], ...]; OUT ``ids_json``: their ids in that
+-- order, 0 for a row that does not exist (no JSON_TABLE: MariaDB 10.5 has none).
+CREATE PROCEDURE ds_key_ids(
+    IN names_json LONGTEXT CHARACTER SET utf8mb4,
+    OUT ids_json LONGTEXT CHARACTER SET utf8mb4
+)
+READS SQL DATA
+BEGIN
+    DECLARE place INTEGER DEFAULT 0;
+    DECLARE found_id BIGINT;
+    SET ids_json = JSON_ARRAY();
+    WHILE place < COALESCE(JSON_LENGTH(names_json), 0) DO
+        SELECT COALESCE(MAX(k.id), 0) INTO found_id
+          FROM durable_singleton_singletonkey k
+         WHERE k.workflow_name = JSON_UNQUOTE(JSON_EXTRACT(names_json, CONCAT('$[', place, '][0]')))
+           AND k.`key` = JSON_UNQUOTE(JSON_EXTRACT(names_json, CONCAT('$[', place, '][1]')));
+        SET ids_json = JSON_ARRAY_APPEND(ids_json, '$', found_id);
+        SET place = place + 1;
+    END WHILE;
 END
 
 -- name: ds_quota_keys_of
@@ -222,6 +263,8 @@ admit: BEGIN
     DECLARE claimant_token BIGINT DEFAULT 0;
     DECLARE claimant_front BOOLEAN DEFAULT FALSE;
     DECLARE granted_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
+    DECLARE lock_names LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';   -- every key it locks, in the lock order
+    DECLARE known_ids LONGTEXT CHARACTER SET utf8mb4;                -- their ids before the transaction (ds_key_ids)
     DECLARE turn_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
     DECLARE more_turn_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
     DECLARE token_read BIGINT;
@@ -238,24 +281,42 @@ admit: BEGIN
     IF (keys_count = 0 AND throttles_count = 0) OR (keys_count > 0) <> (quotas_carried > 0) THEN
         LEAVE admit;                                   -- its memberships and its columns disagree: the ORM path (X3b)
     END IF;
+    -- The ids of the key rows it locks, read before the transaction (ds_lock_key, S13a).
+    SET key_place = 0;
+    WHILE key_place < throttles_count DO
+        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
+            CONCAT('throttle:', JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]')))),
+            JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]')))));
+        SET key_place = key_place + 1;
+    END WHILE;
+    SET key_place = 0;
+    WHILE key_place < keys_count DO
+        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
+            CONCAT('quota:', JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')))),
+            JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')))));
+        SET key_place = key_place + 1;
+    END WHILE;
+    IF key_name IS NOT NULL THEN
+        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(wf, key_name));
+    END IF;
+    CALL ds_key_ids(lock_names, known_ids);
     START TRANSACTION;
     -- The locks of all its limits: its throttle keys in order, its quota keys in order, its
     -- singleton key, its row (X3e, X6c, S13).
-    -- Each throttle key's row is locked as ds_lock_key locks a key (an upsert, no gap lock,
-    -- S13a), its controls read with the lock (K2): its limit in force, the key's override, else
+    -- Each throttle key's row is locked by ds_lock_key (S13a), its controls read with the
+    -- lock (K2): its limit in force, the key's override, else
     -- the declared one in ``limits_json`` under throttle:<name>, else the one the run's start
     -- recorded, never below 1 (admission.declared_limit, admission.limit_in_force); its pause.
     SET key_place = 0;
     WHILE key_place < throttles_count DO
         SET throttle_name = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]')));
-        INSERT INTO durable_singleton_singletonkey (created, modified, workflow_name, `key`, last_token, paused)
-        VALUES (UTC_TIMESTAMP(6), UTC_TIMESTAMP(6), CONCAT('throttle:', throttle_name), member_key, 0, FALSE)
-        ON DUPLICATE KEY UPDATE last_token = last_token;
+        CALL ds_lock_key(CONCAT('throttle:', throttle_name), member_key,
+                         JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
         SELECT MAX(k.limit_override), MAX(k.paused) INTO override_read, paused_read
           FROM durable_singleton_singletonkey k
-         WHERE k.workflow_name = CONCAT('throttle:', throttle_name) AND k.`key` = member_key
-           FOR UPDATE;
+         WHERE k.id = member_key_id
+           FOR UPDATE;                                  -- ours already: its values as committed
         SET throttle_limit = COALESCE(
             override_read,
             CAST(JSON_UNQUOTE(JSON_EXTRACT(limits_json, CONCAT('$.', JSON_QUOTE(CONCAT('throttle:', throttle_name)))))
@@ -270,12 +331,14 @@ admit: BEGIN
     WHILE key_place < keys_count DO
         SET member_quota = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')));
-        CALL ds_lock_key(CONCAT('quota:', member_quota), member_key, member_key_id);
+        CALL ds_lock_key(CONCAT('quota:', member_quota), member_key,
+                         JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + key_place, ']')), member_key_id);
         SET key_ids = JSON_ARRAY_APPEND(key_ids, '$', member_key_id);
         SET key_place = key_place + 1;
     END WHILE;
     IF key_name IS NOT NULL THEN
-        CALL ds_lock_key(wf, key_name, single_key_id);
+        CALL ds_lock_key(wf, key_name, JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + keys_count, ']')),
+                         single_key_id);
     END IF;
     SELECT COUNT(*) INTO changed
       FROM durable_singleton_run r
@@ -619,6 +682,8 @@ settle: BEGIN
     DECLARE more_turn_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
     DECLARE token_read BIGINT;
     DECLARE token BIGINT;
+    DECLARE lock_names LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';   -- every key it locks, in the lock order
+    DECLARE known_ids LONGTEXT CHARACTER SET utf8mb4;                -- their ids before the transaction (ds_key_ids)
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
         ROLLBACK;  -- never a transaction left open on the caller's connection
@@ -626,17 +691,30 @@ settle: BEGIN
     END;
     CALL ds_quota_keys_of(run_to_settle, keys_json);
     SET keys_count = JSON_LENGTH(keys_json);
+    -- The ids of the key rows it locks, read before the transaction (ds_lock_key, S13a).
+    WHILE key_place < keys_count DO
+        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
+            CONCAT('quota:', JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')))),
+            JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')))));
+        SET key_place = key_place + 1;
+    END WHILE;
+    SET key_place = 0;
+    IF key_name IS NOT NULL THEN
+        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(wf, key_name));
+    END IF;
+    CALL ds_key_ids(lock_names, known_ids);
     START TRANSACTION;
     -- The lock order of every path: the quota keys sorted, then the singleton key (X3e, S13).
     WHILE key_place < keys_count DO
         SET member_quota = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')));
-        CALL ds_lock_key(CONCAT('quota:', member_quota), member_key, member_key_id);
+        CALL ds_lock_key(CONCAT('quota:', member_quota), member_key,
+                         JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
         SET key_ids = JSON_ARRAY_APPEND(key_ids, '$', member_key_id);
         SET key_place = key_place + 1;
     END WHILE;
     IF key_name IS NOT NULL THEN
-        CALL ds_lock_key(wf, key_name, single_key_id);
+        CALL ds_lock_key(wf, key_name, JSON_EXTRACT(known_ids, CONCAT('$[', keys_count, ']')), single_key_id);
     END IF;
     UPDATE durable_singleton_run
        SET status = final_status,
