@@ -18,10 +18,11 @@
 -- (ds_key_ids; 0 or NULL: no row then). A known row is locked by its primary key: the record
 -- alone, as DjangoStore.lock_key locks a row it knows. A row not known is locked by an
 -- upsert, which creates a missing row without the gap lock a SELECT ... FOR UPDATE of a
--- missing row takes at REPEATABLE READ (S13a). Never the upsert on a row that exists: its
--- duplicate check takes a next-key lock, whose wait covers the gap before the row in the
--- key table's unique index, and a holder of the row that creates a key row in that gap
--- (the next key by name) then deadlocks with the waiter. OUT: the row's id.
+-- missing row takes at REPEATABLE READ (S13a). Not the upsert for a row the caller saw: on
+-- a row that exists its duplicate check takes a next-key lock, whose wait covers the gap
+-- before the row in the key table's unique index, and a holder of the row that creates a
+-- key row in that gap (the next key by name) then deadlocks with the waiter (the upsert
+-- meets that only for a row created since the caller's read). OUT: the row's id.
 CREATE PROCEDURE ds_lock_key(
     IN lock_name VARCHAR(191) CHARACTER SET utf8mb4,
     IN lock_key_name VARCHAR(191) CHARACTER SET utf8mb4,
