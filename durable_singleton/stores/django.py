@@ -763,6 +763,8 @@ class DjangoStore(BaseStore):
                     return started
         room = self._sqlite_room()
         carriers = run.quota_keys or run.throttle_keys
+        if room is not None and run.throttle_keys and not run.quota_keys:
+            room.expect_throttled(run.run_id)  # its claims: the room's throttled claim first
         if room is not None and (cap is None or run.singleton_key is None) and not carriers:
             # One INSERT with the backlog check (the SQLite room; a throttle carrier's memberships
             # are the ORM path's, X6); the store's clock is the
@@ -1359,18 +1361,26 @@ class DjangoStore(BaseStore):
         lite = self._sqlite_room()
         if lite is not None:
             delays = (retry_delay(retry.seconds, retry.jitter), retry_delay(retry.backlog_seconds, retry.jitter))
-            if known is None:
-                # The SQLite room's claim without a read first; None: the ORM path reads and decides.
+
+            def plain() -> Turn | None:
+                # The SQLite room's claim without a read first; None: it wrote nothing.
                 lite_turn = self._retrying(lambda: lite.claim(run_id, owner, lease_seconds, limits, delays, ttls or {}))
                 if lite_turn is not None:
                     run = lite_turn.run
                     if run is not None and run.singleton_key is not None:
                         key = run.singleton_key
                         self._retrying(lambda: lite.bump(run.workflow_name, key, (run, *lite_turn.granted)))
+                return lite_turn
+
+            throttles = any(name.startswith(THROTTLE_PREFIX) for name in limits)
+            # A run this room saw start or park as a throttle carrier tries its throttled claim
+            # first: the plain claim writes nothing for one (Room.expect_throttled).
+            hinted = known is None and throttles and lite.expects_throttled(run_id)
+            if known is None and not hinted:
+                lite_turn = plain()
+                if lite_turn is not None:
                     return lite_turn
-            if (known is None or (known.throttle_keys and known.quota_slot == SlotState.WAITER)) and any(
-                name.startswith(THROTTLE_PREFIX) for name in limits
-            ):
+            if (known is None or (known.throttle_keys and known.quota_slot == SlotState.WAITER)) and throttles:
                 # A waiter that carries a throttle (also the turn a handoff sent one), in the room's
                 # one transaction (X6); None: the ORM path reads and decides.
                 throttled = self._retrying(
@@ -1378,6 +1388,11 @@ class DjangoStore(BaseStore):
                 )
                 if throttled is not None:
                     return throttled
+            if hinted:
+                lite.forget_throttled(run_id)
+                lite_turn = plain()
+                if lite_turn is not None:
+                    return lite_turn
         if turn is None:
             turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls, read)
         if turn.state == TurnState.RUN and turn.run is not None and turn.run.step_count == 0 and not turn.recovered:

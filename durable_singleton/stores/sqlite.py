@@ -24,7 +24,8 @@ one cursor of the store's connection:
   K2, X2);
 * the claim of a waiter that carries one throttle and no quota, with or
   without a singleton key (:meth:`Room.claim_throttled`, X6), after the plain
-  claim wrote nothing (or at once for the turn a handoff sent it): in one
+  claim wrote nothing, or at once for the turn a handoff sent it and for a run the
+  room saw start or park as a throttle carrier (:meth:`Room.expect_throttled`): in one
   transaction, ``claim_throttled`` (``sql/sqlite/throttle.sql``)
   counts its throttle key's window at one reading of the clock and admits it
   (its ``admitted_at`` that reading, the singleton key's grants and the next
@@ -72,6 +73,8 @@ claim: a connection that serves one turn never pays it).
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -86,7 +89,7 @@ from ..statuses import ParkReason, RunStatus, SlotState
 from .base import Finish, Limits, QueueTtls, Turn, TurnState, handed_off
 from .rows import COLUMNS, json_param, run_record, start_params
 
-__all__ = ["Room", "ds_now", "ds_time", "lock_key", "record", "room_of"]
+__all__ = ["Room", "ds_now", "ds_time", "lock_key", "prepare_connection", "record", "room_of"]
 
 START = sql.statement("start", "sqlite")
 GET = sql.statement("get", "sqlite")
@@ -154,17 +157,44 @@ class Room:
     ``redelivery_seconds``: how long a granted waiter's turn is left to arrive
     before the tick sends it again (S7a)."""
 
+    #: How many runs the room remembers as throttle carriers (:meth:`expects_throttled`), the newest kept.
+    THROTTLE_HINTS = 4096
+
     def __init__(self, using: str, redelivery_seconds: float) -> None:
         self.using = using
         self.redelivery_seconds = redelivery_seconds
+        self._throttled: OrderedDict[str, None] = OrderedDict()  # run ids, oldest first
+        self._throttled_lock = threading.Lock()
+
+    def expect_throttled(self, run_id: str) -> None:
+        """Remember that run ``run_id`` waits as a throttle carrier (its start or its park by
+        :meth:`claim_throttled`, X6): its next claim tries :meth:`claim_throttled` before
+        :meth:`claim`, whose statement writes nothing for it. A hint only: a wrong one costs a
+        statement that writes nothing, and the plain claim follows."""
+        with self._throttled_lock:
+            self._throttled[run_id] = None
+            self._throttled.move_to_end(run_id)
+            while len(self._throttled) > self.THROTTLE_HINTS:
+                self._throttled.popitem(last=False)
+
+    def expects_throttled(self, run_id: str) -> bool:
+        """Whether :meth:`expect_throttled` named ``run_id`` since its last admission."""
+        with self._throttled_lock:
+            return run_id in self._throttled
+
+    def forget_throttled(self, run_id: str) -> None:
+        """Forget the hint of ``run_id`` (admitted, or not a throttle carrier after all)."""
+        with self._throttled_lock:
+            self._throttled.pop(run_id, None)
 
     def _cursor(self) -> Any:
-        """A cursor of this thread's connection, ``ds_now`` defined on it (once per connection)."""
+        """A cursor of this thread's connection, prepared for the room once per connection:
+        ``ds_now`` defined on it, and its temporary store in memory (:func:`prepare_connection`)."""
         connection = connections[self.using]
         connection.ensure_connection()
         raw = connection.connection
         if getattr(connection, "_ds_now_of", None) is not raw:
-            raw.create_function("ds_now", 1, ds_now)
+            prepare_connection(raw)
             connection._ds_now_of = raw  # type: ignore[attr-defined]
         return connection.cursor()
 
@@ -387,11 +417,29 @@ class Room:
         turns = sorted((g for g in others if g.quota_slot == SlotState.WAITER), key=_queue_place)
         granted = (*grants, *turns)
         if run.status == RunStatus.RUNNING:
+            self.forget_throttled(run_id)
             steps: dict[int, StepRecord] | None = {} if run.step_count == 0 else None
             return Turn(TurnState.RUN, run, granted=granted, admitted=True, steps=steps)
+        self.expect_throttled(run_id)  # parked: its next claim is a throttle carrier's again
         reason = run.park_reason or ""
         throttled = reason[len(ParkReason.THROTTLED.value) :] if reason.startswith(ParkReason.THROTTLED.value) else None
         return Turn(TurnState.PARKED, run, granted=granted, throttled=throttled)
+
+
+def prepare_connection(raw: Any) -> None:
+    """Prepare the sqlite3 connection ``raw`` for the room's statements: define ``ds_now``
+    (the store's clock, R5, R8), and keep its temporary store in memory (``PRAGMA temp_store
+    = MEMORY``) unless the project chose one (``temp_store`` not 0, the default: Django's
+    ``init_command`` option sets it). Each statement of the room materializes a dozen small
+    ephemeral tables (its ``MATERIALIZED`` CTEs, automatic indexes, sorts); with the
+    temporary store in files, ``claim_throttled`` took about 2.6 times as long once the
+    process had run the plain ``claim`` (0.76 against 0.29 ms, ``python -m bench.throttle``'s
+    claim), the heap growing and shrinking at every statement. A temporary table of the
+    connection, if any, is dropped by the change (SQLite's rule): it is made before the
+    room's first statement on the connection and never again."""
+    raw.create_function("ds_now", 1, ds_now)
+    if raw.execute("PRAGMA temp_store").fetchone()[0] == 0:
+        raw.execute("PRAGMA temp_store = MEMORY")
 
 
 def _queue_place(run: RunRecord) -> tuple[int, datetime, str]:

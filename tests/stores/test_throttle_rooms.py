@@ -200,10 +200,12 @@ def test_a_throttled_claim_is_the_sqlite_rooms_one_transaction(engine: Engine, w
     """X6b, X6c, X3e, S13, R5, R5a: on SQLite the claim of a run that carries a throttle
     (with or without a singleton key) is the room's: one BEGIN IMMEDIATE transaction that
     counts its throttle key's window, admits it and records its admission at its admitted_at,
-    the singleton key's counter moved past its token (K1): at most six statements (the
-    room's plain claim tried first, BEGIN, claim_throttled, the admission's record, the
-    key's bump, COMMIT). The ORM path's claim took 12. The connection's first throttled claim
-    is the ORM path's (compiling the room's statement costs more), so one run is claimed first."""
+    the singleton key's counter moved past its token (K1): five statements (BEGIN,
+    claim_throttled, the admission's record, the key's bump, COMMIT); the room's plain claim,
+    which writes nothing for a throttle carrier, is not tried for a run this store started
+    (``Room.expect_throttled``; before, it was, six statements). The ORM path's claim took
+    12. The connection's first throttled claim is the ORM path's (compiling the room's
+    statement costs more), so one run is claimed first."""
     first = engine.start(workflow, {"k": "K0", "t": "T0"}).run_id
     engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
     assert _turn(engine, first).state is TurnState.RUN
@@ -214,8 +216,9 @@ def test_a_throttled_claim_is_the_sqlite_rooms_one_transaction(engine: Engine, w
         turns.append(_turn(engine, run_id))
     [turn] = turns
     assert turn.state is TurnState.RUN and turn.admitted, turn
-    assert trips.total <= 6, trips.statements
+    assert trips.total <= 5, trips.statements
     assert any("durable_singleton:claim_throttled" in s for s in trips.statements), trips.statements
+    assert not any("durable_singleton:claim */" in s for s in trips.statements), trips.statements
     run = engine.get(run_id)
     assert run.status == RunStatus.RUNNING and run.quota_slot == "holder"
     assert turn.run.admitted_at == run.admitted_at
@@ -224,6 +227,36 @@ def test_a_throttled_claim_is_the_sqlite_rooms_one_transaction(engine: Engine, w
     if workflow == "tr-keyed":
         assert run.fencing_token == 1 and run.admitted
         assert SingletonKey.objects.get(workflow_name="tr-keyed", key="K").last_token == 1
+
+
+@sqlite_only
+def test_the_sqlite_rooms_throttle_hint_is_only_a_hint(engine: Engine) -> None:
+    """X6, S5, K1: the room's hint that a run carries a throttle changes which statement is
+    tried first, never a decision. A carrier started by another store (no hint) is claimed
+    by the plain claim, which writes nothing for it, then claim_throttled; a run without a
+    throttle wrongly hinted is claimed by the plain claim after claim_throttled wrote
+    nothing, and the wrong hint is forgotten."""
+    other = room_engine(_registry())
+    warm = engine.start("tr-only", {"t": "T0"}).run_id
+    assert _turn(engine, warm).state is TurnState.RUN  # the connection's first throttled claim
+    unhinted = other.start("tr-only", {"t": "T"}).run_id
+    room = engine.store._sqlite_room()  # type: ignore[attr-defined]
+    assert not room.expects_throttled(unhinted)
+    with RoundTrips(connection) as trips:
+        turn = _turn(engine, unhinted)
+    assert turn.state is TurnState.RUN and turn.admitted, turn
+    named = [s for s in trips.statements if "durable_singleton:" in s]
+    assert [n.split("*/")[0].split(":")[1].strip() for n in named][:2] == ["claim", "claim_throttled"], named
+    registry = _registry()
+    registry.add("plain", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"]})
+    mixed = room_engine(registry)
+    plain_id = mixed.start("plain", {"k": "P"}).run_id
+    mixed_room = mixed.store._sqlite_room()  # type: ignore[attr-defined]
+    mixed_room.expect_throttled(plain_id)
+    turn = _turn(mixed, plain_id)
+    assert turn.state is TurnState.RUN and turn.admitted and turn.run.fencing_token == 1, turn
+    assert not mixed_room.expects_throttled(plain_id)
+    assert SingletonKey.objects.get(workflow_name="plain", key="P").last_token == 1
 
 
 @sqlite_only
