@@ -1,8 +1,9 @@
 """The MariaDB/MySQL room's key locks (durable_singleton.stores.mysql, sql/mysql/quota.sql):
 ``ds_key_ids`` reads the ids of the key rows a claim or a settle is about to lock, before
-its transaction starts, and ``ds_lock_key`` locks a row so read by its primary key, the
-record alone. ``ds_lock_key``, ``ds_admit_quota``, ``ds_claim``, ``ds_settle_quotas`` and
-``ds_settle_handoff`` are created again with it. Before, each locked a key row with an
+its transaction starts, and ``ds_lock_known_key`` locks a row so read by its primary key,
+the record alone. Created first, then their callers again: ``ds_lock_key`` (the same
+signature, for a procedure of an older release during a rolling deploy), ``ds_admit_quota``,
+``ds_claim``, ``ds_settle_quotas`` and ``ds_settle_handoff``. Before, each locked a key row with an
 upsert first, whose duplicate check on a row that exists takes a next-key lock: waiting,
 it covers the gap before the row in the key table's unique index, and a holder of the row
 that created a key row in that gap deadlocked with the waiter (S13a, X3e, section 7), as
@@ -34,8 +35,8 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        # Backwards: ds_key_ids is dropped; the five created again stay as they are (the
-        # text of 0024 is not kept): the room is then not installed (mysql.installed) and
-        # the ORM path serves.
+        # Backwards: the two new procedures are dropped; the five created again stay as they
+        # are (the text of 0024 is not kept): the room is then not installed
+        # (mysql.installed) and the ORM path serves.
         migrations.RunPython(create, _drop_new, elidable=False),
     ]

@@ -22,8 +22,8 @@ which ``ds_admit_quota`` locks a throttle carrier's throttle keys first, counts
 each key's window at one reading of the database's clock after the locks,
 records its admission at that time or parks it until the window opens
 (``throttled:<name>``). Every key row is locked through ``ds_lock_key``, by its
-primary key when ``ds_key_ids`` read it before the transaction (migration
-``0025_mysql_key_locks``; S13a). One CALL each instead of five to thirty round trips
+primary key when ``ds_key_ids`` read it before the transaction
+(``ds_lock_known_key``, migration ``0025_mysql_key_locks``; S13a). One CALL each instead of five to thirty round trips
 (``SET autocommit``, the locks, the reads, the writes, ``COMMIT``, ``SET
 autocommit``). A throttle carrier's start stays the ORM path's.
 
@@ -83,10 +83,10 @@ PROCEDURES_0022 = (
 #: order, and those it creates again: ``ds_admit_quota`` claims a waiter that carries
 #: throttles too, and ``ds_claim`` calls it for one.
 PROCEDURES_0024 = ("ds_throttle_keys_of", "ds_throttle_front")
-#: The procedure migration ``0025_mysql_key_locks`` creates (``sql/mysql/quota.sql``), and
-#: those it creates again: ``ds_lock_key`` locks a key row its caller read before its
-#: transaction (``ds_key_ids``) by its primary key, and its callers read those ids first.
-PROCEDURES_0025 = ("ds_key_ids",)
+#: The procedures migration ``0025_mysql_key_locks`` creates (``sql/mysql/quota.sql``), in
+#: order: ``ds_lock_known_key`` locks a key row its caller read before its transaction
+#: (``ds_key_ids``) by its primary key; the migration creates its callers again after them.
+PROCEDURES_0025 = ("ds_key_ids", "ds_lock_known_key")
 #: The procedures this room calls.
 PROCEDURES = PROCEDURES_0016 + PROCEDURES_0017 + PROCEDURES_0022 + PROCEDURES_0024 + PROCEDURES_0025
 

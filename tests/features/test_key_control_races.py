@@ -152,7 +152,7 @@ def test_a_rooms_claim_waiting_for_a_key_row_created_next_to_deadlocks_with_no_o
     claim locks first: ``ds_claim``'s own lock of its singleton key, or ``ds_admit_quota``'s
     of its quota or throttle key. The claim, one CALL on another connection, waits for it;
     the test's transaction then creates the key row whose place in the unique index is the
-    gap just before. ``ds_lock_key`` locks a row its caller read before the transaction
+    gap just before. ``ds_lock_known_key`` locks a row its caller read before the transaction
     (``ds_key_ids``) by its primary key, the record alone, so the insert does not wait and
     the server refuses no one; the claim admits its run once the test commits. Before
     (migration 0025), each procedure locked with an upsert first, whose waiting next-key

@@ -176,11 +176,11 @@ BEGIN
         IF found = 1 AND status_read IN ('pending', 'suspended', 'blocked') AND NOT cancel_read AND due
            AND quota_slot_read IS NULL AND key_name IS NOT NULL AND tracked_read AND slot_read = 'waiter'
            AND declared_limit IS NOT NULL THEN
-            -- The key's row id before the transaction, then its lock (ds_lock_key, S13a), then
+            -- The key's row id before the transaction, then its lock (ds_lock_known_key, S13a), then
             -- the run's row (S13).
             CALL ds_key_ids(JSON_ARRAY(JSON_ARRAY(wf, key_name)), known_ids);
             START TRANSACTION;
-            CALL ds_lock_key(wf, key_name, JSON_EXTRACT(known_ids, '$[0]'), key_id);
+            CALL ds_lock_known_key(wf, key_name, JSON_EXTRACT(known_ids, '$[0]'), key_id);
             SELECT COUNT(*) INTO changed
               FROM durable_singleton_run r
              WHERE r.run_id = run_to_claim

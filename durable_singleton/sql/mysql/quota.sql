@@ -12,6 +12,21 @@
 -- (sql/mysql/throttle.sql, migration 0024_mysql_throttles); a handoff never admits it.
 
 -- name: ds_lock_key
+-- Lock a key's row inside the caller's transaction, created if missing, the caller having
+-- read no id for it: ds_lock_known_key with none (its OUT: the row's id). Kept with the
+-- signature of migration 0022 for a procedure of an older release still calling it during
+-- a rolling deploy; this release's procedures call ds_lock_known_key.
+CREATE PROCEDURE ds_lock_key(
+    IN lock_name VARCHAR(191) CHARACTER SET utf8mb4,
+    IN lock_key_name VARCHAR(191) CHARACTER SET utf8mb4,
+    OUT locked_id BIGINT
+)
+MODIFIES SQL DATA
+BEGIN
+    CALL ds_lock_known_key(lock_name, lock_key_name, NULL, locked_id);
+END
+
+-- name: ds_lock_known_key
 -- Lock a key's row inside the caller's transaction, created if missing: a singleton key
 -- (its workflow's name) or a quota or throttle key (``quota:<name>``, ``throttle:<name>``,
 -- X3b, X6). ``known_id``: the row's id as the caller read it before its transaction
@@ -23,7 +38,7 @@
 -- before the row in the key table's unique index, and a holder of the row that creates a
 -- key row in that gap (the next key by name) then deadlocks with the waiter (the upsert
 -- meets that only for a row created since the caller's read). OUT: the row's id.
-CREATE PROCEDURE ds_lock_key(
+CREATE PROCEDURE ds_lock_known_key(
     IN lock_name VARCHAR(191) CHARACTER SET utf8mb4,
     IN lock_key_name VARCHAR(191) CHARACTER SET utf8mb4,
     IN known_id BIGINT,
@@ -50,7 +65,7 @@ BEGIN
 END
 
 -- name: ds_key_ids
--- The ids of key rows (the ``known_id`` of ds_lock_key), read before the caller's
+-- The ids of key rows (the ``known_id`` of ds_lock_known_key), read before the caller's
 -- transaction starts: each a consistent read of its own statement, no lock, and no snapshot
 -- left for the transaction (its reads after its locks see what was committed before them,
 -- S13a). ``names_json``: [[lock name, key], ...]; OUT ``ids_json``: their ids in that
@@ -282,7 +297,7 @@ admit: BEGIN
     IF (keys_count = 0 AND throttles_count = 0) OR (keys_count > 0) <> (quotas_carried > 0) THEN
         LEAVE admit;                                   -- its memberships and its columns disagree: the ORM path (X3b)
     END IF;
-    -- The ids of the key rows it locks, read before the transaction (ds_lock_key, S13a).
+    -- The ids of the key rows it locks, read before the transaction (ds_lock_known_key, S13a).
     SET key_place = 0;
     WHILE key_place < throttles_count DO
         SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
@@ -304,7 +319,7 @@ admit: BEGIN
     START TRANSACTION;
     -- The locks of all its limits: its throttle keys in order, its quota keys in order, its
     -- singleton key, its row (X3e, X6c, S13).
-    -- Each throttle key's row is locked by ds_lock_key (S13a), its controls read with the
+    -- Each throttle key's row is locked by ds_lock_known_key (S13a), its controls read with the
     -- lock (K2): its limit in force, the key's override, else
     -- the declared one in ``limits_json`` under throttle:<name>, else the one the run's start
     -- recorded, never below 1 (admission.declared_limit, admission.limit_in_force); its pause.
@@ -312,7 +327,7 @@ admit: BEGIN
     WHILE key_place < throttles_count DO
         SET throttle_name = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]')));
-        CALL ds_lock_key(CONCAT('throttle:', throttle_name), member_key,
+        CALL ds_lock_known_key(CONCAT('throttle:', throttle_name), member_key,
                          JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
         SELECT MAX(k.limit_override), MAX(k.paused) INTO override_read, paused_read
           FROM durable_singleton_singletonkey k
@@ -332,13 +347,13 @@ admit: BEGIN
     WHILE key_place < keys_count DO
         SET member_quota = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')));
-        CALL ds_lock_key(CONCAT('quota:', member_quota), member_key,
+        CALL ds_lock_known_key(CONCAT('quota:', member_quota), member_key,
                          JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + key_place, ']')), member_key_id);
         SET key_ids = JSON_ARRAY_APPEND(key_ids, '$', member_key_id);
         SET key_place = key_place + 1;
     END WHILE;
     IF key_name IS NOT NULL THEN
-        CALL ds_lock_key(wf, key_name, JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + keys_count, ']')),
+        CALL ds_lock_known_key(wf, key_name, JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + keys_count, ']')),
                          single_key_id);
     END IF;
     SELECT COUNT(*) INTO changed
@@ -692,7 +707,7 @@ settle: BEGIN
     END;
     CALL ds_quota_keys_of(run_to_settle, keys_json);
     SET keys_count = JSON_LENGTH(keys_json);
-    -- The ids of the key rows it locks, read before the transaction (ds_lock_key, S13a).
+    -- The ids of the key rows it locks, read before the transaction (ds_lock_known_key, S13a).
     WHILE key_place < keys_count DO
         SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
             CONCAT('quota:', JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')))),
@@ -709,13 +724,13 @@ settle: BEGIN
     WHILE key_place < keys_count DO
         SET member_quota = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')));
-        CALL ds_lock_key(CONCAT('quota:', member_quota), member_key,
+        CALL ds_lock_known_key(CONCAT('quota:', member_quota), member_key,
                          JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
         SET key_ids = JSON_ARRAY_APPEND(key_ids, '$', member_key_id);
         SET key_place = key_place + 1;
     END WHILE;
     IF key_name IS NOT NULL THEN
-        CALL ds_lock_key(wf, key_name, JSON_EXTRACT(known_ids, CONCAT('$[', keys_count, ']')), single_key_id);
+        CALL ds_lock_known_key(wf, key_name, JSON_EXTRACT(known_ids, CONCAT('$[', keys_count, ']')), single_key_id);
     END IF;
     UPDATE durable_singleton_run
        SET status = final_status,
