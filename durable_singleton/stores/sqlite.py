@@ -73,6 +73,8 @@ claim: a connection that serves one turn never pays it).
 from __future__ import annotations
 
 import json
+import logging
+import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -89,7 +91,7 @@ from ..statuses import ParkReason, RunStatus, SlotState
 from .base import Finish, Limits, QueueTtls, Turn, TurnState, handed_off
 from .rows import COLUMNS, json_param, run_record, start_params
 
-__all__ = ["Room", "ds_now", "ds_time", "lock_key", "prepare_connection", "record", "room_of"]
+__all__ = ["Room", "ds_now", "ds_time", "keep_temp_in_memory", "lock_key", "record", "room_of"]
 
 START = sql.statement("start", "sqlite")
 GET = sql.statement("get", "sqlite")
@@ -103,6 +105,8 @@ CLAIM_THROTTLED = sql.statement("claim_throttled", "sqlite")
 RECORD_THROTTLE_ADMISSION = sql.statement("record_throttle_admission", "sqlite")
 
 _MICROSECOND = timedelta(microseconds=1)
+
+logger = logging.getLogger(__name__)
 
 
 def _us(seconds: float) -> int:
@@ -189,13 +193,17 @@ class Room:
 
     def _cursor(self) -> Any:
         """A cursor of this thread's connection, prepared for the room once per connection:
-        ``ds_now`` defined on it, and its temporary store in memory (:func:`prepare_connection`)."""
+        ``ds_now`` defined on it, and its temporary store in memory (:func:`keep_temp_in_memory`,
+        at its first statement outside a transaction)."""
         connection = connections[self.using]
         connection.ensure_connection()
         raw = connection.connection
         if getattr(connection, "_ds_now_of", None) is not raw:
-            prepare_connection(raw)
+            raw.create_function("ds_now", 1, ds_now)
             connection._ds_now_of = raw  # type: ignore[attr-defined]
+        if getattr(connection, "_ds_temp_of", None) is not raw and not raw.in_transaction:
+            keep_temp_in_memory(raw)
+            connection._ds_temp_of = raw  # type: ignore[attr-defined]
         return connection.cursor()
 
     def take(self, run: RunRecord, owner: str, lease_seconds: float, *, recovered: bool, holder: bool) -> Turn:
@@ -426,20 +434,24 @@ class Room:
         return Turn(TurnState.PARKED, run, granted=granted, throttled=throttled)
 
 
-def prepare_connection(raw: Any) -> None:
-    """Prepare the sqlite3 connection ``raw`` for the room's statements: define ``ds_now``
-    (the store's clock, R5, R8), and keep its temporary store in memory (``PRAGMA temp_store
-    = MEMORY``) unless the project chose one (``temp_store`` not 0, the default: Django's
-    ``init_command`` option sets it). Each statement of the room materializes a dozen small
-    ephemeral tables (its ``MATERIALIZED`` CTEs, automatic indexes, sorts); with the
-    temporary store in files, ``claim_throttled`` took about 2.6 times as long once the
+def keep_temp_in_memory(raw: Any) -> None:
+    """Keep the temporary store of the sqlite3 connection ``raw`` in memory (``PRAGMA
+    temp_store = MEMORY``) unless the project chose one (``temp_store`` not 0, the default:
+    Django's ``init_command`` option sets it). Each statement of the room materializes a
+    dozen small ephemeral tables (its ``MATERIALIZED`` CTEs, automatic indexes, sorts); with
+    the temporary store in files, ``claim_throttled`` took about 2.6 times as long once the
     process had run the plain ``claim`` (0.76 against 0.29 ms, ``python -m bench.throttle``'s
-    claim), the heap growing and shrinking at every statement. A temporary table of the
-    connection, if any, is dropped by the change (SQLite's rule): it is made before the
-    room's first statement on the connection and never again."""
-    raw.create_function("ds_now", 1, ds_now)
-    if raw.execute("PRAGMA temp_store").fetchone()[0] == 0:
+    claim), the heap growing and shrinking at every statement. Called outside a transaction
+    only; SQLite refuses the change while the connection's temporary tables are in use, and
+    then the store stays as it was. A temporary table of the connection, if any, is dropped
+    by the change (SQLite's rule): it is made before the room's first statement outside a
+    transaction on the connection and never again."""
+    if raw.execute("PRAGMA temp_store").fetchone()[0] != 0:
+        return
+    try:
         raw.execute("PRAGMA temp_store = MEMORY")
+    except sqlite3.OperationalError:  # its temporary tables in use: keep the store as it is
+        logger.debug("temp_store left as it was on %r", raw, exc_info=True)
 
 
 def _queue_place(run: RunRecord) -> tuple[int, datetime, str]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from bench.roundtrips import RoundTrips
 from durable_singleton.engine import Engine
@@ -113,12 +113,15 @@ def _temp_store() -> int:
 
 
 def test_the_room_keeps_its_connections_temporary_store_in_memory_unless_the_project_chose(engine: Engine) -> None:
-    """#33, #32 item 2 (``stores.sqlite.prepare_connection``): each room statement
+    """#33, #32 item 2 (``stores.sqlite.keep_temp_in_memory``): each room statement
     materializes a dozen small ephemeral tables; the room sets ``temp_store`` to MEMORY
     (2) on a connection before its first statement there, and leaves a store the project
     chose (``init_command``: here FILE, 1) as it is. Before, every connection kept
     SQLite's default (0: files), and the throttled claim took 2.6 times as long."""
     connection.close()
+    with transaction.atomic():  # a start inside the caller's transaction: left for later
+        engine.start("room-keyed", {"k": "in-a-transaction"})
+    assert _temp_store() == 0
     engine.start("room-keyed", {"k": "fresh-connection"})
     drain_chains(engine)
     assert _temp_store() == 2
