@@ -189,10 +189,12 @@ class ForegroundWorker:
         self.handed_back: int | None = 0
         self._stop_requested_at: float | None = None
         self._started_at: float | None = None
+        self._signalled = 0  # a SIGTERM/SIGINT the main thread has not acted on yet (handle_signal)
 
     def request_stop(self, signum: int = 0, frame: Any = None) -> None:
-        """Ask the worker to stop (a signal handler); a second request stops
-        waiting for the turns in hand and hands them back at once."""
+        """Ask the worker to stop (from another thread, or from :meth:`run` for a signal
+        :meth:`handle_signal` recorded; never from a signal handler itself); a second
+        request stops waiting for the turns in hand and hands them back at once."""
         if self.stopping.is_set():
             if signum:
                 logger.info("received %s again: handing back the turns in hand now", signal.Signals(signum).name)
@@ -203,6 +205,20 @@ class ForegroundWorker:
             self.stop_reason = signal.Signals(signum).name
             logger.info("received %s: stopping", self.stop_reason)
         self.stopping.set()
+
+    def handle_signal(self, signum: int, frame: Any = None) -> None:
+        """The SIGTERM and SIGINT handler (``manage.py durable_worker``): records the signal,
+        which :meth:`run`'s wait acts on within ``STOP_POLL_SECONDS`` (:meth:`request_stop`);
+        a signal while stopping hurries the stop at once (``hurry``, which no thread waits
+        on). A handler runs on the main thread between two bytecodes, and there it may have
+        interrupted ``stopping.wait`` just after the wait took the event's lock back: setting
+        ``stopping`` in the handler then waited for that lock forever, and the worker ignored
+        every later SIGTERM (CI, after SIGSTOP and SIGCONT; the SIGUSR1 dump showed the
+        handler inside ``Event.set`` under ``Event.wait``)."""
+        if self.stopping.is_set():
+            self.hurry.set()
+        else:
+            self._signalled = signum
 
     def start(self) -> None:
         """Start the threads (idempotent): :meth:`run` calls it if it was not called."""
@@ -220,9 +236,12 @@ class ForegroundWorker:
         # another thread (as it does after a SIGSTOP and SIGCONT) never wakes
         # an unbounded wait: the worker ignored SIGTERM and was SIGKILLed.
         while not self.stopping.wait(STOP_POLL_SECONDS):
-            pass
+            if self._signalled:
+                self.request_stop(self._signalled)  # on the main thread, outside the wait (handle_signal)
         requested = self._stop_requested_at or time.monotonic()
         left = self.dispatcher.stop(timeout=self.grace_seconds, hurry=self.hurry)
+        if self.hurry.is_set():
+            logger.info("a second stop request: the turns in hand were not waited for")
         self.handed_back = hand_back(self.engine, left) if left else 0
         if left and self.handed_back is None:
             logger.warning(

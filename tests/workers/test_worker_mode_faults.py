@@ -437,3 +437,38 @@ def test_sigusr1_prints_every_threads_stack_and_the_worker_runs_on(workers: Dura
     worker.kill(signal.SIGTERM)
     assert worker.exit_code(60) == 0, workers.logs()
     assert "received SIGTERM: stopping" in worker.log(), worker.log()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigterm_handled_inside_the_workers_wait_never_waits_for_its_own_lock() -> None:
+    """O1, O6: Python runs a signal handler on the main thread between two bytecodes, and
+    there it can interrupt ``ForegroundWorker.run``'s ``stopping.wait`` just after the wait
+    took the event's lock back. The handler the command installs (``handle_signal``) is
+    called here the same way, on a thread holding that lock: it must return, and ``run``
+    must then stop within its poll. Before, the handler set ``stopping`` itself and waited
+    for that lock forever: the worker ignored every later SIGTERM (CI, pair X:
+    ``test_a_worker_stopped_and_continued_still_obeys_sigterm``, whose SIGUSR1 dump showed
+    the handler in ``Event.set`` under ``Event.wait``)."""
+    from durable_singleton.dispatch import ThreadDispatcher
+    from durable_singleton.worker import ForegroundWorker
+
+    built = make_engine("django", registry=Registry())
+    dispatcher = ThreadDispatcher(built.store, threads=1, tick_seconds=60)
+    engine = Engine(built.store, dispatcher, registry=built.registry, settings=built.settings)
+    dispatcher.bind(engine)
+    worker = ForegroundWorker(engine=engine, grace_seconds=5)
+    returned = threading.Event()
+
+    def interrupted_wait() -> None:
+        with worker.stopping._cond:  # type: ignore[attr-defined]  # as inside Event.wait, after it woke
+            worker.handle_signal(signal.SIGTERM)
+            returned.set()
+
+    waiter = threading.Thread(target=interrupted_wait, daemon=True)
+    waiter.start()
+    assert returned.wait(10), "the SIGTERM handler waited for the lock its own thread holds"
+    ran = threading.Thread(target=worker.run, daemon=True)
+    ran.start()
+    ran.join(30)
+    assert not ran.is_alive(), "the worker did not act on the recorded SIGTERM"
+    assert worker.stop_reason == "SIGTERM" and worker.stopping.is_set()

@@ -86,8 +86,8 @@ class Command(BaseCommand):
         worker = ForegroundWorker(
             threads=threads, tick_seconds=tick, grace_seconds=grace, queues=queues, poll_seconds=poll
         )
-        signal.signal(signal.SIGTERM, worker.request_stop)
-        signal.signal(signal.SIGINT, worker.request_stop)
+        signal.signal(signal.SIGTERM, worker.handle_signal)
+        signal.signal(signal.SIGINT, worker.handle_signal)
         # SIGUSR1 prints every thread's stack to stderr, as a Celery worker does: what a worker
         # that does not stop is waiting for (faulthandler, in C: even while Python is blocked).
         # A stderr without a file descriptor (an embedding process's) has no dump.
