@@ -178,7 +178,7 @@ BEGIN
            AND declared_limit IS NOT NULL THEN
             -- The key's row id before the transaction, then its lock (ds_lock_known_key, S13a), then
             -- the run's row (S13).
-            CALL ds_key_ids(JSON_ARRAY(JSON_ARRAY(wf, key_name)), known_ids);
+            CALL ds_key_ids(JSON_ARRAY(), JSON_ARRAY(), wf, key_name, known_ids);
             START TRANSACTION;
             CALL ds_lock_known_key(wf, key_name, JSON_EXTRACT(known_ids, '$[0]'), key_id);
             SELECT COUNT(*) INTO changed

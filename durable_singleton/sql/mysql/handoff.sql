@@ -198,7 +198,7 @@ BEGIN
     END;
     -- The key's row id before the transaction, then its lock first: the lock order of every
     -- path (S13), no gap lock (ds_lock_known_key, S13a; a run of an older release may have left no row).
-    CALL ds_key_ids(JSON_ARRAY(JSON_ARRAY(wf, key_name)), known_ids);
+    CALL ds_key_ids(JSON_ARRAY(), JSON_ARRAY(), wf, key_name, known_ids);
     START TRANSACTION;
     CALL ds_lock_known_key(wf, key_name, JSON_EXTRACT(known_ids, '$[0]'), key_id);
     UPDATE durable_singleton_run

@@ -65,21 +65,46 @@ BEGIN
 END
 
 -- name: ds_key_ids
--- The ids of key rows (the ``known_id`` of ds_lock_known_key), read before the caller's
--- transaction starts: each a consistent read of its own statement, no lock, and no snapshot
--- left for the transaction (its reads after its locks see what was committed before them,
--- S13a). ``names_json``: [[lock name, key], ...]; OUT ``ids_json``: their ids in that
--- order, 0 for a row that does not exist (no JSON_TABLE: MariaDB 10.5 has none).
+-- The ids of the key rows a claim or a settle locks, in its lock order (X3e, X6c): its
+-- throttle keys (``throttles_json``, [[name, key, ...], ...] in order, as
+-- ds_throttle_keys_of returns them), its quota keys (``quota_keys_json``, [[quota, key],
+-- ...] in order, as ds_quota_keys_of returns them), then its singleton key (``wf``,
+-- ``key_name``; NULL: none). Read before the caller's transaction starts: each a
+-- consistent read of its own statement, no lock, and no snapshot left for the
+-- transaction (its reads after its locks see what was committed before them, S13a).
+-- OUT ``ids_json``: their ids in that order (the ``known_id`` each ds_lock_known_key is
+-- given), 0 for a row that does not exist (no JSON_TABLE: MariaDB 10.5 has none).
 CREATE PROCEDURE ds_key_ids(
-    IN names_json LONGTEXT CHARACTER SET utf8mb4,
+    IN throttles_json LONGTEXT CHARACTER SET utf8mb4,
+    IN quota_keys_json LONGTEXT CHARACTER SET utf8mb4,
+    IN wf VARCHAR(191) CHARACTER SET utf8mb4,
+    IN key_name VARCHAR(191) CHARACTER SET utf8mb4,
     OUT ids_json LONGTEXT CHARACTER SET utf8mb4
 )
 READS SQL DATA
 BEGIN
+    DECLARE names_json LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';   -- [[lock name, key], ...]
     DECLARE place INTEGER DEFAULT 0;
     DECLARE found_id BIGINT;
+    WHILE place < COALESCE(JSON_LENGTH(throttles_json), 0) DO
+        SET names_json = JSON_ARRAY_APPEND(names_json, '$', JSON_ARRAY(
+            CONCAT('throttle:', JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', place, '][0]')))),
+            JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', place, '][1]')))));
+        SET place = place + 1;
+    END WHILE;
+    SET place = 0;
+    WHILE place < COALESCE(JSON_LENGTH(quota_keys_json), 0) DO
+        SET names_json = JSON_ARRAY_APPEND(names_json, '$', JSON_ARRAY(
+            CONCAT('quota:', JSON_UNQUOTE(JSON_EXTRACT(quota_keys_json, CONCAT('$[', place, '][0]')))),
+            JSON_UNQUOTE(JSON_EXTRACT(quota_keys_json, CONCAT('$[', place, '][1]')))));
+        SET place = place + 1;
+    END WHILE;
+    IF key_name IS NOT NULL THEN
+        SET names_json = JSON_ARRAY_APPEND(names_json, '$', JSON_ARRAY(wf, key_name));
+    END IF;
     SET ids_json = JSON_ARRAY();
-    WHILE place < COALESCE(JSON_LENGTH(names_json), 0) DO
+    SET place = 0;
+    WHILE place < JSON_LENGTH(names_json) DO
         SELECT COALESCE(MAX(k.id), 0) INTO found_id
           FROM durable_singleton_singletonkey k
          WHERE k.workflow_name = JSON_UNQUOTE(JSON_EXTRACT(names_json, CONCAT('$[', place, '][0]')))
@@ -279,7 +304,6 @@ admit: BEGIN
     DECLARE claimant_token BIGINT DEFAULT 0;
     DECLARE claimant_front BOOLEAN DEFAULT FALSE;
     DECLARE granted_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
-    DECLARE lock_names LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';   -- every key it locks, in the lock order
     DECLARE known_ids LONGTEXT CHARACTER SET utf8mb4;                -- their ids before the transaction (ds_key_ids)
     DECLARE turn_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
     DECLARE more_turn_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
@@ -298,24 +322,7 @@ admit: BEGIN
         LEAVE admit;                                   -- its memberships and its columns disagree: the ORM path (X3b)
     END IF;
     -- The ids of the key rows it locks, read before the transaction (ds_lock_known_key, S13a).
-    SET key_place = 0;
-    WHILE key_place < throttles_count DO
-        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
-            CONCAT('throttle:', JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]')))),
-            JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]')))));
-        SET key_place = key_place + 1;
-    END WHILE;
-    SET key_place = 0;
-    WHILE key_place < keys_count DO
-        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
-            CONCAT('quota:', JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')))),
-            JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')))));
-        SET key_place = key_place + 1;
-    END WHILE;
-    IF key_name IS NOT NULL THEN
-        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(wf, key_name));
-    END IF;
-    CALL ds_key_ids(lock_names, known_ids);
+    CALL ds_key_ids(throttles_json, keys_json, wf, key_name, known_ids);
     START TRANSACTION;
     -- The locks of all its limits: its throttle keys in order, its quota keys in order, its
     -- singleton key, its row (X3e, X6c, S13).
@@ -328,7 +335,7 @@ admit: BEGIN
         SET throttle_name = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(throttles_json, CONCAT('$[', key_place, '][1]')));
         CALL ds_lock_known_key(CONCAT('throttle:', throttle_name), member_key,
-                         JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
+                               JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
         SELECT MAX(k.limit_override), MAX(k.paused) INTO override_read, paused_read
           FROM durable_singleton_singletonkey k
          WHERE k.id = member_key_id
@@ -348,13 +355,13 @@ admit: BEGIN
         SET member_quota = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')));
         CALL ds_lock_known_key(CONCAT('quota:', member_quota), member_key,
-                         JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + key_place, ']')), member_key_id);
+                               JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + key_place, ']')), member_key_id);
         SET key_ids = JSON_ARRAY_APPEND(key_ids, '$', member_key_id);
         SET key_place = key_place + 1;
     END WHILE;
     IF key_name IS NOT NULL THEN
         CALL ds_lock_known_key(wf, key_name, JSON_EXTRACT(known_ids, CONCAT('$[', throttles_count + keys_count, ']')),
-                         single_key_id);
+                               single_key_id);
     END IF;
     SELECT COUNT(*) INTO changed
       FROM durable_singleton_run r
@@ -698,7 +705,6 @@ settle: BEGIN
     DECLARE more_turn_ids LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';
     DECLARE token_read BIGINT;
     DECLARE token BIGINT;
-    DECLARE lock_names LONGTEXT CHARACTER SET utf8mb4 DEFAULT '[]';   -- every key it locks, in the lock order
     DECLARE known_ids LONGTEXT CHARACTER SET utf8mb4;                -- their ids before the transaction (ds_key_ids)
     DECLARE EXIT HANDLER FOR SQLEXCEPTION
     BEGIN
@@ -708,24 +714,14 @@ settle: BEGIN
     CALL ds_quota_keys_of(run_to_settle, keys_json);
     SET keys_count = JSON_LENGTH(keys_json);
     -- The ids of the key rows it locks, read before the transaction (ds_lock_known_key, S13a).
-    WHILE key_place < keys_count DO
-        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(
-            CONCAT('quota:', JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')))),
-            JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')))));
-        SET key_place = key_place + 1;
-    END WHILE;
-    SET key_place = 0;
-    IF key_name IS NOT NULL THEN
-        SET lock_names = JSON_ARRAY_APPEND(lock_names, '$', JSON_ARRAY(wf, key_name));
-    END IF;
-    CALL ds_key_ids(lock_names, known_ids);
+    CALL ds_key_ids(JSON_ARRAY(), keys_json, wf, key_name, known_ids);
     START TRANSACTION;
     -- The lock order of every path: the quota keys sorted, then the singleton key (X3e, S13).
     WHILE key_place < keys_count DO
         SET member_quota = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][0]')));
         SET member_key = JSON_UNQUOTE(JSON_EXTRACT(keys_json, CONCAT('$[', key_place, '][1]')));
         CALL ds_lock_known_key(CONCAT('quota:', member_quota), member_key,
-                         JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
+                               JSON_EXTRACT(known_ids, CONCAT('$[', key_place, ']')), member_key_id);
         SET key_ids = JSON_ARRAY_APPEND(key_ids, '$', member_key_id);
         SET key_place = key_place + 1;
     END WHILE;
