@@ -2161,18 +2161,41 @@ class DjangoStore(BaseStore):
         return window.count(), (_aware(oldest) + timedelta(seconds=period)) if oldest is not None else None
 
     def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
-        """:meth:`BaseStore.prune_throttle_admissions`: per throttle, one bounded delete
-        of rows older than its period on the database's clock (X6)."""
+        """:meth:`BaseStore.prune_throttle_admissions`: per throttle key with rows older
+        than its period (found without a lock), one transaction that takes the key's lock
+        as every claim of it does (X6c), reads the database's clock after it and deletes
+        the rows older than the period by that clock (X6, X6b, R5). A claim reads its clock
+        after the same lock and counts its window before it commits: unlocked, a prune whose
+        clock read came after a claim's could delete, between that claim's clock read and its
+        count, an admission its window still held, and the claim admitted one over the limit."""
         deleted = 0
         admissions = ThrottleAdmission.objects.using(self.db)
-        now = self.now()
+        seen = self.now()
         for name, period in sorted(periods.items()):
             if deleted >= batch:
                 break
-            stale = admissions.filter(throttle=name, admitted_at__lte=now - timedelta(seconds=period))
-            ids = list(stale.order_by("admitted_at").values_list("pk", flat=True)[: batch - deleted])
-            if ids:
-                deleted += admissions.filter(pk__in=ids).delete()[0]
+            stale_keys = (
+                admissions.filter(throttle=name, admitted_at__lte=seen - timedelta(seconds=period))
+                .order_by("key")
+                .values_list("key", flat=True)
+                .distinct()[: batch - deleted]
+            )
+            for key in list(stale_keys):
+                if deleted >= batch:
+                    break
+
+                def prune_key(
+                    name: str = name, key: str = key, period: float = period, room: int = batch - deleted
+                ) -> int:
+                    with transaction.atomic(using=self.db):
+                        self.lock_key(THROTTLE_PREFIX + name, key)
+                        now = database_now(self.db)  # after the lock, as a claim reads it (R5)
+                        cutoff = now - timedelta(seconds=period)
+                        stale = admissions.filter(throttle=name, key=key, admitted_at__lte=cutoff)
+                        ids = list(stale.order_by("admitted_at").values_list("pk", flat=True)[:room])
+                        return admissions.filter(pk__in=ids).delete()[0] if ids else 0
+
+                deleted += self._retrying(prune_key)
         return deleted
 
     def _take_quota_tokens(

@@ -182,3 +182,68 @@ def test_cancels_racing_claims_of_new_throttle_keys() -> None:
             run.admitted_at for run in runs.values() if run.admitted_at is not None and run.input["t"] == f"N{n}"
         )
         assert _most_in_any_window(times, 0.3) <= 2, (n, times)
+
+
+def _others_waiting_for_a_lock() -> int:
+    """Other sessions of this database waiting for a row lock (PostgreSQL, MariaDB)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+            )
+        else:
+            cursor.execute(
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE ID <> CONNECTION_ID() AND INFO LIKE %s",
+                ["%durable_singleton_singletonkey%"],
+            )
+        return int(cursor.fetchone()[0])
+
+
+def test_the_ticks_prune_waits_for_a_claim_holding_the_throttle_key() -> None:
+    """X6b, X6c, R5: a claim of a throttle key takes the key's lock, reads the database's
+    clock, then counts its window before it commits. The tick's prune of old admissions
+    takes the same lock and reads its clock after it. Here the test's transaction holds
+    the key, as a claim between its clock read and its count does, and the row's age is
+    past the period: the prune (another connection) must wait for the key and delete it
+    only after the commit. Before, it deleted at once, without the lock: a claim whose
+    clock read came before the prune's lost an admission its window still held, and
+    admitted one over the limit (``max_in_window`` 6 of 5 in one ``bench.throttle`` run
+    on MariaDB). SQLite's one write lock already ordered them."""
+    from django.db import connection, connections, transaction
+
+    from durable_singleton.models import ThrottleAdmission
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's one write lock orders a prune after a claim")
+    registry = Registry()
+    registry.add("pr", "1", lambda ctx, i: None, throttles=[Throttle("pr-rate", key=lambda i: "K", limit=1, period=1)])
+    claimer: Any = make_engine("django", registry=registry).store
+    pruner: Any = make_engine("django", registry=registry).store
+    with transaction.atomic():
+        claimer.lock_key("throttle:pr-rate", "K")  # the key's row, as its first claim leaves it
+    old = claimer.now() - timedelta(seconds=5)
+    ThrottleAdmission.objects.create(throttle="pr-rate", key="K", run_id="old", admitted_at=old)
+    pruned: list[Any] = []
+
+    def prune() -> None:
+        try:
+            pruned.append(pruner.prune_throttle_admissions({"pr-rate": 1.0}, 100))
+        except BaseException as exc:  # reported by the test
+            pruned.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=prune, daemon=True)
+    with transaction.atomic():
+        claimer.lock_key("throttle:pr-rate", "K")
+        thread.start()
+        from tests.worker_processes import wait_for
+
+        wait_for(lambda: pruned or _others_waiting_for_a_lock() >= 1, 60, "the prune waiting for the key, or done")
+        assert not pruned, f"the prune did not wait for the key a claim holds: {pruned}"
+        assert ThrottleAdmission.objects.filter(run_id="old").exists()
+    thread.join(60)
+    assert pruned == [1], pruned
+    assert not ThrottleAdmission.objects.filter(run_id="old").exists()
