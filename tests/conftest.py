@@ -228,3 +228,17 @@ def spawn(target: Callable[..., Any], *args: Any) -> threading.Thread:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread
+
+
+def spawn_result(target: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """Start ``target()`` on a daemon thread (:func:`spawn`); the list gets what it
+    returned, or the exception it raised, for the test to report."""
+    result: list[Any] = []
+
+    def run() -> None:
+        try:
+            result.append(target())
+        except BaseException as exc:  # reported by the test
+            result.append(exc)
+
+    return spawn(run), result

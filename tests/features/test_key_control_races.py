@@ -10,7 +10,6 @@ control's too.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from durable_singleton import Quota
 from durable_singleton.definitions import Registry
 from durable_singleton.models import SingletonKey
 from durable_singleton.testing import make_engine
+from tests.conftest import spawn_result
 from tests.worker_processes import wait_for
 
 pytestmark = [
@@ -55,28 +55,20 @@ def test_a_key_control_refused_by_a_deadlock_with_a_claim_is_retried(control: st
     store: Any = engine.store
     with transaction.atomic():
         store.lock_key("quota:gap", "x")  # the key row exists: the control waits for its lock
-    result: list[Any] = []
 
-    def apply() -> None:
-        try:
-            if control == "pause":
-                result.append(engine.pause_key("quota:gap", "x", by="ops"))
-            elif control == "resume":
-                result.append(engine.resume_key("quota:gap", "x", by="ops"))
-            else:
-                result.append(engine.override_limit("quota:gap", "x", 3, by="ops"))
-        except BaseException as exc:  # reported by the test
-            result.append(exc)
-        finally:
-            connections.close_all()
+    def apply() -> Any:
+        if control == "pause":
+            return engine.pause_key("quota:gap", "x", by="ops")
+        if control == "resume":
+            return engine.resume_key("quota:gap", "x", by="ops")
+        return engine.override_limit("quota:gap", "x", 3, by="ops")
 
-    thread = threading.Thread(target=apply, daemon=True)
     with transaction.atomic():
         store.lock_key("quota:gap", "x")  # a claim's first lock (X3e)
         # A claim's writes under it: the server ends a deadlock by refusing the transaction that
         # wrote least, the control's (a claim that wrote nothing yet could be chosen instead).
         SingletonKey.objects.filter(workflow_name="quota:gap", key="x").update(last_token=F("last_token") + 1)
-        thread.start()
+        thread, result = spawn_result(apply)
         wait_for(lambda: _waiting_on_key_rows() >= 1, 60, "the control waiting for the quota key's row")
         # "quota:gap" sorts just after "q": the new row's place is the gap before (quota:gap, x).
         store.lock_key("q", "new")  # the claim creates its singleton key's row
@@ -113,21 +105,14 @@ def test_a_key_row_created_next_to_a_key_others_wait_for_deadlocks_with_no_one()
     with transaction.atomic():
         first.lock_key("quota:gap", "x")  # the key row exists
     before = _deadlocks()
-    result: list[Any] = []
 
-    def wait_for_the_row() -> None:
-        try:
-            with transaction.atomic():
-                result.append(other.lock_key("quota:gap", "x"))
-        except BaseException as exc:  # reported by the test
-            result.append(exc)
-        finally:
-            connections.close_all()
+    def wait_for_the_row() -> Any:
+        with transaction.atomic():
+            return other.lock_key("quota:gap", "x")
 
-    thread = threading.Thread(target=wait_for_the_row, daemon=True)
     with transaction.atomic():
         first.lock_key("quota:gap", "x")
-        thread.start()
+        thread, result = spawn_result(wait_for_the_row)
         wait_for(lambda: _waiting_on_key_rows() >= 1, 60, "the other transaction waiting for the quota key's row")
         # "quota:gap" sorts just after "q": the new row's place is the gap before (quota:gap, x).
         first.lock_key("q", "new")
@@ -178,29 +163,20 @@ def test_a_rooms_claim_waiting_for_a_key_row_created_next_to_deadlocks_with_no_o
     with transaction.atomic():
         store.lock_key(*locked)  # the key row exists
     before = _deadlocks()
-    result: list[Any] = []
 
-    def claim() -> None:
-        try:
-            result.append(
-                claimer.store.begin_turn(
-                    run_id,
-                    "claimer",
-                    lease_seconds=30,
-                    limits=claimer.limits(),
-                    max_recoveries=3,
-                    retry=claimer._retry_policy(),
-                )
-            )
-        except BaseException as exc:  # reported by the test
-            result.append(exc)
-        finally:
-            connections.close_all()
+    def claim() -> Any:
+        return claimer.store.begin_turn(
+            run_id,
+            "claimer",
+            lease_seconds=30,
+            limits=claimer.limits(),
+            max_recoveries=3,
+            retry=claimer._retry_policy(),
+        )
 
-    thread = threading.Thread(target=claim, daemon=True)
     with transaction.atomic():
         store.lock_key(*locked)
-        thread.start()
+        thread, result = spawn_result(claim)
         # A procedure's statement shows as itself in the process list (MariaDB), not as the CALL.
         waiting = "the claim waiting for the key's row"
         wait_for(lambda: _waiting_on_key_rows() >= 1, 60, waiting, lambda: _sessions(result))

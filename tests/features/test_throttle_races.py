@@ -23,7 +23,8 @@ from durable_singleton.definitions import Registry
 from durable_singleton.engine import Engine
 from durable_singleton.statuses import RunStatus
 from durable_singleton.testing import make_engine
-from tests.conftest import run_threads, spawn
+from tests.conftest import run_threads, spawn, spawn_result
+from tests.worker_processes import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -190,6 +191,7 @@ def _others_waiting_for_a_lock() -> int:
 
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # read inside a transaction: a fresh view each time
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
             )
@@ -211,7 +213,7 @@ def test_the_ticks_prune_waits_for_a_claim_holding_the_throttle_key() -> None:
     clock read came before the prune's lost an admission its window still held, and
     admitted one over the limit (``max_in_window`` 6 of 5 in one ``bench.throttle`` run
     on MariaDB). SQLite's one write lock already ordered them."""
-    from django.db import connection, connections, transaction
+    from django.db import connection, transaction
 
     from durable_singleton.models import ThrottleAdmission
 
@@ -225,22 +227,9 @@ def test_the_ticks_prune_waits_for_a_claim_holding_the_throttle_key() -> None:
         claimer.lock_key("throttle:pr-rate", "K")  # the key's row, as its first claim leaves it
     old = claimer.now() - timedelta(seconds=5)
     ThrottleAdmission.objects.create(throttle="pr-rate", key="K", run_id="old", admitted_at=old)
-    pruned: list[Any] = []
-
-    def prune() -> None:
-        try:
-            pruned.append(pruner.prune_throttle_admissions({"pr-rate": 1.0}, 100))
-        except BaseException as exc:  # reported by the test
-            pruned.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=prune, daemon=True)
     with transaction.atomic():
         claimer.lock_key("throttle:pr-rate", "K")
-        thread.start()
-        from tests.worker_processes import wait_for
-
+        thread, pruned = spawn_result(lambda: pruner.prune_throttle_admissions({"pr-rate": 1.0}, 100))
         wait_for(lambda: pruned or _others_waiting_for_a_lock() >= 1, 60, "the prune waiting for the key, or done")
         assert not pruned, f"the prune did not wait for the key a claim holds: {pruned}"
         assert ThrottleAdmission.objects.filter(run_id="old").exists()
