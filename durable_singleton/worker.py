@@ -19,9 +19,12 @@ and ``manage.py test`` call ``setup_test_environment()``) unless asked with
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -219,6 +222,30 @@ class ForegroundWorker:
             self.hurry.set()
         else:
             self._signalled = signum
+
+    @staticmethod
+    def dump_stacks(signum: int = 0, frame: Any = None) -> None:
+        """The SIGUSR1 handler (``manage.py durable_worker``): write the stack of every thread
+        to file descriptor 2 (stderr), most recent call first, as a Celery worker's SIGUSR1
+        does, and change nothing. Python code on the main thread (it runs between two
+        bytecodes, or inside a blocked lock's acquire, which signals interrupt): it reads
+        the frames under the interpreter's lock, and writes with ``os.write``, no buffer's
+        lock that the interrupted code may hold. ``faulthandler``'s dump, which reads the
+        other threads' frames from the C signal handler while they run, crashed a worker
+        with SIGSEGV in the middle of a dump (CI, pair Y)."""
+        lines: list[str] = []
+        for ident, top in sys._current_frames().items():
+            lines.append(f"Thread 0x{ident:016x} (most recent call first):")
+            current = top
+            while current is not None:
+                code = current.f_code
+                lines.append(f'  File "{code.co_filename}", line {current.f_lineno} in {code.co_name}')
+                current = current.f_back
+            lines.append("")
+        data = ("\n".join(lines) + "\n").encode("utf-8", errors="replace")
+        with contextlib.suppress(OSError):  # no stderr (a closed descriptor): no dump
+            while data:
+                data = data[os.write(2, data) :]
 
     def start(self) -> None:
         """Start the threads (idempotent): :meth:`run` calls it if it was not called."""

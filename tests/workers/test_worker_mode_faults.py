@@ -472,3 +472,29 @@ def test_a_sigterm_handled_inside_the_workers_wait_never_waits_for_its_own_lock(
     ran.join(30)
     assert not ran.is_alive(), "the worker did not act on the recorded SIGTERM"
     assert worker.stop_reason == "SIGTERM" and worker.stopping.is_set()
+
+
+def test_the_sigusr1_dump_names_every_threads_frames_from_python(capfd: pytest.CaptureFixture[str]) -> None:
+    """O1, O6: ``ForegroundWorker.dump_stacks``, the handler ``durable_worker`` installs
+    for SIGUSR1, writes each thread's stack to file descriptor 2, most recent call first,
+    the frames read by Python under the interpreter's lock: a thread waiting in a function
+    of its own shows that function. Before, ``faulthandler`` read the other threads' frames
+    from the C signal handler while they ran and once crashed the worker (SIGSEGV) in the
+    middle of a dump."""
+    from durable_singleton.worker import ForegroundWorker
+
+    release = threading.Event()
+
+    def parked_in_a_known_place() -> None:
+        release.wait(30)
+
+    thread = threading.Thread(target=parked_in_a_known_place, daemon=True)
+    thread.start()
+    try:
+        ForegroundWorker.dump_stacks(signal.SIGUSR1, None)
+    finally:
+        release.set()
+        thread.join(30)
+    err = capfd.readouterr().err
+    assert f"Thread 0x{thread.ident:016x} (most recent call first):" in err, err
+    assert "in parked_in_a_known_place" in err and "test_the_sigusr1_dump_names" in err, err

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import faulthandler
 import logging
 import os
 import signal
@@ -89,10 +87,8 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, worker.handle_signal)
         signal.signal(signal.SIGINT, worker.handle_signal)
         # SIGUSR1 prints every thread's stack to stderr, as a Celery worker does: what a worker
-        # that does not stop is waiting for (faulthandler, in C: even while Python is blocked).
-        # A stderr without a file descriptor (an embedding process's) has no dump.
-        with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
-            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        # that does not stop is waiting for (ForegroundWorker.dump_stacks).
+        signal.signal(signal.SIGUSR1, worker.dump_stacks)
         worker.start()  # the ready line says how the worker is woken (O1)
         self.stdout.write(
             f"durable_worker pid {os.getpid()}: {worker.dispatcher.describe()}, dispatch {settings.DISPATCH}; ready."
