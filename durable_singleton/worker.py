@@ -27,6 +27,7 @@ import signal
 import sys
 import threading
 import time
+from types import FrameType
 from typing import Any
 
 from .dispatch import ThreadDispatcher
@@ -236,7 +237,7 @@ class ForegroundWorker:
         lines: list[str] = []
         for ident, top in sys._current_frames().items():
             lines.append(f"Thread 0x{ident:016x} (most recent call first):")
-            current = top
+            current: FrameType | None = top
             while current is not None:
                 code = current.f_code
                 lines.append(f'  File "{code.co_filename}", line {current.f_lineno} in {code.co_name}')
