@@ -709,3 +709,12 @@ def room_engine(registry: Registry) -> Any:
     made = make_engine(DjangoStore(), registry=registry)
     made.now()
     return made
+
+
+def fault_bodies(workflow: str) -> int:
+    """The body entries (``BodyAudit`` rows) of ``workflow``: the test project's scheduled
+    syncs, which a worker's tick fires at their windows (every 15 minutes), write rows of
+    their own, so a test counts its workflow's alone."""
+    from testproject.inventory.models import BodyAudit
+
+    return BodyAudit.objects.filter(workflow_name=workflow).count()

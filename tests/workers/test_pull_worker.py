@@ -27,7 +27,7 @@ from durable_singleton.runtime import build_engine
 from durable_singleton.stores.turns import Listener
 from testproject.inventory.models import BodyAudit
 from tests.factories import WorkerProcessFactory
-from tests.helpers import running_run
+from tests.helpers import fault_bodies, running_run
 from tests.worker_processes import DurableWorkers, wait_for, workers
 from tests.workers.test_worker_process import all_completed, assert_no_overlap, burst
 
@@ -141,7 +141,7 @@ def test_a_killed_workers_run_is_taken_back_and_the_log_names_the_dead_owner(
     (run_id,) = [
         web.start(WORKFLOW, {"store_id": "dead", "seconds": 600, "seconds_after_recovery": 0}, run_id="dead-1").run_id
     ]
-    wait_for(lambda: BodyAudit.objects.count() == 1, 60, "the body entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 1, 60, "the body entered", workers.logs)
     assert WorkerProcess.objects.filter(pid=first.pid).exists()
     first.kill(signal.SIGKILL)
     first.proc.wait(10)
@@ -151,7 +151,7 @@ def test_a_killed_workers_run_is_taken_back_and_the_log_names_the_dead_owner(
     lines = [line for line in second.log().splitlines() if run_id in line and "dead worker" in line]
     assert len(lines) == 1 and dead in lines[0], second.log()
     assert not WorkerProcess.objects.filter(pid=first.pid).exists()
-    assert BodyAudit.objects.count() == 2
+    assert fault_bodies(WORKFLOW) == 2
 
 
 def test_health_names_a_missing_worker_and_the_registry_drops_a_clean_stop(

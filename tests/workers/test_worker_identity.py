@@ -22,9 +22,8 @@ from durable_singleton.identity import owns, process_name
 from durable_singleton.models import Run, WorkerProcess
 from durable_singleton.runtime import build_engine
 from durable_singleton.stores.turns import release_dead_workers
-from testproject.inventory.models import BodyAudit
 from tests.celery_workers import WorkerProcess as Proc
-from tests.helpers import running_run
+from tests.helpers import fault_bodies, running_run
 from tests.worker_processes import DurableWorkers, wait_for, workers
 
 __all__ = ["workers"]  # the fixture, imported for this module's tests
@@ -81,10 +80,10 @@ def test_a_killed_worker_is_seen_dead_while_its_namesake_lives(workers: DurableW
     }
     first = start_twin(workers, **env)
     hold(web, "twin-a")
-    wait_for(lambda: BodyAudit.objects.count() == 1, 60, "the first worker's body entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 1, 60, "the first worker's body entered", workers.logs)
     start_twin(workers, **env)
     hold(web, "twin-b")  # the first worker's one thread is busy: the second takes it
-    wait_for(lambda: BodyAudit.objects.count() == 2, 60, "the second worker's body entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 2, 60, "the second worker's body entered", workers.logs)
     names = set(WorkerProcess.objects.values_list("name", flat=True))
     assert len(names) == 2 and all(n.startswith(f"{HOST}:{PID}:") for n in names), names
     kept, dead = owner_of("twin-a"), owner_of("twin-b")
@@ -120,12 +119,12 @@ def test_a_clean_stop_hands_back_and_unregisters_only_its_own(workers: DurableWo
     env = {"DURABLE_WORKER_HEARTBEAT_SECONDS": "30", "DURABLE_WORKER_DEAD_SECONDS": "120"}
     second = start_twin(workers, **env)
     hold(web, "twin-x")
-    wait_for(lambda: BodyAudit.objects.count() == 1, 60, "the body entered in the second worker", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 1, 60, "the body entered in the second worker", workers.logs)
     first = start_twin(workers, **env)
     held_by_second = owner_of("twin-x")
     second.pause()
     try:
-        wait_for(lambda: BodyAudit.objects.count() == 2, 90, "the first worker took the run over", workers.logs)
+        wait_for(lambda: fault_bodies(WORKFLOW) == 2, 90, "the first worker took the run over", workers.logs)
         wait_for(lambda: owner_of("twin-x") != held_by_second, 30, "the first worker's lease", workers.logs)
         held_by_first = owner_of("twin-x")
         names = set(WorkerProcess.objects.values_list("name", flat=True))

@@ -48,7 +48,7 @@ from testproject.inventory.models import BodyAudit
 from tests.conftest import run_threads
 from tests.core.test_database_clock import step_clock
 from tests.factories import WorkerProcessFactory
-from tests.helpers import running_run
+from tests.helpers import fault_bodies, running_run
 from tests.worker_processes import DurableWorkers, wait_for, workers
 
 __all__ = ["workers"]  # the fixture, imported for this module's tests
@@ -216,10 +216,10 @@ def test_a_notice_of_a_finished_or_cancelled_run_runs_no_body() -> None:
     cancelled = engine.start(WORKFLOW, {"store_id": "can", "seconds": 0}, run_id="can-1")
     engine.cancel(cancelled.run_id)
     add_notices("default", [run_id], None)  # a second notice of the completed run (a signal, a wake)
-    before = BodyAudit.objects.count()
+    before = fault_bodies(WORKFLOW)
     for taken in take_notices("default", 10):
         engine.execute_chain(taken)
-    assert BodyAudit.objects.count() == before
+    assert fault_bodies(WORKFLOW) == before
     assert Run.objects.get(pk="fin-1").status == "completed"
     assert Run.objects.get(pk="can-1").status == "cancelled"
     assert not TurnNotice.objects.exists()
@@ -347,7 +347,7 @@ def test_a_stopped_worker_whose_run_was_taken_back_is_fenced(workers: DurableWor
     env = _env(workers, DURABLE_LEASE_SECONDS="300", DURABLE_LEASE_RENEW_SECONDS="0.5")
     first = workers.start(threads=1, env=env, args=("--grace=0.5",))
     web.start(WORKFLOW, {"store_id": "stop", "seconds": 4, "seconds_after_recovery": 0}, run_id="stop-1")
-    wait_for(lambda: BodyAudit.objects.count() == 1, 60, "the body entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 1, 60, "the body entered", workers.logs)
     first.pause()
     try:
         second = workers.start(threads=1, env=env, args=("--grace=0.5",))

@@ -33,6 +33,7 @@ from durable_singleton.models import Run
 from durable_singleton.testing import make_engine
 from testproject.inventory.models import BodyAudit
 from tests.celery_workers import REPO
+from tests.helpers import fault_bodies
 from tests.worker_processes import DurableWorkers, wait_for, workers
 
 __all__ = ["workers"]  # the fixture, imported for this module's tests
@@ -48,12 +49,6 @@ def starter() -> Engine:
     never drained, and a new run is due at once, so only the worker
     processes execute them (their tick finds them)."""
     return make_engine("django", REDELIVERY_SECONDS=0.0)
-
-
-def _bodies() -> int:
-    """The body entries of this file's workflow: the test project's scheduled syncs, which a
-    worker's tick fires at their windows (every few minutes), write audit rows of their own."""
-    return BodyAudit.objects.filter(workflow_name=WORKFLOW).count()
 
 
 def burst(engine: Engine, keys: int, per_key: int, seconds: float, tag: str = "b") -> list[str]:
@@ -131,7 +126,7 @@ def test_sigterm_finishes_the_turns_in_hand(workers: DurableWorkers, starter: En
     exits 0; nothing is left running with a lease, so nothing waits a lease."""
     ids = burst(starter, keys=2, per_key=1, seconds=1.0, tag="t")
     worker = workers.start()
-    wait_for(lambda: _bodies() == 2, 120, "both bodies entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 2, 120, "both bodies entered", workers.logs)
     worker.kill(signal.SIGTERM)
     assert worker.proc.wait(120) == 0, workers.logs()
     assert all_completed(ids), statuses(ids)
@@ -145,7 +140,7 @@ def test_sigterm_hands_back_a_turn_that_outlives_the_grace(workers: DurableWorke
     (run_id,) = burst(starter, keys=1, per_key=1, seconds=60, tag="g")
     env = workers.env(DURABLE_LEASE_SECONDS="30", DURABLE_LEASE_RENEW_SECONDS="5")
     worker = workers.start(env=env, args=("--grace=0.5",))
-    wait_for(lambda: _bodies() == 1, 120, "the body entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 1, 120, "the body entered", workers.logs)
     worker.kill(signal.SIGTERM)
     assert worker.proc.wait(120) == 0, workers.logs()
     run = Run.objects.get(pk=run_id)
@@ -157,7 +152,7 @@ def test_sigterm_hands_back_a_turn_that_outlives_the_grace(workers: DurableWorke
         worker.log(),
     ), worker.log()
     workers.start(env=env)
-    wait_for(lambda: _bodies() == 2, 120, "the run re-driven", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 2, 120, "the run re-driven", workers.logs)
 
 
 def test_a_second_sigterm_hands_back_at_once(workers: DurableWorkers, starter: Engine) -> None:
@@ -168,7 +163,7 @@ def test_a_second_sigterm_hands_back_at_once(workers: DurableWorkers, starter: E
     worker = workers.start(
         env=workers.env(DURABLE_LEASE_SECONDS="30", DURABLE_LEASE_RENEW_SECONDS="5"), args=("--grace=600",)
     )
-    wait_for(lambda: _bodies() == 1, 120, "the body entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 1, 120, "the body entered", workers.logs)
     worker.kill(signal.SIGTERM)
     time.sleep(0.5)
     assert worker.alive(), workers.logs()
@@ -194,7 +189,7 @@ def test_sigterm_while_bodies_and_the_tick_run_exits_within_a_bound_even_if_the_
     ids = burst(starter, keys=2, per_key=1, seconds=600, tag="x")
     env = workers.env(DURABLE_LEASE_SECONDS="30", DURABLE_LEASE_RENEW_SECONDS="5")
     worker = workers.start(threads=2, env=env, args=("--grace=1",))
-    wait_for(lambda: _bodies() == 2, 120, "both bodies entered", workers.logs)
+    wait_for(lambda: fault_bodies(WORKFLOW) == 2, 120, "both bodies entered", workers.logs)
     with transaction.atomic():
         assert Run.objects.filter(pk__in=ids).update(attempts=F("attempts")) == 2  # locks both rows
         worker.kill(signal.SIGTERM)
