@@ -783,6 +783,8 @@ class Core:
         in_start = self.dispatcher.dispatches_in_transaction and not supersedes
         if supersedes:
             results = []
+            # One caller's transaction holds every start's locks: all taken first, in the one order (X3e).
+            self.store.lock_superseding_batch(records)
             for record in records:
                 try:
                     results.append(self._start_superseding(record, definition))

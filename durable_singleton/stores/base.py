@@ -683,6 +683,17 @@ class BaseStore(ABC):
                 results.append(exc)
         return results
 
+    def lock_superseding_batch(self, runs: Sequence[RunRecord]) -> None:
+        """Before a batch of superseding starts (``start_many`` of a workflow declared
+        ``on_busy="replace_queued"`` or ``"cancel_in_progress"``, one
+        :meth:`start_superseding` per run, in input order): lock every key those starts
+        lock, all at once in the one global order, when they share one transaction that
+        holds each lock to its commit (X3e, X1). Two such batches over the same keys in
+        other orders would otherwise each hold a key the other waits for. ``runs``: the
+        batch's new runs, each with its singleton key. The default does nothing (a store
+        without row locks, or one whose starts commit one by one)."""
+        return None
+
     def start_superseding(
         self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
     ) -> Superseding:

@@ -212,6 +212,9 @@ class CodecStore(BaseStore):
         results = self.inner.create_runs([self._in(r) for r in runs], caps=caps, cap_namespace=cap_namespace)
         return [r if isinstance(r, BaseException) else (self._out(r[0]), r[1]) for r in results]
 
+    def lock_superseding_batch(self, runs: Sequence[RunRecord]) -> None:
+        self.inner.lock_superseding_batch([self._in(r) for r in runs])
+
     def start_superseding(
         self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
     ) -> Superseding:

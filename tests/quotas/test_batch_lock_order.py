@@ -1,7 +1,9 @@
 """A ``start_many`` batch inside one transaction (a caller's ``atomic`` block, or the
 worker dispatcher's start, O1a) locks the key rows of all its runs while the
 transaction lasts: the fair quota keys whose sub-key has lower-priority waiters (X4b,
-X8c), the capped quota keys (X3j) and the capped singleton keys (S15). Two batches
+X8c), the capped quota keys (X3j) and the capped singleton keys (S15); a superseding
+batch (X1: ``on_busy`` replace_queued, one start after another) every quota key and
+singleton key its starts lock (``BaseStore.lock_superseding_batch``). Two batches
 over the same keys in opposite input orders must take those locks in the one global
 order (X3e), or each waits for the other's key row. On PostgreSQL and MariaDB, with
 real row locks: SQLite takes one lock for the whole database.
@@ -57,20 +59,16 @@ def _declare(registry: Registry, shape: str) -> tuple[str, list[tuple[str, str]]
         capped = Quota("capped-batch", key=lambda i: i["k"], limit=1, max_queue_depth=50)
         registry.add("w", "1", lambda ctx, i: None, quotas=[capped])
         return "w", [("quota:capped-batch", k) for k in KEYS], {}
+    if shape == "superseding-quota":  # the quota keys first, then the singleton keys (X3e)
+        shared = Quota("superseding-batch", key=lambda i: i["k"], limit=1)
+        on_busy = {"key": lambda i: i["k"], "on_busy": "replace_queued"}
+        registry.add("w", "1", lambda ctx, i: None, singleton=on_busy, quotas=[shared])
+        return "w", [("quota:superseding-batch", k) for k in KEYS] + [("w", k) for k in KEYS], {}
     if shape == "superseding":
         registry.add("w", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "on_busy": "replace_queued"})
         return "w", [("w", k) for k in KEYS], {}
     registry.add("w", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"], "max_queue_depth": 50})
     return "w", [("w", k) for k in KEYS], {}
-
-
-SUPERSEDING_GAP = (
-    "X1, X3e: a superseding batch (on_busy replace_queued / cancel_in_progress) starts run by run through "
-    "store.start_superseding, each locking its quota keys and singleton key in input order and holding them "
-    "in the caller's transaction. The fix: a store seam (BaseStore, no-op by default, forwarded by the codec "
-    "store) that Engine.start_many calls before the superseding loop when the store holds a transaction, "
-    "locking every key of the batch in the one order, the quota keys of the keys' active runs included"
-)
 
 
 @pytest.mark.parametrize(
@@ -79,11 +77,12 @@ SUPERSEDING_GAP = (
         "fair",
         "capped-quota",
         "capped-singleton",
-        pytest.param("superseding", marks=pytest.mark.xfail(strict=True, reason=SUPERSEDING_GAP)),
+        "superseding",
+        "superseding-quota",
     ],
 )
 def test_batches_over_the_same_keys_in_opposite_orders_never_deadlock(registry: Registry, shape: str) -> None:
-    """X3e, X4b, X8c, X3j, S15, O1a: the key rows of the test's transaction hold two
+    """X3e, X4b, X8c, X3j, S15, X1, O1a: the key rows of the test's transaction hold two
     ``start_many`` batches, each in a transaction of its own, over the keys a, b, c
     (b, c, a and c, b, a: each batch's first key is another's later one) until both
     wait on a key; then they are let go. Each batch must take its keys in the one
