@@ -7,7 +7,10 @@ then procrastinate's workers (the same slots), each round
 ``bench.scenarios.many_keys`` against ``bench.peers._many_keys``, and prints
 each round's runs per second, the client's milliseconds per start and, from
 the server (``pg_stat_wal``, with ``track_wal_io_timing`` turned on), the WAL
-bytes, records and flushes per run and the milliseconds per flush::
+bytes, records and flushes per run and the milliseconds per flush, and the CPU
+milliseconds per run of the client, the workers' process groups and the
+PostgreSQL server (``/proc``: on a shared machine, CPU per run moves less with
+the load than runs per second)::
 
     python tools/services.py run --pg --redis --durable -- python -m bench.many_keys_pair --scale 0.5
 
@@ -19,10 +22,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+
+def _rounded(value: Any) -> Any:
+    """``value`` with its floats to 3 decimals, inside dicts too."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return round(value, 3) if isinstance(value, float) else value
 
 
 def main(argv: list[str]) -> int:
@@ -54,7 +66,16 @@ def main(argv: list[str]) -> int:
     from durable_singleton.runtime import build_engine
 
     from . import peers, scenarios
-    from .procs import Procs, django_admin_argv, durable_worker_argv, wait_until
+    from .procs import (
+        Proc,
+        Procs,
+        children_cpu_seconds,
+        django_admin_argv,
+        durable_worker_argv,
+        group_cpu_seconds,
+        parent_of,
+        wait_until,
+    )
 
     call_command("migrate", verbosity=0, interactive=False)
     with connection.cursor() as cursor:
@@ -73,13 +94,28 @@ def main(argv: list[str]) -> int:
             cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
             return (*(float(v) for v in row), float(cursor.fetchone()[0]))
 
-    def measure(name: str, fn: Any) -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        server = parent_of(int(cursor.fetchone()[0]))
+
+    def cpu(workers: Sequence[Proc]) -> tuple[float, float, float]:
+        """CPU seconds so far: this client process, the workers' process groups, the server's."""
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return (
+            usage.ru_utime + usage.ru_stime,
+            sum(group_cpu_seconds(w.process.pid) for w in workers),
+            children_cpu_seconds(server),
+        )
+
+    def measure(name: str, fn: Any, workers: Sequence[Proc]) -> dict[str, Any]:
         time.sleep(0.5)  # pg_stat_wal is flushed by the backends about once a second
-        before, load = wal(), os.getloadavg()[0]
+        before, load, cpu_before = wal(), os.getloadavg()[0], cpu(workers)
         out = fn()
+        cpu_after = cpu(workers)
         time.sleep(1.5)
         after = wal()
         d = [b - a for a, b in zip(before, after, strict=True)]
+        c = [(b - a) / runs * 1000 for a, b in zip(cpu_before, cpu_after, strict=True)]
         figures = {
             "runs_per_s": out["runs_per_s"],
             "client_ms_per_start": out["start_seconds"] / runs * 1000,
@@ -88,9 +124,10 @@ def main(argv: list[str]) -> int:
             "flushes_per_run": d[2] / runs,
             "ms_per_flush": d[3] / d[2] if d[2] else None,
             "commits_per_run": d[4] / runs,
+            "cpu_ms_per_run": {"client": c[0], "workers": c[1], "server": c[2]},
             "load_average": load,
         }
-        print(name, json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in figures.items()}))
+        print(name, json.dumps(_rounded(figures)))
         sys.stdout.flush()
         return figures
 
@@ -102,7 +139,7 @@ def main(argv: list[str]) -> int:
         try:
             wait_until(lambda: all(b"ready." in w.log.read_bytes() for w in workers), 120, "durable_worker", every=0.2)
             scenarios.many_keys(engine, 40, 20)  # warm: connections and prepared statements
-            return measure("ours", lambda: scenarios.many_keys(engine, runs, keys))
+            return measure("ours", lambda: scenarios.many_keys(engine, runs, keys), workers)
         finally:
             procs.stop(workers)
 
@@ -111,7 +148,7 @@ def main(argv: list[str]) -> int:
         workers = [procs.start(f"procrastinate-{n}", django_admin_argv(*argv)) for n in range(args.processes)]
         try:
             peers._warm(peers._pc_enqueue, "pc")
-            return measure("procrastinate", lambda: peers._many_keys(peers._pc_enqueue, "pc-many", runs, keys))
+            return measure("procrastinate", lambda: peers._many_keys(peers._pc_enqueue, "pc-many", runs, keys), workers)
         finally:
             procs.stop(workers)
 

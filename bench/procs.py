@@ -46,6 +46,47 @@ class Proc:
             self.process.wait(5)
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """The CPU seconds (user and system) used so far by the processes of the process
+    group ``pgid``: those alive, read from ``/proc/<pid>/stat``, with the reaped
+    children each of them has waited for. Linux only; 0.0 where ``/proc`` is missing."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(fields[2]) == pgid:  # pgrp; then utime, stime, cutime, cstime
+            total += sum(int(v) for v in fields[11:15])
+    return total / tick
+
+
+def children_cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user and system) used so far by ``pid`` and its children alive
+    (a PostgreSQL server's postmaster and its backends, each in a session of its own),
+    with the reaped children each has waited for. Linux only."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # exited meanwhile
+            continue
+        if int(entry.name) == pid or int(fields[1]) == pid:  # itself, or ppid
+            total += sum(int(v) for v in fields[11:15])
+    return total / tick
+
+
+def parent_of(pid: int) -> int:
+    """The parent process of ``pid`` (a PostgreSQL backend's: its server's postmaster)."""
+    return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 class Procs:
     """Starts processes with the benchmark's environment; stops them all on exit."""
 
