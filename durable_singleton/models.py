@@ -142,13 +142,16 @@ class Run(models.Model):
                 name="ds_run_queue_idx",
             ),
             # Untracked active runs of an older release count as holders (S12): PostgreSQL reads
-            # them through ds_run_untracked_idx, a partial index of the untracked runs alone
-            # (migration 0009), SQLite, MariaDB and MySQL through ds_run_legacy_idx
+            # them through ds_run_untracked_idx, a partial index of the untracked runs that count
+            # as holders alone (migrations 0009, 0026), SQLite, MariaDB and MySQL through ds_run_legacy_idx
             # (workflow_name, singleton_key, singleton_tracked, status). Both by migration only
             # (0009, 0014): a Meta index with a condition would warn on MariaDB (models.W037),
             # and ds_run_legacy_idx on PostgreSQL led a worker's generic plan of the queue read
             # to read and sort every run of the key (S5).
-            # The tick: due runs and expired leases (S8, D4).
+            # The tick: due runs and expired leases (S8, D4). On PostgreSQL and SQLite the
+            # due, lease, deadline and debounce indexes are partial (migration 0026: the parked
+            # runs, or the rows with the column set), so a settled run leaves them; declared
+            # whole here, as MariaDB and MySQL keep them (a condition warns there, models.W037).
             models.Index(fields=["status", "wake_at"], name="ds_run_due_idx"),
             models.Index(fields=["status", "lease_expires_at"], name="ds_run_lease_idx"),
             models.Index(fields=["status", "deadline_at"], name="ds_run_deadline_idx"),

@@ -1,0 +1,123 @@
+"""Fewer index entries per run on PostgreSQL and SQLite (issue 31: many keys one by one).
+
+A run's row is written three times (its start, its claim, its settle); each
+write of ``status`` is a new row version, and every index of the run table
+takes an entry for it unless the index is partial and the version is outside
+it. Each entry is WAL that the start's commit waits to flush. Here:
+
+- ``ds_run_lease_idx`` (status, lease_expires_at), ``ds_run_deadline_idx``
+  (status, deadline_at) and ``ds_run_debounce_idx`` (debounce_key,
+  workflow_name, status) keep only the rows whose ``lease_expires_at``,
+  ``deadline_at`` or ``debounce_key`` is set. Every query they serve compares
+  that column (the tick's expired leases and overdue deadlines, D4, D5; a
+  debounced start's open run, X7a), which implies it is set: both planners
+  prove it. A settled run has none of them set.
+- ``ds_run_due_idx`` (status, wake_at) keeps the parked runs
+  (``statuses.PARKED_STATUSES``) on PostgreSQL, the runs whose ``wake_at`` is
+  set on SQLite. PostgreSQL proves the tick's due runs (S8) and the audit's
+  overdue waiters (K4: ``wake_at`` unset or not after a time, pending or
+  suspended) inside the parked runs; SQLite matches a status list only as
+  written, not the ORM's bound parameters, and proves ``wake_at`` set from
+  the due runs' comparison.
+- ``ds_run_untracked_idx`` (migration 0009) keeps only the untracked runs
+  that count as holders (S12: ``admission.HOLDING_LEGACY_STATUSES``), as the
+  count it serves reads them. Every settle clears ``singleton_tracked``, so
+  before, every ended keyed run stayed in it for good.
+- On PostgreSQL, Django's ``varchar_pattern_ops`` index on ``run_id``
+  (``..._like``, created for a character primary key) is dropped. Only
+  ``durable_explain``'s prefix lookup used it; that lookup reads the table
+  instead (a management command, not a hot path).
+
+The model's ``Meta`` still declares the four indexes whole: a ``Meta`` index
+with a condition would warn on MariaDB and MySQL (``models.W037``), which have
+no partial index and keep them whole. Reversing it puts every index back as
+it was.
+"""
+
+from typing import Any
+
+from django.db import migrations
+
+#: (index, its columns, the column it keeps the rows of that have it set).
+SET_ONLY = (
+    ("ds_run_lease_idx", ("status", "lease_expires_at"), "lease_expires_at"),
+    ("ds_run_deadline_idx", ("status", "deadline_at"), "deadline_at"),
+    ("ds_run_debounce_idx", ("debounce_key", "workflow_name", "status"), "debounce_key"),
+)
+DUE = "ds_run_due_idx"
+DUE_COLUMNS = ("status", "wake_at")
+#: statuses.PARKED_STATUSES.
+PARKED = ("pending", "suspended", "blocked")
+UNTRACKED = "ds_run_untracked_idx"
+UNTRACKED_COLUMNS = ("workflow_name", "singleton_key", "status")
+#: admission.HOLDING_LEGACY_STATUSES, in its order (SQLite matches an IN list as written).
+HOLDING_LEGACY = ("running", "suspended", "blocked")
+VENDORS = ("postgresql", "sqlite")
+
+
+def _table(apps: Any, schema_editor: Any) -> str:
+    return str(schema_editor.quote_name(apps.get_model("durable_singleton", "Run")._meta.db_table))
+
+
+def _create(schema_editor: Any, table: str, name: str, columns: tuple[str, ...], where: str | None) -> None:
+    quote = schema_editor.quote_name
+    schema_editor.execute(f"DROP INDEX IF EXISTS {quote(name)}")
+    listed = ", ".join(quote(c) for c in columns)
+    schema_editor.execute(f"CREATE INDEX {quote(name)} ON {table} ({listed})" + (f" WHERE {where}" if where else ""))
+
+
+def _in(schema_editor: Any, column: str, values: tuple[str, ...]) -> str:
+    return f"{schema_editor.quote_name(column)} IN ({', '.join(repr(v) for v in values)})"
+
+
+def _untracked_where(schema_editor: Any, holding: bool) -> str:
+    quote = schema_editor.quote_name
+    where = f"{quote('singleton_key')} IS NOT NULL AND NOT {quote('singleton_tracked')}"
+    return f"{where} AND {_in(schema_editor, 'status', HOLDING_LEGACY)}" if holding else where
+
+
+def _like_index(schema_editor: Any, table_name: str) -> str:
+    """The name Django gave the ``varchar_pattern_ops`` index of ``run_id``."""
+    return str(schema_editor._create_index_name(table_name, ["run_id"], suffix="_like"))
+
+
+def lean(apps: Any, schema_editor: Any) -> None:
+    vendor = schema_editor.connection.vendor
+    if vendor not in VENDORS:
+        return
+    table = _table(apps, schema_editor)
+    quote = schema_editor.quote_name
+    for name, columns, column in SET_ONLY:
+        _create(schema_editor, table, name, columns, f"{quote(column)} IS NOT NULL")
+    parked = _in(schema_editor, "status", PARKED) if vendor == "postgresql" else f"{quote('wake_at')} IS NOT NULL"
+    _create(schema_editor, table, DUE, DUE_COLUMNS, parked)
+    _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, True))
+    if vendor == "postgresql":
+        db_table = apps.get_model("durable_singleton", "Run")._meta.db_table
+        schema_editor.execute(f"DROP INDEX IF EXISTS {quote(_like_index(schema_editor, db_table))}")
+
+
+def whole(apps: Any, schema_editor: Any) -> None:
+    vendor = schema_editor.connection.vendor
+    if vendor not in VENDORS:
+        return
+    table = _table(apps, schema_editor)
+    for name, columns, _column in SET_ONLY:
+        _create(schema_editor, table, name, columns, None)
+    _create(schema_editor, table, DUE, DUE_COLUMNS, None)
+    _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, False))
+    if vendor == "postgresql":
+        db_table = apps.get_model("durable_singleton", "Run")._meta.db_table
+        quote = schema_editor.quote_name
+        schema_editor.execute(
+            f"CREATE INDEX IF NOT EXISTS {quote(_like_index(schema_editor, db_table))}"
+            f" ON {table} ({quote('run_id')} varchar_pattern_ops)"
+        )
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("durable_singleton", "0025_mysql_key_locks"),
+    ]
+
+    operations = [migrations.RunPython(lean, whole)]
