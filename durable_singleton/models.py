@@ -143,7 +143,8 @@ class Run(models.Model):
             ),
             # Untracked active runs of an older release count as holders (S12): PostgreSQL reads
             # them through ds_run_untracked_idx, a partial index of the untracked runs that count
-            # as holders alone (migrations 0009, 0026), SQLite, MariaDB and MySQL through ds_run_legacy_idx
+            # as holders alone (migrations 0009, 0026; the SQLite room's statements read it too,
+            # of the untracked runs); the ORM on SQLite, MariaDB and MySQL through ds_run_legacy_idx
             # (workflow_name, singleton_key, singleton_tracked, status). Both by migration only
             # (0009, 0014): a Meta index with a condition would warn on MariaDB (models.W037),
             # and ds_run_legacy_idx on PostgreSQL led a worker's generic plan of the queue read

@@ -19,10 +19,13 @@ it. Each entry is WAL that the start's commit waits to flush. Here:
   suspended) inside the parked runs; SQLite matches a status list only as
   written, not the ORM's bound parameters, and proves ``wake_at`` set from
   the due runs' comparison.
-- ``ds_run_untracked_idx`` (migration 0009) keeps only the untracked runs
-  that count as holders (S12: ``admission.HOLDING_LEGACY_STATUSES``), as the
-  count it serves reads them. Every settle clears ``singleton_tracked``, so
-  before, every ended keyed run stayed in it for good.
+- On PostgreSQL ``ds_run_untracked_idx`` (migration 0009) keeps only the
+  untracked runs that count as holders (S12:
+  ``admission.HOLDING_LEGACY_STATUSES``), as the count it serves reads them.
+  Every settle clears ``singleton_tracked``, so before, every ended keyed run
+  stayed in it for good. SQLite keeps it as it was: its planner did not match
+  the claim's status list to the index's, and read a key's every run through
+  ``ds_run_legacy_idx`` instead.
 - On PostgreSQL, Django's ``varchar_pattern_ops`` index on ``run_id``
   (``..._like``, created for a character primary key) is dropped. Only
   ``durable_explain``'s prefix lookup used it; that lookup reads the table
@@ -50,7 +53,7 @@ DUE_COLUMNS = ("status", "wake_at")
 PARKED = ("pending", "suspended", "blocked")
 UNTRACKED = "ds_run_untracked_idx"
 UNTRACKED_COLUMNS = ("workflow_name", "singleton_key", "status")
-#: admission.HOLDING_LEGACY_STATUSES, in its order (SQLite matches an IN list as written).
+#: admission.HOLDING_LEGACY_STATUSES, in its order.
 HOLDING_LEGACY = ("running", "suspended", "blocked")
 VENDORS = ("postgresql", "sqlite")
 
@@ -91,8 +94,8 @@ def lean(apps: Any, schema_editor: Any) -> None:
         _create(schema_editor, table, name, columns, f"{quote(column)} IS NOT NULL")
     parked = _in(schema_editor, "status", PARKED) if vendor == "postgresql" else f"{quote('wake_at')} IS NOT NULL"
     _create(schema_editor, table, DUE, DUE_COLUMNS, parked)
-    _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, True))
     if vendor == "postgresql":
+        _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, True))
         db_table = apps.get_model("durable_singleton", "Run")._meta.db_table
         schema_editor.execute(f"DROP INDEX IF EXISTS {quote(_like_index(schema_editor, db_table))}")
 
@@ -105,8 +108,8 @@ def whole(apps: Any, schema_editor: Any) -> None:
     for name, columns, _column in SET_ONLY:
         _create(schema_editor, table, name, columns, None)
     _create(schema_editor, table, DUE, DUE_COLUMNS, None)
-    _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, False))
     if vendor == "postgresql":
+        _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, False))
         db_table = apps.get_model("durable_singleton", "Run")._meta.db_table
         quote = schema_editor.quote_name
         schema_editor.execute(
