@@ -920,10 +920,13 @@ def _check_quotas(
             violate("quota_token_behind_key", quota=name, key=key, stored=key_tokens.get((f"quota:{name}", key)),
                     seen=seen)  # fmt: skip
     # A takeover stamps new tokens, a retry's admission too (X3f, D9): a claim later
-    # in its run's (tenure, recoveries) order enters with higher ones.
+    # in its run's (tenure, recoveries) order enters with higher ones. A stale body (a
+    # claim frozen before its body, thawed after a takeover: stale_write_accepted judges
+    # it) is no later claim, even if it thawed after the run failed and was retried.
+    held = {id(b) for b in bodies}
     for (run_id, name), group in entries.items():
         claims: dict[tuple[int, int], list[int]] = defaultdict(list)
-        for body in group:
+        for body in (b for b in group if id(b) in held):
             claims[(tenure_of(body), body.recoveries)].append(body.qtokens[name])
         before: tuple[tuple[int, int], int] | None = None
         for claim, tokens in sorted(claims.items()):

@@ -161,6 +161,24 @@ def test_a_stale_body_of_a_quota_only_run_is_judged_by_its_quota_token(tmp_path:
     assert _rules(_write(tmp_path, audit, [_start("a", 0.1)], runs, memberships)) == {"stale_write_accepted"}
 
 
+def test_a_stale_body_thawed_after_the_takeover_failed_the_run_is_no_later_claim(tmp_path: Path) -> None:
+    """X3f, D9, K1 (the PostgreSQL soak of a side-by-side CI run, s001774): a's claim
+    (quota token 1) is frozen before its body; the takeover (token 2, recoveries 1)
+    fails the run; the stale body thaws after that failure, enters with token 1 and is
+    fenced (LeaseLostError); the retry's body enters with token 3. The stale body holds
+    nothing and is no claim of the retry's tenure: no quota token decreased. Before,
+    the token order was judged over every body, the stale one counted in the retry's
+    tenure ("claim [1, 0], tokens [1, 3] after token 2")."""
+    audit = _body("a", 11, 2, 1.0, 2.0, recoveries=1, how="FlakyStepError", steps=0)
+    audit[-1]["status"] = "failed"
+    audit += _body("a", 10, 1, 2.5, 3.0, how="LeaseLostError", steps=0)
+    audit += _body("a", 10, 3, 4.0, 4.5)
+    events = [_start("a", 0.1), {"e": "retry", "t": T0 + 3.2, "run": "a"}]
+    runs, memberships = [_run("a", 0.1, admitted=3.99, finished=4.51, recoveries=1)], [_member("a", 0.1, 3)]
+    report = check(_write(tmp_path, audit, events, runs, memberships))
+    assert (report["violations"], report["stale_bodies"]) == ([], 1)
+
+
 def _passed(holder_leaves: float) -> tuple[list[dict[str, Any]], ...]:
     """q0, limit 2. h holds from 1.0 to ``holder_leaves``. w (soak-qb, older)
     waits for its singleton key k, which x holds until 3.8; r (younger) is
