@@ -28,6 +28,7 @@ also writes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -36,6 +37,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from .scratch import scratch_database
 
 #: The steps measured at each size, in the order they are reported.
 STEPS = ("claim", "handoff", "confirmation", "start")
@@ -238,7 +241,9 @@ def measure(
         "other_keys": other_keys,
         "databases": {},
     }
-    with tempfile.TemporaryDirectory(prefix="ds-depth-") as folder:
+    with tempfile.TemporaryDirectory(prefix="ds-depth-") as folder, contextlib.ExitStack() as scratch:
+        # A database of its own on each server: the runs it leaves are no later scenario's.
+        urls = {v: scratch.enter_context(scratch_database(u, "ds_bench_depth")) if u else u for v, u in urls.items()}
         urls["sqlite"] = f"sqlite:///{folder}/depth.sqlite3"
         for vendor, url in urls.items():
             if not url:
@@ -247,7 +252,8 @@ def measure(
             argv += ["--reps", str(reps), "--handoffs", str(handoffs), "--other-keys", str(other_keys)]
             done = subprocess.run(
                 argv,
-                env={**os.environ, "DATABASE_URL": url},
+                # The peers' apps (bench.settings under python -m bench) migrate on PostgreSQL only.
+                env={**os.environ, "DATABASE_URL": url, "BENCH_PEERS": "0"},
                 capture_output=True,
                 text=True,
                 cwd=os.getcwd(),

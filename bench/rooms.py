@@ -27,6 +27,7 @@ Prints one JSON object; ``--out FILE`` also writes it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -35,6 +36,8 @@ import sys
 import tempfile
 import time
 from typing import Any
+
+from .scratch import scratch_database
 
 
 def one(waiters: int, idle: int) -> dict[str, Any]:
@@ -104,13 +107,16 @@ def measure(rounds: int = 3, waiters: int = 200, idle: int = 100) -> dict[str, A
     Raises ``RuntimeError`` when a round's process fails.
     """
     urls = {"postgresql": os.environ.get("DS_PG_URL"), "mysql": os.environ.get("DS_MYSQL_URL")}
-    with tempfile.TemporaryDirectory(prefix="ds-rooms-") as folder:
+    with tempfile.TemporaryDirectory(prefix="ds-rooms-") as folder, contextlib.ExitStack() as scratch:
+        # A database of its own on each server: the runs it leaves are no later scenario's.
+        urls = {v: scratch.enter_context(scratch_database(u, "ds_bench_rooms")) if u else u for v, u in urls.items()}
         urls["sqlite"] = f"sqlite:///{folder}/rooms.sqlite3"
         present = {vendor: url for vendor, url in urls.items() if url}
         per: dict[str, list[dict[str, Any]]] = {vendor: [] for vendor in present}
         for _ in range(rounds):
             for vendor, url in present.items():
-                env = {**os.environ, "DATABASE_URL": url}
+                # The peers' apps (bench.settings under python -m bench) migrate on PostgreSQL only.
+                env = {**os.environ, "DATABASE_URL": url, "BENCH_PEERS": "0"}
                 done = subprocess.run(
                     [sys.executable, "-m", "bench.rooms", "--one", "--waiters", str(waiters), "--idle", str(idle)],
                     env=env,
