@@ -46,40 +46,33 @@ class Proc:
             self.process.wait(5)
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """The CPU seconds (user and system) used so far by the processes of the process
-    group ``pgid``: those alive, read from ``/proc/<pid>/stat``, with the reaped
-    children each of them has waited for. Linux only; 0.0 where ``/proc`` is missing."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+def _processes() -> Iterator[tuple[int, list[str]]]:
+    """Each live process's pid and the fields of its ``/proc/<pid>/stat`` after the command
+    name (0: state, 1: ppid, 2: pgrp, 11 to 14: utime, stime, cutime, cstime). Linux only."""
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # exited meanwhile
-            continue
-        if int(fields[2]) == pgid:  # pgrp; then utime, stime, cutime, cstime
-            total += sum(int(v) for v in fields[11:15])
-    return total / tick
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # exited meanwhile
+                continue
+
+
+def _cpu_seconds(fields: list[str]) -> float:
+    """A process's CPU seconds so far, user and system, with its reaped children's."""
+    return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """The CPU seconds (user and system) used so far by the live processes of the process
+    group ``pgid``, with the reaped children each of them has waited for."""
+    return sum(_cpu_seconds(fields) for _pid, fields in _processes() if int(fields[2]) == pgid)
 
 
 def children_cpu_seconds(pid: int) -> float:
-    """The CPU seconds (user and system) used so far by ``pid`` and its children alive
+    """The CPU seconds (user and system) used so far by ``pid`` and its live children
     (a PostgreSQL server's postmaster and its backends, each in a session of its own),
-    with the reaped children each has waited for. Linux only."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:  # exited meanwhile
-            continue
-        if int(entry.name) == pid or int(fields[1]) == pid:  # itself, or ppid
-            total += sum(int(v) for v in fields[11:15])
-    return total / tick
+    with the reaped children each has waited for."""
+    return sum(_cpu_seconds(fields) for other, fields in _processes() if pid in (other, int(fields[1])))
 
 
 def parent_of(pid: int) -> int:
