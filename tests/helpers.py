@@ -269,7 +269,8 @@ def sleep_past(engine: Any, field: str, *run_ids: str, timeout: float = 30.0) ->
     """Wait until the store's own clock (``engine.store.now()``: the database's,
     which decides leases, timers and deadlines, R5) is past ``field`` of each
     run, e.g. ``sleep_past(engine, "wake_at", "A", "B")`` (``wake_at``,
-    ``deadline_at``, ``lease_expires_at``). A fixed sleep of
+    ``deadline_at``, ``lease_expires_at``), read again once the clock passed it
+    (a later write may have moved it). A fixed sleep of
     the interval can end before that clock got there: the engine's clock is
     the process's, corrected with an error up to half a round trip, and a
     loaded machine stretches the round trip. Raises AssertionError after
@@ -280,9 +281,16 @@ def sleep_past(engine: Any, field: str, *run_ids: str, timeout: float = 30.0) ->
         when = getattr(engine.get(run_id), field)
         assert when is not None, f"run {run_id} has no {field}"
         deadline = time.monotonic() + timeout
-        while engine.store.now() <= when:
-            assert time.monotonic() < deadline, f"the store's clock never passed {run_id}'s {field} ({when})"
-            time.sleep(0.01)
+        while True:
+            while engine.store.now() <= when:
+                assert time.monotonic() < deadline, f"the store's clock never passed {run_id}'s {field} ({when})"
+                time.sleep(0.01)
+            # Read again once the clock passed it: a write after the first read (a claim's
+            # confirmation stamping the lease again, on a loaded machine) may have moved it.
+            now_when = getattr(engine.get(run_id), field)
+            if now_when is None or now_when <= when:
+                break
+            when = now_when
 
 
 def tick_until(engine: Any, condition: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
