@@ -957,13 +957,17 @@ class DjangoStore(BaseStore):
         if not connections[self.db].in_atomic_block:
             return
         singleton_keys = {(run.workflow_name, run.singleton_key) for run in runs if run.singleton_key is not None}
-        quota_keys = {q for run in runs for q in run.quota_keys}
-        carrying = {(run.workflow_name, run.singleton_key) for run in runs if run.quota_keys}
-        for workflow_name, key in carrying:  # a workflow with quotas: its other runs carry quota keys too
-            if key is not None:
-                carried = self._runs().for_key(workflow_name, key).active().values_list("quota_keys", flat=True)
-                quota_keys.update(q for keys in carried for q in quota_keys_of(keys))
-        self._lock_in_order(quota_keys, singleton_keys)
+        self._lock_in_order({q for run in runs for q in self._superseding_quota_keys(run)}, singleton_keys)
+
+    def _superseding_quota_keys(self, run: RunRecord) -> set[tuple[str, str]]:
+        """The quota keys ((name, key) pairs) a superseding start of ``run`` may free: its
+        own and, when it carries any (its workflow has quotas), those of its singleton key's
+        active runs, read without a lock (X3g, X1)."""
+        locking = set(run.quota_keys)
+        if run.quota_keys and run.singleton_key is not None:
+            carried = self._runs().for_key(run.workflow_name, run.singleton_key).active()
+            locking.update(q for keys in carried.values_list("quota_keys", flat=True) for q in quota_keys_of(keys))
+        return locking
 
     def start_superseding(
         self, run: RunRecord, *, on_busy: str, limits: Limits, cap_namespace: str | None = None
@@ -982,10 +986,7 @@ class DjangoStore(BaseStore):
         that key locked too, in the lock order."""
         assert run.singleton_key is not None
         workflow_name, key = run.workflow_name, run.singleton_key
-        locking = set(run.quota_keys)
-        if run.quota_keys:  # a workflow with quotas: its other runs carry quota keys too
-            carried = self._runs().for_key(workflow_name, key).active().values_list("quota_keys", flat=True)
-            locking.update(q for keys in carried for q in quota_keys_of(keys))
+        locking = self._superseding_quota_keys(run)
 
         def start() -> Superseding:
             runs = self._runs()
