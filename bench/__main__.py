@@ -368,6 +368,9 @@ def embedded_worker(
         out["drain"] = scenarios.hot_key(engine, "w-drain", sizes.hot_runs)
         out["many_keys"] = scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys)
         out["many_keys_bulk"] = scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys, bulk=True)
+        if dispatch == "worker" and len(workers) >= 2:
+            # Last: it kills one of the workers (O6 at the default settings).
+            out["killed"] = scenarios.killed_worker_reentry(engine, workers)
         return out
     finally:
         procs.stop(workers)

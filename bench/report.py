@@ -186,6 +186,20 @@ def targets(raw: dict[str, Any]) -> list[Target]:
                 len(set(counts.values())) == 1,
             )
         )
+    killed = _get(raw, "pull", "killed")
+    if isinstance(killed, dict):
+        seconds = killed["reentry_s"]
+        out.append(
+            Target(
+                "kill -9 of a durable_worker: its run's body entered again",
+                "s",
+                seconds,
+                f"WORKER_DEAD_SECONDS {killed['worker_dead_seconds']:g} s; logged {killed['logged']} line(s)",
+                math.nan,
+                "<= 15 s, logged",
+                seconds <= 15 and killed["logged"] == 1,
+            )
+        )
     rate = _get(raw, "backlog", "statements_per_s")
     waiters = _get(raw, "backlog", "waiters")
     out.append(

@@ -4,18 +4,20 @@ Run it with the throwaway servers (Redis holds the bodies' audit)::
 
     python tools/services.py run --pg --mysql --redis --durable -- python -m bench.scale --scale 0.5
 
-For each database given (``--databases``, default ``pg,mysql,sqlite``; SQLite
-is a file in the logs folder) and each process count (``--processes``,
-default ``1,2,4``), in one run: start that many ``manage.py durable_worker
---threads T`` processes with ``DISPATCH = "worker"``, measure the delay from
-a start's commit in this process to its body's entry on an idle key, the
-tick's period while bodies hold every worker thread (O5), the hot-key drain (one key, limit 1: serial by rule, so
-it shows the fetch adds no wait, not a speed-up) and many keys (runs started
-with ``start_many`` before the workers could take them all, so the workers'
-throughput is measured, not the client's start rate), audit every body (no
-key ever above its limit 1), stop them. Prints, per database, runs/s and the
-ratios 2/1 and 4/1 of each scenario; a ratio near 1 or below on many keys
-would mean the workers wait on one another. Writes
+For each database given (``--databases``, default ``pg,mysql,sqlite``; SQLite is
+a file in the logs folder) and each process count (``--processes``, default
+``1,2,4``), in one run: start that many ``manage.py durable_worker --threads T``
+processes with ``DISPATCH = "worker"``, measure the delay from a start's commit
+in this process to its body's entry on an idle key, the tick's period while
+bodies hold every worker thread (O5), the hot-key drain (one key, limit 1:
+serial by rule, so it shows the fetch adds no wait, not a speed-up), many keys
+(runs started with ``start_many`` before the workers could take them all, so the
+workers' throughput is measured, not the client's start rate), audit every body
+(no key ever above its limit 1) and, at the first count of two or more, the
+delay from a kill -9 of the worker holding a run to its body entered again in
+another (O6, at the default ``WORKER_DEAD_SECONDS``), then stop them. Prints,
+per database, runs/s and the ratios 2/1 and 4/1 of each scenario; a ratio near 1
+or below on many keys would mean the workers wait on one another. Writes
 ``bench/results/scale-<stamp>.json``.
 """
 
@@ -91,6 +93,9 @@ def measure(args: argparse.Namespace, counts: list[int], log_dir: Path) -> dict[
                     "drain": scenarios.hot_key(engine, f"s{count}-drain", sizes.hot_runs),
                     "many_keys": scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys, bulk=True),
                 }
+                if count >= 2 and not any("killed" in found for found in out.values()):
+                    # Once, last for this count: it kills one of the workers (O6 at the default settings).
+                    out[str(count)]["killed"] = scenarios.killed_worker_reentry(engine, workers)
             finally:
                 procs.stop(workers)
     return out
@@ -174,6 +179,8 @@ def main(argv: list[str]) -> int:
             delay, tick = found["commit_to_body"], found["tick_busy"]
             print(f"{db:6} commit to body, idle key, {count} process(es): {json.dumps(delay)}")
             print(f"{db:6} tick period, every thread busy, {count} process(es): {json.dumps(tick)}")
+            if "killed" in found:
+                print(f"{db:6} kill -9 of one of {count} workers, body entered again: {json.dumps(found['killed'])}")
         for scenario, rows in report[db].items():
             for count, row in rows.items():
                 print(

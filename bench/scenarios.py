@@ -758,3 +758,54 @@ def claim_costs(engine: Engine, keys: dict[int, dict[str, str]], reps: int) -> d
                 "plans": plans,
             }
     return out
+
+
+def killed_worker_reentry(engine: Engine, workers: Sequence[Any], timeout: float = 120.0) -> dict[str, Any]:
+    """O6 at the default settings: a ``durable_worker`` holding a run is killed
+    with SIGKILL; the delay from the kill to the run's body entered again in
+    another worker (the dead process's registry row silent for
+    ``WORKER_DEAD_SECONDS``, the tick's holder ends its leases, the tick's
+    recovery re-drives the run), and the recoverer's log line naming the run
+    and the dead owner (issue #31's target: within 15 s, logged).
+
+    ``workers``: the :class:`bench.procs.Proc` of each worker (at least two);
+    the one whose body holds the run is killed, its process group with it. The
+    held body never leaves; the one entered again is released at the end.
+    Raises :class:`TimeoutError` if the body is not entered again within
+    ``timeout`` seconds."""
+    import signal
+
+    from durable_singleton.models import WorkerProcess
+
+    tag = new_tag("kill9")
+    run_id = start(engine, tag, f"{tag}-k", hold=True)
+
+    def entries() -> list[audit.Event]:
+        return [e for e in audit.events(tag) if e.kind == "E" and e.run == run_id]
+
+    wait_until(lambda: bool(entries()), 60, "the body entered", every=0.02)
+    pid = entries()[0].pid
+    victim = next(w for w in workers if w.process.pid == pid)
+    killed = time.time()
+    os.killpg(pid, signal.SIGKILL)
+    victim.process.wait(10)
+    wait_until(lambda: len(entries()) >= 2, timeout, "the run's body entered again", every=0.02)
+    again = entries()[1]
+    audit.release(tag)
+    logged = [
+        line
+        for w in workers
+        if w is not victim
+        for line in w.log.read_text(errors="replace").splitlines()
+        if run_id in line and "dead worker" in line and f":{pid}" in line
+    ]
+    return {
+        "reentry_s": round(again.at - killed, 2),
+        "reentered_in_pid": again.pid,
+        "logged": len(logged),
+        "log_line": logged[0].strip() if logged else None,
+        "dead_row_left": WorkerProcess.objects.filter(pid=pid).exists(),
+        "worker_dead_seconds": engine.settings.WORKER_DEAD_SECONDS,
+        "worker_heartbeat_seconds": engine.settings.WORKER_HEARTBEAT_SECONDS,
+        "lease_seconds": engine.settings.LEASE_SECONDS,
+    }

@@ -270,3 +270,23 @@ def test_report_checks_the_rooms_drain_ratios_at_their_bounds() -> None:
     }
     assert set(verdicts(figures(0.79, 0.89)).values()) == {False}
     assert verdicts({}) == {}
+
+
+@pytest.mark.vendor_agnostic
+def test_report_checks_the_killed_workers_reentry_at_its_bound() -> None:
+    """Issue #31 (O6): "kill -9 of a worker: its runs' bodies re-entered within
+    15 s (default settings), logged". Met at 15 s with one log line; missed past
+    15 s, or with no line (or two) naming the dead owner; absent when the run
+    killed no worker."""
+    name = "kill -9 of a durable_worker: its run's body entered again"
+
+    def verdict(seconds: float, logged: int) -> bool:
+        raw = _raw()
+        raw["pull"] = {"killed": {"reentry_s": seconds, "logged": logged, "worker_dead_seconds": 10.0}}
+        return {t.name: t.ok for t in report.targets(raw)}[name]
+
+    assert verdict(15.0, 1)
+    assert not verdict(15.01, 1)
+    assert not verdict(10.0, 0)
+    assert not verdict(10.0, 2)
+    assert name not in _verdicts(_raw())
