@@ -29,6 +29,7 @@ SCENARIOS = (
     "tick",
     "worker",
     "pull",
+    "embedded",
     "peers",
     "rooms",
     "depth",
@@ -184,6 +185,13 @@ def main(argv: list[str]) -> int:
             "wake": attempt("14 throttle: the wake at each window's opening", throttle.wake_at_opening),
         }
         say(f"throttle: {raw['throttle']}")
+
+    if "embedded" in only:
+        # Before the Celery workers: their ticks would take the runs this process's worker runs.
+        raw["embedded"] = attempt(
+            "11 DISPATCH thread: one process starts the runs and its embedded worker runs them",
+            lambda: embedded_thread(args, sizes),
+        )
 
     env = dict(os.environ)
     with Procs(env, log_dir).running() as procs:
@@ -374,6 +382,35 @@ def embedded_worker(
         return out
     finally:
         procs.stop(workers)
+
+
+def embedded_thread(args: argparse.Namespace, sizes: Any) -> dict[str, Any]:
+    """``DISPATCH = "thread"`` as a single-process deployment runs it: this process
+    starts the runs and its own embedded worker (``ThreadDispatcher``, ``args.workers x
+    args.concurrency`` threads: the Celery workers' slots, and the peers') runs them,
+    each start's turn sent to a thread of this process (no broker, no notice row). The
+    idle key's start to body (scenario 6's probe) and many keys one by one (scenario 4);
+    every body audited. Celery workers must not run meanwhile (their ticks would take
+    the runs)."""
+    from django.conf import settings as django_settings
+
+    from durable_singleton.conf import Settings
+    from durable_singleton.runtime import build_engine
+
+    from . import scenarios
+
+    slots = args.workers * args.concurrency
+    conf = Settings.from_mapping({**django_settings.DURABLE_SINGLETON, "DISPATCH": "thread", "WORKER_THREADS": slots})
+    engine = build_engine(conf)
+    engine.dispatcher.start()  # type: ignore[attr-defined]  # a ThreadDispatcher
+    try:
+        return {
+            "config": {"threads": slots, "tick_seconds": conf.TICK_SECONDS, "processes": 1},
+            "lane": scenarios.lane_idle(engine, sizes),
+            "many_keys": scenarios.many_keys(engine, sizes.many_runs, sizes.many_keys),
+        }
+    finally:
+        engine.dispatcher.stop(timeout=30)  # type: ignore[attr-defined]
 
 
 if __name__ == "__main__":

@@ -239,6 +239,7 @@ MANY_KEYS_DEPLOYMENTS = (
     (("many_keys", "runs_per_s"), 'DISPATCH "celery"'),
     (("pull", "many_keys", "runs_per_s"), 'DISPATCH "worker" (durable_worker)'),
     (("worker", "many_keys", "runs_per_s"), 'DISPATCH "thread" (durable_worker)'),
+    (("embedded", "many_keys", "runs_per_s"), 'DISPATCH "thread" (one process starts and runs)'),
 )
 
 
@@ -322,6 +323,8 @@ def concurrency_rows(raw: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
         ("9 durable_worker (worker) many keys", ("pull", "many_keys", "concurrency")),
         ("9 durable_worker (worker) many keys, start_many", ("pull", "many_keys_bulk", "concurrency")),
         ("9 durable_worker (worker) idle key", ("pull", "lane", "idle", "concurrency")),
+        ("11 DISPATCH thread, one process: many keys", ("embedded", "many_keys", "concurrency")),
+        ("11 DISPATCH thread, one process: idle key", ("embedded", "lane", "idle", "concurrency")),
         ("7 dj-queue hot key", ("peers", "dj_queue", "hot_key", "concurrency")),
         ("7 dj-queue many keys", ("peers", "dj_queue", "many_keys", "concurrency")),
         ("7 procrastinate hot key", ("peers", "procrastinate", "hot_key", "concurrency")),
@@ -389,6 +392,9 @@ def figure_rows(raw: dict[str, Any]) -> list[tuple[str, str, str]]:
         add(label, "runs/s", key, "runs_per_s", fmt="{:.0f}")
     add("4 many keys (ours)", "runs/s", "many_keys", "runs_per_s", fmt="{:.0f}")
     add("4 many keys, start_many (ours)", "runs/s", "many_keys_bulk", "runs_per_s", fmt="{:.0f}")
+    label = "11 DISPATCH thread, one process starts and runs"
+    add(label, "many keys one by one runs/s", "embedded", "many_keys", "runs_per_s", fmt="{:.0f}")
+    add(label, "idle key start to body p50 ms", "embedded", "lane", "idle", "p50_ms")
     label = "9 tick, every worker slot busy (O5)"
     add(label, "tick period p50 s", "tick_under_load", "period_p50_s", fmt="{:.3f}")
     add(label, "tick period p99 s", "tick_under_load", "period_p99_s", fmt="{:.3f}")
