@@ -9,7 +9,9 @@ Celery worker's task runs it (as :mod:`bench.statements` does):
 * ``drain``: a hot key (limit 1) whose holder is parked behind ``waiters``
   waiters; the holder is signalled and the queue drained on this thread; the
   figure is waiters admitted and completed per second (each settle hands the
-  slot to the next waiter, S7);
+  slot to the next waiter, S7), and per drained run the wall milliseconds, this
+  process's CPU milliseconds and the server's (a PostgreSQL connection's
+  backend; MariaDB's whole server process, background threads included);
 * ``idle``: runs started and completed one after another, each on a key
   nobody holds (start, claim with admission, settle), per second.
 
@@ -71,22 +73,32 @@ def one(waiters: int, idle: int) -> dict[str, Any]:
 
     tag = f"{os.getpid()}-{os.urandom(3).hex()}"
 
+    server_pid = _server_pid(connection)
+    cpu: dict[str, float] = {}
+
     def hot(n: int, name: str) -> float:
         key = f"hot-{tag}-{name}"
         holder = engine.start("keyed", {"k": key, "park": True}).run_id
         drain()
         ids = [engine.start("keyed", {"k": key}).run_id for _ in range(n)]
         drain()
+        client, server = time.process_time(), _cpu_seconds(server_pid)
         started = time.perf_counter()
         engine.signal(holder, "go")
         drain()
         seconds = time.perf_counter() - started
+        cpu.update(
+            wall=seconds * 1000 / n,
+            client=(time.process_time() - client) * 1000 / n,
+            server=(_cpu_seconds(server_pid) - server) * 1000 / n if server_pid else 0.0,
+        )
         statuses = {engine.get(r).status for r in [holder, *ids]}
         assert statuses == {"completed"}, statuses
         return n / seconds
 
     hot(max(2, waiters // 10), "warm-up")
     drain_rate = hot(waiters, "measured")
+    drain_ms = {part: round(ms, 3) for part, ms in cpu.items()}
     started = time.perf_counter()
     for n in range(idle):
         engine.start("keyed", {"k": f"idle-{tag}-{n}"})
@@ -96,8 +108,38 @@ def one(waiters: int, idle: int) -> dict[str, Any]:
         "vendor": connection.vendor,
         "server": server_settings(connection),
         "drain_runs_per_second": round(drain_rate, 1),
+        "drain_ms_per_run": drain_ms,
         "idle_runs_per_second": round(idle_rate, 1),
     }
+
+
+def _server_pid(connection: Any) -> int | None:
+    """The process whose CPU is the server's work for this connection, on this machine: a
+    PostgreSQL connection's backend, MariaDB's server process (every thread of it, its
+    background threads too); None on SQLite (in this process) or a server elsewhere."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = int(cursor.fetchone()[0])
+        elif connection.vendor == "mysql":
+            cursor.execute("SELECT @@pid_file")
+            try:
+                with open(cursor.fetchone()[0]) as handle:
+                    pid = int(handle.read().strip())
+            except (OSError, ValueError):
+                return None
+        else:
+            return None
+    return pid if os.path.exists(f"/proc/{pid}/stat") else None
+
+
+def _cpu_seconds(pid: int | None) -> float:
+    """The CPU seconds (user and system) of process ``pid`` so far, all its threads; 0 for None."""
+    if pid is None:
+        return 0.0
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def measure(rounds: int = 3, waiters: int = 200, idle: int = 100) -> dict[str, Any]:
@@ -133,6 +175,12 @@ def measure(rounds: int = 3, waiters: int = 200, idle: int = 100) -> dict[str, A
         out["databases"][vendor] = {
             "server": figures[0]["server"],
             "drain_runs_per_second": statistics.median(f["drain_runs_per_second"] for f in figures),
+            # Milliseconds per drained run: wall, this process's CPU, the server's CPU (the median
+            # of each over the rounds; what is left of the wall is waiting, for a flush mostly).
+            "drain_ms_per_run": {
+                part: round(statistics.median(f["drain_ms_per_run"][part] for f in figures), 3)
+                for part in ("wall", "client", "server")
+            },
             "idle_runs_per_second": statistics.median(f["idle_runs_per_second"] for f in figures),
         }
     base = out["databases"].get("postgresql")
