@@ -75,6 +75,8 @@ from django.db import connections
 
 from .. import sql
 from ..admission import (
+    QUOTA_PREFIX,
+    THROTTLE_PREFIX,
     declared_limit,
     quota_lock_name,
 )
@@ -345,6 +347,21 @@ CLAIM_MESSAGE = Message(
     _LOCK_RUN,
     Statement("claim_admit", CLAIM_ADMIT),
     Statement("claim_quota_admit", CLAIM_QUOTA_ADMIT),
+    Statement("claim_take", CLAIM_TAKE),
+    Statement("read", READ),
+)
+#: The claim message of a process that declares no quota and no throttle (no ``quota:`` or
+#: ``throttle:`` name in its limits): :data:`CLAIM_MESSAGE` less the quota and throttle keys'
+#: rows and locks and :data:`CLAIM_QUOTA_ADMIT`, five statements that find nothing to do for a
+#: run that carries neither. A run that does carry them (started by another release or
+#: registry) is no candidate of :data:`CLAIM_ADMIT` or :data:`CLAIM_TAKE` (their
+#: ``quota_slot`` test): nothing is written for it, and the caller decides from the read, as
+#: for a quota waiter of a workflow this process does not declare (X3i, X6).
+CLAIM_PLAIN_MESSAGE = Message(
+    Statement("claim_create_key", CLAIM_CREATE_KEY),
+    Statement("claim_lock_key", CLAIM_LOCK_KEY),
+    _LOCK_RUN,
+    Statement("claim_admit", CLAIM_ADMIT),
     Statement("claim_take", CLAIM_TAKE),
     Statement("read", READ),
 )
@@ -743,7 +760,10 @@ class FastPath:
         database's clock.
         Return the admission's turn (None: the run was no candidate, or nothing
         was written) and the read, from which the caller decides the rest (a
-        holder's confirmation, a run without a key, a cancel, a recovery).
+        holder's confirmation, a run without a key, a cancel, a recovery). When
+        ``limits`` names no quota and no throttle, the message is
+        :data:`CLAIM_PLAIN_MESSAGE`: a quota or throttle carrier is then admitted
+        by the caller from the read (X3i).
         ``delays`` as for :meth:`admit`; ``ttls``: the ``queue_ttl`` seconds of
         the workflows that declare one."""
         params = {
@@ -752,13 +772,18 @@ class FastPath:
             "ttls": _ttls_param(ttls),
             **self._admission(owner, lease_seconds, delays),
         }
+        # Limits that name a quota or a throttle: some run may carry one (X3, X6).
+        carriers = any(name.startswith((QUOTA_PREFIX, THROTTLE_PREFIX)) for name in limits)
+        message = CLAIM_MESSAGE if carriers else CLAIM_PLAIN_MESSAGE
+        quota_rows: list[Any] = []
         with self._cursor() as cursor:
-            self._send(cursor, CLAIM_MESSAGE, params)
-            for _ in range(CLAIM_MESSAGE.results - 4):
+            self._send(cursor, message, params)
+            for _ in range(message.results - (4 if carriers else 3)):
                 cursor.nextset()
             rows = list(cursor.fetchall())
-            cursor.nextset()
-            quota_rows = list(cursor.fetchall())
+            if carriers:
+                cursor.nextset()
+                quota_rows = list(cursor.fetchall())
             cursor.nextset()
             took = cursor.fetchone()
             cursor.nextset()

@@ -553,3 +553,69 @@ def test_fencing_tokens_strictly_increase_across_concurrent_admissions(registry:
     # A run admitted after another one finished was admitted by a later transaction: a larger token.
     later = [(a[0], a[1], b[0], b[1]) for a in rows for b in rows if a[3] > b[4] and a[1] < b[1]]
     assert not later, f"admitted after an earlier holder finished, with a smaller token: {later}"
+
+
+# -- the message of a process that declares no quota and no throttle --------------------------------
+def _first_turn(engine: Engine, run_id: str) -> tuple[Any, list[str]]:
+    """The first turn's claim of ``run_id`` as a worker's turn sends it, and the statements sent."""
+    from tests.helpers import round_trips
+
+    limits, retry = engine.limits(), engine._retry_policy()
+    turns: list[Any] = []
+    sent = round_trips(
+        lambda: turns.append(
+            engine.store.begin_turn(run_id, "probe", lease_seconds=30, limits=limits, max_recoveries=3, retry=retry)
+        )
+    )
+    return turns[0], sent
+
+
+def test_a_process_without_quotas_or_throttles_claims_without_their_statements(registry: Registry) -> None:
+    """S5, K1, X3i: when no workflow of the process declares a quota or a throttle, a
+    waiter's first turn is the claim message without the quota and throttle keys' locks
+    and admission (``pg.CLAIM_PLAIN_MESSAGE``), one round trip, and admits the run with
+    its token as the whole message does; a run without a key takes its lease in it."""
+    registry.add("cm-plain", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"]})
+    registry.add("cm-unkeyed", "1", lambda ctx, i: None)
+    engine = _engine(registry)
+    keyed = engine.start("cm-plain", {"k": "A"}).run_id
+    unkeyed = engine.start("cm-unkeyed", {}).run_id
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    for run_id in (keyed, unkeyed):
+        turn, sent = _first_turn(engine, run_id)
+        assert turn.state is TurnState.RUN and turn.run.status == RunStatus.RUNNING, turn
+        assert len(sent) == 1, sent
+        assert "claim_admit" in sent[0] and "claim_take" in sent[0], sent
+        assert "claim_quota_admit" not in sent[0] and "throttle" not in sent[0], sent
+    assert Run.objects.get(pk=keyed).fencing_token == 1
+    assert _holders("cm-plain", "A") == [keyed]
+
+
+def test_a_quota_carrier_claimed_by_a_process_that_declares_no_quota_keeps_its_quota(registry: Registry) -> None:
+    """X3, X3i, X6, R1 (a rolling deploy: the release that declares the quota starts the
+    runs, one that does not claims them): the claim message without the quota statements
+    writes nothing for a quota carrier, and the turn goes on from its read under the locks
+    of all its limits: with its quota held by another run it parks; once the quota frees,
+    it is admitted with its quota token."""
+    from durable_singleton import Quota
+
+    pool = Quota("cm-pool", key=lambda i: "P", limit=1)
+    declaring = Registry()
+    declaring.add("cm-quota", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"]}, quotas=[pool])
+    starter = _engine(declaring)
+    first = starter.start("cm-quota", {"k": "A"}).run_id
+    second = starter.start("cm-quota", {"k": "B"}).run_id
+    starter.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    registry.add("cm-quota", "1", lambda ctx, i: None, singleton={"key": lambda i: i["k"]})  # no quota here
+    claimer = _engine(registry)
+    assert not any(name.startswith(("quota:", "throttle:")) for name in claimer.limits())
+    turn, sent = _first_turn(claimer, first)
+    assert turn.state is TurnState.RUN, turn
+    assert "claim_quota_admit" not in sent[0], sent
+    assert Run.objects.get(pk=first).quota_slot == "holder"
+    parked, _ = _first_turn(claimer, second)
+    assert parked.state is not TurnState.RUN, parked  # the quota's one slot is first's (X3)
+    assert Run.objects.get(pk=second).quota_slot == "waiter"
+    claimer.store.finish(turn.run, "probe", RunStatus.COMPLETED, limits=claimer.limits())
+    again, _ = _first_turn(claimer, second)
+    assert again.state is TurnState.RUN and Run.objects.get(pk=second).quota_slot == "holder", again
