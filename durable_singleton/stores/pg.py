@@ -358,12 +358,18 @@ CLAIM_MESSAGE = Message(
 #: ``quota_slot`` test): nothing is written for it, and the caller decides from the read, as
 #: for a quota waiter of a workflow this process does not declare (X3i, X6).
 CLAIM_PLAIN_MESSAGE = Message(
-    Statement("claim_create_key", CLAIM_CREATE_KEY),
-    Statement("claim_lock_key", CLAIM_LOCK_KEY),
-    _LOCK_RUN,
-    Statement("claim_admit", CLAIM_ADMIT),
-    Statement("claim_take", CLAIM_TAKE),
-    Statement("read", READ),
+    *(
+        statement
+        for statement in CLAIM_MESSAGE.statements
+        if statement.sql
+        not in (
+            CLAIM_CREATE_THROTTLE_KEYS,
+            CLAIM_LOCK_THROTTLE_KEYS,
+            CLAIM_CREATE_QUOTA_KEYS,
+            CLAIM_LOCK_QUOTA_KEYS,
+            CLAIM_QUOTA_ADMIT,
+        )
+    )
 )
 START_KEYED_MESSAGE = Message(Statement("start_keyed", START_KEYED))
 START_MESSAGE = Message(Statement("start", START))
@@ -778,7 +784,7 @@ class FastPath:
         quota_rows: list[Any] = []
         with self._cursor() as cursor:
             self._send(cursor, message, params)
-            for _ in range(message.results - (4 if carriers else 3)):
+            for _ in range(message.results - (4 if carriers else 3)):  # to claim_admit's result
                 cursor.nextset()
             rows = list(cursor.fetchall())
             if carriers:
