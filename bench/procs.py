@@ -62,6 +62,12 @@ def _cpu_seconds(fields: list[str]) -> float:
     return sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """The CPU seconds (user and system) used so far by process ``pid``, every thread of it,
+    with the reaped children it has waited for."""
+    return _cpu_seconds((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split())
+
+
 def group_cpu_seconds(pgid: int) -> float:
     """The CPU seconds (user and system) used so far by the live processes of the process
     group ``pgid``, with the reaped children each of them has waited for."""

@@ -134,12 +134,10 @@ def _server_pid(connection: Any) -> int | None:
 
 
 def _cpu_seconds(pid: int | None) -> float:
-    """The CPU seconds (user and system) of process ``pid`` so far, all its threads; 0 for None."""
-    if pid is None:
-        return 0.0
-    with open(f"/proc/{pid}/stat") as handle:
-        fields = handle.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU seconds of process ``pid`` so far (:func:`bench.procs.process_cpu_seconds`); 0 for None."""
+    from .procs import process_cpu_seconds
+
+    return 0.0 if pid is None else process_cpu_seconds(pid)
 
 
 def measure(rounds: int = 3, waiters: int = 200, idle: int = 100) -> dict[str, Any]:
