@@ -133,7 +133,7 @@ key_slots AS MATERIALIZED (                    -- the key's free slots (S5, K2),
 waiters AS MATERIALIZED (                      -- the waiters of the front in admission order (S5, X8)
     SELECT q.run_id, q.status, q.quota_slot, row_number() OVER (ORDER BY q.priority DESC, q.created_at, q.run_id) AS pos
     FROM front q
-    WHERE q.singleton_slot = 'waiter'
+    WHERE +q.singleton_slot = 'waiter'           -- +: one pass over front, no automatic index
 )
 
 -- name: claim
@@ -188,7 +188,7 @@ writes AS MATERIALIZED (                       -- each write, with its token (K1
     WHERE EXISTS (SELECT 1 FROM deciding)
     UNION ALL
     SELECT d.run_id, d.status, NULL,
-           CASE WHEN EXISTS (SELECT 1 FROM waiters w, key_slots s WHERE w.run_id = d.run_id AND w.pos <= s.lim)
+           CASE WHEN EXISTS (SELECT 1 FROM waiters w, key_slots s WHERE +w.run_id = d.run_id AND w.pos <= s.lim)  -- +: one probe, no automatic index
                 THEN 'park_front' ELSE 'park_backlog' END
     FROM deciding d
     WHERE d.run_id NOT IN (SELECT sg.run_id FROM within_slots sg)

@@ -148,9 +148,11 @@ verdict AS MATERIALIZED (                      -- the claimant's write, when thi
             SELECT t.run_id, t.status, t.key, t.throttle, t.paused,
                    CASE WHEN t.paused THEN 0 WHEN t.lim > t.counted THEN t.lim - t.counted ELSE 0 END AS free,
                    {{us_time: us = {{time_us: time = COALESCE(t.oldest, t.now)}} + t.period_us}} AS opening,
-                   (SELECT f.pos FROM throttle_front f WHERE f.run_id = t.run_id) AS throttle_pos,
-                   (SELECT w.pos FROM waiters w WHERE w.run_id = t.run_id) AS slot_pos,
-                   (SELECT g.last_token + g.n FROM slot_ranks g WHERE g.run_id = t.run_id) AS slot_token,
+                   -- One probe each of a small materialized table: "+" keeps SQLite from building an
+                   -- automatic index on it for the one lookup (a scan costs less than the build).
+                   (SELECT f.pos FROM throttle_front f WHERE +f.run_id = t.run_id) AS throttle_pos,
+                   (SELECT w.pos FROM waiters w WHERE +w.run_id = t.run_id) AS slot_pos,
+                   (SELECT g.last_token + g.n FROM slot_ranks g WHERE +g.run_id = t.run_id) AS slot_token,
                    s.lim AS slot_lim
             FROM throttle_key t CROSS JOIN key_slots s
             WHERE t.key IS NULL
