@@ -35,6 +35,16 @@ The model's ``Meta`` still declares the four indexes whole: a ``Meta`` index
 with a condition would warn on MariaDB and MySQL (``models.W037``), which have
 no partial index and keep them whole. Reversing it puts every index back as
 it was.
+
+On PostgreSQL the migration writes no lock that stops the run table's writes
+(a rolling deploy keeps starting and settling runs while it runs): it is not
+atomic, and each index is built under another name with ``CREATE INDEX
+CONCURRENTLY``, the old one dropped with ``DROP INDEX CONCURRENTLY`` and the
+new one renamed (each statement its own transaction). Run again after an
+interruption, it starts over: a half-built index of the new name (left
+invalid) is dropped first. Inside a transaction (a caller's ``atomic``) it
+builds as SQLite does: ``DROP INDEX`` then ``CREATE INDEX``, which hold back
+the table's writes until that transaction ends.
 """
 
 from typing import Any
@@ -62,11 +72,32 @@ def _table(apps: Any, schema_editor: Any) -> str:
     return str(schema_editor.quote_name(apps.get_model("durable_singleton", "Run")._meta.db_table))
 
 
+def _concurrently(schema_editor: Any) -> bool:
+    """Whether indexes are built and dropped without a lock that stops the table's writes:
+    PostgreSQL outside a transaction (the migration is not atomic)."""
+    connection = schema_editor.connection
+    return bool(connection.vendor == "postgresql" and not connection.in_atomic_block)
+
+
+def _drop(schema_editor: Any, name: str) -> None:
+    how = "CONCURRENTLY " if _concurrently(schema_editor) else ""
+    schema_editor.execute(f"DROP INDEX {how}IF EXISTS {schema_editor.quote_name(name)}")
+
+
 def _create(schema_editor: Any, table: str, name: str, columns: tuple[str, ...], where: str | None) -> None:
     quote = schema_editor.quote_name
-    schema_editor.execute(f"DROP INDEX IF EXISTS {quote(name)}")
     listed = ", ".join(quote(c) for c in columns)
-    schema_editor.execute(f"CREATE INDEX {quote(name)} ON {table} ({listed})" + (f" WHERE {where}" if where else ""))
+    condition = f" WHERE {where}" if where else ""
+    if not _concurrently(schema_editor):
+        _drop(schema_editor, name)
+        schema_editor.execute(f"CREATE INDEX {quote(name)} ON {table} ({listed}){condition}")
+        return
+    # Built beside the old one, which serves until it is dropped; then renamed to its name.
+    building = f"{name}_building"
+    _drop(schema_editor, building)  # an interrupted run's, invalid
+    schema_editor.execute(f"CREATE INDEX CONCURRENTLY {quote(building)} ON {table} ({listed}){condition}")
+    _drop(schema_editor, name)
+    schema_editor.execute(f"ALTER INDEX {quote(building)} RENAME TO {quote(name)}")
 
 
 def _in(schema_editor: Any, column: str, values: tuple[str, ...]) -> str:
@@ -97,7 +128,7 @@ def lean(apps: Any, schema_editor: Any) -> None:
     if vendor == "postgresql":
         _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, True))
         db_table = apps.get_model("durable_singleton", "Run")._meta.db_table
-        schema_editor.execute(f"DROP INDEX IF EXISTS {quote(_like_index(schema_editor, db_table))}")
+        _drop(schema_editor, _like_index(schema_editor, db_table))
 
 
 def whole(apps: Any, schema_editor: Any) -> None:
@@ -112,13 +143,17 @@ def whole(apps: Any, schema_editor: Any) -> None:
         _create(schema_editor, table, UNTRACKED, UNTRACKED_COLUMNS, _untracked_where(schema_editor, False))
         db_table = apps.get_model("durable_singleton", "Run")._meta.db_table
         quote = schema_editor.quote_name
+        how = "CONCURRENTLY " if _concurrently(schema_editor) else ""
         schema_editor.execute(
-            f"CREATE INDEX IF NOT EXISTS {quote(_like_index(schema_editor, db_table))}"
+            f"CREATE INDEX {how}IF NOT EXISTS {quote(_like_index(schema_editor, db_table))}"
             f" ON {table} ({quote('run_id')} varchar_pattern_ops)"
         )
 
 
 class Migration(migrations.Migration):
+    # Not atomic: PostgreSQL builds the indexes concurrently, one transaction per statement.
+    atomic = False
+
     dependencies = [
         ("durable_singleton", "0025_mysql_key_locks"),
     ]

@@ -8,10 +8,12 @@ whole (the migration does nothing there).
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Count, QuerySet
 
 from durable_singleton.admission import legacy_holder_q
@@ -162,3 +164,61 @@ def test_the_ticks_and_audits_queries_read_the_partial_indexes() -> None:
         plan = query.explain()
         assert index in plan, f"{name}: {plan}"
         assert "Seq Scan on durable_singleton_run" not in plan, f"{name}: {plan}"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL builds the indexes concurrently")
+def test_the_migration_holds_back_no_write_of_the_run_table() -> None:
+    """A rolling deploy migrates while runs start and settle (section 7, upgrades): with a
+    transaction open on the run table (a worker's settle in flight), migration 0026 forward
+    and back leaves other writes of the table free. Before, its ``DROP INDEX`` and ``CREATE
+    INDEX`` queued for locks that conflict with every write, behind the open transaction,
+    and each write queued behind them: a start waited until that transaction ended."""
+    from django.db import connections
+
+    now = datetime.now(UTC)
+    base = {"workflow_name": "lean", "workflow_version": "1", "created_at": now, "updated_at": now}
+    Run.objects.bulk_create([Run(run_id=f"held-{i}", status="pending", **base) for i in range(3)])
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # a transaction that wrote a run and stays open until released
+        try:
+            with transaction.atomic():
+                Run.objects.filter(run_id="held-0").update(updated_at=now)
+                holding.set()
+                release.wait(60)
+        finally:
+            connections.close_all()
+
+    def migrate(target: str) -> None:
+        try:
+            apps_at([("durable_singleton", target)])
+        except BaseException as exc:  # reported by the test's thread
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    for target in ("0025_mysql_key_locks", "0026_lean_run_indexes"):
+        failures: list[BaseException] = []
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert holding.wait(30)
+        migration = threading.Thread(target=migrate, args=(target,))
+        migration.start()
+        time.sleep(1.0)  # the migration now waits for the open transaction
+        assert migration.is_alive(), f"to {target}: it did not wait for the open transaction ({failures})"
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '5s'")
+                began = time.monotonic()
+                Run.objects.filter(run_id="held-1").update(updated_at=now)
+                Run.objects.create(run_id=f"new-{target}", status="pending", **base)
+            waited = time.monotonic() - began
+        finally:
+            release.set()
+            holder.join(60)
+            migration.join(120)
+            holding.clear()
+            release.clear()
+        assert not failures, failures
+        assert waited < 2.0, f"to {target}: a write waited {waited:.1f} s for the migration"
+    test_each_index_keeps_only_the_rows_its_queries_read()
