@@ -218,8 +218,10 @@ class ForegroundWorker:
         interrupted ``stopping.wait`` just after the wait took the event's lock back: setting
         ``stopping`` in the handler then waited for that lock forever, and the worker ignored
         every later SIGTERM (CI, after SIGSTOP and SIGCONT; the SIGUSR1 dump showed the
-        handler inside ``Event.set`` under ``Event.wait``)."""
-        if self.stopping.is_set():
+        handler inside ``Event.set`` under ``Event.wait``). A second signal before :meth:`run`
+        acted on the first (within ``STOP_POLL_SECONDS``) hurries the stop too: a second
+        request is never lost."""
+        if self.stopping.is_set() or self._signalled:
             self.hurry.set()
         else:
             self._signalled = signum

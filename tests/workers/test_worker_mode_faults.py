@@ -498,3 +498,28 @@ def test_the_sigusr1_dump_names_every_threads_frames_from_python(capfd: pytest.C
     err = capfd.readouterr().err
     assert f"Thread 0x{thread.ident:016x} (most recent call first):" in err, err
     assert "in parked_in_a_known_place" in err and "test_the_sigusr1_dump_names" in err, err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_second_sigterm_before_the_worker_acted_on_the_first_still_hurries_the_stop() -> None:
+    """O1: two SIGTERMs in quick succession (an operator's double Ctrl-C, a supervisor's
+    TERM then TERM) are two stop requests: the second hurries the stop (the turns in hand
+    are handed back at once), even when both arrive before ``run``'s wait acted on the
+    first (within ``STOP_POLL_SECONDS``). Before, the handler recorded the second over the
+    first and the worker then waited the whole grace time for the turns in hand."""
+    from durable_singleton.dispatch import ThreadDispatcher
+    from durable_singleton.worker import ForegroundWorker
+
+    built = make_engine("django", registry=Registry())
+    dispatcher = ThreadDispatcher(built.store, threads=1, tick_seconds=60)
+    engine = Engine(built.store, dispatcher, registry=built.registry, settings=built.settings)
+    dispatcher.bind(engine)
+    worker = ForegroundWorker(engine=engine, grace_seconds=5)
+    worker.handle_signal(signal.SIGTERM)
+    worker.handle_signal(signal.SIGTERM)  # before run's wait saw the first
+    assert worker.hurry.is_set(), "the second SIGTERM was lost"
+    ran = threading.Thread(target=worker.run, daemon=True)
+    ran.start()
+    ran.join(30)
+    assert not ran.is_alive(), "the worker did not act on the recorded SIGTERMs"
+    assert worker.stop_reason == "SIGTERM" and worker.stopping.is_set()
