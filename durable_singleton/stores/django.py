@@ -1378,7 +1378,7 @@ class DjangoStore(BaseStore):
         read: tuple[Run | None, bool] | None = None
         turn = None
         confirming = known is not None and (known.admitted or known.quota_slot == SlotState.HOLDER) and known.is_parked
-        room = self._mysql_room() if not confirming else None  # a confirmation: ds_take_lease (_take_lease)
+        room = self._mysql_room() if not confirming else None  # a confirmation: _room_confirm
         if room is not None and not connections[self.db].in_atomic_block:
             claimed = self._retrying(lambda: self._room_claim(room, run_id, owner, lease_seconds, limits, retry, ttls))
             if isinstance(claimed, Turn):
@@ -1420,6 +1420,9 @@ class DjangoStore(BaseStore):
                 lite_turn = plain()
                 if lite_turn is not None:
                     return lite_turn
+        if turn is None and confirming:
+            assert known is not None
+            turn = self._room_confirm(known, owner, lease_seconds, max_recoveries)
         if turn is None:
             turn = self._orm_turn(run_id, owner, lease_seconds, limits, max_recoveries, retry, known, ttls, read)
         if turn.state == TurnState.RUN and turn.run is not None and turn.run.step_count == 0 and not turn.recovered:
@@ -1427,6 +1430,53 @@ class DjangoStore(BaseStore):
             # read is the one its compare-and-set met, and no step is stored without a lease (R4).
             turn = replace(turn, steps={})
         return turn
+
+    def _room_confirm(self, known: RunRecord, owner: str, lease_seconds: float, max_recoveries: int) -> Turn | None:
+        """The confirmation claim of a run a grant admitted (``known``: the run as the grant
+        wrote it, parked, holding its slot) from that record, without a read, as PostgreSQL's
+        fast path confirms (:meth:`pg.FastPath.take`): one compare-and-set on the record, the
+        SQLite room's ``take`` or the MySQL/MariaDB room's ``ds_take_lease`` (S6, R5, R5a, R6).
+        None: the ORM path confirms (another database, a room that is off or refused the
+        call in a caller's transaction, or a rung other than a take: a requested cancel, a
+        carrier of quotas)."""
+        if turn_rung(known, expired=False, due=True, max_recoveries=max_recoveries) is not Rung.TAKE:
+            return None
+        holder = known.singleton_key is not None
+        lite = self._sqlite_room()
+        if lite is not None:
+            return self._retrying(lambda: lite.take(known, owner, lease_seconds, recovered=False, holder=holder))
+        room = self._mysql_room()
+        if room is None:
+            return None
+        taken = self._retrying(
+            lambda: room.take_lease(
+                run_id=known.run_id,
+                status=known.status,
+                attempts=known.attempts,
+                cancel_requested=known.cancel_requested,
+                lease_owner=known.lease_owner,
+                owner=owner,
+                lease_seconds=lease_seconds,
+                recoveries=known.recoveries,
+                takes_slot=holder,
+            )
+        )
+        if taken is None:
+            return None
+        if not taken:
+            return Turn(TurnState.SKIPPED, known)
+        now = timezone.now()  # the record's times only: the row's lease is on the database's clock (R5)
+        run = known.evolve(
+            status=RunStatus.RUNNING,
+            lease_owner=owner,
+            lease_expires_at=now + timedelta(seconds=lease_seconds),
+            wake_at=None,
+            attempts=known.attempts + 1,
+            started_at=known.started_at or now,
+            admitted=holder,
+            tracked=known.tracked or holder,
+        )
+        return Turn(TurnState.RUN, run, recovered=False)
 
     def _room_claim(
         self,
