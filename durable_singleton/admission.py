@@ -75,6 +75,7 @@ __all__ = [
     "debounce_lock_name",
     "debounce_open",
     "debounce_open_q",
+    "debounce_throttle_keys",
     "decide_admission",
     "declared_limit",
     "effective_limit",
@@ -704,6 +705,15 @@ def debounce_fair_shares(shares: Iterable[Sequence[Any]]) -> frozenset[tuple[str
     a start folds into an open run only if they are equal (X7a), since the
     run's memberships count it under those sub-keys and a fold changes none."""
     return frozenset((str(row[0]), str(row[1])) for row in shares if row[1])
+
+
+def debounce_throttle_keys(throttle_keys: Iterable[Sequence[Any]]) -> tuple[tuple[str, str], ...]:
+    """Return the (throttle, key) pairs of a run's throttle keys (X6) from its
+    ``(name, key, ...)`` rows, sorted: a start folds into an open run only if
+    they are equal (X7a), since the run is admitted under those keys' rates and
+    a fold changes none of them (a fold across throttle keys ran one key's input
+    under another key's rate)."""
+    return tuple(sorted((str(row[0]), str(row[1])) for row in throttle_keys))
 
 
 def debounce_open_q(now: Any) -> Q:

@@ -72,6 +72,7 @@ from ..admission import (
     debounce_fair_shares,
     debounce_lock_name,
     debounce_open_q,
+    debounce_throttle_keys,
     declared_limit,
     fair_place,
     free_slots,
@@ -1108,6 +1109,8 @@ class DjangoStore(BaseStore):
                 for row in opened[:8]:
                     if quota_keys_of(row.quota_keys) != run.quota_keys or row.debounce_until is None:
                         continue
+                    if debounce_throttle_keys(row.throttle_keys or ()) != debounce_throttle_keys(run.throttle_keys):
+                        continue  # another throttle key's run: its rate admits it (X6, X7a)
                     if run.quota_shares and debounce_fair_shares(
                         QuotaMembership.objects.using(self.db).filter(run_id=row.run_id).values_list("quota", "sub_key")
                     ) != debounce_fair_shares(run.quota_shares):
@@ -1160,17 +1163,28 @@ class DjangoStore(BaseStore):
 
     def _debounce_members_q(self, run: RunRecord) -> list[Exists]:
         """The open runs a start of ``run`` may fold into hold a membership of each of
-        its quota keys, under its fair sub-key (X7a, X4): found in SQL, so the key's
-        open runs of other quota keys or tenants, however many, never hide it."""
+        its quota keys, under its fair sub-key (X7a, X4), and of each of its throttle
+        keys (X6): found in SQL, so the key's open runs of other quota keys, tenants
+        or throttle keys, however many, never hide it."""
         shares = {name: sub for name, sub in debounce_fair_shares(run.quota_shares)}
         members = QuotaMembership.objects.using(self.db)
+        throttled = ThrottleMembership.objects.using(self.db)
         return [
-            Exists(
-                members.filter(
-                    run_id=OuterRef("pk"), quota=name, key=key, **({"sub_key": shares[name]} if name in shares else {})
+            *(
+                Exists(
+                    members.filter(
+                        run_id=OuterRef("pk"),
+                        quota=name,
+                        key=key,
+                        **({"sub_key": shares[name]} if name in shares else {}),
+                    )
                 )
-            )
-            for name, key in run.quota_keys
+                for name, key in run.quota_keys
+            ),
+            *(
+                Exists(throttled.filter(run_id=OuterRef("pk"), throttle=name, key=key))
+                for name, key in debounce_throttle_keys(run.throttle_keys)
+            ),
         ]
 
     def _settle_row(self, row: Run, error: Mapping[str, str]) -> RunRecord | None:

@@ -18,6 +18,7 @@ from ..admission import (
     cap_in_force,
     debounce_fair_shares,
     debounce_open,
+    debounce_throttle_keys,
     declared_limit,
     fair_place,
     free_slots,
@@ -241,6 +242,7 @@ class MemoryStore(BaseStore):
                     and r.singleton_key == run.singleton_key
                     and r.quota_keys == run.quota_keys
                     and debounce_fair_shares(r.quota_shares) == debounce_fair_shares(run.quota_shares)
+                    and debounce_throttle_keys(r.throttle_keys) == debounce_throttle_keys(run.throttle_keys)
                     and debounce_open(r, now)
                 ),
                 key=lambda r: (r.created_at, r.run_id),

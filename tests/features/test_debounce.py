@@ -136,6 +136,32 @@ def test_each_debounce_key_has_its_own_run(timed: Engine, registry: Registry) ->
     assert inputs == [("A", 2), ("B", 12)]
 
 
+def test_a_start_of_another_throttle_key_starts_its_own_run(timed: Engine, registry: Registry) -> None:
+    """X7a, X6: a start folds only into an open run of its own throttle keys. Two starts of
+    one debounce key whose inputs name two tenants of a per-tenant rate are two runs, each
+    counted on its tenant's rate; a third start of the first tenant folds into its run.
+    Before, the second start folded into the first tenant's run, which then ran the second
+    tenant's input on the first tenant's rate (the second tenant's body ran twice in an hour
+    against a limit of 1 an hour)."""
+    from durable_singleton import Throttle
+
+    rate = Throttle("tenant-rate", key=lambda i: i["tenant"], limit=1, period=3600)
+    registry.add(
+        "sync",
+        "1",
+        lambda ctx, i: i["n"],
+        throttles=[rate],
+        debounce=Debounce(key=lambda i: i["store"], seconds=SECONDS, max_seconds=MAX),
+    )
+    first = timed.start("sync", {"store": "S", "tenant": "t1", "n": 1})
+    second = timed.start("sync", {"store": "S", "tenant": "t2", "n": 2})
+    third = timed.start("sync", {"store": "S", "tenant": "t1", "n": 3})
+    assert second.run_id != first.run_id, "a start of tenant t2 folded into tenant t1's run"
+    assert third.run_id == first.run_id
+    by_tenant = {tuple(k for _n, k, *_rest in r.throttle_keys): r.input["n"] for r in _runs(timed)}
+    assert by_tenant == {("t1",): 3, ("t2",): 2}, by_tenant
+
+
 def test_a_start_moves_the_run_start_but_never_past_max_seconds(timed: Engine, registry: Registry) -> None:
     """X7: each start moves the open run's start to ``seconds`` after it; a start later
     than ``max_seconds - seconds`` after the burst's first start gives it the cap,
