@@ -1320,8 +1320,27 @@ class Core:
         self.dispatcher.on_commit(lambda: signals.run_finished.send_robust(sender=self.signal_sender, run=run))
         if run.status == RunStatus.CANCELLED:
             self._cancel_children(run.run_id)
+            if run.throttle_keys:
+                self._wake_throttled_behind(run)
         if run.parent_run_id:
             self._wake_parent(run.parent_run_id)
+
+    def _wake_throttled_behind(self, run: RunRecord) -> None:
+        """X6d: a throttle carrier cancelled (a cancel, its ``queue_ttl``, a superseding
+        start) may leave a place in its throttle keys' queues that an older waiter's
+        admission was counted on: the waiters behind it were parked until the window's
+        opening as if that waiter took the room first. The first waiter of each of its
+        throttle keys parked over the rate is made due now and sent its turn, whose claim
+        counts the window again (admitted if the room is its, else parked until the
+        opening). One turn per key, however the run ended: a claim that finds no room
+        costs a park. A failure (the store away) is logged: the waiter keeps its opening."""
+        woken: list[RunRecord] = []
+        try:
+            for name, key, *_rest in run.throttle_keys:
+                woken.extend(self.store.wake_throttled(name, key, 1, retrying=False))
+        except Exception:
+            logger.warning("run %s: waking its throttle keys' waiters failed (X6d)", run.run_id, exc_info=True)
+        self.hand_off(woken)  # waiters still: a turn each, no admission announced (X3h)
 
     def _cancel_children(self, run_id: str) -> None:
         """Cancel the active children of run ``run_id``, cancelled or being

@@ -935,19 +935,20 @@ class BaseStore(ABC):
         window) (X6, K3), without locks. The default: (0, None)."""
         return 0, None
 
-    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
+    def wake_throttled(self, name: str, key: str, limit: int, *, retrying: bool = True) -> tuple[RunRecord, ...]:
         """Make parked waiters of the throttle key ``(name, key)`` due now and return them
         as stored, in the queue order (``admission.QUEUE_ORDER``, X8a): the first ``limit``
         (an int >= 1) parked over the rate (park reason ``throttled:``, X6d) get their
-        ``not_before`` and ``wake_at`` at the store's now; every waiter parked on its
-        retry delay (``singleton``: the key was paused, or another limit held it back)
-        and already due by ``not_before`` gets its ``wake_at``, however many: no window's
-        opening wakes such a waiter, and one behind the limit was parked on the backlog's
-        delay (``BACKLOG_RETRY_SECONDS``), so a resume that woke only the first left the
-        others at the key's front for that long. Each is a compare-and-set on the run
-        still parked so. No admission is decided here: their own claims count the window
-        (those it denies are parked until their window opens). Called after a key
-        control that admits more (K2).
+        ``not_before`` and ``wake_at`` at the store's now; with ``retrying``, every waiter
+        parked on its retry delay (``singleton``: the key was paused, or another limit held
+        it back) and already due by ``not_before`` gets its ``wake_at``, however many: no
+        window's opening wakes such a waiter, and one behind the limit was parked on the
+        backlog's delay (``BACKLOG_RETRY_SECONDS``), so a resume that woke only the first
+        left the others at the key's front for that long. Each is a compare-and-set on the
+        run still parked so. No admission is decided here: their own claims count the
+        window (those it denies are parked until their window opens). Called after a key
+        control that admits more (K2), and without ``retrying`` after a waiter of the key
+        left its queue unadmitted (a cancel, its ``queue_ttl``, X6d).
         The default (``supports_throttles`` False): none."""
         return ()
 

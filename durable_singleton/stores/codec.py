@@ -425,8 +425,8 @@ class CodecStore(BaseStore):
     def prune_throttle_admissions(self, periods: Mapping[str, float], batch: int) -> int:
         return self.inner.prune_throttle_admissions(periods, batch)
 
-    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
-        return tuple(self._out(run) for run in self.inner.wake_throttled(name, key, limit))
+    def wake_throttled(self, name: str, key: str, limit: int, *, retrying: bool = True) -> tuple[RunRecord, ...]:
+        return tuple(self._out(run) for run in self.inner.wake_throttled(name, key, limit, retrying=retrying))
 
     def seconds_to_next_wake(self, horizon: float) -> float | None:
         return self.inner.seconds_to_next_wake(horizon)

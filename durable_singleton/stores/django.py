@@ -2221,26 +2221,31 @@ class DjangoStore(BaseStore):
             )
         )
 
-    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
+    def wake_throttled(self, name: str, key: str, limit: int, *, retrying: bool = True) -> tuple[RunRecord, ...]:
         """:meth:`BaseStore.wake_throttled`: two reads of the key's parked memberships in the
         queue order (``admission.QUEUE_ORDER``, ``ds_throttle_order_idx``), the first
         over the rate and every one on its retry delay, and two conditional updates on
         the database's clock (R5)."""
         waiting = Q(quota_slot=SlotState.WAITER, status__in=PARKED_STATUSES, cancel_requested=False)
         over_rate = waiting & Q(park_reason__startswith=ParkReason.THROTTLED.value)
-        retrying = (
+        on_delay = (
             waiting & Q(park_reason=ParkReason.SINGLETON) & (Q(not_before__isnull=True) | Q(not_before__lte=DbNow()))
         )
         members = ThrottleMembership.objects.using(self.db).filter(throttle=name, key=key)
         place = ("priority", "created_at", "run_id")
         first = members.filter(run__in=self._runs().filter(over_rate)).order_by(*QUEUE_ORDER).values_list(*place)
-        every = members.filter(run__in=self._runs().filter(retrying)).order_by(*QUEUE_ORDER).values_list(*place)
+        every = (
+            members.filter(run__in=self._runs().filter(on_delay)).order_by(*QUEUE_ORDER).values_list(*place)
+            if retrying
+            else []
+        )
         found = sorted(queue_place(p, _aware(c), str(r)) for p, c, r in [*first[:limit], *every])
         ids = [run_id for _, _, run_id in found]
         if not ids:
             return ()
         self._runs().filter(over_rate, pk__in=ids).update(not_before=DbNow(), wake_at=DbNow(), updated_at=DbNow())
-        self._runs().filter(retrying, pk__in=ids).update(wake_at=DbNow(), updated_at=DbNow())
+        if retrying:
+            self._runs().filter(on_delay, pk__in=ids).update(wake_at=DbNow(), updated_at=DbNow())
         return tuple(self._quota_records(ids))  # a turn sent to one changed meanwhile is skipped (R6)
 
     def throttle_state(self, name: str, key: str, period: float) -> tuple[int, datetime | None]:

@@ -632,15 +632,15 @@ class MemoryStore(BaseStore):
         )
         return free, [r.run_id for r in waiters][:limit], opening
 
-    def wake_throttled(self, name: str, key: str, limit: int) -> tuple[RunRecord, ...]:
+    def wake_throttled(self, name: str, key: str, limit: int, *, retrying: bool = True) -> tuple[RunRecord, ...]:
         with self._critical():
             now = self.clock()
 
             def over_rate(r: RunRecord) -> bool:
                 return ParkReason.THROTTLED.matches(r.park_reason)
 
-            def retrying(r: RunRecord) -> bool:
-                return ParkReason.SINGLETON.matches(r.park_reason) and is_due(r.not_before, now)
+            def on_delay(r: RunRecord) -> bool:  # parked on its retry delay, due: woken with ``retrying``
+                return retrying and ParkReason.SINGLETON.matches(r.park_reason) and is_due(r.not_before, now)
 
             parked = sorted(
                 (
@@ -649,7 +649,7 @@ class MemoryStore(BaseStore):
                     if r.quota_slot == SlotState.WAITER
                     and r.status in PARKED_STATUSES
                     and not r.cancel_requested
-                    and (over_rate(r) or retrying(r))
+                    and (over_rate(r) or on_delay(r))
                     and any(t[0] == name and t[1] == key for t in r.throttle_keys)
                 ),
                 key=lambda r: r.queue_place,

@@ -375,6 +375,52 @@ def test_a_waiter_behind_the_free_admissions_waits_for_the_next_opening(registry
     assert engine.get("R4").status == "completed"
 
 
+@pytest.mark.parametrize("leaves", ["cancel", "queue_ttl"])
+def test_a_waiter_that_leaves_the_queue_unadmitted_wakes_the_one_parked_behind_it(
+    make: Callable[..., Engine], store_kind: str, registry: Registry, leaves: str
+) -> None:
+    """X6d, X2, R6: W3's turn comes first, and the key's two free admissions go to the
+    older W1 and W2: W3 is parked until the window's opening, half an hour away. W1 is
+    admitted; W2 then leaves the queue without its admission (cancelled, or ended by the
+    tick past its ``queue_ttl``). The key has a free admission and W3 is its only waiter:
+    W3 is woken and admitted at once, not at the opening. Before, nothing woke it (found
+    by a tester: stranded for the whole period, on every store)."""
+    from tests.helpers import HandClock
+
+    clock = HandClock() if store_kind == "memory" else None
+    engine = make(clock) if clock is not None else make()
+    # A queue_ttl is a singleton key's (X2): one key per run, none holds another back.
+    single = {"key": lambda i: i["k"], "queue_ttl": 5.0} if leaves == "queue_ttl" else None
+    registry.add("w", "1", lambda ctx, i: None, singleton=single, throttles=[Throttle("t", limit=2, period=1800.0)])
+    for run_id in ("W1", "W2"):
+        engine.start("w", {"k": run_id}, run_id=run_id)
+    if clock is not None:
+        clock.now += timedelta(seconds=4)  # W3 starts 4 s after W1 and W2
+    engine.start("w", {"k": "W3"}, run_id="W3")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # the turns below, in this order
+    engine.execute("W3")
+    parked = engine.get("W3")
+    assert parked.status == "suspended" and parked.not_before is not None
+    engine.execute("W1")
+    assert engine.get("W1").status == "completed"
+    if leaves == "cancel":
+        engine.cancel("W2")
+    else:  # W2 is 6 s old, past its queue_ttl of 5 s; W3 is 2 s old
+        if clock is not None:
+            clock.now += timedelta(seconds=2)
+        else:
+            from django.db.models import F
+
+            from durable_singleton.models import Run
+
+            Run.objects.filter(pk="W2").update(created_at=F("created_at") - timedelta(seconds=6))
+        engine.tick()
+    assert engine.get("W2").status == "cancelled"
+    drain(engine)
+    woken = engine.get("W3")
+    assert woken.status == "completed", (woken.status, woken.not_before, woken.park_reason)
+
+
 def test_a_throttled_run_is_parked_with_its_throttle_as_its_reason(engine: Engine, registry: Registry) -> None:
     """X6d, K3: a run over the rate is parked with the park reason ``throttled:<name>``
     (it read ``singleton``, a waiter's, though no holder keeps it back), and the
