@@ -1005,6 +1005,7 @@ class Core:
             turns = 1
             while follow_ups and turns < max_turns and time.monotonic() < deadline:
                 granted = follow_ups.pop(0)
+                self.dispatcher.turn_taken(granted.run_id)  # in hand now, for a stop's hand-back (O6)
                 self.execute(granted.run_id, known=granted)
                 turns += 1
         finally:

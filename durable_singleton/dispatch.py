@@ -604,6 +604,13 @@ class ThreadDispatcher(_DjangoCommit):
             self._started_at = None
         return left
 
+    def turn_taken(self, run_id: str) -> None:
+        """:meth:`Dispatcher.turn_taken`: on one of this dispatcher's worker threads, the
+        run in hand is now ``run_id`` (the stop hands back the turns in hand, O1, O6)."""
+        name = threading.current_thread().name
+        if name in self.in_hand:
+            self.in_hand[name] = run_id
+
     def _run_worker(self, turns: queue_module.Queue[str | None], stop: threading.Event, queued: set[str]) -> None:
         assert self.engine is not None
         name = threading.current_thread().name

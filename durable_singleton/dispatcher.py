@@ -84,6 +84,14 @@ class Dispatcher(ABC):
         """Attach the engine whose turns this dispatcher executes."""
         self.runner = runner
 
+    def turn_taken(self, run_id: str) -> None:
+        """Called on a worker thread when it goes on to the turn of ``run_id`` without
+        taking it from this dispatcher: the next turn of a chain, a waiter its handoff
+        admitted (:meth:`~durable_singleton.core.Core.execute_chain`, S7). A dispatcher
+        that keeps the turns in hand for its stop (O1, O6) records it; the default
+        does nothing."""
+        return None
+
     def shutting_down(self) -> bool:
         """Tell whether the worker this process runs was asked to shut down
         (SIGTERM, SIGINT, its own stop), by the worker's own flag.
