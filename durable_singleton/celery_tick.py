@@ -25,7 +25,7 @@ from . import signals
 from .conf import get_settings
 from .dispatch import wait_sending_wakes
 from .identity import process_name
-from .stores.turns import hold_tick_lease, release_tick_lease, tick_lease_seconds
+from .stores.turns import hold_tick_lease, release_tick_lease, tick_lease_keeper, tick_lease_seconds
 
 __all__ = ["TICKER_THREAD", "WorkerTicker", "connect", "running_ticker"]
 
@@ -122,7 +122,8 @@ class WorkerTicker:
                     held = hold_tick_lease(self.db, self.owner, lease)
                     if held:
                         began = time.monotonic()
-                        dispatched = len(self.engine.tick().dispatched)
+                        holding = tick_lease_keeper(self.db, self.owner, lease)
+                        dispatched = len(self.engine.tick(holding=holding).dispatched)
                         logger.info("durable tick by %s: %d turns dispatched in %.3f s",
                                     self.owner, dispatched, time.monotonic() - began)  # fmt: skip
                 except Exception:

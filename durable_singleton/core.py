@@ -1560,7 +1560,7 @@ class Core:
         return runs
 
     # -- the tick ------------------------------------------------------------
-    def tick(self) -> TickReport:
+    def tick(self, holding: Callable[[], bool] | None = None) -> TickReport:
         """Run one tick (S8, S8a, S8b, D4, D5). Safe on several machines at once.
 
         Each job has its own bounded batch (``TICK_BATCH``), oldest first, and
@@ -1569,11 +1569,17 @@ class Core:
         past their queue TTL (X2), the cancel cascades left unfinished, the
         per-key catch-up, due wakes, recovery of expired leases, schedules,
         retention); then :meth:`after_tick` (on the engine: the heartbeat the
-        health command reads).
+        health command reads). ``holding``: called before each job after the
+        first by a tick that holds the tick's lease (O1b), True while it still
+        holds it (renewed); False ends the tick there, its other jobs left to the
+        lease's new holder, so two processes tick at once for one job at most.
         """
         report = TickReport()
         started = time.monotonic()  # the tick's duration: an interval, never compared with a stored time
-        for name, job in self.tick_jobs():
+        for n, (name, job) in enumerate(self.tick_jobs()):
+            if n and holding is not None and not holding():
+                logger.warning("tick: the tick's lease ended before job %s; the next holder runs the rest (O1b)", name)
+                break
             try:
                 # A job that failed on a dropped connection must not fail the next ones with it.
                 self.store.discard_broken_connection()

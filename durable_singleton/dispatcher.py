@@ -26,8 +26,8 @@ class TurnRunner(Protocol):
         """Execute one turn of ``run_id``, then the turns of the waiters its release woke."""
         ...
 
-    def tick(self) -> Any:
-        """Run one tick (S8)."""
+    def tick(self, holding: Callable[[], bool] | None = None) -> Any:
+        """Run one tick (S8); ``holding``: the tick lease's check before each job (O1b)."""
         ...
 
     def dispatch_due(self) -> list[str]:

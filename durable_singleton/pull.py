@@ -44,6 +44,7 @@ from .stores.turns import (
     release_dead_workers,
     release_tick_lease,
     take_notices,
+    tick_lease_keeper,
     tick_lease_seconds,
     unregister_worker,
 )
@@ -316,7 +317,7 @@ class PullDispatcher(ThreadDispatcher):
                     if hold_tick_lease(db, self.name, lease):
                         held = True
                         release_dead_workers(db, self.dead_seconds, alive=self.name)
-                        self.engine.tick()
+                        self.engine.tick(holding=tick_lease_keeper(db, self.name, lease))
                 except Exception:
                     logger.exception("tick failed")
                 finally:

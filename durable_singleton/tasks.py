@@ -22,7 +22,7 @@ from django.db import close_old_connections
 from .conf import get_settings
 from .dispatch import EXECUTE_MANY_TASK, EXECUTE_TASK, TICK_TASK
 from .runtime import get_engine
-from .stores.turns import hold_tick_lease, tick_lease_seconds
+from .stores.turns import hold_tick_lease, tick_lease_keeper, tick_lease_seconds
 
 __all__ = [
     "EXECUTE_MANY_TASK",
@@ -83,10 +83,11 @@ def tick() -> int:
             return len(engine.tick().dispatched)
         period = get_settings().TICK_SECONDS
         owner = f"beat:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-        if not hold_tick_lease(db, owner, tick_lease_seconds(period)):
+        lease = tick_lease_seconds(period)
+        if not hold_tick_lease(db, owner, lease):
             return -1
         try:
-            return len(engine.tick().dispatched)
+            return len(engine.tick(holding=tick_lease_keeper(db, owner, lease)).dispatched)
         finally:
             hold_tick_lease(db, owner, TICK_MIN_GAP * period)
     finally:

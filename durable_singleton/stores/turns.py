@@ -12,7 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import select
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -36,6 +37,7 @@ __all__ = [
     "register_worker",
     "release_dead_workers",
     "take_notices",
+    "tick_lease_keeper",
     "tick_lease_seconds",
     "unregister_worker",
 ]
@@ -189,6 +191,23 @@ def hold_tick_lease(db: str, owner: str, seconds: float) -> bool:
         return True
     rows.bulk_create([Heartbeat(name=TICK_LEASE, at=until, owner=owner)], ignore_conflicts=True)
     return bool(rows.filter(name=TICK_LEASE, owner=owner).exists())
+
+
+def tick_lease_keeper(db: str, owner: str, seconds: float) -> Callable[[], bool]:
+    """Return the ``holding`` check of a tick that took the tick's lease for ``owner``
+    (:meth:`~durable_singleton.core.Core.tick`, O1b): True while the lease is still
+    ``owner``'s, renewed for ``seconds`` on the database's clock (:func:`hold_tick_lease`)
+    once a third of them passed since the last renewal (this process's monotonic clock
+    only spaces the renewals; the database decides the lease)."""
+    renewed = [time.monotonic()]
+
+    def holding() -> bool:
+        if time.monotonic() - renewed[0] < seconds / 3:
+            return True
+        renewed[0] = time.monotonic()
+        return hold_tick_lease(db, owner, seconds)
+
+    return holding
 
 
 def release_tick_lease(db: str, owner: str) -> None:

@@ -560,3 +560,44 @@ def test_a_stop_hands_back_the_turn_a_handoff_ran_next_on_the_thread() -> None:
     for thread in dispatcher._ending:  # B's body ends its step, fenced (R5a), before the test's teardown
         thread.join(30)
     dispatcher.close_thread_resources()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_tick_that_outlasts_its_lease_stops_before_its_next_job(caplog: pytest.LogCaptureFixture) -> None:
+    """O1b ("one tick at a time"): a tick slower than the tick's lease (a paused VM, a slow
+    database) lets another process take the lease and tick. The first tick checks its lease
+    before each job (renewing it) and stops at the first job after another took it: the
+    two ticks overlap for one job at most. Before, it ran all its jobs inside the next
+    holder's tick (found by a tester, with a tick slowed to 5 s: TICK OVERLAP on every
+    database)."""
+    import time
+
+    from durable_singleton.models import Heartbeat
+    from durable_singleton.stores.turns import TICK_LEASE, tick_lease_keeper
+
+    engine = make_engine("django", registry=Registry())
+    db = engine.store.database
+    assert db is not None
+    assert hold_tick_lease(db, "slow", 0.003)
+    holding = tick_lease_keeper(db, "slow", 0.003)
+    ran: list[str] = []
+
+    def job(name: str) -> Any:
+        def run(report: Any) -> None:
+            ran.append(name)
+            if name == "first":  # meanwhile the lease ends and another process takes it
+                Heartbeat.objects.filter(name=TICK_LEASE).update(at=engine.store.now() - timedelta(seconds=1))
+                assert hold_tick_lease(db, "next", 30.0)
+                time.sleep(0.01)
+
+        return run
+
+    jobs = [("first", job("first")), ("second", job("second")), ("third", job("third"))]
+    engine.tick_jobs = lambda: jobs  # type: ignore[method-assign]
+    with caplog.at_level("WARNING", logger="durable_singleton"):
+        engine.tick(holding=holding)
+    assert ran == ["first"], ran
+    assert "the tick's lease ended before job second" in caplog.text
+    ran.clear()
+    engine.tick()  # a tick without a lease to keep (a store without a database, a test) runs every job
+    assert ran == ["first", "second", "third"]
