@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.core import checks
@@ -14,6 +15,7 @@ __all__ = [
     "check_time_zone",
     "register",
     "remote_workflows",
+    "unrouted_queues",
 ]
 
 _JSON_CONTENT = frozenset({"json", "application/json"})
@@ -280,6 +282,19 @@ def remote_workflows(registry: Any = None) -> list[tuple[str, str]]:
     with registry._lock:
         found = [(d.name, d.queue or "") for d in registry.latest.values() if d.remote]
     return sorted(found)
+
+
+def unrouted_queues(names: Sequence[str], registry: Any = None) -> list[str]:
+    """Return the queues of ``names`` that no workflow of ``registry`` (default: the
+    process-wide one) sends its turns to, in their order: neither ``"default"`` (the
+    queue of workflows declared without one) nor a workflow's ``queue``. A worker given
+    such a queue (``durable_worker --queues``) takes its turns only if something else
+    sends some there; a misspelled name leaves its queue's runs without a worker."""
+    if registry is None:
+        from .definitions import registry
+    with registry._lock:
+        routed = {"default", *(d.queue for d in registry.latest.values() if d.queue)}
+    return [name for name in names if name not in routed]
 
 
 def check_remote_workflows(

@@ -311,6 +311,20 @@ def test_a_worker_takes_only_the_queues_it_names(workers: DurableWorkers, web: E
     assert list(TurnNotice.objects.values_list("run_id", "queue")) == [("q-default", "default")]
 
 
+def test_a_worker_names_the_queues_no_workflow_sends_turns_to(workers: DurableWorkers) -> None:
+    """Section 7, O1: ``--queues`` with a name no registered workflow uses (a typo) is said
+    at start, on stderr, naming it alone; the worker still runs (something else, a
+    django.tasks task's queue, may send turns there). Before, it started silently and a
+    misspelled queue's runs waited for a worker that never came."""
+    from durable_singleton.checks import unrouted_queues
+
+    worker = workers.start(env=worker_env(workers), args=("--queues=ds-faults,default,ds-fautls",))
+    log = worker.log()
+    assert "no registered workflow sends its turns to queue(s) ds-fautls (" in log, log
+    assert worker.alive(), log
+    assert unrouted_queues(["default", "ds-faults", "ds-fautls"]) == ["ds-fautls"]
+
+
 def test_one_process_at_a_time_holds_the_ticks_lease() -> None:
     """O1b: the tick's lease is held by one owner at a time, by
     compare-and-set on the database's clock: a second worker cannot take it

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...checks import remote_workflows
+from ...checks import remote_workflows, unrouted_queues
 from ...conf import get_settings
 from ...worker import ForegroundWorker
 from ._options import count_option, seconds_option
@@ -81,6 +81,11 @@ class Command(BaseCommand):
                 "worker, which this worker is not. Run Celery workers here, or do not declare them in this process."
             )
         self._log_to_stderr(options["verbosity"])
+        if unrouted := unrouted_queues(queues):
+            self.stderr.write(
+                f"durable_worker: no registered workflow sends its turns to queue(s) {', '.join(unrouted)} "
+                "(check --queues for a misspelled name: a queue no worker takes leaves its runs waiting)."
+            )
         worker = ForegroundWorker(
             threads=threads, tick_seconds=tick, grace_seconds=grace, queues=queues, poll_seconds=poll
         )
