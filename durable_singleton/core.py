@@ -59,7 +59,6 @@ from .identity import process_name
 from .leases import renewer
 from .statuses import OnBusy, Outcome, ParkReason, RunStatus, SlotState, Verdict
 from .stores.base import (
-    CANCELLED_ERROR,
     TIMEOUT_ERROR,
     BaseStore,
     Finish,
@@ -67,6 +66,7 @@ from .stores.base import (
     RunRecord,
     StepRecord,
     TurnState,
+    cancel_error,
     warn_fallback,
 )
 from .values import check_text, derived_id, printable, to_json_value
@@ -1100,9 +1100,7 @@ class Core:
         """The error of a run stopped by a cancel: ``execution_timeout`` if its
         deadline passed, by the store's clock read now (R5, R8: a process whose
         clock stepped ahead never calls a plain cancel a timeout, D5, D6)."""
-        if run.deadline_at is not None and self.corrected_now() >= run.deadline_at:
-            return dict(TIMEOUT_ERROR)
-        return dict(CANCELLED_ERROR)
+        return cancel_error(run.deadline_at, self.corrected_now())
 
     def _run_body(
         self, definition: WorkflowDefinition, run: RunRecord, owner: str, steps: Mapping[int, StepRecord] | None = None

@@ -90,6 +90,7 @@ __all__ = [
     "Superseding",
     "Turn",
     "TurnState",
+    "cancel_error",
     "control_records",
     "handed_off",
     "stamped",
@@ -820,7 +821,7 @@ class BaseStore(ABC):
         if turn.state is not TurnState.RUN or run is None:
             return turn
         if rung is Rung.CANCEL or rung is Rung.DEAD or run.cancel_requested:
-            status, error = RunStatus.CANCELLED, CANCELLED_ERROR
+            status, error = RunStatus.CANCELLED, cancel_error(run.deadline_at, now)
             if rung is Rung.DEAD and not run.cancel_requested:
                 status, run = RunStatus.DEAD, run.evolve(recoveries=run.recoveries + 1)
                 error = {"code": "max_recoveries", "message": f"lease expired {run.recoveries} times"}
@@ -1517,6 +1518,20 @@ CANCELLED_ERROR = {"code": RunStatus.CANCELLED.value, "message": RunStatus.CANCE
 REPLACED_ERROR = {"code": "replaced", "message": "replaced by a newer start of its key (on_busy)"}
 #: The error stored on a run cancelled by its execution timeout (D5).
 TIMEOUT_ERROR = {"code": "execution_timeout", "message": "execution timeout passed"}
+
+
+def cancel_error(deadline_at: datetime | None, now: datetime) -> dict[str, str]:
+    """The error of a run a requested cancel ends (R6, D5, D6): ``execution_timeout``
+    (:data:`TIMEOUT_ERROR`) when its ``deadline_at`` passed by ``now`` (the store's clock,
+    R5, R8), else ``cancelled`` (:data:`CANCELLED_ERROR`). The tick asks a live body past
+    its deadline to stop by the same request an operator's cancel makes; whoever settles
+    the run (the body at its next step, or a claim of its turn after its holder crashed)
+    names the cause by this one rule."""
+    if deadline_at is not None and now >= deadline_at:
+        return dict(TIMEOUT_ERROR)
+    return dict(CANCELLED_ERROR)
+
+
 #: The error stored on a waiter ended by its key's ``queue_ttl`` (X2).
 QUEUE_TTL_ERROR = {"code": "queue_ttl_expired", "message": "not admitted within the queue_ttl of its creation"}
 

@@ -159,6 +159,7 @@ from .base import (
     Superseding,
     Turn,
     TurnState,
+    cancel_error,
     handed_off,
     stamped,
 )
@@ -1579,7 +1580,11 @@ class DjangoStore(BaseStore):
         recovered = row.status == RunStatus.RUNNING
         if rung is Rung.CANCEL or rung is Rung.DEAD:
             if rung is Rung.CANCEL:
-                status, settled, error = RunStatus.CANCELLED, record, CANCELLED_ERROR
+                # A timeout the tick asked a crashed holder to stop for is a timeout (D5): the
+                # deadline judged on the database's clock (R5).
+                deadline = row.deadline_at
+                error = cancel_error(deadline, self.now()) if deadline is not None else dict(CANCELLED_ERROR)
+                status, settled = RunStatus.CANCELLED, record
             else:
                 # The expired lease counts as one more recovery, then the run is dead (D4).
                 status, settled = RunStatus.DEAD, record.evolve(recoveries=row.recoveries + 1)

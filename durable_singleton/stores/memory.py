@@ -67,6 +67,7 @@ from .base import (
     Superseding,
     Turn,
     TurnState,
+    cancel_error,
     control_records,
     handed_off,
 )
@@ -411,7 +412,7 @@ class MemoryStore(BaseStore):
                 return Turn(TurnState.SKIPPED, run)
             recovered = run.status == RunStatus.RUNNING
             if rung is Rung.CANCEL:
-                done = self._settle(run, RunStatus.CANCELLED, None, CANCELLED_ERROR, limits, ttls)
+                done = self._settle(run, RunStatus.CANCELLED, None, cancel_error(run.deadline_at, now), limits, ttls)
                 return Turn(TurnState.SETTLED, done.run, granted=done.granted)
             if rung is Rung.DEAD:
                 error = {"code": "max_recoveries", "message": f"lease expired {run.recoveries + 1} times"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -175,3 +176,42 @@ def test_limit_of_the_latest_version_applies_to_every_version(
     engine.dispatcher.drain()
     connections.close_all()
     assert monitor.highest["K"] == 1
+
+
+def test_the_timeout_of_a_crashed_holder_is_settled_as_a_timeout(
+    make: Callable[..., Engine], registry: Registry
+) -> None:
+    """D5, R6: a holder whose process crashed in its body (its lease expires) passes its
+    deadline: the tick asks it to stop (the request a cancel makes), and the claim that
+    recovers its turn settles it ``cancelled`` with code ``execution_timeout``, as the body
+    itself would at its next step. Before, that claim named it ``cancelled`` by an operator
+    (found by a tester, on every store): a timeout looked like a cancel in its error, the
+    admin, the metrics and a django.tasks result."""
+    gate, entered = threading.Event(), threading.Event()
+    registry.add_step("hold", lambda x: (entered.set(), gate.wait(30), x)[2])
+    registry.add("crash-timed", "1", lambda ctx, i: ctx.step("hold", 1), singleton={"key": lambda i: "CT"}, timeout=0.3)
+    engine = make()
+    engine.start("crash-timed", {}, run_id="CT1")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]
+    worker = spawn(engine.execute, "CT1")
+    try:
+        assert entered.wait(30), "the body did not start"
+        # Its process is gone: the lease ends (R5), as the store's clock would see it.
+        if isinstance(engine.store, MemoryStore):
+            run = engine.store.get_run("CT1")
+            assert run is not None
+            engine.store._runs["CT1"] = run.evolve(lease_expires_at=engine.store.clock() - timedelta(seconds=60))
+        else:
+            from durable_singleton.models import Run
+
+            Run.objects.filter(pk="CT1").update(lease_expires_at=engine.store.now() - timedelta(seconds=60))
+        sleep_past(engine, "deadline_at", "CT1")
+        engine.tick()  # the timeout's stop request, then the recovery's turn
+        engine.dispatcher.drain()  # type: ignore[attr-defined]
+        settled = engine.get("CT1")
+        assert settled.status == "cancelled", settled
+        assert (settled.error or {}).get("code") == "execution_timeout", settled.error
+    finally:
+        gate.set()
+        worker.join(60)
+    assert engine.get("CT1").error["code"] == "execution_timeout"
