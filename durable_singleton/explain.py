@@ -460,11 +460,13 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
         base["not_renewed_seconds"] = own_lease.not_renewed_seconds
         base["recovery_at"] = own_lease.recovery_at
     ttl_words = ""
+    ttl_passed = False  # a waiter past its queue_ttl: no grant admits it, the tick ends it (X2)
     ttl = engine.queue_ttls().get(run.workflow_name) if run.singleton_key is not None else None
     if ttl is not None and run.tracked and run.is_parked and not run.holds_slot:
         # Judged on the store's clock, as the tick's sweep judges it (X2, R5).
         ttl_ends = queue_ttl_expires_at(run.created_at, ttl)
         left = (ttl_ends - db_now).total_seconds()
+        ttl_passed = left <= 0
         base.update(queue_ttl=ttl, expires_at=ttl_ends, expires_in_seconds=left)
         ttl_words = (
             f"; it expires in {format_seconds(left)} unless admitted first (queue_ttl {format_seconds(ttl)} "
@@ -575,6 +577,13 @@ def _explain(engine: Core, run: RunRecord) -> Explanation:
         position = facts.depth + 1
     free = free_slots(limit, facts.holder_count, paused=controls.paused)
     idle_since = run.created_at if run.status == RunStatus.PENDING else run.updated_at
+    if position <= free and ttl_passed:
+        # Within the free slots, but no grant or claim admits a waiter past its queue_ttl (X2).
+        sentence = (
+            f"Run {run.run_id} will not run: {key_words} has {free} free slot(s) ({limit_words}) and it is "
+            f"first in line{ttl_words}."
+        )
+        return Explanation(state=ExplainState.WAITER, sentence=sentence, position=position, **keyed)
     if position <= free:
         due = run.wake_at is None or run.wake_at <= now
         when = "now" if due else f"at {_at(run.wake_at)}"

@@ -360,6 +360,21 @@ def test_explain_gives_a_waiters_remaining_time_and_none_for_a_holder(engine: En
     assert "the tick ends it cancelled (queue_ttl_expired)" in late.sentence
 
 
+def test_explain_never_calls_a_waiter_past_its_ttl_runnable(engine: Engine, registry: Registry) -> None:
+    """X2, K3: a waiter past its queue_ttl whose key has a free slot is first in line, but
+    no claim or grant admits it (the tick ends it): explain says it will not run, with
+    the state of a waiter, not that it could run now. Before, it said both (found by a
+    tester: state ``runnable`` and "could run now ... no grant admits it meanwhile")."""
+    _declare(registry, [])
+    engine.start("wf", {"k": "free"}, run_id="T")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # its turn never came
+    backdate(engine, "T", TTL + 1)
+    late = engine.explain("T")
+    assert late.state is ExplainState.WAITER, (late.state, late.sentence)
+    assert "will not run" in late.sentence and "could run now" not in late.sentence, late.sentence
+    assert "the tick ends it cancelled (queue_ttl_expired)" in late.sentence
+
+
 ADMIN_WF = "test-queue-ttl-admin"
 
 
