@@ -29,6 +29,7 @@ from .admission import (
     is_due,
     limit_in_force,
     queue_ttl_expires_at,
+    quota_lock_name,
     throttle_lock_name,
 )
 from .core import Core
@@ -53,6 +54,8 @@ __all__ = [
 RECENT_RUNS = 20
 #: Holders named in an explanation (a key with a large limit lists the oldest).
 NAMED_HOLDERS = 20
+#: The holders of a quota key a store names at most (``BaseStore.quota_queue``).
+QUOTA_HOLDERS_NAMED = 20
 
 
 class ExplainState(enum.StrEnum):
@@ -370,6 +373,16 @@ def explain(engine: Core, run_id: str) -> Explanation:
             throttles=gates,
             sentence=f"{explained.sentence} It also waits for {words} (X3d).",
         )
+    if not gates and all(_within_quota_room(engine, p) for p in places):
+        # Within the free slots of every limit it carries (X3d): a worker failed to take its turn.
+        now = engine.store.now()
+        idle_since = run.created_at if run.status == RunStatus.PENDING else run.updated_at
+        when = "now" if run.wake_at is None or run.wake_at <= now else f"at {_at(run.wake_at)}"
+        sentence = (
+            f"Run {run.run_id} could run now: it is within the free slots of {words} (X3d), but no worker "
+            f"has taken its turn since {_at(idle_since)}; its turn is due {when}."
+        )
+        return replace(explained, state=ExplainState.RUNNABLE, quotas=places, throttles=gates, sentence=sentence)
     # Nothing but its quotas and throttles holds it back: it is their waiter, not a run a worker failed to take.
     keyed = f"its singleton key {run.singleton_key!r} has room, but " if run.singleton_key is not None else ""
     freed = "A slot freed" if places else "A resume or a raised limit of the throttle key (K2)"
@@ -380,6 +393,19 @@ def explain(engine: Core, run_id: str) -> Explanation:
     )
     sentence = f"Run {run.run_id} is a waiter ({run.status}): {keyed}it waits for {words} (X3d).{wake}"
     return replace(explained, state=ExplainState.WAITER, quotas=places, throttles=gates, sentence=sentence)
+
+
+def _within_quota_room(engine: Core, place: QuotaPlace) -> bool:
+    """Whether a waiter's place in a quota key is within the key's free slots (X3c, X3d,
+    K2): its position at most the limit in force (the key's override, else the declared
+    limit) less the holders, none while paused. False when the holders were not all
+    named (the store names 20 at most) or the waiter is not among the due ones."""
+    if place.position is None or len(place.holders) >= QUOTA_HOLDERS_NAMED:
+        return False
+    lock = quota_lock_name(place.quota)
+    paused, override = engine.store.key_control_state(lock, place.key)
+    limit = limit_in_force(declared_limit(engine.limits(), lock, ()) or 1, override)
+    return place.position <= free_slots(limit, len(place.holders), paused=paused)
 
 
 def _throttle_places(engine: Core, run: RunRecord) -> list[ThrottlePlace]:

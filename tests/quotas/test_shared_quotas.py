@@ -333,6 +333,27 @@ def test_explain_names_the_quota_a_waiter_waits_for(engine: Engine, registry: Re
     assert both.state == "waiter" and "It also waits for quota 'stripe-api' (key 'acct-2')" in both.sentence
 
 
+def test_explain_says_a_quota_waiter_with_room_could_run_now(engine: Engine, registry: Registry) -> None:
+    """K3, X3d: a waiter of a quota whose key has a free slot for it, and nothing else
+    holding it back, is a run no worker took: explain says it could run now (state
+    ``runnable``), as for a singleton key's waiter. Before, it said the run waited for
+    the quota ("a slot freed sends it a turn"), though the quota had no holder (found by
+    a tester). Behind a holder it is still a waiter."""
+    registry.add("a", "1", _holding([]), quotas=[STRIPE])
+    engine.start("a", {"account": "free"}, run_id="Q")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # its turn was lost
+    explained = engine.explain("Q")
+    assert explained.state == "runnable", explained.sentence
+    assert explained.sentence.startswith("Run Q could run now: it is within the free slots of quota 'stripe-api'")
+    assert "no worker has taken its turn" in explained.sentence
+    engine.start("a", {"account": "held", "hold": True}, run_id="H")
+    _drain(engine)
+    engine.start("a", {"account": "held"}, run_id="W")
+    _drain(engine)
+    behind = engine.explain("W")
+    assert behind.state == "waiter" and "could run now" not in behind.sentence, behind.sentence
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_audit_finds_an_over_admitted_quota_key_and_not_a_quota_waiter(registry: Registry) -> None:
     """K4, X3j: a quota key with more holders than its limit is an
