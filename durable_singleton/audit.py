@@ -24,7 +24,11 @@ Kinds of finding (:class:`FindingKind`):
   room in its current window (none while paused) whose front waiter, due by
   its ``not_before`` (a run parked over the rate: the window's opening), has
   had its wake time pass more than two ticks ago is one too; its repair is a
-  compare-and-set on the wake time read (R5a).
+  compare-and-set on the wake time read (R5a). So is a run waiting in its
+  quotas (X3d, reported under ``quota:<name>`` of its first quota), due for
+  longer than two ticks or with no wake time, that
+  :func:`~durable_singleton.explain.explain` finds within the free slots of
+  every limit it carries (``runnable``); its repair is the same wake.
 * ``expired_lease``: a ``running`` run whose lease expired more than two
   ticks ago, so no tick has re-driven it. Repair: make it due now (the store's clock) and
   dispatch it (recovery then counts it, D4).
@@ -41,8 +45,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from .admission import declared_limit, free_slots, limit_in_force, throttle_lock_name
+from .admission import declared_limit, free_slots, limit_in_force, quota_lock_name, throttle_lock_name
 from .core import Core
+from .explain import ExplainState, explain
 from .records import KeyCount
 from .statuses import WAKEABLE_STATUSES
 
@@ -244,6 +249,22 @@ def audit_slots(engine: Core, *, repair: bool = False, now: datetime | None = No
             if repaired:
                 engine.dispatcher.dispatch(waiter.run_id, engine.queue_of(waiter))
             report.findings.append(_stalled(ident, waiter.run_id, f"{free} free slot(s)", due_since, now, repaired))
+
+    # Quota waiters (X3d): a run waiting in its quotas, due for longer than two ticks (or with no
+    # wake time), that explain (K3) finds within the free slots of every limit it carries
+    # (``runnable``, the one judgement of that): no worker took its turn. A quota key's room is
+    # not enough alone: its waiter may wait for its singleton key or another quota.
+    for run in store.overdue_quota_waiters(grace, MAX_LISTED):
+        if len(report.findings) >= 4 * MAX_LISTED:
+            break
+        if not run.quota_keys or explain(engine, run.run_id).state is not ExplainState.RUNNABLE:
+            continue
+        repaired = repair and store.wake_waiter(run.run_id)
+        if repaired:
+            engine.dispatcher.dispatch(run.run_id, engine.queue_of(run))
+        name, key = run.quota_keys[0]
+        room = "free slots in every quota it carries"
+        report.findings.append(_stalled((quota_lock_name(name), key), run.run_id, room, run.wake_at, now, repaired))
 
     for run in store.unredriven_leases(grace, MAX_LISTED):
         assert run.lease_expires_at is not None

@@ -1410,6 +1410,23 @@ class BaseStore(ABC):
                     group[1] = r.singleton_limit
         return [KeyCount(w, k, n, None, stored) for (w, k), (n, stored) in sorted(groups.items())]
 
+    def overdue_quota_waiters(self, since: datetime, limit: int) -> list[RunRecord]:
+        """Return up to ``limit`` runs waiting in their quotas (``quota_slot`` = ``waiter``,
+        X3c), ``pending`` or ``suspended``, not cancelled, due by their ``not_before`` on
+        the store's clock (X5, R5), whose ``wake_at`` is unset or not after ``since``,
+        oldest first (K4: the candidates of a stalled quota waiter; the audit decides)."""
+        now = self.now()
+        found = [
+            r
+            for r in self.list_runs()
+            if r.quota_slot == SlotState.WAITER
+            and r.status in WAKEABLE_STATUSES
+            and not r.cancel_requested
+            and is_due(r.not_before, now)
+            and (r.wake_at is None or r.wake_at <= since)
+        ]
+        return sorted(found, key=lambda r: (r.created_at, r.run_id))[:limit]
+
     def overdue_throttle_keys(self, since: datetime) -> list[KeyCount]:
         """Return the throttle keys, named ``throttle:<name>``, with a waiter
         (``quota_slot`` = ``waiter``), ``pending`` or ``suspended`` and not

@@ -490,6 +490,9 @@ class CodecStore(BaseStore):
     def overdue_waiter_keys(self, since: datetime) -> list[KeyCount]:
         return self.inner.overdue_waiter_keys(since)
 
+    def overdue_quota_waiters(self, since: datetime, limit: int) -> list[RunRecord]:
+        return self._out(self.inner.overdue_quota_waiters(since, limit))  # type: ignore[no-any-return]
+
     def overdue_throttle_keys(self, since: datetime) -> list[KeyCount]:
         return self.inner.overdue_throttle_keys(since)
 

@@ -3155,6 +3155,17 @@ class DjangoStore(BaseStore):
             if g["singleton_key"] is not None
         ]
 
+    def overdue_quota_waiters(self, since: datetime, limit: int) -> list[RunRecord]:
+        """One query; ``not_before`` judged on the database's clock (X5, R5)."""
+        overdue = Q(wake_at__isnull=True) | Q(wake_at__lte=since)
+        rows = (
+            self._runs()
+            .admissible()
+            .filter(overdue, quota_slot=SlotState.WAITER, status__in=WAKEABLE_STATUSES, cancel_requested=False)
+            .order_by("created_at", "run_id")[:limit]
+        )
+        return [record_of(r) for r in rows]
+
     def overdue_throttle_keys(self, since: datetime) -> list[KeyCount]:
         """One grouped query over the throttle memberships; ``not_before`` judged on the database's clock (X5, R5)."""
         groups = (

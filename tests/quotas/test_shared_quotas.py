@@ -333,6 +333,38 @@ def test_explain_names_the_quota_a_waiter_waits_for(engine: Engine, registry: Re
     assert both.state == "waiter" and "It also waits for quota 'stripe-api' (key 'acct-2')" in both.sentence
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_slot_audit_finds_and_wakes_a_quota_waiter_no_worker_took(registry: Registry) -> None:
+    """K4, X3d, X3j: Q waits in a quota with no holder (its key has room) and its turn was
+    lost ten minutes ago (its wake time is that old): the audit reports a
+    ``stalled_waiter`` under ``quota:<name>``, and with repair makes Q due now and sends
+    its turn, which admits it. W, behind a holder of its quota key, is no finding. Before,
+    the audit looked at singleton keys alone and skipped every quota carrier: a quota-only
+    run was never reported (found by a tester: a false "all clear")."""
+    from datetime import timedelta
+
+    from durable_singleton.audit import FindingKind, audit_slots
+    from durable_singleton.models import Run
+    from durable_singleton.testing import make_engine
+
+    registry.add("a", "1", _holding([]), quotas=[STRIPE])
+    engine = make_engine("django", registry=registry)
+    engine.start("a", {"account": "held", "hold": True}, run_id="H")
+    _drain(engine)
+    engine.start("a", {"account": "held"}, run_id="W")
+    engine.start("a", {"account": "free"}, run_id="Q")
+    engine.dispatcher.queue.clear()  # type: ignore[attr-defined]  # both turns lost
+    ten_minutes_ago = engine.store.now() - timedelta(minutes=10)
+    Run.objects.filter(pk__in=["W", "Q"]).update(wake_at=ten_minutes_ago)
+    report = audit_slots(engine)
+    found = [(f.workflow, f.key, f.run_id) for f in report.findings if f.kind == FindingKind.STALLED_WAITER]
+    assert found == [("quota:stripe-api", "free", "Q")], report.findings
+    repaired = audit_slots(engine, repair=True)
+    assert [f.repaired for f in repaired.findings if f.kind == FindingKind.STALLED_WAITER] == [True]
+    _drain(engine)
+    assert engine.get("Q").status == "completed" and engine.get("W").status in ("pending", "suspended")
+
+
 def test_explain_says_a_quota_waiter_with_room_could_run_now(engine: Engine, registry: Registry) -> None:
     """K3, X3d: a waiter of a quota whose key has a free slot for it, and nothing else
     holding it back, is a run no worker took: explain says it could run now (state
