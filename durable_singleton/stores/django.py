@@ -1465,15 +1465,7 @@ class DjangoStore(BaseStore):
             return None
         taken = self._retrying(
             lambda: room.take_lease(
-                run_id=known.run_id,
-                status=known.status,
-                attempts=known.attempts,
-                cancel_requested=known.cancel_requested,
-                lease_owner=known.lease_owner,
-                owner=owner,
-                lease_seconds=lease_seconds,
-                recoveries=known.recoveries,
-                takes_slot=holder,
+                known, owner=owner, lease_seconds=lease_seconds, recoveries=known.recoveries, takes_slot=holder
             )
         )
         if taken is None:
@@ -1737,11 +1729,7 @@ class DjangoStore(BaseStore):
         room = self._mysql_room()
         if room is not None and not connections[self.db].in_atomic_block:
             taken = room.take_lease(
-                run_id=row.run_id,
-                status=row.status,
-                attempts=row.attempts,
-                cancel_requested=row.cancel_requested,
-                lease_owner=row.lease_owner,
+                row,
                 owner=owner,
                 lease_seconds=lease_seconds,
                 recoveries=take["recoveries"],

@@ -364,32 +364,23 @@ class Room:
         return sets[0][1] if sets else []
 
     def take_lease(
-        self,
-        *,
-        run_id: str,
-        status: str,
-        attempts: int,
-        cancel_requested: bool,
-        lease_owner: str | None,
-        owner: str,
-        lease_seconds: float,
-        recoveries: int,
-        takes_slot: bool,
+        self, run: Any, *, owner: str, lease_seconds: float, recoveries: int, takes_slot: bool
     ) -> bool | None:
         """``ds_take_lease``: the lease of a run without a key or of a holder, one CALL
-        (S6, R5, R5a). The run as read: ``status``, ``attempts``, ``cancel_requested``,
-        ``lease_owner``; ``recoveries`` its count after this claim; ``takes_slot``: a
-        holder's confirmation (it keeps its slot). Returns True if the lease is ours,
-        False if the run changed under the turn, None if the room is off (the caller
-        takes the ORM path)."""
+        (S6, R5, R5a). ``run``: the run as read (a :class:`~durable_singleton.records.RunRecord`
+        or a ``Run`` row: its ``run_id``, ``status``, ``attempts``, ``cancel_requested`` and
+        ``lease_owner`` are the compare); ``recoveries`` its count after this claim;
+        ``takes_slot``: a holder's confirmation (it keeps its slot). Returns True if the
+        lease is ours, False if the run changed under the turn, None if the room is off
+        (the caller takes the ORM path)."""
         rows = self._call(
             "ds_take_lease",
             [
-                run_id,
-                status,
-                attempts,
-                cancel_requested,
-                lease_owner,
+                run.run_id,
+                run.status,
+                run.attempts,
+                run.cancel_requested,
+                run.lease_owner,
                 owner,
                 round(lease_seconds * 1_000_000),
                 recoveries,
